@@ -1,0 +1,240 @@
+// dlcp-bench: all-reduce benchmark and end-to-end checker.
+//   One worker:   dlcp-bench --aggregators=H:P,... --workers=4 --rank=2 --job=J
+//   N workers:    dlcp-bench --aggregators=H:P,... --workers=4      (spawns ranks 0..3 locally)
+// The last line of stdout is one JSON object. Exit status 0 only if every result was exact.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bench/bench_worker.h"
+#include "common/base/log.h"
+#include "common/config/registry.h"
+
+namespace dlcp::bench {
+namespace {
+
+void DeclareFlags(ConfigRegistry* c) {
+  c->AddString("aggregators", "127.0.0.1:7400", "aggregator control addresses HOST:PORT[,HOST:PORT...]",
+               ValidateHostPortList);
+  c->AddInt("workers", 1, 1, 4096, "workers in the job");
+  c->AddInt("rank", -1, -1, 4095, "this worker's rank; -1 spawns all --workers ranks as child processes");
+  c->AddString("job", "", "job name; empty picks a unique one");
+  c->AddInt("tensor-bytes", 4 << 20, 4, int64_t{4} << 30, "bytes of float32 per tensor");
+  c->AddInt("tensors", 1, 1, 4096, "tensors all-reduced concurrently each round");
+  c->AddInt("rounds", 10, 1, 10000000, "timed rounds");
+  c->AddInt("warmup", 1, 0, 1000, "untimed rounds first");
+  c->AddInt("chunk-bytes", 8192, 64, 65456, "payload bytes per chunk (datagram)");
+  c->AddInt("window", 512, 1, 1 << 20, "chunks in flight per aggregator endpoint");
+  c->AddInt("op-timeout-ms", 60000, 1, 3600000, "deadline of each AllReduce");
+  c->AddInt("repair-timeout-ms", 20, 1, 60000, "silence before asking for missing results");
+  c->AddInt("timeout-s", 600, 1, 86400, "spawn mode: kill the workers after this long");
+  c->AddString("data-host", "", "address aggregators send results to; empty: as they see us");
+  c->AddInt("late-rank", -1, -1, 4095, "spawn mode: this rank starts late (tests late joins)");
+  c->AddInt("late-ms", 0, 0, 600000, "spawn mode: how late --late-rank starts");
+  c->AddInt("start-delay-ms", 0, 0, 600000, "sleep this long before joining");
+  c->AddBool("progress", false, "rank 0 draws a progress bar on stderr");
+  c->AddBool("json", false, "print only the JSON line (no table)");
+  c->AddString("log-level", "warning", "debug, info, warning or error", [](const std::string& v) {
+    LogLevel unused;
+    return ParseLogLevel(v, &unused);
+  });
+}
+
+WorkerConfig ConfigFrom(const ConfigRegistry& c) {
+  WorkerConfig w;
+  w.client.aggregators = absl::StrSplit(c.GetString("aggregators"), ',', absl::SkipEmpty());
+  w.client.job_name = c.GetString("job");
+  w.client.world_size = static_cast<uint32_t>(c.GetInt("workers"));
+  w.client.rank = static_cast<uint32_t>(std::max<int64_t>(0, c.GetInt("rank")));
+  w.client.chunk_bytes = static_cast<uint32_t>(c.GetInt("chunk-bytes"));
+  w.client.window_chunks = static_cast<uint32_t>(c.GetInt("window"));
+  w.client.op_timeout = absl::Milliseconds(c.GetInt("op-timeout-ms"));
+  w.client.repair_timeout = absl::Milliseconds(c.GetInt("repair-timeout-ms"));
+  w.client.data_host = c.GetString("data-host");
+  w.client.transport.bind_host = w.client.data_host.empty() ? "0.0.0.0" : w.client.data_host;
+  w.tensor_bytes = static_cast<uint64_t>(c.GetInt("tensor-bytes"));
+  w.tensors = static_cast<uint32_t>(c.GetInt("tensors"));
+  w.rounds = static_cast<uint32_t>(c.GetInt("rounds"));
+  w.warmup = static_cast<uint32_t>(c.GetInt("warmup"));
+  w.start_delay_ms = static_cast<uint32_t>(c.GetInt("start-delay-ms"));
+  w.progress = c.GetBool("progress") && w.client.rank == 0;
+  return w;
+}
+
+double JsonNumber(const std::string& line, const std::string& key) {
+  size_t at = line.find("\"" + key + "\":");
+  if (at == std::string::npos) return NAN;
+  double v = NAN;
+  std::string rest = line.substr(at + key.size() + 3);
+  size_t end = rest.find_first_of(",}");
+  if (!absl::SimpleAtod(rest.substr(0, end), &v)) return NAN;
+  return v;
+}
+
+bool JsonTrue(const std::string& line, const std::string& key) {
+  return line.find("\"" + key + "\":true") != std::string::npos;
+}
+
+// Spawns one child per rank with this binary, collects each child's JSON line, and prints the
+// job's summary: the slowest worker's times and goodput, the sum of repairs.
+int Spawn(int argc, char** argv, const ConfigRegistry& c) {
+  const int workers = static_cast<int>(c.GetInt("workers"));
+  std::string job = c.GetString("job").empty() ? absl::StrCat("bench-", getpid(), "-", absl::ToUnixMicros(absl::Now()))
+                                               : c.GetString("job");
+  struct Child {
+    pid_t pid;
+    int out;
+    std::string text;
+    int status = -1;
+  };
+  std::vector<Child> children;
+  for (int r = 0; r < workers; ++r) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) {
+      std::perror("pipe2");
+      return 1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+      std::perror("fork");
+      return 1;
+    }
+    if (pid == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      std::vector<std::string> args(argv, argv + argc);
+      args.push_back(absl::StrCat("--rank=", r));
+      args.push_back(absl::StrCat("--job=", job));
+      args.push_back("--json");
+      if (r == c.GetInt("late-rank")) args.push_back(absl::StrCat("--start-delay-ms=", c.GetInt("late-ms")));
+      std::vector<char*> cargs;
+      for (auto& a : args) cargs.push_back(a.data());
+      cargs.push_back(nullptr);
+      execv("/proc/self/exe", cargs.data());
+      std::perror("execv");
+      _exit(127);
+    }
+    close(fds[1]);
+    children.push_back({pid, fds[0], ""});
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(c.GetInt("timeout-s"));
+  size_t open = children.size();
+  while (open > 0) {
+    std::vector<pollfd> pfds;
+    for (auto& ch : children) pfds.push_back({ch.out, static_cast<short>(ch.out >= 0 ? POLLIN : 0), 0});
+    int left_ms = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    if (left_ms == 0) {
+      std::cerr << "dlcp-bench: workers still running after " << c.GetInt("timeout-s") << " s; killing them\n";
+      for (auto& ch : children) kill(ch.pid, SIGKILL);
+      break;
+    }
+    if (poll(pfds.data(), pfds.size(), std::min(left_ms, 1000)) < 0 && errno != EINTR) break;
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (children[i].out < 0 || !(pfds[i].revents & (POLLIN | POLLHUP))) continue;
+      char buf[4096];
+      ssize_t n = read(children[i].out, buf, sizeof(buf));
+      if (n > 0) {
+        children[i].text.append(buf, n);
+      } else {
+        close(children[i].out);
+        children[i].out = -1;
+        --open;
+      }
+    }
+  }
+  bool ok = true;
+  std::vector<std::string> lines;
+  for (auto& ch : children) {
+    waitpid(ch.pid, &ch.status, 0);
+    std::vector<std::string> ls = absl::StrSplit(ch.text, '\n', absl::SkipWhitespace());
+    if (!WIFEXITED(ch.status) || WEXITSTATUS(ch.status) != 0 || ls.empty()) ok = false;
+    lines.push_back(ls.empty() ? "" : ls.back());
+  }
+  double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY;
+  bool exact = ok;
+  for (const std::string& l : lines) {
+    if (l.empty() || std::isnan(JsonNumber(l, "p50_ms"))) {
+      exact = false;
+      continue;
+    }
+    p50 = std::max(p50, JsonNumber(l, "p50_ms"));
+    p99 = std::max(p99, JsonNumber(l, "p99_ms"));
+    goodput = std::min(goodput, JsonNumber(l, "goodput_gbps"));
+    max_err = std::max(max_err, JsonNumber(l, "max_abs_err"));
+    retrans += JsonNumber(l, "retransmits");
+    result_req += JsonNumber(l, "result_requests");
+    rounds = std::min(rounds, JsonNumber(l, "rounds"));
+    exact = exact && JsonTrue(l, "exact");
+  }
+  if (!std::isfinite(goodput)) goodput = 0;
+  if (!std::isfinite(rounds)) rounds = 0;
+  const int aggs = static_cast<int>(std::count(c.GetString("aggregators").begin(), c.GetString("aggregators").end(), ',')) + 1;
+  if (!c.GetBool("json")) {
+    std::cout << absl::StrFormat(
+        "\ndlcp-bench: %d workers x %d aggregators, %d x %s per round, %d rounds\n"
+        "  round time   p50 %.2f ms   p99 %.2f ms\n"
+        "  goodput      %.3f Gbit/s per worker\n"
+        "  repairs      %d chunks pushed again, %d result requests\n"
+        "  results exact: %s\n",
+        workers, aggs, c.GetInt("tensors"), absl::StrCat(c.GetInt("tensor-bytes"), " B"), static_cast<int>(rounds),
+        p50, p99, goodput, static_cast<int>(retrans), static_cast<int>(result_req), exact ? "yes" : "NO");
+  }
+  std::cout << absl::StrFormat(
+      "{\"workers\":%d,\"aggregators\":%d,\"tensor_bytes\":%d,\"tensors\":%d,\"rounds\":%d,\"p50_ms\":%.3f,"
+      "\"p99_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,\"retransmits\":%d,\"result_requests\":%d,"
+      "\"exact\":%s}\n",
+      workers, aggs, c.GetInt("tensor-bytes"), c.GetInt("tensors"), static_cast<int>(rounds), p50, p99, goodput,
+      max_err, static_cast<int>(retrans), static_cast<int>(result_req), exact ? "true" : "false");
+  return exact ? 0 : 1;
+}
+
+int Main(int argc, char** argv) {
+  ConfigRegistry config("dlcp-bench", "all-reduce benchmark; checks every result exactly.");
+  DeclareFlags(&config);
+  absl::Status s = config.LoadFromMain(argc, argv);
+  if (config.help_requested()) {
+    std::cout << config.Help();
+    return 0;
+  }
+  if (!s.ok()) {
+    std::cerr << "dlcp-bench: " << s.message() << "\n";
+    return 2;
+  }
+  if (config.dump_requested()) {
+    std::cout << config.Dump();
+    return 0;
+  }
+  LogOptions log;
+  ParseLogLevel(config.GetString("log-level"), &log.min_level).IgnoreError();
+  log.component = "dlcp-bench";
+  ConfigureLogging(log);
+  if (config.GetInt("rank") < 0) return Spawn(argc, argv, config);
+  WorkerConfig w = ConfigFrom(config);
+  if (w.client.rank >= w.client.world_size) {
+    std::cerr << "dlcp-bench: --rank must be below --workers\n";
+    return 2;
+  }
+  if (w.client.job_name.empty()) w.client.job_name = "bench";
+  absl::StatusOr<WorkerResult> r = RunWorker(w);
+  if (!r.ok()) {
+    std::cerr << "dlcp-bench rank " << w.client.rank << ": " << r.status() << "\n";
+    return 1;
+  }
+  std::cout << ResultJson(w, *r) << "\n";
+  return r->exact ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace dlcp::bench
+
+int main(int argc, char** argv) { return dlcp::bench::Main(argc, argv); }

@@ -1,0 +1,88 @@
+#include "client/capi/dlcp.h"
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+
+struct dlcp_client {
+  std::unique_ptr<dlcp::Client> client;
+};
+struct dlcp_op {
+  std::future<absl::StatusOr<dlcp::RoundStats>> future;
+};
+
+namespace {
+int Fail(const absl::Status& s, char* err, size_t err_len) {
+  if (err != nullptr && err_len > 0) {
+    std::string m(s.message());
+    size_t n = std::min(m.size(), err_len - 1);
+    std::memcpy(err, m.data(), n);
+    err[n] = '\0';
+  }
+  return s.ok() ? 0 : static_cast<int>(s.code());
+}
+}  // namespace
+
+extern "C" {
+
+int dlcp_connect(const dlcp_options* o, dlcp_client** out, char* err, size_t err_len) {
+  if (o == nullptr || out == nullptr || o->aggregators == nullptr || o->job_name == nullptr) {
+    return Fail(absl::InvalidArgumentError("dlcp_connect: null argument"), err, err_len);
+  }
+  dlcp::ClientOptions co;
+  co.aggregators = absl::StrSplit(o->aggregators, ',', absl::SkipEmpty());
+  co.job_name = o->job_name;
+  co.world_size = o->world_size;
+  co.rank = o->rank;
+  if (o->chunk_bytes != 0) co.chunk_bytes = o->chunk_bytes;
+  if (o->op_timeout_ms != 0) co.op_timeout = absl::Milliseconds(o->op_timeout_ms);
+  absl::StatusOr<std::unique_ptr<dlcp::Client>> c = dlcp::Client::Connect(co);
+  if (!c.ok()) return Fail(c.status(), err, err_len);
+  *out = new dlcp_client{std::move(*c)};
+  return 0;
+}
+
+int dlcp_allreduce_start(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_op** out, char* err,
+                         size_t err_len) {
+  if (c == nullptr || out == nullptr) return Fail(absl::InvalidArgumentError("dlcp_allreduce_start: null argument"), err, err_len);
+  *out = new dlcp_op{c->client->AllReduce(key, absl::MakeSpan(data, n))};
+  return 0;
+}
+
+int dlcp_op_wait(dlcp_op* op, uint32_t timeout_ms, dlcp_round_stats* stats, char* err, size_t err_len) {
+  if (op == nullptr) return Fail(absl::InvalidArgumentError("dlcp_op_wait: null op"), err, err_len);
+  if (op->future.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) {
+    return Fail(absl::DeadlineExceededError("op not finished yet"), err, err_len);
+  }
+  absl::StatusOr<dlcp::RoundStats> r = op->future.get();
+  delete op;
+  if (!r.ok()) return Fail(r.status(), err, err_len);
+  if (stats != nullptr) {
+    stats->key = r->key;
+    stats->round = r->round;
+    stats->time_ms = absl::ToDoubleMilliseconds(r->time);
+    stats->retransmits = r->retransmits;
+    stats->min_contributors = r->min_contributors;
+  }
+  return 0;
+}
+
+int dlcp_allreduce(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_round_stats* stats, char* err,
+                   size_t err_len) {
+  dlcp_op* op = nullptr;
+  if (int rc = dlcp_allreduce_start(c, key, data, n, &op, err, err_len); rc != 0) return rc;
+  // The op completes by its own deadline; wait without a second one.
+  op->future.wait();
+  return dlcp_op_wait(op, 0, stats, err, err_len);
+}
+
+int dlcp_close(dlcp_client* c, char* err, size_t err_len) {
+  if (c == nullptr) return 0;
+  absl::Status s = c->client->Close();
+  delete c;
+  return Fail(s, err, err_len);
+}
+
+}  // extern "C"

@@ -1,0 +1,48 @@
+/* dlcp C API: for trainers written in languages other than C++. Every function returns 0 on
+ * success or a nonzero absl status code, and writes a message into err (if err_len > 0).
+ * Thread-safe like dlcp::Client. Never aborts the process. */
+#ifndef DLCP_C_API_H_
+#define DLCP_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dlcp_client dlcp_client;
+typedef struct dlcp_op dlcp_op;
+
+typedef struct {
+  const char* aggregators; /* "host:port[,host:port...]" */
+  const char* job_name;
+  uint32_t world_size;
+  uint32_t rank;
+  uint32_t chunk_bytes;    /* 0: default (8192) */
+  uint32_t op_timeout_ms;  /* 0: default (60000) */
+} dlcp_options;
+
+typedef struct {
+  uint32_t key;
+  uint32_t round;
+  double time_ms;
+  uint64_t retransmits;
+  uint32_t min_contributors;
+} dlcp_round_stats;
+
+int dlcp_connect(const dlcp_options* options, dlcp_client** out, char* err, size_t err_len);
+/* Starts an in-place sum of data[0..n) over the job; data must stay valid until dlcp_op_wait. */
+int dlcp_allreduce_start(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_op** out, char* err, size_t err_len);
+/* Waits up to timeout_ms for the op; returns 4 (DEADLINE_EXCEEDED) if not done yet, else frees it. */
+int dlcp_op_wait(dlcp_op* op, uint32_t timeout_ms, dlcp_round_stats* stats, char* err, size_t err_len);
+/* Blocking convenience: start and wait for the op's own deadline. */
+int dlcp_allreduce(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_round_stats* stats, char* err,
+                   size_t err_len);
+/* Leaves the job and frees the client. */
+int dlcp_close(dlcp_client* c, char* err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DLCP_C_API_H_ */

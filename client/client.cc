@@ -1,0 +1,91 @@
+#include "client/client.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "client/session.h"
+#include "client/transfer_engine.h"
+#include "common/wire/header.h"
+
+namespace dlcp {
+namespace {
+absl::Status ValidateOptions(const ClientOptions& o) {
+  if (o.aggregators.empty()) return absl::InvalidArgumentError("ClientOptions.aggregators is empty");
+  if (o.world_size == 0 || o.world_size > 65535) return absl::InvalidArgumentError("world_size must be 1..65535");
+  if (o.rank >= o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", o.rank, " is not below world_size ", o.world_size));
+  }
+  if (o.chunk_bytes < 64 || o.chunk_bytes % 4 != 0 || o.chunk_bytes > wire::kMaxPayload) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes ", o.chunk_bytes, " must be a multiple of 4 in [64, ", wire::kMaxPayload, "]"));
+  }
+  if (o.chunk_bytes + wire::kHeaderSize > o.transport.max_datagram) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_bytes ", o.chunk_bytes, " + header exceeds the transport's ",
+                                                   o.transport.max_datagram, "-byte datagrams"));
+  }
+  if (o.window_chunks == 0) return absl::InvalidArgumentError("window_chunks must be positive");
+  if (o.data_class > 3) return absl::InvalidArgumentError("data_class must be 0..3");
+  if (o.op_timeout <= absl::ZeroDuration() || o.rpc_timeout <= absl::ZeroDuration() ||
+      o.repair_timeout <= absl::ZeroDuration() || o.heartbeat_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("every timeout and interval must be positive");
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(options.transport);
+  if (!transport.ok()) return transport.status();
+
+  SessionOptions so;
+  so.aggregators = options.aggregators;
+  so.job_name = options.job_name;
+  so.world_size = options.world_size;
+  so.rank = options.rank;
+  so.chunk_bytes = options.chunk_bytes;
+  so.data_host = options.data_host;
+  so.data_port = (*transport)->local_address().port;
+  so.rpc_timeout = options.rpc_timeout;
+  so.heartbeat_interval = options.heartbeat_interval;
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Join(so);
+  if (!session.ok()) return session.status();
+
+  EngineOptions eo;
+  eo.job = (*session)->job_id();
+  eo.epoch = (*session)->epoch();
+  eo.rank = options.rank;
+  eo.chunk_bytes = options.chunk_bytes;
+  eo.window_chunks = options.window_chunks;
+  eo.data_class = options.data_class;
+  eo.repair_timeout = options.repair_timeout;
+  eo.op_timeout = options.op_timeout;
+  eo.max_inflight = UINT32_MAX;
+  for (const AggregatorInfo& a : (*session)->aggregators()) {
+    eo.endpoints.push_back(a.data_endpoints);
+    eo.aggregator_ids.push_back(a.control);
+    eo.max_inflight = std::min(eo.max_inflight, a.max_rounds_in_flight);
+  }
+  std::unique_ptr<Client> c(new Client());
+  c->options_ = options;
+  c->session_ = std::move(*session);
+  c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
+  return c;
+}
+
+Client::~Client() { Close().IgnoreError(); }
+
+std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Span<float> data) {
+  return engine_->Submit(key, data);
+}
+
+absl::Status Client::Close() {
+  if (engine_) engine_->Stop(absl::CancelledError("dlcp client closed"));
+  return session_ ? session_->Leave() : absl::OkStatus();
+}
+
+uint32_t Client::rank() const { return options_.rank; }
+uint32_t Client::world_size() const { return options_.world_size; }
+uint32_t Client::job_id() const { return session_->job_id(); }
+
+}  // namespace dlcp

@@ -1,0 +1,112 @@
+#include "client/session.h"
+
+#include <grpcpp/create_channel.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/log.h"
+
+namespace dlcp {
+
+absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& context) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(context, ": ", s.error_message()));
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& options) {
+  if (options.aggregators.empty()) return absl::InvalidArgumentError("no aggregators given");
+  std::unique_ptr<Session> s(new Session());
+  s->options_ = options;
+  for (const std::string& control : options.aggregators) {
+    size_t colon = control.rfind(':');
+    if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("aggregator '", control, "' is not HOST:PORT"));
+    const std::string control_host = control.substr(0, colon);
+    auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(control, grpc::InsecureChannelCredentials()));
+    v1::JoinRequest req;
+    req.set_job_name(options.job_name);
+    req.set_world_size(options.world_size);
+    req.set_rank(options.rank);
+    req.set_chunk_bytes(options.chunk_bytes);
+    req.set_data_host(options.data_host);
+    req.set_data_port(options.data_port);
+    v1::JoinResponse resp;
+    grpc::Status st = CallWithDeadline(
+        [&](grpc::ClientContext* ctx, const v1::JoinRequest* rq, v1::JoinResponse* rs, auto cb) {
+          stub->async()->Join(ctx, rq, rs, std::move(cb));
+        },
+        req, &resp, options.rpc_timeout);
+    if (!st.ok()) return FromGrpcStatus(st, absl::StrCat("join job '", options.job_name, "' at aggregator ", control));
+    if (s->job_id_ != 0 && s->job_id_ != resp.job_id()) {
+      return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " gave job id ", resp.job_id(),
+                                                        ", others gave ", s->job_id_));
+    }
+    if (resp.data_endpoints().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " has no data endpoints"));
+    }
+    s->job_id_ = resp.job_id();
+    s->epoch_ = resp.epoch();
+    AggregatorInfo info;
+    info.control = control;
+    info.max_rounds_in_flight = resp.max_rounds_in_flight();
+    for (const v1::Endpoint& e : resp.data_endpoints()) {
+      absl::StatusOr<Address> a =
+          ResolveAddress(e.host().empty() ? control_host : e.host(), static_cast<uint16_t>(e.port()));
+      if (!a.ok()) return a.status();
+      info.data_endpoints.push_back(*a);
+    }
+    s->aggregators_.push_back(std::move(info));
+    s->stubs_.push_back(std::move(stub));
+  }
+  s->heartbeat_ = std::thread([raw = s.get()] { raw->HeartbeatLoop(); });
+  return s;
+}
+
+Session::~Session() { Leave().IgnoreError(); }
+
+void Session::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.heartbeat_interval), [this] { return stopping_; })) {
+    lock.unlock();
+    for (size_t i = 0; i < stubs_.size(); ++i) {
+      v1::HeartbeatRequest req;
+      req.set_job_id(job_id_);
+      req.set_rank(options_.rank);
+      v1::HeartbeatResponse resp;
+      grpc::Status st = CallWithDeadline(
+          [&](grpc::ClientContext* ctx, const v1::HeartbeatRequest* rq, v1::HeartbeatResponse* rs, auto cb) {
+            stubs_[i]->async()->Heartbeat(ctx, rq, rs, std::move(cb));
+          },
+          req, &resp, options_.rpc_timeout);
+      if (!st.ok()) {
+        DLCP_LOG(Warning) << "heartbeat to " << aggregators_[i].control << " failed: " << st.error_message();
+      }
+    }
+    lock.lock();
+  }
+}
+
+absl::Status Session::Leave() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (left_) return absl::OkStatus();
+    left_ = true;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  absl::Status result;
+  for (size_t i = 0; i < stubs_.size(); ++i) {
+    v1::LeaveRequest req;
+    req.set_job_id(job_id_);
+    req.set_rank(options_.rank);
+    v1::LeaveResponse resp;
+    grpc::Status st = CallWithDeadline(
+        [&](grpc::ClientContext* ctx, const v1::LeaveRequest* rq, v1::LeaveResponse* rs, auto cb) {
+          stubs_[i]->async()->Leave(ctx, rq, rs, std::move(cb));
+        },
+        req, &resp, options_.rpc_timeout);
+    if (!st.ok() && result.ok()) result = FromGrpcStatus(st, absl::StrCat("leave at ", aggregators_[i].control));
+  }
+  return result;
+}
+
+}  // namespace dlcp

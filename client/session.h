@@ -1,0 +1,85 @@
+// The control-plane side of a client: gRPC channels to the aggregators, Join/Leave, and a
+// heartbeat thread. Every RPC uses the callback API with a deadline; callers block on a future
+// for at most that deadline.
+#pragma once
+
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/transport/address.h"
+#include "dlcp/v1/control.grpc.pb.h"
+
+namespace dlcp {
+
+struct AggregatorInfo {
+  std::string control;                 // host:port as given
+  std::vector<Address> data_endpoints; // resolved
+  uint32_t max_rounds_in_flight = 0;
+};
+
+struct SessionOptions {
+  std::vector<std::string> aggregators;
+  std::string job_name;
+  uint32_t world_size = 0;
+  uint32_t rank = 0;
+  uint32_t chunk_bytes = 0;
+  std::string data_host;
+  uint16_t data_port = 0;
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+};
+
+class Session {
+ public:
+  // Joins the job on every aggregator, in parallel; fails if any join fails.
+  static absl::StatusOr<std::unique_ptr<Session>> Join(const SessionOptions& options);
+  ~Session();
+
+  uint32_t job_id() const { return job_id_; }
+  uint32_t epoch() const { return epoch_; }
+  const std::vector<AggregatorInfo>& aggregators() const { return aggregators_; }
+  // Leaves on every aggregator and stops heartbeats. Idempotent.
+  absl::Status Leave();
+
+ private:
+  Session() = default;
+  void HeartbeatLoop();
+
+  SessionOptions options_;
+  uint32_t job_id_ = 0;
+  uint32_t epoch_ = 0;
+  std::vector<AggregatorInfo> aggregators_;
+  std::vector<std::unique_ptr<v1::Aggregator::Stub>> stubs_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  bool left_ = false;
+  std::thread heartbeat_;
+};
+
+// Runs one unary callback-API call with a deadline and waits for it (bounded by the deadline).
+template <typename Req, typename Resp, typename Fn>
+grpc::Status CallWithDeadline(Fn&& start, const Req& req, Resp* resp, absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  std::promise<grpc::Status> done;
+  std::future<grpc::Status> f = done.get_future();
+  start(&ctx, &req, resp, [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  // gRPC completes the call by its deadline; the margin only covers scheduling delay.
+  if (f.wait_for(absl::ToChronoMilliseconds(timeout + absl::Seconds(2))) != std::future_status::ready) {
+    ctx.TryCancel();
+    f.wait();
+  }
+  return f.get();
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& context);
+
+}  // namespace dlcp

@@ -1,0 +1,398 @@
+#include "client/transfer_engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/log.h"
+#include "common/wire/ranges.h"
+
+namespace dlcp {
+namespace {
+constexpr size_t kPushBudget = 256;  // pushes per loop turn, so receives are never starved
+constexpr int kMaxRepairBackoff = 16;
+
+std::vector<Topology::Aggregator> TopologyAggregators(const EngineOptions& o) {
+  std::vector<Topology::Aggregator> out;
+  for (size_t i = 0; i < o.endpoints.size(); ++i) {
+    out.push_back({o.aggregator_ids[i], static_cast<uint32_t>(o.endpoints[i].size())});
+  }
+  return out;
+}
+}  // namespace
+
+TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Transport> transport)
+    : options_(options),
+      transport_(std::move(transport)),
+      topology_(options.epoch, TopologyAggregators(options)),
+      outbox_(transport_.get()) {
+  for (const auto& eps : options_.endpoints) {
+    dest_base_.push_back(static_cast<uint32_t>(dest_addr_.size()));
+    dest_addr_.insert(dest_addr_.end(), eps.begin(), eps.end());
+  }
+  io_ = std::thread([this] { Run(); });
+}
+
+TransferEngine::~TransferEngine() { Stop(absl::CancelledError("dlcp client closed")); }
+
+std::future<absl::StatusOr<RoundStats>> TransferEngine::Submit(uint32_t key, absl::Span<float> data) {
+  auto op = std::make_unique<Op>();
+  std::future<absl::StatusOr<RoundStats>> f = op->promise.get_future();
+  auto fail = [&](absl::Status s) {
+    op->promise.set_value(std::move(s));
+    return std::move(f);
+  };
+  if (data.empty() || data.data() == nullptr) return fail(absl::InvalidArgumentError("AllReduce of an empty tensor"));
+  if (data.size() > std::numeric_limits<uint32_t>::max()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("tensor of ", data.size(), " elements exceeds 2^32 - 1")));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok()) return fail(error_);
+    if (stopped_) return fail(absl::FailedPreconditionError("dlcp client is closed"));
+    if (active_keys_.count(key)) {
+      return fail(absl::FailedPreconditionError(absl::StrCat("key ", key, " already has an AllReduce in flight")));
+    }
+    if (active_keys_.size() >= options_.max_inflight) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat(options_.max_inflight,
+                                                            " AllReduce ops already in flight (the aggregators' "
+                                                            "--max-rounds-in-flight); wait for one to finish")));
+    }
+    op->key = key;
+    op->round = next_round_[key]++;
+    op->data = data.data();
+    op->geometry = wire::ChunkGeometry{static_cast<uint32_t>(data.size()), options_.chunk_bytes / 4};
+    active_keys_.insert(key);
+    submitted_.push_back(std::move(op));
+  }
+  transport_->Wake();
+  return f;
+}
+
+void TransferEngine::Stop(const absl::Status& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  stop_.store(true);
+  transport_->Wake();
+  if (io_.joinable()) io_.join();
+  FailAll(reason);
+}
+
+void TransferEngine::FailAll(const absl::Status& reason) {
+  std::deque<std::unique_ptr<Op>> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending.swap(submitted_);
+    active_keys_.clear();
+  }
+  for (auto& op : pending) op->promise.set_value(reason);
+  for (auto& [key, op] : ops_) op->promise.set_value(reason);
+  ops_.clear();
+}
+
+std::shared_ptr<const TransferEngine::Plan> TransferEngine::PlanFor(uint32_t key, uint32_t tensor_elems) {
+  auto it = plans_.find(key);
+  if (it != plans_.end() && it->second->tensor_elems == tensor_elems) return it->second;
+  auto plan = std::make_shared<Plan>();
+  plan->tensor_elems = tensor_elems;
+  const wire::ChunkGeometry g{tensor_elems, options_.chunk_bytes / 4};
+  const uint32_t chunks = g.chunk_count();
+  plan->chunks_by_dest.resize(dest_addr_.size());
+  plan->dest_of_chunk.resize(chunks);
+  for (uint32_t block = 0; block * kBlockChunks < chunks; ++block) {
+    Topology::Owner o = topology_.OwnerOfBlock(options_.job, key, block);
+    const uint32_t dest = dest_base_[o.aggregator] + o.endpoint;
+    for (uint32_t c = block * kBlockChunks; c < std::min(chunks, (block + 1) * kBlockChunks); ++c) {
+      plan->chunks_by_dest[dest].push_back(c);
+      plan->dest_of_chunk[c] = static_cast<uint16_t>(dest);
+    }
+  }
+  plans_[key] = plan;
+  return plan;
+}
+
+wire::Header TransferEngine::BaseHeader(wire::MsgType type, uint32_t key, uint32_t round, uint32_t elems,
+                                        uint32_t chunks) const {
+  wire::Header h;
+  h.type = type;
+  h.priority = 0;
+  h.job = options_.job;
+  h.key = key;
+  h.round = round;
+  h.chunk_count = chunks;
+  h.tensor_elems = elems;
+  h.rank = static_cast<uint16_t>(options_.rank);
+  h.epoch = options_.epoch;
+  return h;
+}
+
+void TransferEngine::TakeSubmissions(absl::Time now) {
+  std::deque<std::unique_ptr<Op>> fresh;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh.swap(submitted_);
+  }
+  for (auto& op : fresh) {
+    op->plan = PlanFor(op->key, op->geometry.tensor_elems);
+    op->state.assign(op->geometry.chunk_count(), kUnsent);
+    op->dests.resize(dest_addr_.size());
+    op->remaining = op->geometry.chunk_count();
+    op->start = now;
+    op->deadline = now + options_.op_timeout;
+    op->last_progress = now;
+    op->next_repair = now + options_.repair_timeout;
+    op->stats.key = op->key;
+    op->stats.round = op->round;
+    op->stats.chunks = op->remaining;
+    op->stats.min_contributors = std::numeric_limits<uint32_t>::max();
+    ops_[op->key] = std::move(op);
+  }
+}
+
+bool TransferEngine::PushSome(size_t budget) {
+  bool more = false;
+  for (auto& [key, op_ptr] : ops_) {
+    Op& op = *op_ptr;
+    wire::Header h = BaseHeader(wire::MsgType::kPush, op.key, op.round, op.geometry.tensor_elems,
+                                op.geometry.chunk_count());
+    h.priority = options_.data_class;
+    for (uint32_t d = 0; d < op.dests.size(); ++d) {
+      Dest& dest = op.dests[d];
+      const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[d];
+      auto push = [&](uint32_t c) {
+        h.chunk = c;
+        h.payload_len = op.geometry.bytes(c);
+        op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
+        absl::Status s = outbox_.Add(dest_addr_[d], h, reinterpret_cast<const uint8_t*>(op.data + op.geometry.offset(c)));
+        if (!s.ok()) DLCP_LOG(Warning) << "push to " << dest_addr_[d].ToString() << ": " << s;
+      };
+      while (!dest.resend.empty() && budget > 0) {
+        uint32_t c = dest.resend.back();
+        dest.resend.pop_back();
+        if (op.state[c] == kHave) continue;
+        push(c);
+        ++op.stats.retransmits;
+        --budget;
+      }
+      while (dest.next < mine.size() && dest.outstanding < options_.window_chunks && budget > 0) {
+        uint32_t c = mine[dest.next++];
+        op.state[c] = kSent;
+        ++dest.outstanding;
+        push(c);
+        --budget;
+      }
+      if (!dest.resend.empty() || (dest.next < mine.size() && dest.outstanding < options_.window_chunks)) more = true;
+    }
+  }
+  return more;
+}
+
+void TransferEngine::Run() {
+  std::vector<InMessage> batch;
+  absl::Time last_scan = absl::Now();
+  const absl::Duration tick = std::min(options_.repair_timeout / 4, absl::Milliseconds(5));
+  while (!stop_.load(std::memory_order_relaxed)) {
+    TakeSubmissions(absl::Now());
+    bool more = PushSome(kPushBudget);
+    absl::Status s = outbox_.Flush();
+    if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = s;
+      break;
+    }
+    absl::Duration wait = more ? absl::ZeroDuration() : (ops_.empty() ? absl::Milliseconds(100) : tick);
+    s = transport_->Receive(&batch, wait);
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = absl::Status(s.code(), absl::StrCat("dlcp data plane failed: ", s.message()));
+      break;
+    }
+    const absl::Time now = absl::Now();
+    for (const InMessage& m : batch) HandleDatagram(m, now);
+    if (now - last_scan >= tick) {
+      ScanTimers(now);
+      last_scan = now;
+    }
+  }
+  absl::Status err;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    err = error_;
+  }
+  if (!err.ok()) {
+    DLCP_LOG(Error) << err;
+    FailAll(err);
+  }
+}
+
+void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
+  wire::Header h;
+  if (wire::ParseHeader(absl::MakeConstSpan(m.data, m.len), &h) != wire::Reject::kNone || h.job != options_.job ||
+      h.rank != options_.rank || h.epoch != options_.epoch) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  auto it = ops_.find(h.key);
+  Op* op = (it != ops_.end() && it->second->round == h.round) ? it->second.get() : nullptr;
+  if (op != nullptr && (h.tensor_elems != op->geometry.tensor_elems || h.chunk_count != op->geometry.chunk_count())) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const uint8_t* payload = m.data + wire::kHeaderSize;
+  switch (h.type) {
+    case wire::MsgType::kResult:
+      if (op != nullptr) return HandleResult(*op, h, m, now);
+      break;
+    case wire::MsgType::kPushNack:
+      if (op != nullptr) return HandleNack(*op, h, payload);
+      break;
+    case wire::MsgType::kProbe:
+      if (op != nullptr) {
+        for (uint32_t d = 0; d < dest_addr_.size(); ++d) {
+          if (dest_addr_[d] == m.from) SendResultReq(*op, d, false);
+        }
+        return;
+      }
+      break;
+    case wire::MsgType::kError:
+      if (op != nullptr) {
+        absl::StatusCode code = absl::StatusCode::kAborted;
+        std::string text(reinterpret_cast<const char*>(payload), h.payload_len);
+        if (!text.empty() && static_cast<uint8_t>(text[0]) < 17) {
+          code = static_cast<absl::StatusCode>(text[0]);
+          text.erase(0, 1);
+        }
+        return Finish(h.key, absl::Status(code, absl::StrCat("aggregator ", m.from.ToString(), ": ", text)));
+      }
+      break;
+    default:
+      break;
+  }
+  // Not for an op in flight. A result or probe for a round this worker has finished means the
+  // aggregator missed our DONE: say it again.
+  auto done = completed_round_.find(h.key);
+  if ((h.type == wire::MsgType::kResult || h.type == wire::MsgType::kProbe) && done != completed_round_.end() &&
+      h.round == done->second) {
+    for (uint32_t d = 0; d < dest_addr_.size(); ++d) {
+      if (dest_addr_[d] == m.from) SendDone(h.key, h.round, d, h.tensor_elems, h.chunk_count);
+    }
+    return;
+  }
+  rejected_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage& m, absl::Time now) {
+  const uint32_t c = h.chunk;
+  const uint32_t dest = op.plan->dest_of_chunk[c];
+  if (h.payload_len != op.geometry.bytes(c) || !(m.from == dest_addr_[dest])) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (op.state[c] == kHave) return;  // a duplicate; the first copy was identical
+  std::memcpy(op.data + op.geometry.offset(c), m.data + wire::kHeaderSize, h.payload_len);
+  if (op.state[c] == kSent) --op.dests[dest].outstanding;
+  op.state[c] = kHave;
+  op.stats.bytes_received += m.len;
+  op.stats.min_contributors = std::min<uint32_t>(op.stats.min_contributors, h.contributors);
+  op.last_progress = now;
+  op.repair_attempts = 0;
+  if (--op.remaining > 0) return;
+  for (uint32_t d = 0; d < op.dests.size(); ++d) {
+    if (!op.plan->chunks_by_dest[d].empty()) {
+      SendDone(op.key, op.round, d, op.geometry.tensor_elems, op.geometry.chunk_count());
+    }
+  }
+  completed_round_[op.key] = op.round;
+  op.stats.time = now - op.start;
+  Finish(op.key, op.stats);
+}
+
+void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* payload) {
+  absl::StatusOr<std::vector<wire::ChunkRange>> ranges =
+      wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), op.geometry.chunk_count());
+  if (!ranges.ok()) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  for (const wire::ChunkRange& r : *ranges) {
+    for (uint32_t c = r.first; c < r.first + r.length; ++c) {
+      // Only chunks already pushed: the rest go out under the window anyway.
+      if (op.state[c] == kSent) op.dests[op.plan->dest_of_chunk[c]].resend.push_back(c);
+    }
+  }
+}
+
+void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only) {
+  std::vector<uint32_t> missing;
+  if (!done_only) {
+    for (uint32_t c : op.plan->chunks_by_dest[dest]) {
+      if (op.state[c] == kSent) missing.push_back(c);
+    }
+    if (missing.empty()) return;  // nothing pushed there lacks a result yet
+  }
+  wire::Header h =
+      BaseHeader(wire::MsgType::kResultReq, op.key, op.round, op.geometry.tensor_elems, op.geometry.chunk_count());
+  std::vector<wire::ChunkRange> ranges = wire::ToRanges(missing);
+  for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, std::min<size_t>(8192, transport_->max_datagram() - wire::kHeaderSize))) {
+    h.payload_len = static_cast<uint32_t>(p.size());
+    absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p));
+    if (!s.ok()) DLCP_LOG(Warning) << "result request: " << s;
+  }
+}
+
+void TransferEngine::SendDone(uint32_t key, uint32_t round, uint32_t dest, uint32_t tensor_elems,
+                              uint32_t chunk_count) {
+  wire::Header h = BaseHeader(wire::MsgType::kResultReq, key, round, tensor_elems, chunk_count);
+  h.flags = wire::kFlagDone;
+  std::vector<uint8_t> empty = wire::EncodeRanges({}, 16)[0];
+  h.payload_len = static_cast<uint32_t>(empty.size());
+  absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(empty));
+  if (!s.ok()) DLCP_LOG(Warning) << "done: " << s;
+}
+
+void TransferEngine::ScanTimers(absl::Time now) {
+  std::vector<std::pair<uint32_t, absl::Status>> expired;
+  for (auto& [key, op_ptr] : ops_) {
+    Op& op = *op_ptr;
+    if (now >= op.deadline) {
+      std::string where;
+      for (uint32_t d = 0; d < op.dests.size(); ++d) {
+        uint32_t missing = 0;
+        for (uint32_t c : op.plan->chunks_by_dest[d]) missing += op.state[c] != kHave;
+        if (missing > 0) absl::StrAppend(&where, " ", dest_addr_[d].ToString(), ":", missing);
+      }
+      expired.emplace_back(key, absl::DeadlineExceededError(absl::StrCat(
+                                    "AllReduce key ", key, " round ", op.round, ": ", op.remaining, " of ",
+                                    op.geometry.chunk_count(), " result chunks missing after ", absl::FormatDuration(options_.op_timeout),
+                                    " (missing per aggregator endpoint:", where,
+                                    "); are all workers of the job running?")));
+      continue;
+    }
+    if (now >= op.next_repair && now - op.last_progress >= options_.repair_timeout) {
+      for (uint32_t d = 0; d < op.dests.size(); ++d) SendResultReq(op, d, false);
+      ++op.stats.result_requests;
+      op.repair_attempts = std::min(op.repair_attempts + 1, kMaxRepairBackoff);
+      op.next_repair = now + options_.repair_timeout * op.repair_attempts;
+    }
+  }
+  for (auto& [key, status] : expired) Finish(key, std::move(status));
+}
+
+void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
+  auto it = ops_.find(key);
+  if (it == ops_.end()) return;
+  std::unique_ptr<Op> op = std::move(it->second);
+  ops_.erase(it);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_keys_.erase(key);
+  }
+  op->promise.set_value(std::move(result));
+}
+
+}  // namespace dlcp

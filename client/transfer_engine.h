@@ -1,0 +1,121 @@
+// The client's data path. One I/O thread owns the transport's receive side and every op in
+// flight: it pushes chunks to their aggregator endpoints under a per-endpoint window, places
+// result chunks into the caller's buffer, answers NACKs and probes, and asks for missing results
+// when an op goes quiet. Submit() is the only entry from other threads; completions run on the
+// I/O thread and only fulfil a promise.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+#include "common/datapath/outbox.h"
+#include "common/topology/topology.h"
+#include "common/transport/transport.h"
+#include "common/wire/geometry.h"
+#include "common/wire/header.h"
+
+namespace dlcp {
+
+struct EngineOptions {
+  uint32_t job = 0;
+  uint32_t epoch = 0;
+  uint32_t rank = 0;
+  uint32_t chunk_bytes = 0;
+  // Data endpoints of each aggregator, in the order of the topology's aggregators.
+  std::vector<std::vector<Address>> endpoints;
+  std::vector<std::string> aggregator_ids;
+  uint32_t window_chunks = 512;
+  uint32_t max_inflight = 64;
+  uint8_t data_class = 1;
+  absl::Duration repair_timeout = absl::Milliseconds(20);
+  absl::Duration op_timeout = absl::Seconds(60);
+};
+
+class TransferEngine {
+ public:
+  TransferEngine(const EngineOptions& options, std::unique_ptr<Transport> transport);
+  ~TransferEngine();
+
+  // Any thread. Validates and enqueues; the future completes on the I/O thread.
+  std::future<absl::StatusOr<RoundStats>> Submit(uint32_t key, absl::Span<float> data);
+  // Fails every pending op with `reason` and joins the I/O thread. Idempotent.
+  void Stop(const absl::Status& reason);
+
+ private:
+  // Which endpoint owns each chunk, for one (key, length). Immutable once built.
+  struct Plan {
+    uint32_t tensor_elems = 0;
+    std::vector<std::vector<uint32_t>> chunks_by_dest;
+    std::vector<uint16_t> dest_of_chunk;
+  };
+  struct Dest {
+    size_t next = 0;           // into plan->chunks_by_dest[d]
+    uint32_t outstanding = 0;  // pushed, result not yet here
+    std::vector<uint32_t> resend;
+  };
+  enum ChunkState : uint8_t { kUnsent = 0, kSent = 1, kHave = 2 };
+  struct Op {
+    uint32_t key = 0;
+    uint32_t round = 0;
+    float* data = nullptr;
+    wire::ChunkGeometry geometry;
+    std::shared_ptr<const Plan> plan;
+    std::vector<uint8_t> state;
+    std::vector<Dest> dests;
+    uint32_t remaining = 0;
+    absl::Time start, deadline, last_progress, next_repair;
+    int repair_attempts = 0;
+    RoundStats stats;
+    std::promise<absl::StatusOr<RoundStats>> promise;
+  };
+
+  void Run();
+  void TakeSubmissions(absl::Time now);
+  bool PushSome(size_t budget);
+  void HandleDatagram(const InMessage& m, absl::Time now);
+  void HandleResult(Op& op, const wire::Header& h, const InMessage& m, absl::Time now);
+  void HandleNack(Op& op, const wire::Header& h, const uint8_t* payload);
+  void SendResultReq(const Op& op, uint32_t dest, bool done_only);
+  void SendDone(uint32_t key, uint32_t round, uint32_t dest, uint32_t tensor_elems, uint32_t chunk_count);
+  void ScanTimers(absl::Time now);
+  void Finish(uint32_t key, absl::StatusOr<RoundStats> result);
+  std::shared_ptr<const Plan> PlanFor(uint32_t key, uint32_t tensor_elems);
+  wire::Header BaseHeader(wire::MsgType type, uint32_t key, uint32_t round, uint32_t elems, uint32_t chunks) const;
+  void FailAll(const absl::Status& reason);
+
+  EngineOptions options_;
+  std::unique_ptr<Transport> transport_;
+  Topology topology_;
+  std::vector<Address> dest_addr_;
+  std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
+  Outbox outbox_;
+
+  // Shared with Submit(), under mu_.
+  std::mutex mu_;
+  std::deque<std::unique_ptr<Op>> submitted_;
+  std::set<uint32_t> active_keys_;
+  std::unordered_map<uint32_t, uint32_t> next_round_;
+  absl::Status error_;
+  bool stopped_ = false;
+
+  // I/O thread only.
+  std::unordered_map<uint32_t, std::unique_ptr<Op>> ops_;
+  std::unordered_map<uint32_t, std::shared_ptr<const Plan>> plans_;
+  std::unordered_map<uint32_t, uint32_t> completed_round_;  // key -> last round finished here
+  std::atomic<bool> stop_{false};
+  std::thread io_;
+  std::atomic<uint64_t> rejected_{0};
+};
+
+}  // namespace dlcp

@@ -1,0 +1,83 @@
+// The one configuration registry: every setting of a binary is declared here with its type,
+// default, bounds and help. Values come from flags over DLCP_* environment over defaults, and
+// every value is validated before the program uses it. Not thread-safe while loading; read-only
+// (and so safe from any thread) afterwards.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace dlcp {
+
+class ConfigRegistry {
+ public:
+  // Checks a string value; returns a message saying what is wrong, or OK.
+  using Validator = std::function<absl::Status(const std::string&)>;
+  using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+
+  explicit ConfigRegistry(std::string program, std::string summary = "");
+
+  void AddString(const std::string& name, std::string def, std::string help, Validator validator = nullptr);
+  void AddInt(const std::string& name, int64_t def, int64_t min, int64_t max, std::string help);
+  void AddDouble(const std::string& name, double def, double min, double max, std::string help);
+  void AddBool(const std::string& name, bool def, std::string help);
+
+  // Parses `--name=value`, `--name value`, `--flag` and `--no-flag`; then the environment
+  // (DLCP_NAME with '-' as '_'); then validates every value. The error names the setting.
+  absl::Status Load(const std::vector<std::string>& args, const EnvLookup& env);
+  // The same with argv and the process environment.
+  absl::Status LoadFromMain(int argc, char** argv);
+
+  const std::string& GetString(const std::string& name) const;
+  int64_t GetInt(const std::string& name) const;
+  double GetDouble(const std::string& name) const;
+  bool GetBool(const std::string& name) const;
+
+  bool help_requested() const { return help_requested_; }
+  bool dump_requested() const { return dump_requested_; }
+  const std::vector<std::string>& positional() const { return positional_; }
+
+  // One `name=value  # source` line per setting, sorted by name.
+  std::string Dump() const;
+  std::string Help() const;
+  static std::string EnvName(const std::string& name);
+
+ private:
+  enum class Type { kString, kInt, kDouble, kBool };
+  struct Entry {
+    Type type;
+    std::string help;
+    std::string default_text;
+    std::string value;
+    std::string source = "default";
+    int64_t imin = 0, imax = 0;
+    double dmin = 0, dmax = 0;
+    Validator validator;
+    int64_t ivalue = 0;
+    double dvalue = 0;
+    bool bvalue = false;
+  };
+  void Add(const std::string& name, Entry e);
+  absl::Status Set(const std::string& name, const std::string& value, const std::string& source);
+  absl::Status Validate(const std::string& name, Entry& e);
+  const Entry& Find(const std::string& name, Type type) const;
+
+  std::string program_;
+  std::string summary_;
+  std::map<std::string, Entry> entries_;
+  std::vector<std::string> positional_;
+  bool help_requested_ = false;
+  bool dump_requested_ = false;
+};
+
+// Validators shared by the binaries.
+absl::Status ValidateHostPort(const std::string& value);
+absl::Status ValidateHostPortList(const std::string& value);
+
+}  // namespace dlcp

@@ -1,0 +1,36 @@
+#include "common/datapath/outbox.h"
+
+#include "absl/time/clock.h"
+
+namespace dlcp {
+
+Outbox::Outbox(Transport* transport, size_t batch, absl::Duration send_timeout)
+    : transport_(transport), batch_(batch), send_timeout_(send_timeout) {
+  // Reserved once: messages_ point into headers_, which therefore must never reallocate.
+  headers_.reserve(batch_);
+  messages_.reserve(batch_);
+}
+
+absl::Status Outbox::Add(const Address& to, const wire::Header& h, const uint8_t* payload) {
+  headers_.emplace_back();
+  wire::EncodeHeader(h, headers_.back().data());
+  messages_.push_back(OutMessage{to, h.priority, headers_.back().data(), wire::kHeaderSize, payload, h.payload_len});
+  if (messages_.size() >= batch_) return Flush();
+  return absl::OkStatus();
+}
+
+absl::Status Outbox::AddOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload) {
+  owned_.push_back(std::move(payload));
+  return Add(to, h, owned_.back().data());
+}
+
+absl::Status Outbox::Flush() {
+  if (messages_.empty()) return absl::OkStatus();
+  absl::Status s = transport_->Send(messages_, absl::Now() + send_timeout_);
+  messages_.clear();
+  headers_.clear();
+  owned_.clear();
+  return s;
+}
+
+}  // namespace dlcp

@@ -1,0 +1,37 @@
+// Batches outgoing datagrams for one I/O thread: encodes headers into its own storage, keeps
+// payload pointers (no copy), and hands full batches to the transport in one Send. Owned by a
+// single thread; payloads must stay valid until the next Flush().
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/transport/transport.h"
+#include "common/wire/header.h"
+
+namespace dlcp {
+
+class Outbox {
+ public:
+  explicit Outbox(Transport* transport, size_t batch = 64, absl::Duration send_timeout = absl::Seconds(2));
+
+  // Queues header + payload (h.payload_len bytes at `payload`); flushes when the batch is full.
+  absl::Status Add(const Address& to, const wire::Header& h, const uint8_t* payload);
+  // The same, keeping `payload` alive inside the outbox until it is sent.
+  absl::Status AddOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload);
+  absl::Status Flush();
+  size_t pending() const { return messages_.size(); }
+
+ private:
+  Transport* transport_;
+  size_t batch_;
+  absl::Duration send_timeout_;
+  std::vector<std::array<uint8_t, wire::kHeaderSize>> headers_;
+  std::vector<OutMessage> messages_;
+  std::vector<std::vector<uint8_t>> owned_;
+};
+
+}  // namespace dlcp

@@ -1,0 +1,57 @@
+#include "common/transport/address.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace dlcp {
+
+std::string Address::ToString() const {
+  return absl::StrCat((ipv4 >> 24) & 0xff, ".", (ipv4 >> 16) & 0xff, ".", (ipv4 >> 8) & 0xff, ".", ipv4 & 0xff, ":",
+                      port);
+}
+
+sockaddr_in Address::ToSockaddr() const {
+  sockaddr_in sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(ipv4);
+  return sa;
+}
+
+Address Address::FromSockaddr(const sockaddr_in& sa) { return Address{ntohl(sa.sin_addr.s_addr), ntohs(sa.sin_port)}; }
+
+absl::StatusOr<Address> ResolveAddress(const std::string& host, uint16_t port) {
+  in_addr a;
+  if (inet_pton(AF_INET, host.c_str(), &a) == 1) return Address{ntohl(a.s_addr), port};
+  addrinfo hints;
+  std::memset(&hints, 0, sizeof(hints));
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return absl::NotFoundError(absl::StrCat("cannot resolve host '", host, "': ", gai_strerror(rc)));
+  }
+  Address out = Address::FromSockaddr(*reinterpret_cast<sockaddr_in*>(res->ai_addr));
+  out.port = port;
+  freeaddrinfo(res);
+  return out;
+}
+
+absl::StatusOr<Address> ResolveHostPort(const std::string& host_port) {
+  size_t colon = host_port.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("expected HOST:PORT, got '", host_port, "'"));
+  }
+  return ResolveAddress(host_port.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+}  // namespace dlcp

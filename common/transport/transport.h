@@ -1,0 +1,94 @@
+// The data-plane transport: moves datagrams and their priority marks, nothing more. It never
+// parses dlcp headers. One implementation per folder (udp/, loopback/, rdma/), made by
+// CreateTransport from TransportOptions.
+//
+// Threading: Send and Wake may be called from any number of threads at once. Receive must be
+// called by one thread at a time (the endpoint's I/O thread); the buffers it returns stay valid
+// until that thread's next Receive. Nothing blocks without a deadline.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/transport/address.h"
+
+namespace dlcp {
+
+// A datagram to send, gathered from a header and a payload so payloads go out without a copy.
+struct OutMessage {
+  Address to;
+  uint8_t priority = 0;  // class 0..3, mapped to a DSCP code point by the transport
+  const uint8_t* header = nullptr;
+  size_t header_len = 0;
+  const uint8_t* payload = nullptr;
+  size_t payload_len = 0;
+};
+
+struct InMessage {
+  Address from;
+  const uint8_t* data = nullptr;
+  size_t len = 0;
+};
+
+struct TransportCounters {
+  std::atomic<uint64_t> sent_packets{0};
+  std::atomic<uint64_t> sent_bytes{0};
+  std::atomic<uint64_t> recv_packets{0};
+  std::atomic<uint64_t> recv_bytes{0};
+  std::atomic<uint64_t> send_would_block{0};  // times a send waited for buffer space
+  std::atomic<uint64_t> dropped{0};           // known drops (loopback queue full, oversize)
+};
+
+struct TransportOptions {
+  enum class Kind { kUdp, kLoopback };
+  Kind kind = Kind::kUdp;
+  std::string bind_host = "0.0.0.0";
+  uint16_t port = 0;  // 0 picks a free port
+  size_t max_datagram = 65507;
+  size_t recv_batch = 64;
+  // Socket buffers; large, because a round's window of chunks arrives as one burst.
+  size_t socket_buffer_bytes = 32 << 20;
+  // DSCP code point for each priority class.
+  std::array<uint8_t, 4> dscp = {46, 34, 18, 0};
+  // Spin on the socket instead of sleeping in poll(2). Only for dedicated cores.
+  bool busy_poll = false;
+};
+
+absl::StatusOr<TransportOptions::Kind> ParseTransportKind(const std::string& name);
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual Address local_address() const = 0;
+  virtual size_t max_datagram() const = 0;
+
+  // Hands every message to the network, in order, or fails. Waits for local buffer space until
+  // `deadline` at most; never waits for the peer. A datagram the network drops later is not an
+  // error: delivery is the protocol's job.
+  virtual absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) = 0;
+
+  // Waits up to `timeout` for datagrams, then returns all that are ready (up to the batch size)
+  // in `out`, which it clears first. Zero messages means timeout or Wake().
+  virtual absl::Status Receive(std::vector<InMessage>* out, absl::Duration timeout) = 0;
+
+  // Makes a Receive that is blocked now, or the next one, return promptly.
+  virtual void Wake() = 0;
+
+  const TransportCounters& counters() const { return counters_; }
+
+ protected:
+  TransportCounters counters_;
+};
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
+
+}  // namespace dlcp

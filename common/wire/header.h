@@ -1,0 +1,83 @@
+// dlcp data-plane wire format, version 1. Every datagram is one 48-byte header followed by a
+// payload. All multi-byte fields are little-endian, written byte by byte, so the format does not
+// depend on the host. See docs/wire-format.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace dlcp::wire {
+
+inline constexpr uint32_t kMagic = 0x50434C44;  // bytes "DLCP"
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 48;
+// The largest UDP payload over IPv4; no dlcp datagram is larger.
+inline constexpr size_t kMaxDatagram = 65507;
+inline constexpr size_t kMaxPayload = kMaxDatagram - kHeaderSize;
+inline constexpr uint8_t kNumClasses = 4;
+
+enum class MsgType : uint8_t {
+  kPush = 1,       // worker -> aggregator: one chunk of a worker's contribution
+  kResult = 2,     // aggregator -> worker: one chunk of the aggregate
+  kPushNack = 3,   // aggregator -> worker: ranges of chunks to send again
+  kResultReq = 4,  // worker -> aggregator: ranges of results still missing; kFlagDone when none are
+  kProbe = 5,      // aggregator -> worker: "which results of this round do you still miss?"
+  kError = 6,      // aggregator -> worker: the round cannot proceed; payload is a UTF-8 reason
+};
+inline constexpr uint8_t kMaxMsgType = 6;
+
+inline constexpr uint8_t kFlagDone = 0x01;  // kResultReq: every result of the round has arrived
+inline constexpr uint8_t kKnownFlags = kFlagDone;
+
+struct Header {
+  MsgType type = MsgType::kPush;
+  uint8_t priority = 0;  // class 0 (must deliver) .. 3
+  uint8_t flags = 0;
+  uint32_t job = 0;
+  uint32_t key = 0;
+  uint32_t round = 0;
+  uint32_t chunk = 0;
+  uint32_t chunk_count = 0;
+  uint32_t tensor_elems = 0;
+  uint16_t rank = 0;
+  uint16_t contributors = 0;
+  uint32_t epoch = 0;
+  uint32_t payload_len = 0;
+};
+
+// Why a datagram was dropped. Every value has a counter at the receiver.
+enum class Reject : uint8_t {
+  kNone = 0,
+  kTruncated,
+  kBadMagic,
+  kBadVersion,
+  kBadType,
+  kBadClass,
+  kBadFlags,
+  kLengthMismatch,
+  kBadChunk,
+  kReservedSet,
+  kBadPayload,
+  // Set by receivers that check a header against their state:
+  kUnknownJob,
+  kNotMember,
+  kStaleEpoch,
+  kShapeMismatch,
+  kUnknownRound,
+  kOverCapacity,
+  kCount,
+};
+const char* RejectName(Reject r);
+
+// Writes exactly kHeaderSize bytes.
+void EncodeHeader(const Header& h, uint8_t* out);
+
+// Parses and checks everything that does not need receiver state: magic, version, type, class,
+// flags, reserved bytes, that payload_len matches the datagram, and chunk bounds. Returns the
+// reason on failure; `out` is only valid on kNone.
+Reject ParseHeader(absl::Span<const uint8_t> datagram, Header* out);
+
+}  // namespace dlcp::wire

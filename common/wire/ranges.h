@@ -1,0 +1,30 @@
+// Payload of kPushNack and kResultReq: a list of chunk ranges.
+//   u32 count, then count x (u32 first, u32 length), little-endian.
+// Ranges are compact for the common case (a contiguous tail lost) and bounded for the worst case.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace dlcp::wire {
+
+struct ChunkRange {
+  uint32_t first = 0;
+  uint32_t length = 0;
+  bool operator==(const ChunkRange&) const = default;
+};
+
+// Collapses sorted, distinct chunk indices into ranges.
+std::vector<ChunkRange> ToRanges(absl::Span<const uint32_t> sorted_chunks);
+
+// Splits ranges into payloads of at most max_payload bytes each. Empty input gives one empty
+// list (count 0), which is how kResultReq says "nothing missing".
+std::vector<std::vector<uint8_t>> EncodeRanges(absl::Span<const ChunkRange> ranges, size_t max_payload);
+
+// Checks the count against the length, and every range against chunk_count.
+absl::StatusOr<std::vector<ChunkRange>> DecodeRanges(absl::Span<const uint8_t> payload, uint32_t chunk_count);
+
+}  // namespace dlcp::wire

@@ -1,0 +1,126 @@
+#include "server/control/aggregator_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace dlcp::server {
+
+grpc::Status ToGrpcStatus(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  // absl and gRPC number their codes identically.
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+std::string PeerHost(const std::string& peer) {
+  if (peer.rfind("ipv4:", 0) != 0) return "";
+  std::string rest = peer.substr(5);
+  size_t colon = rest.rfind(':');
+  return colon == std::string::npos ? rest : rest.substr(0, colon);
+}
+
+AggregatorService::AggregatorService(std::string aggregator_id, std::string advertise_host, JobRegistry* jobs,
+                                     DataPlane* data, MetricsRegistry* metrics)
+    : id_(std::move(aggregator_id)),
+      advertise_host_(std::move(advertise_host)),
+      jobs_(jobs),
+      data_(data),
+      metrics_(metrics),
+      started_(absl::Now()),
+      bad_requests_(metrics->GetCounter("dlcp_control_rejected_requests")) {}
+
+void AggregatorService::FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const {
+  for (const Address& a : data_->endpoints()) {
+    v1::Endpoint* e = out->Add();
+    e->set_host(advertise_host_);  // empty: the client uses the host it dialled
+    e->set_port(a.port);
+  }
+}
+
+absl::Status AggregatorService::DoJoin(const std::string& peer, const v1::JoinRequest& req, v1::JoinResponse* resp) {
+  if (req.data_port() == 0 || req.data_port() > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("data_port ", req.data_port(), " outside [1, 65535]"));
+  }
+  std::string host = req.data_host().empty() ? PeerHost(peer) : req.data_host();
+  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("no data_host given and peer '", peer, "' is not IPv4"));
+  absl::StatusOr<Address> addr = ResolveAddress(host, static_cast<uint16_t>(req.data_port()));
+  if (!addr.ok()) return addr.status();
+  JoinSpec spec{req.job_name(), req.world_size(), req.rank(), req.chunk_bytes(), *addr};
+  absl::StatusOr<std::shared_ptr<Job>> job = jobs_->Join(spec);
+  if (!job.ok()) return job.status();
+  resp->set_job_id((*job)->id);
+  resp->set_epoch((*job)->epoch);
+  resp->set_max_rounds_in_flight(jobs_->limits().max_rounds_in_flight);
+  resp->set_aggregator_id(id_);
+  FillEndpoints(resp->mutable_data_endpoints());
+  return absl::OkStatus();
+}
+
+#define DLCP_UNARY(ctx, expr)                     \
+  auto* reactor = (ctx)->DefaultReactor();        \
+  absl::Status status = (expr);                   \
+  if (!status.ok()) bad_requests_->Add();         \
+  reactor->Finish(ToGrpcStatus(status));          \
+  return reactor
+
+grpc::ServerUnaryReactor* AggregatorService::Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
+                                                  v1::JoinResponse* resp) {
+  DLCP_UNARY(ctx, DoJoin(ctx->peer(), *req, resp));
+}
+
+grpc::ServerUnaryReactor* AggregatorService::Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
+                                                   v1::LeaveResponse* resp) {
+  DLCP_UNARY(ctx, jobs_->Leave(req->job_id(), req->rank()));
+}
+
+grpc::ServerUnaryReactor* AggregatorService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                       const v1::HeartbeatRequest* req,
+                                                       v1::HeartbeatResponse* resp) {
+  resp->set_epoch(1);
+  DLCP_UNARY(ctx, jobs_->Heartbeat(req->job_id(), req->rank()));
+}
+
+grpc::ServerUnaryReactor* AggregatorService::GetTopology(grpc::CallbackServerContext* ctx,
+                                                         const v1::GetTopologyRequest* req, v1::Topology* resp) {
+  auto fill = [&]() -> absl::Status {
+    std::shared_ptr<Job> job = jobs_->Find(req->job_id());
+    if (!job) return absl::NotFoundError(absl::StrCat("no job ", req->job_id(), " at aggregator ", id_));
+    resp->set_aggregator_id(id_);
+    resp->set_epoch(job->epoch);
+    resp->set_world_size(job->world);
+    FillEndpoints(resp->mutable_data_endpoints());
+    const int64_t now = absl::GetCurrentTimeNanos();
+    for (uint32_t r = 0; r < job->world; ++r) {
+      const Member& m = job->members[r];
+      if (!m.joined()) continue;
+      v1::Member* out = resp->add_members();
+      out->set_rank(r);
+      Address a = m.address();
+      out->mutable_data()->set_host(a.ToString().substr(0, a.ToString().rfind(':')));
+      out->mutable_data()->set_port(a.port);
+      out->set_last_heartbeat_ms_ago((now - m.last_heartbeat_ns.load()) / 1000000);
+    }
+    return absl::OkStatus();
+  };
+  DLCP_UNARY(ctx, fill());
+}
+
+grpc::ServerUnaryReactor* AggregatorService::GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest* req,
+                                                      v1::Stats* resp) {
+  resp->set_aggregator_id(id_);
+  resp->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
+  for (const std::shared_ptr<Job>& job : jobs_->List()) {
+    v1::JobStats* js = resp->add_jobs();
+    js->set_job_id(job->id);
+    js->set_job_name(job->name);
+    js->set_world_size(job->world);
+    js->set_members(job->member_count.load());
+    js->set_rounds_completed(job->rounds_completed.load());
+    js->set_rounds_in_flight(job->rounds_in_flight.load());
+  }
+  std::map<std::string, double> snapshot = metrics_->Snapshot();
+  data_->AddTransportCounters(&snapshot);
+  for (const auto& [name, value] : snapshot) (*resp->mutable_counters())[name] = value;
+  DLCP_UNARY(ctx, absl::OkStatus());
+}
+
+}  // namespace dlcp::server

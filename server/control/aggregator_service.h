@@ -1,0 +1,51 @@
+// The gRPC control service of dlcpd (callback API). Handlers run on gRPC's callback threads; they
+// only touch the JobRegistry (its own locking) and read-only data-plane facts, so none blocks.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/metrics/registry.h"
+#include "dlcp/v1/control.grpc.pb.h"
+#include "server/data/data_plane.h"
+#include "server/jobs/job_registry.h"
+
+namespace dlcp::server {
+
+grpc::Status ToGrpcStatus(const absl::Status& s);
+
+class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
+ public:
+  AggregatorService(std::string aggregator_id, std::string advertise_host, JobRegistry* jobs, DataPlane* data,
+                    MetricsRegistry* metrics);
+
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
+                                 v1::JoinResponse* resp) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
+                                  v1::LeaveResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx, const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* GetTopology(grpc::CallbackServerContext* ctx, const v1::GetTopologyRequest* req,
+                                        v1::Topology* resp) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest* req,
+                                     v1::Stats* resp) override;
+
+ private:
+  absl::Status DoJoin(const std::string& peer, const v1::JoinRequest& req, v1::JoinResponse* resp);
+  void FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const;
+
+  const std::string id_;
+  const std::string advertise_host_;
+  JobRegistry* jobs_;
+  DataPlane* data_;
+  MetricsRegistry* metrics_;
+  const absl::Time started_;
+  Counter* bad_requests_;
+};
+
+// The IP in a gRPC peer string ("ipv4:10.0.0.1:5000"); empty if it is not IPv4.
+std::string PeerHost(const std::string& peer);
+
+}  // namespace dlcp::server

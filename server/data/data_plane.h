@@ -1,0 +1,52 @@
+// dlcpd's data plane: N data threads, each owning one transport endpoint and the rounds whose
+// chunks clients send to that endpoint, so the hot path takes no locks. A thread blocks in
+// Receive with a short timeout that doubles as its timer tick (repair, probes, expiry).
+#pragma once
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/metrics/registry.h"
+#include "common/transport/transport.h"
+#include "server/jobs/job_registry.h"
+
+namespace dlcp::server {
+
+struct DataPlaneOptions {
+  TransportOptions transport;  // a nonzero port gives thread i port + i
+  uint32_t threads = 1;
+  absl::Duration tick = absl::Milliseconds(5);
+  // Silence on a round for this long triggers NACKs (missing pushes) or probes (missing acks).
+  absl::Duration repair_timeout = absl::Milliseconds(20);
+  // A round not finished after this long is dropped, so a vanished worker cannot pin memory.
+  absl::Duration round_timeout = absl::Seconds(120);
+  // Fraction of received pushes and of sent results to discard, for tests of the repair path.
+  double inject_drop = 0.0;
+  uint64_t inject_seed = 1;
+};
+
+class DataThread;
+
+class DataPlane {
+ public:
+  static absl::StatusOr<std::unique_ptr<DataPlane>> Create(const DataPlaneOptions& options, JobRegistry* jobs,
+                                                           MetricsRegistry* metrics);
+  ~DataPlane();
+
+  // One per data thread; clients spread chunks over them.
+  std::vector<Address> endpoints() const;
+  // Adds the transports' packet and byte counters to a metrics snapshot.
+  void AddTransportCounters(std::map<std::string, double>* out) const;
+  // Stops and joins the threads. Idempotent.
+  void Stop();
+
+ private:
+  DataPlane() = default;
+  std::vector<std::unique_ptr<DataThread>> threads_;
+  std::vector<std::thread> running_;
+};
+
+}  // namespace dlcp::server

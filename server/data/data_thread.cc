@@ -1,0 +1,301 @@
+#include "server/data/data_thread.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/log.h"
+#include "common/wire/geometry.h"
+#include "common/wire/ranges.h"
+
+namespace dlcp::server {
+namespace {
+constexpr size_t kMaxCachedBlockBytes = 256u << 20;
+constexpr int kMaxRepairBackoff = 16;
+
+uint64_t JobKey(uint32_t job, uint32_t key) { return static_cast<uint64_t>(job) << 32 | key; }
+}  // namespace
+
+DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, const DataPlaneOptions& options,
+                       JobRegistry* jobs, MetricsRegistry* metrics)
+    : index_(index),
+      transport_(std::move(transport)),
+      options_(options),
+      jobs_(jobs),
+      outbox_(transport_.get()),
+      pool_(kMaxCachedBlockBytes),
+      rng_(options.inject_seed + index),
+      last_scan_(absl::Now()) {
+  rx_push_ = metrics->GetCounter("dlcp_rx_push_packets");
+  rx_result_req_ = metrics->GetCounter("dlcp_rx_result_req_packets");
+  tx_result_ = metrics->GetCounter("dlcp_tx_result_packets");
+  tx_result_resent_ = metrics->GetCounter("dlcp_tx_result_resent_packets");
+  tx_push_nack_ = metrics->GetCounter("dlcp_tx_push_nack_packets");
+  tx_probe_ = metrics->GetCounter("dlcp_tx_probe_packets");
+  tx_error_ = metrics->GetCounter("dlcp_tx_error_packets");
+  push_duplicate_ = metrics->GetCounter("dlcp_push_duplicates");
+  inject_dropped_ = metrics->GetCounter("dlcp_inject_dropped_packets");
+  rounds_completed_ = metrics->GetCounter("dlcp_rounds_completed");
+  rounds_expired_ = metrics->GetCounter("dlcp_rounds_expired");
+  rounds_aborted_ = metrics->GetCounter("dlcp_rounds_aborted");
+  send_errors_ = metrics->GetCounter("dlcp_send_errors");
+  for (size_t i = 1; i < static_cast<size_t>(wire::Reject::kCount); ++i) {
+    rejects_[i] = metrics->GetCounter(absl::StrCat("dlcp_rejects_", wire::RejectName(static_cast<wire::Reject>(i))));
+  }
+  rejects_[0] = nullptr;
+  round_ms_ = metrics->GetHistogram("dlcp_round_ms", ExponentialBuckets(0.125, 2, 20));
+}
+
+void DataThread::Stop() {
+  stop_.store(true);
+  transport_->Wake();
+}
+
+void DataThread::Check(absl::Status s) {
+  if (!s.ok()) {
+    send_errors_->Add();
+    DLCP_LOG(Warning) << "data thread " << index_ << ": " << s;
+  }
+}
+
+void DataThread::Reject(wire::Reject reason) { rejects_[static_cast<size_t>(reason)]->Add(); }
+
+void DataThread::Run() {
+  std::vector<InMessage> batch;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    absl::Status s = transport_->Receive(&batch, options_.tick);
+    if (!s.ok()) {
+      DLCP_LOG(Error) << "data thread " << index_ << " receive failed: " << s;
+      absl::SleepFor(options_.tick);  // a persistent socket error must not spin a core
+      continue;
+    }
+    const absl::Time now = absl::Now();
+    for (const InMessage& m : batch) HandleDatagram(m, now);
+    if (now - last_scan_ >= options_.tick) {
+      ScanTimers(now);
+      last_scan_ = now;
+    }
+    Check(outbox_.Flush());
+  }
+}
+
+void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
+  wire::Header h;
+  wire::Reject r = wire::ParseHeader(absl::MakeConstSpan(m.data, m.len), &h);
+  if (r != wire::Reject::kNone) return Reject(r);
+  if (h.type != wire::MsgType::kPush && h.type != wire::MsgType::kResultReq) return Reject(wire::Reject::kBadType);
+  std::shared_ptr<Job> job = jobs_->Find(h.job);
+  if (!job || job->closed.load(std::memory_order_relaxed)) return Reject(wire::Reject::kUnknownJob);
+  if (h.rank >= job->world || !job->members[h.rank].joined()) return Reject(wire::Reject::kNotMember);
+  if (h.epoch != job->epoch) return Reject(wire::Reject::kStaleEpoch);
+  const wire::ChunkGeometry g{h.tensor_elems, job->chunk_bytes / 4};
+  if (h.tensor_elems == 0 || h.chunk_count != g.chunk_count()) return Reject(wire::Reject::kShapeMismatch);
+  const uint8_t* payload = m.data + wire::kHeaderSize;
+  if (h.type == wire::MsgType::kPush) {
+    if (h.payload_len != g.bytes(h.chunk)) return Reject(wire::Reject::kShapeMismatch);
+    rx_push_->Add();
+    if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
+    // A push for round r says this worker has every result of round r - 1.
+    if (h.round > 0) {
+      auto prev = rounds_.find(RoundKey{h.job, h.key, h.round - 1});
+      if (prev != rounds_.end()) {
+        prev->second->MarkDone(h.rank);
+        MaybeFree(prev);
+      }
+    }
+  } else {
+    rx_result_req_->Add();
+  }
+  Round* round = RoundFor(h, job, now);
+  if (round == nullptr) return;
+  if (h.type == wire::MsgType::kPush) {
+    HandlePush(h, payload, round, now);
+  } else {
+    HandleResultReq(h, payload, round);
+  }
+}
+
+Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now) {
+  auto it = rounds_.find(RoundKey{h.job, h.key, h.round});
+  if (it != rounds_.end()) {
+    if (it->second->geometry().tensor_elems != h.tensor_elems) {
+      Reject(wire::Reject::kShapeMismatch);
+      return nullptr;
+    }
+    return it->second.get();
+  }
+  auto fl = floor_.find(JobKey(h.job, h.key));
+  if (fl != floor_.end() && h.round < fl->second) {
+    // The round was delivered to every worker and freed: a late duplicate, or a worker asking
+    // about a round that expired. Only the latter needs an answer.
+    if (h.type == wire::MsgType::kResultReq && !(h.flags & wire::kFlagDone)) {
+      SendError(h, job->members[h.rank].address(), absl::StatusCode::kNotFound, absl::StrCat("round ", h.round, " of key ", h.key,
+                                                                " is no longer held by this aggregator"));
+    }
+    Reject(wire::Reject::kUnknownRound);
+    return nullptr;
+  }
+  if (h.type == wire::MsgType::kResultReq && (h.flags & wire::kFlagDone)) {
+    Reject(wire::Reject::kUnknownRound);
+    return nullptr;
+  }
+  const uint32_t limit = jobs_->limits().max_rounds_in_flight;
+  if (job->rounds_in_flight.load(std::memory_order_relaxed) >= limit) {
+    Reject(wire::Reject::kOverCapacity);
+    SendError(h, job->members[h.rank].address(), absl::StatusCode::kResourceExhausted,
+              absl::StrCat("job '", job->name, "' has ", limit,
+                           " rounds in flight at this aggregator (dlcpd --max-rounds-in-flight)"));
+    return nullptr;
+  }
+  auto round = std::make_unique<Round>(job, h.key, h.round, wire::ChunkGeometry{h.tensor_elems, job->chunk_bytes / 4},
+                                       &pool_, now);
+  round->next_repair = now + options_.repair_timeout;
+  Round* raw = round.get();
+  rounds_.emplace(RoundKey{h.job, h.key, h.round}, std::move(round));
+  return raw;
+}
+
+void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now) {
+  // Payloads sit 48 bytes into a 64-byte-aligned slot: 16-byte aligned, and SumInto needs no more.
+  switch (round->Add(h.rank, h.chunk, reinterpret_cast<const float*>(payload), now)) {
+    case Round::AddResult::kAdded:
+      return;
+    case Round::AddResult::kDuplicate:
+      push_duplicate_->Add();
+      return;
+    case Round::AddResult::kNoMemory:
+      Reject(wire::Reject::kOverCapacity);
+      SendError(h, round->job()->members[h.rank].address(), absl::StatusCode::kResourceExhausted,
+                absl::StrCat("job '", round->job()->name, "' exceeds its accumulator budget of ",
+                             round->job()->max_bytes, " bytes (dlcpd --max-job-bytes)"));
+      return;
+    case Round::AddResult::kCompleted:
+      for (uint32_t w = 0; w < round->job()->world; ++w) SendResult(*round, h.chunk, w, h.priority);
+      return;
+  }
+}
+
+void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, Round* round) {
+  if (h.flags & wire::kFlagDone) {
+    round->MarkDone(h.rank);
+    MaybeFree(rounds_.find(RoundKey{h.job, h.key, h.round}));
+    return;
+  }
+  absl::StatusOr<std::vector<wire::ChunkRange>> ranges =
+      wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), h.chunk_count);
+  if (!ranges.ok()) return Reject(wire::Reject::kBadPayload);
+  std::vector<uint32_t> nack;
+  for (const wire::ChunkRange& r : *ranges) {
+    for (uint32_t c = r.first; c < r.first + r.length; ++c) {
+      if (round->IsComplete(c)) {
+        tx_result_resent_->Add();
+        SendResult(*round, c, h.rank, h.priority);
+      } else if (!round->Has(h.rank, c)) {
+        nack.push_back(c);
+      }
+    }
+  }
+  if (!nack.empty()) SendRanges(wire::MsgType::kPushNack, *round, h.rank, nack);
+}
+
+void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority) {
+  const Member& m = r.job()->members[rank];
+  if (!m.joined()) return;
+  tx_result_->Add();
+  if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
+  wire::Header h;
+  h.type = wire::MsgType::kResult;
+  h.priority = priority;
+  h.job = r.job()->id;
+  h.key = r.key();
+  h.round = r.round();
+  h.chunk = chunk;
+  h.chunk_count = r.geometry().chunk_count();
+  h.tensor_elems = r.geometry().tensor_elems;
+  h.rank = static_cast<uint16_t>(rank);
+  h.contributors = r.contributors(chunk);
+  h.epoch = r.job()->epoch;
+  h.payload_len = r.geometry().bytes(chunk);
+  Check(outbox_.Add(m.address(), h, reinterpret_cast<const uint8_t*>(r.Result(chunk))));
+}
+
+void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks) {
+  const Member& m = r.job()->members[rank];
+  if (!m.joined()) return;
+  std::vector<wire::ChunkRange> ranges = wire::ToRanges(chunks);
+  const size_t max_payload = transport_->max_datagram() - wire::kHeaderSize;
+  for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, std::min<size_t>(max_payload, 8192))) {
+    wire::Header h;
+    h.type = type;
+    h.priority = 0;  // control rides the top class
+    h.job = r.job()->id;
+    h.key = r.key();
+    h.round = r.round();
+    h.chunk_count = r.geometry().chunk_count();
+    h.tensor_elems = r.geometry().tensor_elems;
+    h.rank = static_cast<uint16_t>(rank);
+    h.epoch = r.job()->epoch;
+    h.payload_len = static_cast<uint32_t>(p.size());
+    (type == wire::MsgType::kPushNack ? tx_push_nack_ : tx_probe_)->Add();
+    Check(outbox_.AddOwned(m.address(), h, std::move(p)));
+  }
+}
+
+void DataThread::SendError(const wire::Header& req, const Address& to, absl::StatusCode code,
+                           const std::string& reason) {
+  wire::Header h = req;
+  h.type = wire::MsgType::kError;
+  h.priority = 0;
+  h.flags = 0;
+  std::string text;
+  text.push_back(static_cast<char>(code));
+  text.append(reason, 0, std::min<size_t>(reason.size(), 1024));
+  h.payload_len = static_cast<uint32_t>(text.size());
+  tx_error_->Add();
+  Check(outbox_.AddOwned(to, h, std::vector<uint8_t>(text.begin(), text.end())));
+}
+
+void DataThread::MaybeFree(RoundMap::iterator it) {
+  if (it == rounds_.end() || !it->second->AllDone()) return;
+  Round& r = *it->second;
+  uint32_t& floor = floor_[JobKey(r.job()->id, r.key())];
+  floor = std::max(floor, r.round() + 1);
+  r.job()->rounds_completed.fetch_add(1, std::memory_order_relaxed);
+  rounds_completed_->Add();
+  round_ms_->Observe(absl::ToDoubleMilliseconds(r.last_progress() - r.created()));
+  rounds_.erase(it);
+}
+
+void DataThread::ScanTimers(absl::Time now) {
+  for (auto it = rounds_.begin(); it != rounds_.end();) {
+    Round& r = *it->second;
+    if (r.job()->closed.load(std::memory_order_relaxed)) {
+      rounds_aborted_->Add();
+      it = rounds_.erase(it);
+      continue;
+    }
+    if (now - r.created() > options_.round_timeout) {
+      DLCP_LOG(Warning) << "job " << r.job()->name << " key " << r.key() << " round " << r.round()
+                        << " expired after " << options_.round_timeout << " with " << r.open_chunks()
+                        << " chunks incomplete";
+      rounds_expired_->Add();
+      it = rounds_.erase(it);
+      continue;
+    }
+    if (now >= r.next_repair && now - r.last_progress() >= options_.repair_timeout) {
+      for (uint32_t w = 0; w < r.job()->world; ++w) {
+        if (r.open_chunks() > 0) {
+          std::vector<uint32_t> missing = r.MissingFrom(w);
+          if (!missing.empty()) SendRanges(wire::MsgType::kPushNack, r, w, missing);
+        } else if (!r.IsDone(w)) {
+          SendRanges(wire::MsgType::kProbe, r, w, {});
+        }
+      }
+      r.repair_attempts = std::min(r.repair_attempts + 1, kMaxRepairBackoff);
+      r.next_repair = now + options_.repair_timeout * r.repair_attempts;
+    } else if (now - r.last_progress() < options_.repair_timeout) {
+      r.repair_attempts = 0;
+    }
+    ++it;
+  }
+}
+
+}  // namespace dlcp::server

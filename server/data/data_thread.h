@@ -1,0 +1,88 @@
+// One data thread of dlcpd: validates packets, accumulates pushes into rounds, sends results,
+// and runs the repair timers of its rounds. Everything here is touched only by its own thread,
+// except Stop() and the transport counters.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <random>
+#include <unordered_map>
+
+#include "common/datapath/outbox.h"
+#include "common/metrics/registry.h"
+#include "common/transport/transport.h"
+#include "common/wire/header.h"
+#include "server/data/data_plane.h"
+#include "server/jobs/job_registry.h"
+#include "server/rounds/round.h"
+
+namespace dlcp::server {
+
+class DataThread {
+ public:
+  DataThread(uint32_t index, std::unique_ptr<Transport> transport, const DataPlaneOptions& options,
+             JobRegistry* jobs, MetricsRegistry* metrics);
+
+  void Run();
+  void Stop();
+  Transport* transport() const { return transport_.get(); }
+
+ private:
+  struct RoundKey {
+    uint32_t job, key, round;
+    bool operator==(const RoundKey&) const = default;
+  };
+  struct RoundKeyHash {
+    size_t operator()(const RoundKey& k) const {
+      return std::hash<uint64_t>()((static_cast<uint64_t>(k.job) << 32 | k.key) * 0x9E3779B97F4A7C15ULL ^ k.round);
+    }
+  };
+  using RoundMap = std::unordered_map<RoundKey, std::unique_ptr<Round>, RoundKeyHash>;
+
+  void HandleDatagram(const InMessage& m, absl::Time now);
+  void HandlePush(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now);
+  void HandleResultReq(const wire::Header& h, const uint8_t* payload, Round* round);
+  // Finds or creates the round for a validated header; nullptr when the packet is to be dropped.
+  Round* RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now);
+  void SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority);
+  void SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks);
+  // Payload: one byte of absl::StatusCode, then the reason in UTF-8.
+  void SendError(const wire::Header& h, const Address& to, absl::StatusCode code, const std::string& reason);
+  void MaybeFree(RoundMap::iterator it);
+  void ScanTimers(absl::Time now);
+  void Reject(wire::Reject reason);
+  void Check(absl::Status s);
+
+  uint32_t index_;
+  std::unique_ptr<Transport> transport_;
+  DataPlaneOptions options_;
+  JobRegistry* jobs_;
+  Outbox outbox_;
+  BlockPool pool_;
+  RoundMap rounds_;
+  // Per (job, key): every round below this one has been delivered and freed.
+  std::unordered_map<uint64_t, uint32_t> floor_;
+  std::atomic<bool> stop_{false};
+  std::mt19937_64 rng_;
+  std::uniform_real_distribution<double> uniform_{0.0, 1.0};
+  absl::Time last_scan_;
+
+  Counter* rx_push_;
+  Counter* rx_result_req_;
+  Counter* tx_result_;
+  Counter* tx_result_resent_;
+  Counter* tx_push_nack_;
+  Counter* tx_probe_;
+  Counter* tx_error_;
+  Counter* push_duplicate_;
+  Counter* inject_dropped_;
+  Counter* rounds_completed_;
+  Counter* rounds_expired_;
+  Counter* rounds_aborted_;
+  Counter* send_errors_;
+  Counter* rejects_[static_cast<size_t>(wire::Reject::kCount)];
+  Histogram* round_ms_;
+};
+
+}  // namespace dlcp::server

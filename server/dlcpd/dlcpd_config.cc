@@ -1,0 +1,93 @@
+#include "server/dlcpd/dlcpd_config.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace dlcp::server {
+
+absl::Status ParseDscpMap(const std::string& text, std::array<uint8_t, 4>* out) {
+  std::vector<std::string> parts = absl::StrSplit(text, ',');
+  if (parts.size() != 4) return absl::InvalidArgumentError("expected 4 comma-separated DSCP values, one per class");
+  for (size_t i = 0; i < 4; ++i) {
+    int v = 0;
+    if (!absl::SimpleAtoi(parts[i], &v) || v < 0 || v > 63) {
+      return absl::InvalidArgumentError(absl::StrCat("DSCP '", parts[i], "' is not in [0, 63]"));
+    }
+    (*out)[i] = static_cast<uint8_t>(v);
+  }
+  return absl::OkStatus();
+}
+
+void DeclareDlcpdFlags(ConfigRegistry* c) {
+  c->AddString("host", "0.0.0.0", "address to bind the control (gRPC) and data ports to");
+  c->AddInt("port", 7400, 0, 65535, "gRPC control port (0 picks a free one)");
+  c->AddInt("data-port", 7401, 0, 65535, "first UDP data port; data thread i uses data-port + i (0 picks free ones)");
+  c->AddInt("data-threads", 1, 1, 64, "data threads, each with its own data port and share of the rounds");
+  c->AddString("transport", "udp", "data-plane transport: udp, or auto (udp until RDMA lands)", [](const std::string& v) {
+    return v == "udp" || v == "auto" ? absl::OkStatus() : absl::InvalidArgumentError("must be udp or auto");
+  });
+  c->AddString("advertise-host", "", "host clients should send data to; empty means the host they dialled");
+  c->AddString("id", "", "aggregator id reported in stats; empty means host:port");
+  c->AddString("ready-file", "", "write {\"control_port\":..,\"data_ports\":[..]} here once serving");
+  c->AddInt("tick-ms", 5, 1, 1000, "data thread timer tick, also the longest receive wait");
+  c->AddInt("repair-timeout-ms", 20, 1, 60000, "silence on a round before missing chunks are NACKed");
+  c->AddInt("round-timeout-ms", 120000, 100, 3600000, "an unfinished round is dropped after this long");
+  c->AddDouble("inject-drop", 0.0, 0.0, 0.9, "fraction of received pushes and sent results to discard (tests)");
+  c->AddInt("inject-seed", 1, 0, INT64_MAX, "seed for --inject-drop");
+  c->AddInt("max-jobs", 64, 1, 100000, "jobs this aggregator serves at once");
+  c->AddInt("max-workers", 1024, 1, 65535, "workers per job");
+  c->AddInt("max-rounds-in-flight", 256, 1, 1000000, "open rounds per job; more is refused with an error");
+  c->AddInt("max-job-bytes", int64_t{4} << 30, int64_t{1} << 20, int64_t{1} << 40,
+            "accumulator memory per job; more is refused with an error");
+  c->AddInt("socket-buffer-bytes", 32 << 20, 1 << 16, 1 << 30, "UDP socket send and receive buffer size");
+  c->AddString("dscp", "46,34,18,0", "DSCP code point for classes 0,1,2,3",
+               [](const std::string& v) {
+                 std::array<uint8_t, 4> unused;
+                 return ParseDscpMap(v, &unused);
+               });
+  c->AddBool("busy-poll", false, "spin on the data socket instead of sleeping (dedicated cores only)");
+  c->AddString("log-level", "info", "debug, info, warning or error", [](const std::string& v) {
+    LogLevel unused;
+    return ParseLogLevel(v, &unused);
+  });
+  c->AddBool("log-json", false, "write logs as one JSON object per line");
+}
+
+absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
+  DlcpdOptions o;
+  o.host = c.GetString("host");
+  o.control_port = static_cast<uint16_t>(c.GetInt("port"));
+  o.advertise_host = c.GetString("advertise-host");
+  o.ready_file = c.GetString("ready-file");
+  o.aggregator_id = c.GetString("id");
+  o.data.transport.kind = TransportOptions::Kind::kUdp;
+  o.data.transport.bind_host = o.host;
+  o.data.transport.port = static_cast<uint16_t>(c.GetInt("data-port"));
+  o.data.transport.socket_buffer_bytes = static_cast<size_t>(c.GetInt("socket-buffer-bytes"));
+  o.data.transport.busy_poll = c.GetBool("busy-poll");
+  if (absl::Status s = ParseDscpMap(c.GetString("dscp"), &o.data.transport.dscp); !s.ok()) return s;
+  o.data.threads = static_cast<uint32_t>(c.GetInt("data-threads"));
+  if (o.data.transport.port != 0 && o.data.transport.port + o.data.threads - 1 > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--data-port ", o.data.transport.port, " + --data-threads ",
+                                                   o.data.threads, " runs past port 65535"));
+  }
+  o.data.tick = absl::Milliseconds(c.GetInt("tick-ms"));
+  o.data.repair_timeout = absl::Milliseconds(c.GetInt("repair-timeout-ms"));
+  o.data.round_timeout = absl::Milliseconds(c.GetInt("round-timeout-ms"));
+  if (o.data.round_timeout <= o.data.repair_timeout * 4) {
+    return absl::InvalidArgumentError("--round-timeout-ms must exceed 4 x --repair-timeout-ms");
+  }
+  o.data.inject_drop = c.GetDouble("inject-drop");
+  o.data.inject_seed = static_cast<uint64_t>(c.GetInt("inject-seed"));
+  o.limits.max_jobs = static_cast<uint32_t>(c.GetInt("max-jobs"));
+  o.limits.max_workers = static_cast<uint32_t>(c.GetInt("max-workers"));
+  o.limits.max_rounds_in_flight = static_cast<uint32_t>(c.GetInt("max-rounds-in-flight"));
+  o.limits.max_job_bytes = static_cast<uint64_t>(c.GetInt("max-job-bytes"));
+  if (absl::Status s = ParseLogLevel(c.GetString("log-level"), &o.log.min_level); !s.ok()) return s;
+  o.log.json = c.GetBool("log-json");
+  o.log.component = "dlcpd";
+  return o;
+}
+
+}  // namespace dlcp::server

@@ -1,0 +1,32 @@
+// dlcpd's settings: declared once in the registry, then turned into typed options with every
+// cross-field check done before anything starts.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/base/log.h"
+#include "common/config/registry.h"
+#include "server/data/data_plane.h"
+#include "server/jobs/job_registry.h"
+
+namespace dlcp::server {
+
+struct DlcpdOptions {
+  std::string host;
+  uint16_t control_port = 0;
+  std::string advertise_host;
+  std::string aggregator_id;
+  std::string ready_file;
+  DataPlaneOptions data;
+  JobLimits limits;
+  LogOptions log;
+};
+
+void DeclareDlcpdFlags(ConfigRegistry* config);
+absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& config);
+
+// Parses "46,34,18,0" into one DSCP code point per class.
+absl::Status ParseDscpMap(const std::string& text, std::array<uint8_t, 4>* out);
+
+}  // namespace dlcp::server

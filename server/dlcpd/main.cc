@@ -1,0 +1,112 @@
+// dlcpd: the dlcp aggregator daemon. Serves gRPC control and the UDP data plane until SIGINT or
+// SIGTERM, then shuts both down within a deadline.
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/build_config.h"
+#include "common/base/log.h"
+#include "server/control/aggregator_service.h"
+#include "server/dlcpd/dlcpd_config.h"
+
+namespace dlcp::server {
+namespace {
+
+absl::Status WriteReadyFile(const std::string& path, int control_port, const std::vector<Address>& data) {
+  std::vector<int> ports;
+  for (const Address& a : data) ports.push_back(a.port);
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << "{\"control_port\":" << control_port << ",\"data_ports\":[" << absl::StrJoin(ports, ",") << "]}\n";
+    if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("cannot rename to ", path));
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  ConfigRegistry config("dlcpd", "dlcp aggregator daemon: sums gradient chunks pushed by the workers of a job.");
+  DeclareDlcpdFlags(&config);
+  absl::Status loaded = config.LoadFromMain(argc, argv);
+  if (config.help_requested()) {
+    std::cout << config.Help();
+    return 0;
+  }
+  if (!loaded.ok()) {
+    std::cerr << "dlcpd: refusing to start: " << loaded.message() << "\n";
+    return 2;
+  }
+  if (!config.positional().empty()) {
+    std::cerr << "dlcpd: refusing to start: unexpected argument '" << config.positional()[0] << "'\n";
+    return 2;
+  }
+  if (config.dump_requested()) {
+    std::cout << config.Dump();
+    return 0;
+  }
+  absl::StatusOr<DlcpdOptions> opts = DlcpdOptionsFromConfig(config);
+  if (!opts.ok()) {
+    std::cerr << "dlcpd: refusing to start: " << opts.status().message() << "\n";
+    return 2;
+  }
+  ConfigureLogging(opts->log);
+
+  // Signals are taken synchronously by the main thread; every other thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  MetricsRegistry metrics;
+  JobRegistry jobs(opts->limits);
+  absl::StatusOr<std::unique_ptr<DataPlane>> data = DataPlane::Create(opts->data, &jobs, &metrics);
+  if (!data.ok()) {
+    std::cerr << "dlcpd: cannot start the data plane: " << data.status().message() << "\n";
+    return 1;
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int control_port = 0;
+  builder.AddListeningPort(absl::StrCat(opts->host, ":", opts->control_port), grpc::InsecureServerCredentials(),
+                           &control_port);
+  std::string id = opts->aggregator_id.empty() ? absl::StrCat(opts->host, ":", opts->control_port) : opts->aggregator_id;
+  AggregatorService service(id, opts->advertise_host, &jobs, data->get(), &metrics);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || control_port == 0) {
+    std::cerr << "dlcpd: cannot listen on " << opts->host << ":" << opts->control_port << "\n";
+    (*data)->Stop();
+    return 1;
+  }
+  std::vector<std::string> ports;
+  for (const Address& a : (*data)->endpoints()) ports.push_back(absl::StrCat(a.port));
+  DLCP_LOG(Info) << "dlcpd " << DLCP_VERSION << " serving control " << opts->host << ":" << control_port
+                 << ", data UDP ports " << absl::StrJoin(ports, ",");
+  if (!opts->ready_file.empty()) {
+    if (absl::Status s = WriteReadyFile(opts->ready_file, control_port, (*data)->endpoints()); !s.ok()) {
+      DLCP_LOG(Error) << s;
+    }
+  }
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  DLCP_LOG(Info) << "signal " << sig << ": shutting down";
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  (*data)->Stop();
+  return 0;
+}
+
+}  // namespace
+}  // namespace dlcp::server
+
+int main(int argc, char** argv) { return dlcp::server::Main(argc, argv); }

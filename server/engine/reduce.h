@@ -1,0 +1,16 @@
+// The reduction engine: sums a received chunk straight from the receive buffer into the
+// accumulator. Vectorized for the best instruction set the CPU offers (chosen once at load time).
+// Pure functions; safe from any thread on disjoint destinations.
+#pragma once
+
+#include <cstddef>
+
+namespace dlcp::engine {
+
+// dst[i] += src[i] for i < n. dst and src must not overlap.
+void SumInto(float* __restrict dst, const float* __restrict src, size_t n);
+
+// The same sum, one element at a time, with no vectorization: the reference for tests.
+void SumIntoScalar(float* dst, const float* src, size_t n);
+
+}  // namespace dlcp::engine

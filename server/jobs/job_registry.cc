@@ -1,0 +1,114 @@
+#include "server/jobs/job_registry.h"
+
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/log.h"
+#include "common/topology/topology.h"
+#include "common/wire/header.h"
+
+namespace dlcp::server {
+
+uint32_t JobIdForName(const std::string& name) {
+  uint32_t id = static_cast<uint32_t>(StableHashString(name));
+  return id == 0 ? 1 : id;  // 0 is never a job
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
+  if (s.job_name.empty() || s.job_name.size() > 128) {
+    return absl::InvalidArgumentError("job_name must be 1..128 characters");
+  }
+  if (s.world_size == 0 || s.world_size > limits_.max_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("world_size ", s.world_size, " outside [1, ", limits_.max_workers,
+                                                   "] (dlcpd --max-workers)"));
+  }
+  if (s.rank >= s.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", s.rank, " is not below world_size ", s.world_size));
+  }
+  if (s.chunk_bytes < 64 || s.chunk_bytes > wire::kMaxPayload || s.chunk_bytes % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes ", s.chunk_bytes, " must be a multiple of 4 in [64, ", wire::kMaxPayload, "]"));
+  }
+  if (s.data_address.port == 0) return absl::InvalidArgumentError("data_port must be 1..65535");
+
+  const uint32_t id = JobIdForName(s.job_name);
+  std::shared_ptr<Job> job;
+  {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    auto it = jobs_.find(id);
+    if (it != jobs_.end() && it->second->name != s.job_name) {
+      return absl::AlreadyExistsError(absl::StrCat("job id ", id, " of '", s.job_name, "' collides with job '",
+                                                   it->second->name, "'; choose another job name"));
+    }
+    if (it == jobs_.end()) {
+      if (jobs_.size() >= limits_.max_jobs) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("aggregator serves its limit of ", limits_.max_jobs, " jobs (dlcpd --max-jobs)"));
+      }
+      job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes);
+      jobs_[id] = job;
+    } else {
+      job = it->second;
+    }
+  }
+  if (job->world != s.world_size) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", s.job_name, "' has world_size ", job->world, ", not ", s.world_size));
+  }
+  if (job->chunk_bytes != s.chunk_bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", s.job_name, "' uses chunk_bytes ", job->chunk_bytes, ", not ", s.chunk_bytes));
+  }
+  Member& m = job->members[s.rank];
+  uint64_t packed = ((static_cast<uint64_t>(s.data_address.ipv4) << 16) | s.data_address.port) + 1;
+  uint64_t old = m.packed_address.exchange(packed, std::memory_order_acq_rel);
+  if (old == 0) {
+    job->member_count.fetch_add(1);
+  } else if (old != packed) {
+    DLCP_LOG(Info) << "job " << s.job_name << " rank " << s.rank << " rejoined from " << s.data_address.ToString();
+  }
+  m.last_heartbeat_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+  DLCP_LOG(Info) << "job " << s.job_name << " (id " << id << ") rank " << s.rank << "/" << s.world_size
+                 << " joined, data " << s.data_address.ToString();
+  return job;
+}
+
+absl::Status JobRegistry::Leave(uint32_t job_id, uint32_t rank) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  Job& job = *it->second;
+  if (rank >= job.world) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside job"));
+  if (job.members[rank].packed_address.exchange(0) != 0 && job.member_count.fetch_sub(1) == 1) {
+    job.closed.store(true);
+    DLCP_LOG(Info) << "job " << job.name << " closed: last member left";
+    jobs_.erase(it);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank) {
+  std::shared_ptr<Job> job = Find(job_id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  if (rank >= job->world || !job->members[rank].joined()) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is not a member of job ", job->name));
+  }
+  job->members[rank].last_heartbeat_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<Job> JobRegistry::Find(uint32_t job_id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<Job>> JobRegistry::List() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  std::vector<std::shared_ptr<Job>> out;
+  for (const auto& [id, job] : jobs_) out.push_back(job);
+  return out;
+}
+
+}  // namespace dlcp::server

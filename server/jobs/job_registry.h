@@ -1,0 +1,87 @@
+// Jobs and their members, as this aggregator knows them. Written by the gRPC control threads,
+// read by the data threads on every packet. Lookups take a shared lock on the job map only; the
+// per-member fields the data path reads are atomics, so a join or heartbeat never stalls it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/transport/address.h"
+
+namespace dlcp::server {
+
+struct JobLimits {
+  uint32_t max_jobs = 64;
+  uint32_t max_workers = 1024;
+  uint32_t max_rounds_in_flight = 256;
+  uint64_t max_job_bytes = 4ull << 30;
+};
+
+struct Member {
+  std::atomic<uint64_t> packed_address{0};  // (ipv4 << 16 | port) + 1; 0 = not joined
+  std::atomic<int64_t> last_heartbeat_ns{0};
+
+  bool joined() const { return packed_address.load(std::memory_order_acquire) != 0; }
+  Address address() const {
+    uint64_t p = packed_address.load(std::memory_order_acquire) - 1;
+    return Address{static_cast<uint32_t>(p >> 16), static_cast<uint16_t>(p & 0xffff)};
+  }
+};
+
+struct Job {
+  Job(uint32_t id, std::string name, uint32_t world, uint32_t chunk_bytes, uint64_t max_bytes)
+      : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes), members(world) {}
+
+  const uint32_t id;
+  const std::string name;
+  const uint32_t world;
+  const uint32_t chunk_bytes;
+  const uint64_t max_bytes;  // accumulator budget across all of the job's rounds
+  const uint32_t epoch = 1;
+  std::vector<Member> members;
+  std::atomic<uint32_t> member_count{0};
+  std::atomic<bool> closed{false};  // set when the last member leaves; data threads drop its rounds
+  std::atomic<uint32_t> rounds_in_flight{0};
+  std::atomic<uint64_t> bytes_in_use{0};
+  std::atomic<uint64_t> rounds_completed{0};
+};
+
+struct JoinSpec {
+  std::string job_name;
+  uint32_t world_size = 0;
+  uint32_t rank = 0;
+  uint32_t chunk_bytes = 0;
+  Address data_address;
+};
+
+// The job id every aggregator derives from the name, so workers need no id service.
+uint32_t JobIdForName(const std::string& name);
+
+class JobRegistry {
+ public:
+  explicit JobRegistry(JobLimits limits) : limits_(limits) {}
+
+  const JobLimits& limits() const { return limits_; }
+  // Validates the request and adds (or re-adds) the member. InvalidArgument names the bad field;
+  // FailedPrecondition when it contradicts the job's existing shape; ResourceExhausted past limits.
+  absl::StatusOr<std::shared_ptr<Job>> Join(const JoinSpec& spec);
+  absl::Status Leave(uint32_t job_id, uint32_t rank);
+  absl::Status Heartbeat(uint32_t job_id, uint32_t rank);
+
+  std::shared_ptr<Job> Find(uint32_t job_id) const;
+  std::vector<std::shared_ptr<Job>> List() const;
+
+ private:
+  JobLimits limits_;
+  mutable std::shared_mutex mu_;
+  std::unordered_map<uint32_t, std::shared_ptr<Job>> jobs_;
+};
+
+}  // namespace dlcp::server

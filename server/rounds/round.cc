@@ -1,0 +1,94 @@
+#include "server/rounds/round.h"
+
+#include <cstring>
+
+#include "common/topology/topology.h"
+#include "server/engine/reduce.h"
+
+namespace dlcp::server {
+
+Round::Round(std::shared_ptr<Job> job, uint32_t key, uint32_t round, wire::ChunkGeometry geometry, BlockPool* pool,
+             absl::Time now)
+    : job_(std::move(job)),
+      key_(key),
+      round_(round),
+      geometry_(geometry),
+      pool_(pool),
+      block_bytes_(static_cast<size_t>(kBlockChunks) * geometry.chunk_elems * sizeof(float)),
+      words_((job_->world + 63) / 64),
+      blocks_((geometry.chunk_count() + kBlockChunks - 1) / kBlockChunks, nullptr),
+      got_(static_cast<size_t>(geometry.chunk_count()) * words_, 0),
+      contributors_(geometry.chunk_count(), 0),
+      done_(job_->world, false),
+      created_(now),
+      last_progress_(now) {
+  job_->rounds_in_flight.fetch_add(1, std::memory_order_relaxed);
+}
+
+Round::~Round() {
+  for (float* b : blocks_) {
+    if (b != nullptr) {
+      pool_->Put(b, block_bytes_);
+      job_->bytes_in_use.fetch_sub(block_bytes_, std::memory_order_relaxed);
+    }
+  }
+  job_->rounds_in_flight.fetch_sub(1, std::memory_order_relaxed);
+}
+
+float* Round::ChunkPtr(uint32_t chunk) const {
+  float* block = blocks_[chunk / kBlockChunks];
+  return block == nullptr ? nullptr : block + static_cast<size_t>(chunk % kBlockChunks) * geometry_.chunk_elems;
+}
+
+const float* Round::Result(uint32_t chunk) const { return ChunkPtr(chunk); }
+
+bool Round::Has(uint32_t rank, uint32_t chunk) const {
+  return (got_[static_cast<size_t>(chunk) * words_ + rank / 64] >> (rank % 64)) & 1;
+}
+
+Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload, absl::Time now) {
+  uint64_t& word = got_[static_cast<size_t>(chunk) * words_ + rank / 64];
+  const uint64_t bit = uint64_t{1} << (rank % 64);
+  if (word & bit) return AddResult::kDuplicate;
+  float*& block = blocks_[chunk / kBlockChunks];
+  if (block == nullptr) {
+    if (job_->bytes_in_use.load(std::memory_order_relaxed) + block_bytes_ > job_->max_bytes) {
+      return AddResult::kNoMemory;
+    }
+    block = pool_->Get(block_bytes_);
+    if (block == nullptr) return AddResult::kNoMemory;
+    job_->bytes_in_use.fetch_add(block_bytes_, std::memory_order_relaxed);
+  }
+  float* dst = ChunkPtr(chunk);
+  const uint32_t n = geometry_.elems(chunk);
+  if (contributors_[chunk] == 0) {
+    std::memcpy(dst, payload, n * sizeof(float));
+    ++open_chunks_;
+  } else {
+    engine::SumInto(dst, payload, n);
+  }
+  word |= bit;
+  last_progress_ = now;
+  if (++contributors_[chunk] == job_->world) {
+    --open_chunks_;
+    return AddResult::kCompleted;
+  }
+  return AddResult::kAdded;
+}
+
+std::vector<uint32_t> Round::MissingFrom(uint32_t rank) const {
+  std::vector<uint32_t> out;
+  for (uint32_t c = 0; c < contributors_.size(); ++c) {
+    if (contributors_[c] != 0 && contributors_[c] != job_->world && !Has(rank, c)) out.push_back(c);
+  }
+  return out;
+}
+
+void Round::MarkDone(uint32_t rank) {
+  if (!done_[rank]) {
+    done_[rank] = true;
+    ++done_count_;
+  }
+}
+
+}  // namespace dlcp::server

@@ -1,0 +1,75 @@
+// One round of one tensor of one job, as seen by one data thread: the accumulator for the chunks
+// this thread owns, who has contributed each chunk, and which workers have confirmed the result.
+// Owned and touched by a single data thread; no locking.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/wire/geometry.h"
+#include "server/jobs/job_registry.h"
+#include "server/rounds/block_pool.h"
+
+namespace dlcp::server {
+
+class Round {
+ public:
+  enum class AddResult { kAdded, kCompleted, kDuplicate, kNoMemory };
+
+  Round(std::shared_ptr<Job> job, uint32_t key, uint32_t round, wire::ChunkGeometry geometry, BlockPool* pool,
+        absl::Time now);
+  ~Round();
+  Round(const Round&) = delete;
+  Round& operator=(const Round&) = delete;
+
+  // Adds rank's contribution to `chunk` (payload holds geometry().elems(chunk) floats). The first
+  // contribution is copied, later ones summed; a repeat from the same rank is never summed twice.
+  AddResult Add(uint32_t rank, uint32_t chunk, const float* payload, absl::Time now);
+
+  bool Has(uint32_t rank, uint32_t chunk) const;
+  bool IsComplete(uint32_t chunk) const { return contributors_[chunk] == job_->world; }
+  uint16_t contributors(uint32_t chunk) const { return contributors_[chunk]; }
+  const float* Result(uint32_t chunk) const;
+
+  // Chunks that some but not all workers have sent, and that `rank` has not.
+  std::vector<uint32_t> MissingFrom(uint32_t rank) const;
+  uint32_t open_chunks() const { return open_chunks_; }
+
+  void MarkDone(uint32_t rank);
+  bool IsDone(uint32_t rank) const { return done_[rank]; }
+  bool AllDone() const { return done_count_ == job_->world; }
+
+  const std::shared_ptr<Job>& job() const { return job_; }
+  uint32_t key() const { return key_; }
+  uint32_t round() const { return round_; }
+  const wire::ChunkGeometry& geometry() const { return geometry_; }
+  absl::Time created() const { return created_; }
+  absl::Time last_progress() const { return last_progress_; }
+
+  // Repair pacing, owned by the data thread's timer scan.
+  absl::Time next_repair;
+  int repair_attempts = 0;
+
+ private:
+  float* ChunkPtr(uint32_t chunk) const;
+
+  std::shared_ptr<Job> job_;
+  uint32_t key_;
+  uint32_t round_;
+  wire::ChunkGeometry geometry_;
+  BlockPool* pool_;
+  size_t block_bytes_;
+  uint32_t words_;  // bitmap words per chunk
+  std::vector<float*> blocks_;
+  std::vector<uint64_t> got_;  // chunk_count x words_ bits: who contributed
+  std::vector<uint16_t> contributors_;
+  uint32_t open_chunks_ = 0;   // touched but not complete
+  std::vector<bool> done_;
+  uint32_t done_count_ = 0;
+  absl::Time created_;
+  absl::Time last_progress_;
+};
+
+}  // namespace dlcp::server
