@@ -50,6 +50,14 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     for (uint32_t t = 0; t < config.tensors; ++t) {
       for (uint64_t i = 0; i < elems; ++i) data[t][i] = BenchValue(rank, round, t, i);
     }
+    // A one-element all-reduce is a barrier: the timed region starts with every worker ready, so
+    // it measures the all-reduce and not a peer still checking the last round.
+    float token = 1;
+    absl::StatusOr<RoundStats> barrier = (*client)->AllReduce(kBarrierKey, absl::MakeSpan(&token, 1)).get();
+    if (!barrier.ok()) return barrier.status();
+    if (token != static_cast<float>(world)) {
+      return absl::InternalError(absl::StrCat("barrier summed to ", token, ", expected ", world));
+    }
     const absl::Time start = absl::Now();
     std::vector<std::future<absl::StatusOr<RoundStats>>> futures;
     for (uint32_t t = 0; t < config.tensors; ++t) futures.push_back((*client)->AllReduce(t, absl::MakeSpan(data[t])));

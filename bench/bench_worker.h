@@ -37,6 +37,8 @@ inline float BenchValue(uint32_t rank, uint32_t round, uint32_t tensor, uint64_t
   return static_cast<float>(static_cast<int>((i * 7 + rank * 13 + round * 5 + tensor * 3) % 61) - 30);
 }
 
+inline constexpr uint32_t kBarrierKey = 0xFFFFFFFFu;
+
 absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config);
 
 double Percentile(std::vector<double> v, double q);

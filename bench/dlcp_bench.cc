@@ -35,7 +35,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("rounds", 10, 1, 10000000, "timed rounds");
   c->AddInt("warmup", 1, 0, 1000, "untimed rounds first");
   c->AddInt("chunk-bytes", 8192, 64, 65456, "payload bytes per chunk (datagram)");
-  c->AddInt("window", 512, 1, 1 << 20, "chunks in flight per aggregator endpoint");
+  c->AddInt("window-bytes", 4 << 20, 64, int64_t{1} << 32, "bytes in flight per aggregator endpoint");
   c->AddInt("op-timeout-ms", 60000, 1, 3600000, "deadline of each AllReduce");
   c->AddInt("repair-timeout-ms", 20, 1, 60000, "silence before asking for missing results");
   c->AddInt("timeout-s", 600, 1, 86400, "spawn mode: kill the workers after this long");
@@ -58,7 +58,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.world_size = static_cast<uint32_t>(c.GetInt("workers"));
   w.client.rank = static_cast<uint32_t>(std::max<int64_t>(0, c.GetInt("rank")));
   w.client.chunk_bytes = static_cast<uint32_t>(c.GetInt("chunk-bytes"));
-  w.client.window_chunks = static_cast<uint32_t>(c.GetInt("window"));
+  w.client.window_bytes = static_cast<uint64_t>(c.GetInt("window-bytes"));
   w.client.op_timeout = absl::Milliseconds(c.GetInt("op-timeout-ms"));
   w.client.repair_timeout = absl::Milliseconds(c.GetInt("repair-timeout-ms"));
   w.client.data_host = c.GetString("data-host");

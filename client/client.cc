@@ -23,7 +23,7 @@ absl::Status ValidateOptions(const ClientOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("chunk_bytes ", o.chunk_bytes, " + header exceeds the transport's ",
                                                    o.transport.max_datagram, "-byte datagrams"));
   }
-  if (o.window_chunks == 0) return absl::InvalidArgumentError("window_chunks must be positive");
+  if (o.window_bytes < o.chunk_bytes) return absl::InvalidArgumentError("window_bytes must hold at least one chunk");
   if (o.data_class > 3) return absl::InvalidArgumentError("data_class must be 0..3");
   if (o.op_timeout <= absl::ZeroDuration() || o.rpc_timeout <= absl::ZeroDuration() ||
       o.repair_timeout <= absl::ZeroDuration() || o.heartbeat_interval <= absl::ZeroDuration()) {
@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   eo.epoch = (*session)->epoch();
   eo.rank = options.rank;
   eo.chunk_bytes = options.chunk_bytes;
-  eo.window_chunks = options.window_chunks;
+  eo.window_chunks = static_cast<uint32_t>(options.window_bytes / options.chunk_bytes);
   eo.data_class = options.data_class;
   eo.repair_timeout = options.repair_timeout;
   eo.op_timeout = options.op_timeout;

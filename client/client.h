@@ -37,8 +37,9 @@ struct ClientOptions {
   // Silence on an op for this long makes the client ask for what is missing.
   absl::Duration repair_timeout = absl::Milliseconds(20);
   absl::Duration heartbeat_interval = absl::Seconds(1);
-  // Chunks in flight per aggregator endpoint before waiting for results (flow control).
-  uint32_t window_chunks = 512;
+  // Bytes pushed to one aggregator endpoint whose results have not come back yet (flow control).
+  // Bounded so one worker's burst fits the aggregator's socket buffer.
+  uint64_t window_bytes = 4 << 20;
   uint8_t data_class = 1;
 };
 

@@ -1,0 +1,129 @@
+// End-to-end all-reduce through the real client, gRPC control and data plane, in one process.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "tests/integration/test_aggregator.h"
+
+namespace dlcp::testing {
+namespace {
+
+struct Case {
+  TransportOptions::Kind kind;
+  int aggregators;
+  int data_threads;
+  int workers;
+  uint32_t elems;
+  double drop;
+  uint32_t chunk_bytes = 4096;
+};
+
+std::string Name(const Case& c) {
+  return absl::StrCat(c.kind == TransportOptions::Kind::kUdp ? "udp" : "loopback", "_a", c.aggregators, "t",
+                      c.data_threads, "_w", c.workers, "_n", c.elems, "_drop", static_cast<int>(c.drop * 100));
+}
+
+// Worker r's element i of tensor t in round k: small integers, so sums are exact.
+float Value(int r, int k, int t, uint32_t i) { return static_cast<float>(static_cast<int>((i * 3 + r * 11 + k * 7 + t) % 41) - 20); }
+
+ClientOptions Options(const Case& c, const std::vector<std::string>& aggs, int rank, const std::string& job) {
+  ClientOptions o;
+  o.aggregators = aggs;
+  o.job_name = job;
+  o.world_size = c.workers;
+  o.rank = rank;
+  o.chunk_bytes = c.chunk_bytes;
+  o.transport.kind = c.kind;
+  o.transport.bind_host = "127.0.0.1";
+  o.transport.socket_buffer_bytes = 16 << 20;
+  o.repair_timeout = absl::Milliseconds(10);
+  o.op_timeout = absl::Seconds(30);
+  return o;
+}
+
+class AllReduceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AllReduceTest, SumsAreExact) {
+  const Case c = GetParam();
+  std::vector<std::unique_ptr<TestAggregator>> aggs;
+  std::vector<std::string> addrs;
+  for (int a = 0; a < c.aggregators; ++a) {
+    aggs.push_back(TestAggregator::Start({c.kind, static_cast<uint32_t>(c.data_threads), c.drop, 100u + a}));
+    ASSERT_NE(aggs.back(), nullptr);
+    addrs.push_back(aggs.back()->address());
+  }
+  constexpr int kRounds = 3, kTensors = 2;
+  std::vector<std::string> errors(c.workers);
+  std::vector<uint64_t> retransmits(c.workers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < c.workers; ++r) {
+    threads.emplace_back([&, r] {
+      auto client = Client::Connect(Options(c, addrs, r, Name(c)));
+      if (!client.ok()) {
+        errors[r] = client.status().ToString();
+        return;
+      }
+      for (int k = 0; k < kRounds; ++k) {
+        std::vector<std::vector<float>> data(kTensors, std::vector<float>(c.elems));
+        std::vector<std::future<absl::StatusOr<RoundStats>>> fs;
+        for (int t = 0; t < kTensors; ++t) {
+          for (uint32_t i = 0; i < c.elems; ++i) data[t][i] = Value(r, k, t, i);
+          fs.push_back((*client)->AllReduce(t, absl::MakeSpan(data[t])));
+        }
+        for (auto& f : fs) {
+          auto s = f.get();
+          if (!s.ok()) {
+            errors[r] = s.status().ToString();
+            return;
+          }
+          if (s->min_contributors != static_cast<uint32_t>(c.workers)) errors[r] = "contributors short";
+          retransmits[r] += s->retransmits;
+        }
+        for (int t = 0; t < kTensors; ++t) {
+          for (uint32_t i = 0; i < c.elems; ++i) {
+            float want = 0;
+            for (int w = 0; w < c.workers; ++w) want += Value(w, k, t, i);
+            if (data[t][i] != want) {
+              errors[r] = absl::StrCat("round ", k, " tensor ", t, " [", i, "] = ", data[t][i], ", want ", want);
+              return;
+            }
+          }
+        }
+      }
+      if (auto s = (*client)->Close(); !s.ok()) errors[r] = s.ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < c.workers; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  double completed = 0, dropped = 0;
+  for (auto& a : aggs) {
+    completed += a->Counter("dlcp_rounds_completed");
+    dropped += a->Counter("dlcp_inject_dropped_packets");
+  }
+  if (c.drop > 0 && c.elems > 10000) {
+    EXPECT_GT(dropped, 0) << "drop injection did not fire";
+    uint64_t total = 0;
+    for (auto v : retransmits) total += v;
+    EXPECT_GT(total, 0u) << "losses were repaired without any retransmit?";
+  }
+  EXPECT_GT(completed, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, AllReduceTest,
+    ::testing::Values(
+        Case{TransportOptions::Kind::kLoopback, 1, 1, 1, 1000, 0},
+        Case{TransportOptions::Kind::kLoopback, 1, 1, 4, 1, 0},
+        Case{TransportOptions::Kind::kLoopback, 2, 2, 4, 100003, 0},
+        Case{TransportOptions::Kind::kLoopback, 2, 1, 3, 65536, 0.1},
+        Case{TransportOptions::Kind::kUdp, 1, 1, 2, 1000, 0},
+        Case{TransportOptions::Kind::kUdp, 1, 1, 4, 1023 * 64 + 5, 0},
+        Case{TransportOptions::Kind::kUdp, 2, 1, 4, 250000, 0},
+        Case{TransportOptions::Kind::kUdp, 2, 2, 4, 100003, 0.1},
+        Case{TransportOptions::Kind::kUdp, 3, 1, 2, 300001, 0.05}),
+    [](const auto& info) { return Name(info.param); });
+
+}  // namespace
+}  // namespace dlcp::testing

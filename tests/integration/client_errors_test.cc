@@ -1,0 +1,184 @@
+// Bad calls and unreachable peers give clear errors within their deadlines; nothing hangs.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/datapath/outbox.h"
+#include "common/wire/header.h"
+#include "tests/integration/test_aggregator.h"
+
+namespace dlcp::testing {
+namespace {
+
+ClientOptions Opts(const std::string& agg, const std::string& job, uint32_t world = 1, uint32_t rank = 0) {
+  ClientOptions o;
+  o.aggregators = {agg};
+  o.job_name = job;
+  o.world_size = world;
+  o.rank = rank;
+  o.chunk_bytes = 1024;
+  o.transport.bind_host = "127.0.0.1";
+  o.rpc_timeout = absl::Seconds(2);
+  o.op_timeout = absl::Seconds(5);
+  o.repair_timeout = absl::Milliseconds(10);
+  return o;
+}
+
+TEST(ClientErrors, UnreachableAggregatorFailsWithinTheRpcDeadline) {
+  ClientOptions o = Opts("127.0.0.1:1", "j");  // nothing listens on port 1
+  absl::Time start = absl::Now();
+  auto c = Client::Connect(o);
+  EXPECT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
+  EXPECT_NE(c.status().message().find("127.0.0.1:1"), std::string::npos) << c.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(ClientErrors, InvalidOptionsAreRefusedBeforeAnyCall) {
+  ClientOptions o = Opts("127.0.0.1:1", "j", 2, 2);
+  EXPECT_EQ(Client::Connect(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Opts("127.0.0.1:1", "j");
+  o.chunk_bytes = 1001;
+  EXPECT_EQ(Client::Connect(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Opts("127.0.0.1:1", "j");
+  o.aggregators.clear();
+  EXPECT_EQ(Client::Connect(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ClientErrors, BadAllReduceCalls) {
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  auto c = Client::Connect(Opts(agg->address(), "bad-calls", 2, 0));
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<float> a(100, 1), b(100, 1);
+  EXPECT_EQ((*c)->AllReduce(1, {}).get().status().code(), absl::StatusCode::kInvalidArgument);
+  auto first = (*c)->AllReduce(1, absl::MakeSpan(a));  // rank 1 never comes: stays pending
+  auto second = (*c)->AllReduce(1, absl::MakeSpan(b));
+  EXPECT_EQ(second.get().status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*c)->Close().ok());
+  EXPECT_EQ(first.get().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ((*c)->AllReduce(2, absl::MakeSpan(a)).get().status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ClientErrors, MissingPeerMeansDeadlineExceededNamingTheShortfall) {
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  ClientOptions o = Opts(agg->address(), "lonely", 2, 0);
+  o.op_timeout = absl::Milliseconds(500);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<float> a(5000, 1);
+  absl::Time start = absl::Now();
+  auto r = (*c)->AllReduce(7, absl::MakeSpan(a)).get();
+  absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_NE(r.status().message().find("result chunks missing"), std::string::npos) << r.status();
+  EXPECT_GE(took, absl::Milliseconds(450));
+  EXPECT_LT(took, absl::Seconds(3));
+}
+
+TEST(ClientErrors, JoinConflictsAreRefused) {
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  auto c0 = Client::Connect(Opts(agg->address(), "shape", 2, 0));
+  ASSERT_TRUE(c0.ok()) << c0.status();
+  ClientOptions other = Opts(agg->address(), "shape", 2, 1);
+  other.chunk_bytes = 2048;
+  auto c1 = Client::Connect(other);
+  EXPECT_EQ(c1.status().code(), absl::StatusCode::kFailedPrecondition) << c1.status();
+  EXPECT_NE(c1.status().message().find("chunk_bytes"), std::string::npos);
+  auto c2 = Client::Connect(Opts(agg->address(), "shape", 3, 1));
+  EXPECT_EQ(c2.status().code(), absl::StatusCode::kFailedPrecondition) << c2.status();
+}
+
+TEST(ClientErrors, RoundsInFlightCapGivesResourceExhausted) {
+  TestAggregatorOptions ao;
+  ao.limits.max_rounds_in_flight = 2;
+  auto agg = TestAggregator::Start(ao);
+  ASSERT_NE(agg, nullptr);
+  auto c = Client::Connect(Opts(agg->address(), "capped", 2, 0));
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<std::vector<float>> d(3, std::vector<float>(10, 1));
+  auto f0 = (*c)->AllReduce(0, absl::MakeSpan(d[0]));
+  auto f1 = (*c)->AllReduce(1, absl::MakeSpan(d[1]));
+  auto f2 = (*c)->AllReduce(2, absl::MakeSpan(d[2]));
+  auto r2 = f2.get();
+  EXPECT_EQ(r2.status().code(), absl::StatusCode::kResourceExhausted) << r2.status();
+  EXPECT_NE(r2.status().message().find("in flight"), std::string::npos);
+  ASSERT_TRUE((*c)->Close().ok());
+}
+
+TEST(ClientErrors, AggregatorCapacityErrorReachesTheCaller) {
+  // A tensor whose accumulator exceeds the job's byte budget is refused by the aggregator, and the
+  // refusal (not a timeout) is what the caller sees.
+  TestAggregatorOptions ao;
+  ao.limits.max_job_bytes = 1 << 20;
+  auto agg = TestAggregator::Start(ao);
+  ASSERT_NE(agg, nullptr);
+  ClientOptions o = Opts(agg->address(), "budget", 2, 0);
+  o.chunk_bytes = 4096;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<float> big(1 << 20, 1.0f);  // 4 MiB of accumulator, over the 1 MiB budget
+  auto r = (*c)->AllReduce(0, absl::MakeSpan(big)).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("max-job-bytes"), std::string::npos) << r.status();
+}
+
+TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  const Address target = agg->data().endpoints()[0];
+  std::atomic<bool> stop{false};
+  std::thread flood([&] {
+    TransportOptions t;
+    t.bind_host = "127.0.0.1";
+    auto tx = CreateTransport(t);
+    ASSERT_TRUE(tx.ok());
+    std::mt19937 rng(3);
+    std::vector<uint8_t> junk(2000);
+    wire::Header h;
+    h.type = wire::MsgType::kPush;
+    h.job = 12345;  // no such job
+    h.chunk_count = 1;
+    h.tensor_elems = 4;
+    h.payload_len = 16;
+    while (!stop.load()) {
+      for (auto& b : junk) b = static_cast<uint8_t>(rng());
+      wire::EncodeHeader(h, junk.data());
+      OutMessage msgs[2] = {{target, 0, junk.data() + 64, 100, nullptr, 0},  // random bytes
+                            {target, 0, junk.data(), 48, junk.data() + 48, 16}};  // unknown job
+      (void)(*tx)->Send(msgs, absl::Now() + absl::Seconds(1));
+      absl::SleepFor(absl::Microseconds(200));
+    }
+  });
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.emplace_back([&, r] {
+      auto c = Client::Connect(Opts(agg->address(), "under-fire", 2, r));
+      if (!c.ok()) return void(errors[r] = c.status().ToString());
+      for (int k = 0; k < 5; ++k) {
+        std::vector<float> d(20000, static_cast<float>(r + k));
+        auto s = (*c)->AllReduce(0, absl::MakeSpan(d)).get();
+        if (!s.ok()) return void(errors[r] = s.status().ToString());
+        for (float v : d) {
+          if (v != static_cast<float>(1 + 2 * k)) return void(errors[r] = "inexact");
+        }
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  stop = true;
+  flood.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_GT(agg->Counter("dlcp_rejects_unknown_job"), 0);
+  EXPECT_GT(agg->Counter("dlcp_rejects_bad_magic") + agg->Counter("dlcp_rejects_truncated"), 0);
+}
+
+}  // namespace
+}  // namespace dlcp::testing

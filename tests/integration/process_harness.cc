@@ -1,0 +1,126 @@
+#include "tests/integration/process_harness.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace dlcp::testing {
+namespace {
+
+pid_t Spawn(const std::vector<std::string>& argv, int out_fd) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);  // its own group, so a kill reaches any children (dlcp-bench spawns workers)
+    if (out_fd >= 0) {
+      dup2(out_fd, STDOUT_FILENO);
+      dup2(out_fd, STDERR_FILENO);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits for pid until the deadline; returns the exit code, or -1 after killing its group.
+int WaitOrKill(pid_t pid, absl::Time deadline) {
+  int status = 0;
+  while (absl::Now() < deadline) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  kill(-pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+}  // namespace
+
+ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration timeout) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return {};
+  pid_t pid = Spawn(argv, fds[1]);
+  close(fds[1]);
+  ProcessResult result;
+  const absl::Time deadline = absl::Now() + timeout;
+  char buf[4096];
+  for (;;) {
+    int left = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    pollfd p{fds[0], POLLIN, 0};
+    if (left == 0 || poll(&p, 1, std::min(left, 200)) < 0) break;
+    if (p.revents & (POLLIN | POLLHUP)) {
+      ssize_t n = read(fds[0], buf, sizeof(buf));
+      if (n <= 0) break;
+      result.out.append(buf, n);
+    }
+  }
+  close(fds[0]);
+  result.exit_code = WaitOrKill(pid, deadline + absl::Seconds(1));
+  return result;
+}
+
+std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vector<std::string>& flags) {
+  auto d = std::unique_ptr<Daemon>(new Daemon());
+  char tmpl[] = "/tmp/dlcpd-test-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return nullptr;
+  d->dir_ = tmpl;
+  std::vector<std::string> argv = {binary, "--host=127.0.0.1", "--port=0", "--data-port=0", "--log-level=warning",
+                                   absl::StrCat("--ready-file=", d->dir_, "/ready")};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  int log = open((d->dir_ + "/log").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  d->pid_ = Spawn(argv, log);
+  close(log);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    std::ifstream f(d->dir_ + "/ready");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::string text = ss.str();
+    size_t at = text.find("\"control_port\":");
+    if (at != std::string::npos) {
+      std::string num = text.substr(at + 15, text.find(',', at) - at - 15);
+      if (absl::SimpleAtoi(num, &d->control_port_)) return d;
+    }
+    int status;
+    if (waitpid(d->pid_, &status, WNOHANG) == d->pid_) {
+      d->pid_ = -1;
+      return nullptr;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return nullptr;
+}
+
+Daemon::~Daemon() {
+  Stop(absl::Seconds(5));
+  if (!dir_.empty()) {
+    std::string cmd = "rm -rf " + dir_;
+    int unused = std::system(cmd.c_str());
+    (void)unused;
+  }
+}
+
+int Daemon::Stop(absl::Duration timeout) {
+  if (pid_ <= 0) return 0;
+  kill(pid_, SIGTERM);
+  int code = WaitOrKill(pid_, absl::Now() + timeout);
+  pid_ = -1;
+  return code;
+}
+
+std::string Daemon::control() const { return absl::StrCat("127.0.0.1:", control_port_); }
+
+}  // namespace dlcp::testing

@@ -1,0 +1,38 @@
+// Runs the real binaries for tests: starts processes with deadlines, captures their output, and
+// kills whatever is still running when the test ends.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace dlcp::testing {
+
+struct ProcessResult {
+  int exit_code = -1;  // -1: killed at the deadline
+  std::string out;     // stdout and stderr together
+};
+
+// Runs argv to completion, or kills it at the timeout.
+ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration timeout);
+
+// A dlcpd on ephemeral ports, stopped (SIGTERM, then SIGKILL) when destroyed.
+class Daemon {
+ public:
+  // Starts dlcpd with extra flags and waits (bounded) for its ready file.
+  static std::unique_ptr<Daemon> Start(const std::string& binary, const std::vector<std::string>& flags);
+  ~Daemon();
+  std::string control() const;
+  int pid() const { return pid_; }
+  // Sends SIGTERM and waits up to `timeout`; returns the exit code, or -1 if it had to be killed.
+  int Stop(absl::Duration timeout);
+
+ private:
+  int pid_ = -1;
+  int control_port_ = 0;
+  std::string dir_;
+};
+
+}  // namespace dlcp::testing

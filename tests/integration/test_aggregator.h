@@ -1,0 +1,75 @@
+// An in-process dlcpd for tests: the real JobRegistry, DataPlane and gRPC AggregatorService on
+// 127.0.0.1 with ephemeral ports, over either transport.
+#pragma once
+
+#include <grpcpp/server_builder.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics/registry.h"
+#include "server/control/aggregator_service.h"
+#include "server/data/data_plane.h"
+#include "server/jobs/job_registry.h"
+
+namespace dlcp::testing {
+
+struct TestAggregatorOptions {
+  TransportOptions::Kind kind = TransportOptions::Kind::kUdp;
+  uint32_t data_threads = 1;
+  double inject_drop = 0;
+  uint64_t seed = 1;
+  server::JobLimits limits;
+};
+
+class TestAggregator {
+ public:
+  static std::unique_ptr<TestAggregator> Start(const TestAggregatorOptions& o) {
+    auto a = std::unique_ptr<TestAggregator>(new TestAggregator());
+    a->jobs_ = std::make_unique<server::JobRegistry>(o.limits);
+    server::DataPlaneOptions d;
+    d.transport.kind = o.kind;
+    d.transport.bind_host = "127.0.0.1";
+    d.transport.socket_buffer_bytes = 16 << 20;
+    d.threads = o.data_threads;
+    d.inject_drop = o.inject_drop;
+    d.inject_seed = o.seed;
+    d.repair_timeout = absl::Milliseconds(10);
+    auto plane = server::DataPlane::Create(d, a->jobs_.get(), &a->metrics_);
+    if (!plane.ok()) return nullptr;
+    a->data_ = std::move(*plane);
+    a->service_ = std::make_unique<server::AggregatorService>("test", "", a->jobs_.get(), a->data_.get(), &a->metrics_);
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &a->port_);
+    b.RegisterService(a->service_.get());
+    a->server_ = b.BuildAndStart();
+    if (!a->server_ || a->port_ == 0) return nullptr;
+    return a;
+  }
+
+  ~TestAggregator() {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    data_->Stop();
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  MetricsRegistry& metrics() { return metrics_; }
+  server::JobRegistry& jobs() { return *jobs_; }
+  server::DataPlane& data() { return *data_; }
+  double Counter(const std::string& name) {
+    auto snap = metrics_.Snapshot();
+    return snap.count(name) ? snap[name] : 0;
+  }
+
+ private:
+  TestAggregator() = default;
+  MetricsRegistry metrics_;
+  std::unique_ptr<server::JobRegistry> jobs_;
+  std::unique_ptr<server::DataPlane> data_;
+  std::unique_ptr<server::AggregatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+}  // namespace dlcp::testing

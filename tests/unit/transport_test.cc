@@ -1,0 +1,140 @@
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "common/transport/transport.h"
+
+namespace dlcp {
+namespace {
+
+class TransportTest : public ::testing::TestWithParam<TransportOptions::Kind> {
+ protected:
+  std::unique_ptr<Transport> Make(size_t batch = 64) {
+    TransportOptions o;
+    o.kind = GetParam();
+    o.bind_host = "127.0.0.1";
+    o.recv_batch = batch;
+    o.socket_buffer_bytes = 8 << 20;
+    auto t = CreateTransport(o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return std::move(*t);
+  }
+
+  // Receives until `want` messages arrived or 5 s passed.
+  std::vector<std::vector<uint8_t>> Collect(Transport* t, size_t want, Address* from = nullptr) {
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<InMessage> batch;
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (got.size() < want && absl::Now() < deadline) {
+      EXPECT_TRUE(t->Receive(&batch, absl::Milliseconds(100)).ok());
+      for (const InMessage& m : batch) {
+        got.emplace_back(m.data, m.data + m.len);
+        if (from) *from = m.from;
+      }
+    }
+    return got;
+  }
+};
+
+TEST_P(TransportTest, GathersHeaderAndPayloadAndPreservesOrder) {
+  auto a = Make();
+  auto b = Make();
+  std::vector<std::vector<uint8_t>> payloads;
+  std::vector<uint8_t> header = {1, 2, 3, 4};
+  std::vector<OutMessage> msgs;
+  for (size_t i = 0; i < 200; ++i) payloads.emplace_back(1 + i * 37 % 9000, static_cast<uint8_t>(i));
+  for (auto& p : payloads) msgs.push_back({b->local_address(), 1, header.data(), header.size(), p.data(), p.size()});
+  ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  Address from;
+  auto got = Collect(b.get(), msgs.size(), &from);
+  ASSERT_EQ(got.size(), msgs.size());
+  EXPECT_EQ(from, a->local_address());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].size(), 4 + payloads[i].size());
+    EXPECT_EQ(got[i][3], 4);
+    EXPECT_EQ(got[i].back(), static_cast<uint8_t>(i));
+  }
+  EXPECT_EQ(a->counters().sent_packets.load(), 200u);
+  EXPECT_EQ(b->counters().recv_packets.load(), 200u);
+}
+
+TEST_P(TransportTest, ReceiveReturnsAtMostOneBatch) {
+  auto a = Make();
+  auto b = Make(/*batch=*/8);
+  uint8_t h[16] = {};
+  std::vector<OutMessage> msgs(20, OutMessage{b->local_address(), 0, h, sizeof(h), nullptr, 0});
+  ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  std::vector<InMessage> batch;
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(b->Receive(&batch, absl::Seconds(1)).ok());
+  EXPECT_GE(batch.size(), 1u);
+  EXPECT_LE(batch.size(), 8u);
+  EXPECT_EQ(Collect(b.get(), 20 - batch.size()).size(), 20 - batch.size());
+}
+
+TEST_P(TransportTest, ReceiveHonoursItsTimeout) {
+  auto a = Make();
+  std::vector<InMessage> batch;
+  absl::Time start = absl::Now();
+  ASSERT_TRUE(a->Receive(&batch, absl::Milliseconds(100)).ok());
+  absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(batch.empty());
+  EXPECT_GE(took, absl::Milliseconds(95));
+  EXPECT_LT(took, absl::Seconds(2));
+}
+
+TEST_P(TransportTest, WakeInterruptsABlockedReceive) {
+  auto a = Make();
+  std::thread waker([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    a->Wake();
+  });
+  std::vector<InMessage> batch;
+  absl::Time start = absl::Now();
+  ASSERT_TRUE(a->Receive(&batch, absl::Seconds(10)).ok());
+  waker.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_P(TransportTest, RejectsOversizeDatagrams) {
+  auto a = Make();
+  std::vector<uint8_t> big(70000);
+  OutMessage m{a->local_address(), 0, big.data(), 48, big.data(), 65500};
+  absl::Status s = a->Send({&m, 1}, absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+}
+
+TEST_P(TransportTest, SendToAClosedPortIsNotAnError) {
+  auto a = Make();
+  Address gone;
+  {
+    auto b = Make();
+    gone = b->local_address();
+  }
+  uint8_t h[8] = {};
+  OutMessage m{gone, 0, h, sizeof(h), nullptr, 0};
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(a->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, TransportTest,
+                         ::testing::Values(TransportOptions::Kind::kLoopback, TransportOptions::Kind::kUdp),
+                         [](const auto& info) {
+                           return info.param == TransportOptions::Kind::kUdp ? "udp" : "loopback";
+                         });
+
+TEST(TransportFactory, ValidatesOptions) {
+  TransportOptions o;
+  o.max_datagram = 70000;
+  EXPECT_EQ(CreateTransport(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = TransportOptions();
+  o.dscp[2] = 64;
+  EXPECT_EQ(CreateTransport(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = TransportOptions();
+  o.bind_host = "no.such.host.invalid";
+  EXPECT_FALSE(CreateTransport(o).ok());
+  EXPECT_FALSE(ParseTransportKind("carrier-pigeon").ok());
+}
+
+}  // namespace
+}  // namespace dlcp
