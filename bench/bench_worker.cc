@@ -24,7 +24,10 @@ double Percentile(std::vector<double> v, double q) {
 namespace {
 void Progress(uint32_t done, uint32_t total) {
   const int width = 40;
+  static int last_filled = -1;
   int filled = static_cast<int>(static_cast<double>(done) / total * width);
+  if (filled == last_filled && done != total) return;
+  last_filled = filled;
   std::string bar = absl::StrCat("\r[", std::string(filled, '#'), std::string(width - filled, ' '), "] ", done, "/",
                                  total, " rounds");
   if (done == total) bar += "\n";

@@ -1,5 +1,6 @@
 // dlcpctl: operator's view of a set of aggregators.
 //   dlcpctl status --aggregators=H:P[,H:P...] [--output=table|json]
+//   dlcpctl health --aggregators=H:P[,H:P...]     (grpc.health.v1; exit 0 if all SERVING)
 #include <grpcpp/create_channel.h>
 
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/session.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "common/config/registry.h"
 
 namespace {
@@ -75,10 +77,29 @@ int Status(const dlcp::ConfigRegistry& config) {
   return failures == 0 ? 0 : 1;
 }
 
+// Asks each aggregator's grpc.health.v1 service; exit 0 only if all are SERVING.
+int Health(const dlcp::ConfigRegistry& config) {
+  int failures = 0;
+  for (absl::string_view agg : absl::StrSplit(config.GetString("aggregators"), ',', absl::SkipEmpty())) {
+    auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(std::string(agg), grpc::InsecureChannelCredentials()));
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status st = dlcp::CallWithDeadline(
+        [&](grpc::ClientContext* ctx, const grpc::health::v1::HealthCheckRequest* rq,
+            grpc::health::v1::HealthCheckResponse* rs, auto cb) { stub->async()->Check(ctx, rq, rs, std::move(cb)); },
+        req, &resp, absl::Milliseconds(config.GetInt("timeout-ms")));
+    std::string state = st.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status())
+                                : absl::StrCat("UNREACHABLE (", st.error_message(), ")");
+    if (!st.ok() || resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) ++failures;
+    std::cout << agg << ": " << state << "\n";
+  }
+  return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  dlcp::ConfigRegistry config("dlcpctl", "commands: status");
+  dlcp::ConfigRegistry config("dlcpctl", "commands: status, health");
   config.AddString("aggregators", "127.0.0.1:7400", "aggregators to query, HOST:PORT[,HOST:PORT...]",
                    dlcp::ValidateHostPortList);
   config.AddString("output", "table", "table or json", [](const std::string& v) {
@@ -100,6 +121,7 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = config.positional().empty() ? "status" : config.positional()[0];
   if (cmd == "status") return Status(config);
-  std::cerr << "dlcpctl: unknown command '" << cmd << "' (status)\n";
+  if (cmd == "health") return Health(config);
+  std::cerr << "dlcpctl: unknown command '" << cmd << "' (status|health)\n";
   return 2;
 }

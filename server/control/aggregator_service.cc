@@ -50,7 +50,7 @@ absl::Status AggregatorService::DoJoin(const std::string& peer, const v1::JoinRe
   resp->set_job_id((*job)->id);
   resp->set_epoch((*job)->epoch);
   resp->set_max_rounds_in_flight(jobs_->limits().max_rounds_in_flight);
-  resp->set_aggregator_id(id_);
+  resp->set_aggregator_id(id());
   FillEndpoints(resp->mutable_data_endpoints());
   return absl::OkStatus();
 }
@@ -83,8 +83,8 @@ grpc::ServerUnaryReactor* AggregatorService::GetTopology(grpc::CallbackServerCon
                                                          const v1::GetTopologyRequest* req, v1::Topology* resp) {
   auto fill = [&]() -> absl::Status {
     std::shared_ptr<Job> job = jobs_->Find(req->job_id());
-    if (!job) return absl::NotFoundError(absl::StrCat("no job ", req->job_id(), " at aggregator ", id_));
-    resp->set_aggregator_id(id_);
+    if (!job) return absl::NotFoundError(absl::StrCat("no job ", req->job_id(), " at aggregator ", id()));
+    resp->set_aggregator_id(id());
     resp->set_epoch(job->epoch);
     resp->set_world_size(job->world);
     FillEndpoints(resp->mutable_data_endpoints());
@@ -106,7 +106,7 @@ grpc::ServerUnaryReactor* AggregatorService::GetTopology(grpc::CallbackServerCon
 
 grpc::ServerUnaryReactor* AggregatorService::GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest* req,
                                                       v1::Stats* resp) {
-  resp->set_aggregator_id(id_);
+  resp->set_aggregator_id(id());
   resp->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
   for (const std::shared_ptr<Job>& job : jobs_->List()) {
     v1::JobStats* js = resp->add_jobs();

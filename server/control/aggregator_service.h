@@ -2,6 +2,7 @@
 // only touch the JobRegistry (its own locking) and read-only data-plane facts, so none blocks.
 #pragma once
 
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,11 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
  public:
   AggregatorService(std::string aggregator_id, std::string advertise_host, JobRegistry* jobs, DataPlane* data,
                     MetricsRegistry* metrics);
+  // For ids that depend on the port gRPC picked, known only once the server runs.
+  void set_aggregator_id(std::string id) {
+    std::lock_guard<std::mutex> lock(id_mu_);
+    id_ = std::move(id);
+  }
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override;
@@ -36,7 +42,13 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   absl::Status DoJoin(const std::string& peer, const v1::JoinRequest& req, v1::JoinResponse* resp);
   void FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const;
 
-  const std::string id_;
+  std::string id() const {
+    std::lock_guard<std::mutex> lock(id_mu_);
+    return id_;
+  }
+
+  mutable std::mutex id_mu_;
+  std::string id_;
   const std::string advertise_host_;
   JobRegistry* jobs_;
   DataPlane* data_;

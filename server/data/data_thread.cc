@@ -32,6 +32,7 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
   tx_probe_ = metrics->GetCounter("dlcp_tx_probe_packets");
   tx_error_ = metrics->GetCounter("dlcp_tx_error_packets");
   push_duplicate_ = metrics->GetCounter("dlcp_push_duplicates");
+  stale_ = metrics->GetCounter("dlcp_stale_packets");
   inject_dropped_ = metrics->GetCounter("dlcp_inject_dropped_packets");
   rounds_completed_ = metrics->GetCounter("dlcp_rounds_completed");
   rounds_expired_ = metrics->GetCounter("dlcp_rounds_expired");
@@ -127,10 +128,12 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
     // The round was delivered to every worker and freed: a late duplicate, or a worker asking
     // about a round that expired. Only the latter needs an answer.
     if (h.type == wire::MsgType::kResultReq && !(h.flags & wire::kFlagDone)) {
-      SendError(h, job->members[h.rank].address(), absl::StatusCode::kNotFound, absl::StrCat("round ", h.round, " of key ", h.key,
-                                                                " is no longer held by this aggregator"));
+      SendError(h, job->members[h.rank].address(), absl::StatusCode::kNotFound,
+                absl::StrCat("round ", h.round, " of key ", h.key, " is no longer held by this aggregator"));
+      Reject(wire::Reject::kUnknownRound);
+    } else {
+      stale_->Add();  // a retransmit or DONE that crossed the round's release: expected, harmless
     }
-    Reject(wire::Reject::kUnknownRound);
     return nullptr;
   }
   if (h.type == wire::MsgType::kResultReq && (h.flags & wire::kFlagDone)) {

@@ -76,6 +76,7 @@ class DataThread {
   Counter* tx_probe_;
   Counter* tx_error_;
   Counter* push_duplicate_;
+  Counter* stale_;
   Counter* inject_dropped_;
   Counter* rounds_completed_;
   Counter* rounds_expired_;

@@ -79,8 +79,7 @@ int Main(int argc, char** argv) {
   int control_port = 0;
   builder.AddListeningPort(absl::StrCat(opts->host, ":", opts->control_port), grpc::InsecureServerCredentials(),
                            &control_port);
-  std::string id = opts->aggregator_id.empty() ? absl::StrCat(opts->host, ":", opts->control_port) : opts->aggregator_id;
-  AggregatorService service(id, opts->advertise_host, &jobs, data->get(), &metrics);
+  AggregatorService service(opts->aggregator_id, opts->advertise_host, &jobs, data->get(), &metrics);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || control_port == 0) {
@@ -88,6 +87,7 @@ int Main(int argc, char** argv) {
     (*data)->Stop();
     return 1;
   }
+  if (opts->aggregator_id.empty()) service.set_aggregator_id(absl::StrCat(opts->host, ":", control_port));
   std::vector<std::string> ports;
   for (const Address& a : (*data)->endpoints()) ports.push_back(absl::StrCat(a.port));
   DLCP_LOG(Info) << "dlcpd " << DLCP_VERSION << " serving control " << opts->host << ":" << control_port

@@ -41,6 +41,10 @@ TEST_P(BinariesTest, DlcpBenchIsExact) {
                                  absl::Seconds(10));
   EXPECT_EQ(ctl.exit_code, 0) << ctl.out;
   EXPECT_NE(ctl.out.find("\"dlcp_rounds_completed\""), std::string::npos) << ctl.out;
+  ProcessResult health =
+      RunProcess({DLCPCTL_PATH, "health", absl::StrCat("--aggregators=", absl::StrJoin(controls, ","))}, absl::Seconds(10));
+  EXPECT_EQ(health.exit_code, 0) << health.out;
+  EXPECT_NE(health.out.find(": SERVING"), std::string::npos) << health.out;
   for (auto& d : daemons) EXPECT_EQ(d->Stop(absl::Seconds(5)), 0) << "dlcpd did not exit cleanly on SIGTERM";
 }
 
@@ -80,6 +84,9 @@ TEST(Binaries, DumpConfigShowsSources) {
 TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {
   ProcessResult r = RunProcess({DLCPCTL_PATH, "status", "--aggregators=127.0.0.1:1", "--timeout-ms=500"},
                                absl::Seconds(10));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.out.find("UNREACHABLE"), std::string::npos) << r.out;
+  r = RunProcess({DLCPCTL_PATH, "health", "--aggregators=127.0.0.1:1", "--timeout-ms=500"}, absl::Seconds(10));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("UNREACHABLE"), std::string::npos) << r.out;
 }
