@@ -127,3 +127,58 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace dlcp::testing
+
+namespace dlcp::testing {
+namespace {
+
+// The client is shared by several trainer threads, each with its own tensors; every op of every
+// thread must complete exactly.
+TEST(AllReduceConcurrency, ManyThreadsShareOneClient) {
+  auto agg = TestAggregator::Start({TransportOptions::Kind::kUdp, 2});
+  ASSERT_NE(agg, nullptr);
+  constexpr int kWorkers = 2, kThreads = 6, kRounds = 8;
+  constexpr uint32_t kElems = 30011;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::thread> joiners;
+  clients.resize(kWorkers);
+  std::vector<absl::Status> join_status(kWorkers);
+  for (int r = 0; r < kWorkers; ++r) {
+    joiners.emplace_back([&, r] {
+      Case c{TransportOptions::Kind::kUdp, 1, 2, kWorkers, kElems, 0};
+      auto cl = Client::Connect(Options(c, {agg->address()}, r, "shared-client"));
+      if (cl.ok()) clients[r] = std::move(*cl);
+      join_status[r] = cl.status();
+    });
+  }
+  for (auto& j : joiners) j.join();
+  for (auto& s : join_status) ASSERT_TRUE(s.ok()) << s;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorkers; ++r) {
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, r, t] {
+        std::vector<float> d(kElems);
+        for (int k = 0; k < kRounds; ++k) {
+          for (uint32_t i = 0; i < kElems; ++i) d[i] = Value(r, k, t, i);
+          auto s = clients[r]->AllReduce(100 + t, absl::MakeSpan(d)).get();
+          if (!s.ok() || s->round != static_cast<uint32_t>(k)) {
+            ++failures;
+            return;
+          }
+          for (uint32_t i = 0; i < kElems; ++i) {
+            if (d[i] != Value(0, k, t, i) + Value(1, k, t, i)) {
+              ++failures;
+              return;
+            }
+          }
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+}  // namespace
+}  // namespace dlcp::testing

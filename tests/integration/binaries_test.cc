@@ -62,6 +62,14 @@ INSTANTIATE_TEST_SUITE_P(
         BenchCase{"tensor_smaller_than_a_chunk", 1, 2, {}, {"--tensor-bytes=12", "--rounds=5"}}),
     [](const auto& info) { return info.param.name; });
 
+TEST(Binaries, CApiFromC) {
+  auto d = Daemon::Start(DLCPD_PATH, {});
+  ASSERT_NE(d, nullptr);
+  ProcessResult r = RunProcess({C_API_SMOKE_PATH, d->control()}, absl::Seconds(60));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("c api: ok"), std::string::npos) << r.out;
+}
+
 TEST(Binaries, DlcpdRefusesBadConfigurationNamingTheSetting) {
   ProcessResult r = RunProcess({DLCPD_PATH, "--inject-drop=2"}, absl::Seconds(10));
   EXPECT_EQ(r.exit_code, 2);
