@@ -289,8 +289,19 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
 void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage& m, absl::Time now) {
   const uint32_t c = h.chunk;
   const uint32_t dest = op.plan->dest_of_chunk[c];
-  if (h.payload_len != op.geometry.bytes(c) || !(m.from == dest_addr_[dest])) {
+  if (h.payload_len != op.geometry.bytes(c)) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (!(m.from == dest_addr_[dest])) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    if (!warned_source_) {
+      warned_source_ = true;
+      DLCP_LOG(Warning) << "result for chunk " << c << " came from " << m.from.ToString() << ", but that chunk's "
+                        << "aggregator endpoint is " << dest_addr_[dest].ToString()
+                        << "; dropping it. On a multi-homed aggregator, set dlcpd --advertise-host to the address "
+                        << "it sends from.";
+    }
     return;
   }
   if (op.state[c] == kHave) return;  // a duplicate; the first copy was identical

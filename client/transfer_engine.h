@@ -116,6 +116,7 @@ class TransferEngine {
   std::atomic<bool> stop_{false};
   std::thread io_;
   std::atomic<uint64_t> rejected_{0};
+  bool warned_source_ = false;
 };
 
 }  // namespace dlcp

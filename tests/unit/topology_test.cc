@@ -62,3 +62,32 @@ TEST(Topology, ChunksOfABlockShareAnOwner) {
 
 }  // namespace
 }  // namespace dlcp
+
+namespace dlcp {
+namespace {
+
+// With one aggregator per node, node i sends its worker's chunks owned elsewhere plus its
+// aggregator's results to the other N-1 workers, and receives the mirror image. Balanced shares
+// make that 2·S·(N−1)/N each way, what ring all-reduce moves.
+TEST(Topology, OneAggregatorPerNodeMovesRingAllReduceBytes) {
+  for (int n : {2, 4, 8}) {
+    Topology t = Make(n);
+    const uint64_t chunk_bytes = 8192, tensor_bytes = 100ull << 20, tensors = 8;
+    const uint32_t chunks = tensor_bytes / chunk_bytes;
+    std::vector<double> owned(n, 0);  // bytes per round owned by each node's aggregator
+    for (uint32_t key = 0; key < tensors; ++key) {
+      for (uint32_t c = 0; c < chunks; ++c) owned[t.OwnerOfChunk(7, key, c).aggregator] += chunk_bytes;
+    }
+    const double s = static_cast<double>(tensor_bytes * tensors);
+    const double ring = 2.0 * s * (n - 1) / n;
+    for (int i = 0; i < n; ++i) {
+      double sent = (s - owned[i]) + owned[i] * (n - 1);      // pushes out + results out
+      double received = owned[i] * (n - 1) + (s - owned[i]);  // pushes in + results in
+      EXPECT_NEAR(sent, ring, ring * 0.05) << "n=" << n << " node " << i;
+      EXPECT_NEAR(received, ring, ring * 0.05) << "n=" << n << " node " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dlcp
