@@ -43,6 +43,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("late-rank", -1, -1, 4095, "spawn mode: this rank starts late (tests late joins)");
   c->AddInt("late-ms", 0, 0, 600000, "spawn mode: how late --late-rank starts");
   c->AddInt("start-delay-ms", 0, 0, 600000, "sleep this long before joining");
+  c->AddBool("udp-offload", true, "UDP GSO on send and GRO on receive");
   c->AddBool("progress", false, "rank 0 draws a progress bar on stderr");
   c->AddBool("json", false, "print only the JSON line (no table)");
   c->AddString("log-level", "warning", "debug, info, warning or error", [](const std::string& v) {
@@ -63,6 +64,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.repair_timeout = absl::Milliseconds(c.GetInt("repair-timeout-ms"));
   w.client.data_host = c.GetString("data-host");
   w.client.transport.bind_host = w.client.data_host.empty() ? "0.0.0.0" : w.client.data_host;
+  w.client.transport.gso = w.client.transport.gro = c.GetBool("udp-offload");
   w.tensor_bytes = static_cast<uint64_t>(c.GetInt("tensor-bytes"));
   w.tensors = static_cast<uint32_t>(c.GetInt("tensors"));
   w.rounds = static_cast<uint32_t>(c.GetInt("rounds"));

@@ -1,5 +1,8 @@
 #include "common/datapath/outbox.h"
 
+#include <algorithm>
+#include <tuple>
+
 #include "absl/time/clock.h"
 
 namespace dlcp {
@@ -26,6 +29,11 @@ absl::Status Outbox::AddOwned(const Address& to, const wire::Header& h, std::vec
 
 absl::Status Outbox::Flush() {
   if (messages_.empty()) return absl::OkStatus();
+  // Grouping by peer and class lets the transport coalesce runs (UDP GSO). Order between chunks
+  // carries no meaning on the wire; the stable sort keeps each peer's own order.
+  std::stable_sort(messages_.begin(), messages_.end(), [](const OutMessage& a, const OutMessage& b) {
+    return std::tie(a.to.ipv4, a.to.port, a.priority) < std::tie(b.to.ipv4, b.to.port, b.priority);
+  });
   absl::Status s = transport_->Send(messages_, absl::Now() + send_timeout_);
   messages_.clear();
   headers_.clear();

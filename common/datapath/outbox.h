@@ -1,6 +1,7 @@
 // Batches outgoing datagrams for one I/O thread: encodes headers into its own storage, keeps
-// payload pointers (no copy), and hands full batches to the transport in one Send. Owned by a
-// single thread; payloads must stay valid until the next Flush().
+// payload pointers (no copy), and hands full batches to the transport in one Send, grouped by
+// peer (the order across peers is not kept). Owned by a single thread; payloads must stay valid
+// until the next Flush().
 #pragma once
 
 #include <array>

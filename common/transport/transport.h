@@ -45,6 +45,7 @@ struct TransportCounters {
   std::atomic<uint64_t> recv_bytes{0};
   std::atomic<uint64_t> send_would_block{0};  // times a send waited for buffer space
   std::atomic<uint64_t> dropped{0};           // known drops (loopback queue full, oversize)
+  std::atomic<uint64_t> gso_sends{0};         // super-datagrams sent through UDP GSO
 };
 
 struct TransportOptions {
@@ -60,6 +61,10 @@ struct TransportOptions {
   std::array<uint8_t, 4> dscp = {46, 34, 18, 0};
   // Spin on the socket instead of sleeping in poll(2). Only for dedicated cores.
   bool busy_poll = false;
+  // UDP only: batch same-size datagrams to one peer into one GSO send, and accept coalesced
+  // (GRO) receives. Both fall back silently where the kernel or path does not support them.
+  bool gso = true;
+  bool gro = true;
 };
 
 absl::StatusOr<TransportOptions::Kind> ParseTransportKind(const std::string& name);
@@ -76,8 +81,9 @@ class Transport {
   // error: delivery is the protocol's job.
   virtual absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) = 0;
 
-  // Waits up to `timeout` for datagrams, then returns all that are ready (up to the batch size)
-  // in `out`, which it clears first. Zero messages means timeout or Wake().
+  // Waits up to `timeout` for datagrams, then returns those that are ready in `out`, which it
+  // clears first: at most recv_batch receive buffers' worth, where one buffer holds one datagram,
+  // or several when UDP GRO coalesced them. Zero messages means timeout or Wake().
   virtual absl::Status Receive(std::vector<InMessage>* out, absl::Duration timeout) = 0;
 
   // Makes a Receive that is blocked now, or the next one, return promptly.

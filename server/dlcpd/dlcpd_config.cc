@@ -46,6 +46,7 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
                  std::array<uint8_t, 4> unused;
                  return ParseDscpMap(v, &unused);
                });
+  c->AddBool("udp-offload", true, "UDP GSO on send and GRO on receive, where the kernel supports them");
   c->AddBool("busy-poll", false, "spin on the data socket instead of sleeping (dedicated cores only)");
   c->AddString("log-level", "info", "debug, info, warning or error", [](const std::string& v) {
     LogLevel unused;
@@ -66,6 +67,7 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.data.transport.port = static_cast<uint16_t>(c.GetInt("data-port"));
   o.data.transport.socket_buffer_bytes = static_cast<size_t>(c.GetInt("socket-buffer-bytes"));
   o.data.transport.busy_poll = c.GetBool("busy-poll");
+  o.data.transport.gso = o.data.transport.gro = c.GetBool("udp-offload");
   if (absl::Status s = ParseDscpMap(c.GetString("dscp"), &o.data.transport.dscp); !s.ok()) return s;
   o.data.threads = static_cast<uint32_t>(c.GetInt("data-threads"));
   if (o.data.transport.port != 0 && o.data.transport.port + o.data.threads - 1 > 65535) {

@@ -10,9 +10,11 @@ namespace {
 
 class TransportTest : public ::testing::TestWithParam<TransportOptions::Kind> {
  protected:
-  std::unique_ptr<Transport> Make(size_t batch = 64) {
+  std::unique_ptr<Transport> Make(size_t batch = 64, bool offload = true) {
     TransportOptions o;
     o.kind = GetParam();
+    o.gso = offload;
+    o.gro = offload;
     o.bind_host = "127.0.0.1";
     o.recv_batch = batch;
     o.socket_buffer_bytes = 8 << 20;
@@ -60,8 +62,8 @@ TEST_P(TransportTest, GathersHeaderAndPayloadAndPreservesOrder) {
 }
 
 TEST_P(TransportTest, ReceiveReturnsAtMostOneBatch) {
-  auto a = Make();
-  auto b = Make(/*batch=*/8);
+  auto a = Make(64, /*offload=*/false);
+  auto b = Make(/*batch=*/8, /*offload=*/false);
   uint8_t h[16] = {};
   std::vector<OutMessage> msgs(20, OutMessage{b->local_address(), 0, h, sizeof(h), nullptr, 0});
   ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
@@ -71,6 +73,42 @@ TEST_P(TransportTest, ReceiveReturnsAtMostOneBatch) {
   EXPECT_GE(batch.size(), 1u);
   EXPECT_LE(batch.size(), 8u);
   EXPECT_EQ(Collect(b.get(), 20 - batch.size()).size(), 20 - batch.size());
+}
+
+// Runs of equal-size datagrams to one peer go out as GSO super-datagrams and may come back
+// coalesced by GRO; either way the receiver must see each datagram whole, once, in order.
+TEST_P(TransportTest, EqualSizeRunsArriveAsSeparateDatagrams) {
+  for (bool offload : {true, false}) {
+    auto a = Make(64, offload);
+    auto b = Make(64, offload);
+    std::vector<std::vector<uint8_t>> payloads;
+    std::vector<uint8_t> headers(300 * 4);
+    std::vector<OutMessage> msgs;
+    for (size_t i = 0; i < 300; ++i) {
+      size_t len = (i % 100 == 99) ? 333 : 1000;  // runs of 99 equal, then one shorter
+      payloads.emplace_back(len, static_cast<uint8_t>(i * 7));
+      headers[i * 4] = static_cast<uint8_t>(i);
+      headers[i * 4 + 1] = static_cast<uint8_t>(i >> 8);
+    }
+    for (size_t i = 0; i < 300; ++i) {
+      msgs.push_back({b->local_address(), 2, &headers[i * 4], 4, payloads[i].data(), payloads[i].size()});
+    }
+    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+    auto got = Collect(b.get(), msgs.size());
+    ASSERT_EQ(got.size(), msgs.size()) << "offload=" << offload;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].size(), 4 + payloads[i].size()) << i;
+      ASSERT_EQ(got[i][0] | (got[i][1] << 8), static_cast<int>(i));
+      ASSERT_EQ(got[i].back(), static_cast<uint8_t>(i * 7));
+    }
+    EXPECT_EQ(a->counters().sent_packets.load(), 300u);
+    EXPECT_EQ(b->counters().recv_packets.load(), 300u);
+    if (GetParam() == TransportOptions::Kind::kUdp && offload) {
+      EXPECT_GT(a->counters().gso_sends.load(), 0u) << "GSO never used";
+    } else {
+      EXPECT_EQ(a->counters().gso_sends.load(), 0u);
+    }
+  }
 }
 
 TEST_P(TransportTest, ReceiveHonoursItsTimeout) {

@@ -1,6 +1,7 @@
 #include "common/transport/udp/udp_transport.h"
 
 #include <netinet/ip.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -19,7 +20,10 @@ namespace dlcp {
 namespace {
 
 constexpr size_t kSendBatch = 64;
-constexpr size_t kTosCmsgSpace = CMSG_SPACE(sizeof(int));
+constexpr size_t kMaxGsoSegments = 64;    // the kernel's UDP_MAX_SEGMENTS
+constexpr size_t kMaxGsoBytes = 65000;    // a GSO super-datagram must fit one IP datagram
+constexpr size_t kCmsgSpace = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t));  // IP_TOS + UDP_SEGMENT
+constexpr size_t kGroCmsgSpace = CMSG_SPACE(sizeof(int));
 
 int PollTimeoutMs(absl::Time deadline) {
   absl::Duration left = deadline - absl::Now();
@@ -56,9 +60,14 @@ class UdpTransport final : public Transport {
 
     // Each receive slot holds one datagram; 64-byte alignment keeps payloads (after the 48-byte
     // header) 16-byte aligned for the SIMD reduction.
-    slot_size_ = (options_.max_datagram + 63) & ~size_t{63};
+    slot_size_ = (std::max<size_t>(options_.max_datagram, options_.gro ? 65535 : 0) + 63) & ~size_t{63};
     recv_pool_ = static_cast<uint8_t*>(std::aligned_alloc(64, slot_size_ * options_.recv_batch));
     if (recv_pool_ == nullptr) return absl::ResourceExhaustedError("UDP receive pool");
+    if (options_.gro) {
+      int one = 1;
+      gro_ = ::setsockopt(fd_, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0;
+    }
+    recv_cmsg_.resize(options_.recv_batch);
     recv_iov_.resize(options_.recv_batch);
     recv_hdr_.resize(options_.recv_batch);
     recv_from_.resize(options_.recv_batch);
@@ -69,65 +78,18 @@ class UdpTransport final : public Transport {
   size_t max_datagram() const override { return options_.max_datagram; }
 
   absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) override {
-    mmsghdr hdrs[kSendBatch];
-    iovec iovs[kSendBatch][2];
-    sockaddr_in addrs[kSendBatch];
-    alignas(cmsghdr) uint8_t cmsgs[kSendBatch][kTosCmsgSpace];
+    for (const OutMessage& m : messages) {
+      if (m.header_len + m.payload_len > options_.max_datagram) {
+        return absl::InvalidArgumentError(absl::StrCat("datagram of ", m.header_len + m.payload_len,
+                                                       " bytes exceeds max_datagram ", options_.max_datagram));
+      }
+    }
     size_t done = 0;
     while (done < messages.size()) {
       const size_t n = std::min(kSendBatch, messages.size() - done);
-      for (size_t i = 0; i < n; ++i) {
-        const OutMessage& m = messages[done + i];
-        if (m.header_len + m.payload_len > options_.max_datagram) {
-          return absl::InvalidArgumentError(absl::StrCat("datagram of ", m.header_len + m.payload_len,
-                                                         " bytes exceeds max_datagram ", options_.max_datagram));
-        }
-        addrs[i] = m.to.ToSockaddr();
-        iovs[i][0] = {const_cast<uint8_t*>(m.header), m.header_len};
-        iovs[i][1] = {const_cast<uint8_t*>(m.payload), m.payload_len};
-        msghdr& h = hdrs[i].msg_hdr;
-        std::memset(&h, 0, sizeof(h));
-        h.msg_name = &addrs[i];
-        h.msg_namelen = sizeof(sockaddr_in);
-        h.msg_iov = iovs[i];
-        h.msg_iovlen = m.payload_len > 0 ? 2 : 1;
-        h.msg_control = cmsgs[i];
-        h.msg_controllen = kTosCmsgSpace;
-        cmsghdr* c = CMSG_FIRSTHDR(&h);
-        c->cmsg_level = IPPROTO_IP;
-        c->cmsg_type = IP_TOS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        int tos = options_.dscp[m.priority & 3] << 2;
-        std::memcpy(CMSG_DATA(c), &tos, sizeof(int));
-      }
-      size_t sent_in_batch = 0;
-      while (sent_in_batch < n) {
-        int rc = ::sendmmsg(fd_, hdrs + sent_in_batch, static_cast<unsigned>(n - sent_in_batch), MSG_DONTWAIT);
-        if (rc > 0) {
-          for (int i = 0; i < rc; ++i) {
-            counters_.sent_bytes.fetch_add(hdrs[sent_in_batch + i].msg_len, std::memory_order_relaxed);
-          }
-          counters_.sent_packets.fetch_add(rc, std::memory_order_relaxed);
-          sent_in_batch += rc;
-          continue;
-        }
-        if (rc < 0 && errno == EINTR) continue;
-        if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) {
-          counters_.send_would_block.fetch_add(1, std::memory_order_relaxed);
-          if (absl::Now() >= deadline) return absl::DeadlineExceededError("UDP send: no buffer space before deadline");
-          pollfd p{fd_, POLLOUT, 0};
-          DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(deadline))));
-          continue;
-        }
-        if (rc < 0 && (errno == ECONNREFUSED || errno == EHOSTUNREACH || errno == ENETUNREACH)) {
-          // An ICMP error from an earlier datagram; that peer is gone, the protocol's repair and
-          // deadlines handle it. Skip the message at the head and carry on.
-          counters_.dropped.fetch_add(1, std::memory_order_relaxed);
-          ++sent_in_batch;
-          continue;
-        }
-        return ErrnoToStatus(errno, "sendmmsg");
-      }
+      absl::StatusOr<bool> sent = SendWindow(messages.subspan(done, n), deadline);
+      if (!sent.ok()) return sent.status();
+      if (!*sent) continue;  // GSO was refused and is now off: send the same window again
       done += n;
     }
     return absl::OkStatus();
@@ -180,32 +142,149 @@ class UdpTransport final : public Transport {
     }
   }
 
+  // Sends up to kSendBatch messages. Consecutive messages to the same peer, class and length are
+  // sent as one UDP GSO super-datagram (the kernel cuts it into datagrams), which saves a trip
+  // through the stack per datagram. Returns false if the kernel refused GSO, which is then off.
+  absl::StatusOr<bool> SendWindow(absl::Span<const OutMessage> msgs, absl::Time deadline) {
+    mmsghdr hdrs[kSendBatch];
+    iovec iovs[kSendBatch * 2];
+    sockaddr_in addrs[kSendBatch];
+    uint32_t segments[kSendBatch];
+    alignas(cmsghdr) uint8_t cmsgs[kSendBatch][kCmsgSpace];
+    const bool gso = options_.gso && !gso_off_.load(std::memory_order_relaxed);
+    size_t units = 0, iov_used = 0;
+    for (size_t i = 0; i < msgs.size();) {
+      const OutMessage& first = msgs[i];
+      const size_t seg = first.header_len + first.payload_len;
+      size_t count = 1, total = seg;
+      while (gso && i + count < msgs.size() && count < kMaxGsoSegments) {
+        const OutMessage& m = msgs[i + count];
+        const size_t len = m.header_len + m.payload_len;
+        if (!(m.to == first.to) || m.priority != first.priority || len > seg || total + len > kMaxGsoBytes) break;
+        total += len;
+        ++count;
+        if (len < seg) break;  // only the last segment may be shorter
+      }
+      msghdr& h = hdrs[units].msg_hdr;
+      std::memset(&h, 0, sizeof(h));
+      addrs[units] = first.to.ToSockaddr();
+      h.msg_name = &addrs[units];
+      h.msg_namelen = sizeof(sockaddr_in);
+      h.msg_iov = &iovs[iov_used];
+      for (size_t k = 0; k < count; ++k) {
+        const OutMessage& m = msgs[i + k];
+        iovs[iov_used++] = {const_cast<uint8_t*>(m.header), m.header_len};
+        if (m.payload_len > 0) iovs[iov_used++] = {const_cast<uint8_t*>(m.payload), m.payload_len};
+      }
+      h.msg_iovlen = &iovs[iov_used] - h.msg_iov;
+      h.msg_control = cmsgs[units];
+      h.msg_controllen = CMSG_SPACE(sizeof(int));
+      cmsghdr* c = CMSG_FIRSTHDR(&h);
+      c->cmsg_level = IPPROTO_IP;
+      c->cmsg_type = IP_TOS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      int tos = options_.dscp[first.priority & 3] << 2;
+      std::memcpy(CMSG_DATA(c), &tos, sizeof(int));
+      if (count > 1) {
+        h.msg_controllen = kCmsgSpace;
+        c = CMSG_NXTHDR(&h, c);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        uint16_t gso_size = static_cast<uint16_t>(seg);
+        std::memcpy(CMSG_DATA(c), &gso_size, sizeof(gso_size));
+      }
+      segments[units++] = static_cast<uint32_t>(count);
+      i += count;
+    }
+    size_t sent = 0;
+    while (sent < units) {
+      int rc = ::sendmmsg(fd_, hdrs + sent, static_cast<unsigned>(units - sent), MSG_DONTWAIT);
+      if (rc > 0) {
+        for (int k = 0; k < rc; ++k) {
+          counters_.sent_bytes.fetch_add(hdrs[sent + k].msg_len, std::memory_order_relaxed);
+          counters_.sent_packets.fetch_add(segments[sent + k], std::memory_order_relaxed);
+          if (segments[sent + k] > 1) counters_.gso_sends.fetch_add(1, std::memory_order_relaxed);
+        }
+        sent += rc;
+        continue;
+      }
+      if (rc < 0 && errno == EINTR) continue;
+      if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) {
+        counters_.send_would_block.fetch_add(1, std::memory_order_relaxed);
+        if (absl::Now() >= deadline) return absl::DeadlineExceededError("UDP send: no buffer space before deadline");
+        pollfd p{fd_, POLLOUT, 0};
+        DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(deadline))));
+        continue;
+      }
+      if (rc < 0 && segments[sent] > 1 && (errno == EINVAL || errno == EIO || errno == EOPNOTSUPP)) {
+        // The path cannot take GSO (e.g. segments larger than the device MTU). Fall back for good;
+        // what was sent already is resent, which the protocol tolerates (duplicates are ignored).
+        if (!gso_off_.exchange(true)) {
+          DLCP_LOG(Warning) << "UDP GSO refused (" << std::strerror(errno) << "); sending datagrams one by one";
+        }
+        return false;
+      }
+      if (rc < 0 && (errno == ECONNREFUSED || errno == EHOSTUNREACH || errno == ENETUNREACH)) {
+        // An ICMP error from an earlier datagram; that peer is gone, the protocol's repair and
+        // deadlines handle it. Skip the unit at the head and carry on.
+        counters_.dropped.fetch_add(segments[sent], std::memory_order_relaxed);
+        ++sent;
+        continue;
+      }
+      return ErrnoToStatus(errno, "sendmmsg");
+    }
+    return true;
+  }
+
   absl::StatusOr<int> RecvBatch(std::vector<InMessage>* out) {
     const size_t n = options_.recv_batch;
     for (size_t i = 0; i < n; ++i) {
-      recv_iov_[i] = {recv_pool_ + i * slot_size_, options_.max_datagram};
+      recv_iov_[i] = {recv_pool_ + i * slot_size_, slot_size_};
       msghdr& h = recv_hdr_[i].msg_hdr;
       std::memset(&h, 0, sizeof(h));
       h.msg_name = &recv_from_[i];
       h.msg_namelen = sizeof(sockaddr_in);
       h.msg_iov = &recv_iov_[i];
       h.msg_iovlen = 1;
+      if (gro_) {
+        h.msg_control = recv_cmsg_[i].data();
+        h.msg_controllen = kGroCmsgSpace;
+      }
     }
     int rc = DLCP_RETRY_EINTR(::recvmmsg(fd_, recv_hdr_.data(), static_cast<unsigned>(n), MSG_DONTWAIT, nullptr));
     if (rc < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
       return ErrnoToStatus(errno, "recvmmsg");
     }
+    int datagrams = 0;
     for (int i = 0; i < rc; ++i) {
-      size_t len = recv_hdr_[i].msg_len;
-      if (recv_hdr_[i].msg_hdr.msg_flags & MSG_TRUNC) {
+      const msghdr& h = recv_hdr_[i].msg_hdr;
+      const size_t len = recv_hdr_[i].msg_len;
+      if (h.msg_flags & MSG_TRUNC) {
         counters_.dropped.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
       counters_.recv_bytes.fetch_add(len, std::memory_order_relaxed);
-      out->push_back(InMessage{Address::FromSockaddr(recv_from_[i]), recv_pool_ + i * slot_size_, len});
+      // With GRO, one buffer may hold several datagrams of `segment` bytes (the last shorter).
+      size_t segment = len;
+      if (gro_) {
+        for (const cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(&h), const_cast<cmsghdr*>(c))) {
+          if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+            int v = 0;
+            std::memcpy(&v, CMSG_DATA(c), sizeof(v));
+            if (v > 0) segment = static_cast<size_t>(v);
+          }
+        }
+      }
+      const Address from = Address::FromSockaddr(recv_from_[i]);
+      const uint8_t* base = recv_pool_ + i * slot_size_;
+      for (size_t off = 0; off < len; off += segment) {
+        out->push_back(InMessage{from, base + off, std::min(segment, len - off)});
+        ++datagrams;
+      }
     }
-    counters_.recv_packets.fetch_add(rc, std::memory_order_relaxed);
+    counters_.recv_packets.fetch_add(datagrams, std::memory_order_relaxed);
     return rc;
   }
 
@@ -213,6 +292,9 @@ class UdpTransport final : public Transport {
   int fd_ = -1;
   int wake_fd_ = -1;
   std::atomic<bool> woken_{false};
+  std::atomic<bool> gso_off_{false};
+  bool gro_ = false;
+  std::vector<std::array<uint8_t, kGroCmsgSpace>> recv_cmsg_;
   Address local_;
   size_t slot_size_ = 0;
   uint8_t* recv_pool_ = nullptr;
