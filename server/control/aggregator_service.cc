@@ -1,5 +1,7 @@
 #include "server/control/aggregator_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -49,7 +51,11 @@ absl::Status AggregatorService::DoJoin(const std::string& peer, const v1::JoinRe
   if (!job.ok()) return job.status();
   resp->set_job_id((*job)->id);
   resp->set_epoch((*job)->epoch);
-  resp->set_max_rounds_in_flight(jobs_->limits().max_rounds_in_flight);
+  // A round holds a slot on every data thread its chunks reach, and lingers until the slowest
+  // worker confirms it, while faster workers start new ones: tell clients a share that cannot
+  // overrun the aggregator's limit.
+  const uint32_t threads = static_cast<uint32_t>(data_->endpoints().size());
+  resp->set_max_rounds_in_flight(std::max<uint32_t>(1, jobs_->limits().max_rounds_in_flight / (2 * threads)));
   resp->set_aggregator_id(id());
   FillEndpoints(resp->mutable_data_endpoints());
   return absl::OkStatus();

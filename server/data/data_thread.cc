@@ -244,6 +244,13 @@ void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, c
 
 void DataThread::SendError(const wire::Header& req, const Address& to, absl::StatusCode code,
                            const std::string& reason) {
+  // One error per round and worker per repair interval is enough; the rest of a window's pushes
+  // would otherwise each draw one.
+  auto [it, fresh] = errors_sent_.try_emplace(ErrorKey{req.job, req.key, req.round, req.rank}, absl::Now());
+  if (!fresh) {
+    if (absl::Now() - it->second < options_.repair_timeout) return;
+    it->second = absl::Now();
+  }
   wire::Header h = req;
   h.type = wire::MsgType::kError;
   h.priority = 0;
@@ -268,6 +275,9 @@ void DataThread::MaybeFree(RoundMap::iterator it) {
 }
 
 void DataThread::ScanTimers(absl::Time now) {
+  for (auto it = errors_sent_.begin(); it != errors_sent_.end();) {
+    it = now - it->second > options_.repair_timeout * kMaxRepairBackoff ? errors_sent_.erase(it) : std::next(it);
+  }
   for (auto it = rounds_.begin(); it != rounds_.end();) {
     Round& r = *it->second;
     if (r.job()->closed.load(std::memory_order_relaxed)) {

@@ -39,6 +39,10 @@ class DataThread {
     }
   };
   using RoundMap = std::unordered_map<RoundKey, std::unique_ptr<Round>, RoundKeyHash>;
+  struct ErrorKey {
+    uint32_t job, key, round, rank;
+    auto operator<=>(const ErrorKey&) const = default;
+  };
 
   void HandleDatagram(const InMessage& m, absl::Time now);
   void HandlePush(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now);
@@ -63,6 +67,8 @@ class DataThread {
   RoundMap rounds_;
   // Per (job, key): every round below this one has been delivered and freed.
   std::unordered_map<uint64_t, uint32_t> floor_;
+  // When each (round, worker) last got an ERROR; pruned by the timer scan.
+  std::map<ErrorKey, absl::Time> errors_sent_;
   std::atomic<bool> stop_{false};
   std::mt19937_64 rng_;
   std::uniform_real_distribution<double> uniform_{0.0, 1.0};

@@ -10,6 +10,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_join.h"
 #include "common/base/build_config.h"
 #include "common/base/log.h"
@@ -98,8 +99,17 @@ int Main(int argc, char** argv) {
     }
   }
 
+  // The main thread waits for a signal and, once a second, removes jobs whose workers vanished.
   int sig = 0;
-  sigwait(&signals, &sig);
+  for (;;) {
+    timespec second{1, 0};
+    sig = sigtimedwait(&signals, nullptr, &second);
+    if (sig > 0) break;
+    for (const std::string& name : jobs.ReapIdle(absl::GetCurrentTimeNanos(), opts->job_idle_timeout)) {
+      DLCP_LOG(Warning) << "job " << name << " removed: no heartbeat from any member for "
+                        << absl::FormatDuration(opts->job_idle_timeout);
+    }
+  }
   DLCP_LOG(Info) << "signal " << sig << ": shutting down";
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*data)->Stop();

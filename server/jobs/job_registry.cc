@@ -1,5 +1,6 @@
 #include "server/jobs/job_registry.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -96,6 +97,25 @@ absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank) {
   }
   job->members[rank].last_heartbeat_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+std::vector<std::string> JobRegistry::ReapIdle(int64_t now_ns, absl::Duration idle) {
+  std::vector<std::string> reaped;
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    int64_t latest = 0;
+    for (const Member& m : it->second->members) {
+      if (m.joined()) latest = std::max(latest, m.last_heartbeat_ns.load(std::memory_order_relaxed));
+    }
+    if (now_ns - latest > absl::ToInt64Nanoseconds(idle)) {
+      it->second->closed.store(true);
+      reaped.push_back(it->second->name);
+      it = jobs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return reaped;
 }
 
 std::shared_ptr<Job> JobRegistry::Find(uint32_t job_id) const {

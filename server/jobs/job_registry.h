@@ -75,6 +75,10 @@ class JobRegistry {
   absl::Status Leave(uint32_t job_id, uint32_t rank);
   absl::Status Heartbeat(uint32_t job_id, uint32_t rank);
 
+  // Removes jobs none of whose members has joined or sent a heartbeat within `idle` of `now_ns`:
+  // workers that died without leaving must not hold a job slot forever. Returns their names.
+  std::vector<std::string> ReapIdle(int64_t now_ns, absl::Duration idle);
+
   std::shared_ptr<Job> Find(uint32_t job_id) const;
   std::vector<std::shared_ptr<Job>> List() const;
 

@@ -96,7 +96,7 @@ TEST(ClientErrors, JoinConflictsAreRefused) {
 
 TEST(ClientErrors, RoundsInFlightCapGivesResourceExhausted) {
   TestAggregatorOptions ao;
-  ao.limits.max_rounds_in_flight = 2;
+  ao.limits.max_rounds_in_flight = 4;  // clients are told 4 / (2 x 1 data thread) = 2
   auto agg = TestAggregator::Start(ao);
   ASSERT_NE(agg, nullptr);
   auto c = Client::Connect(Opts(agg->address(), "capped", 2, 0));

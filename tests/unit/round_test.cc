@@ -73,3 +73,45 @@ TEST(Round, HandlesWorldsWiderThanOneBitmapWord) {
 
 }  // namespace
 }  // namespace dlcp::server
+
+namespace dlcp::server {
+namespace {
+
+TEST(JobRegistry, ReapsJobsWhoseMembersAllWentQuiet) {
+  JobRegistry jobs(JobLimits{});
+  JoinSpec a{"alive", 2, 0, 1024, Address{0x7f000001, 5000}};
+  JoinSpec b{"dead", 1, 0, 1024, Address{0x7f000001, 5001}};
+  auto ja = jobs.Join(a);
+  auto jb = jobs.Join(b);
+  ASSERT_TRUE(ja.ok() && jb.ok());
+  const int64_t t0 = (*ja)->members[0].last_heartbeat_ns.load();
+  (*ja)->members[0].last_heartbeat_ns.store(t0 + absl::ToInt64Nanoseconds(absl::Seconds(50)));
+  auto reaped = jobs.ReapIdle(t0 + absl::ToInt64Nanoseconds(absl::Seconds(61)), absl::Seconds(60));
+  ASSERT_EQ(reaped, std::vector<std::string>{"dead"});
+  EXPECT_TRUE((*jb)->closed.load());
+  EXPECT_EQ(jobs.Find((*jb)->id), nullptr);
+  EXPECT_NE(jobs.Find((*ja)->id), nullptr);
+}
+
+TEST(JobRegistry, ValidatesJoinsAndEnforcesLimits) {
+  JobLimits limits;
+  limits.max_jobs = 1;
+  limits.max_workers = 8;
+  JobRegistry jobs(limits);
+  Address addr{0x7f000001, 5000};
+  EXPECT_EQ(jobs.Join({"", 2, 0, 1024, addr}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join({"j", 9, 0, 1024, addr}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join({"j", 2, 2, 1024, addr}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join({"j", 2, 0, 1001, addr}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join({"j", 2, 0, 1024, Address{1, 0}}).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(jobs.Join({"j", 2, 0, 1024, addr}).ok());
+  EXPECT_EQ(jobs.Join({"k", 2, 0, 1024, addr}).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(jobs.Join({"j", 2, 1, 1024, addr}).ok());
+  ASSERT_TRUE(jobs.Leave(JobIdForName("j"), 0).ok());
+  ASSERT_TRUE(jobs.Leave(JobIdForName("j"), 1).ok());
+  EXPECT_EQ(jobs.Find(JobIdForName("j")), nullptr);  // last member left: slot free again
+  EXPECT_TRUE(jobs.Join({"k", 2, 0, 1024, addr}).ok());
+}
+
+}  // namespace
+}  // namespace dlcp::server
