@@ -1,10 +1,17 @@
 #include "server/engine/reduce.h"
 
+// target_clones makes GCC emit an AVX-512, an AVX2 and a baseline SSE2 body and pick one through
+// an ifunc when the library loads, so one binary runs everywhere at the best width. Sanitizer
+// runtimes are not up yet when ifunc resolvers run, so sanitized builds keep the baseline body.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define DLCP_ISA_CLONES
+#else
+#define DLCP_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
 namespace dlcp::engine {
 
-// target_clones makes GCC emit an AVX-512, an AVX2 and a baseline SSE2 body and pick one through
-// an ifunc when the library loads, so one binary runs everywhere at the best width.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void SumInto(float* __restrict dst,
+DLCP_ISA_CLONES void SumInto(float* __restrict dst,
                                                                           const float* __restrict src, size_t n) {
 #pragma GCC ivdep
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
