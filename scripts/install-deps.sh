@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
+  clang libclang-rt-14-dev
   python3
 )
 
