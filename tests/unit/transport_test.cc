@@ -176,3 +176,66 @@ TEST(TransportFactory, ValidatesOptions) {
 
 }  // namespace
 }  // namespace dlcp
+
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+namespace dlcp {
+namespace {
+
+// Each message's class must leave the host as its DSCP code point, including runs sent as one
+// GSO super-datagram. A plain socket with IP_RECVTOS reads the TOS byte of every datagram.
+TEST(UdpTransport, MarksEveryDatagramWithItsClassDscp) {
+  int rx = socket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(rx, 0);
+  int one = 1;
+  ASSERT_EQ(setsockopt(rx, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one)), 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(0x7f000001);
+  ASSERT_EQ(bind(rx, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  socklen_t len = sizeof(sa);
+  getsockname(rx, reinterpret_cast<sockaddr*>(&sa), &len);
+  timeval tv{5, 0};
+  setsockopt(rx, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+
+  TransportOptions o;
+  o.bind_host = "127.0.0.1";
+  o.dscp = {46, 34, 18, 8};
+  auto tx = CreateTransport(o);
+  ASSERT_TRUE(tx.ok());
+  Address to = Address::FromSockaddr(sa);
+  std::vector<uint8_t> payload(100, 0);
+  uint8_t headers[12];
+  std::vector<OutMessage> msgs;
+  for (int i = 0; i < 12; ++i) {
+    headers[i] = static_cast<uint8_t>(i / 3);  // three in a row per class: GSO runs
+    msgs.push_back({to, static_cast<uint8_t>(i / 3), &headers[i], 1, payload.data(), payload.size()});
+  }
+  ASSERT_TRUE((*tx)->Send(msgs, absl::Now() + absl::Seconds(2)).ok());
+  for (int i = 0; i < 12; ++i) {
+    uint8_t buf[2048];
+    alignas(cmsghdr) uint8_t control[64];
+    iovec iov{buf, sizeof(buf)};
+    msghdr h{};
+    h.msg_iov = &iov;
+    h.msg_iovlen = 1;
+    h.msg_control = control;
+    h.msg_controllen = sizeof(control);
+    ssize_t n = recvmsg(rx, &h, 0);
+    ASSERT_EQ(n, 101) << "datagram " << i;
+    int tos = -1;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
+      if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) tos = *CMSG_DATA(c);
+    }
+    const uint8_t cls = buf[0];
+    ASSERT_LT(cls, 4);
+    EXPECT_EQ(tos >> 2, o.dscp[cls]) << "class " << int(cls);
+  }
+  close(rx);
+}
+
+}  // namespace
+}  // namespace dlcp
