@@ -12,6 +12,10 @@ absl::StatusOr<TransportOptions::Kind> ParseTransportKind(const std::string& nam
   return absl::InvalidArgumentError(absl::StrCat("unknown transport '", name, "' (udp|loopback)"));
 }
 
+const char* TransportKindName(TransportOptions::Kind kind) {
+  return kind == TransportOptions::Kind::kUdp ? "udp" : "loopback";
+}
+
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options) {
   if (options.max_datagram < 64 || options.max_datagram > 65507) {
     return absl::InvalidArgumentError(absl::StrCat("max_datagram ", options.max_datagram, " outside [64, 65507]"));

@@ -68,6 +68,7 @@ struct TransportOptions {
 };
 
 absl::StatusOr<TransportOptions::Kind> ParseTransportKind(const std::string& name);
+const char* TransportKindName(TransportOptions::Kind kind);
 
 class Transport {
  public:

@@ -25,6 +25,8 @@ std::string Name(const Case& c) {
                       c.data_threads, "_w", c.workers, "_n", c.elems, "_drop", static_cast<int>(c.drop * 100));
 }
 
+void PrintTo(const Case& c, std::ostream* os) { *os << Name(c); }
+
 // Worker r's element i of tensor t in round k: small integers, so sums are exact.
 float Value(int r, int k, int t, uint32_t i) { return static_cast<float>(static_cast<int>((i * 3 + r * 11 + k * 7 + t) % 41) - 20); }
 

@@ -17,6 +17,8 @@ struct BenchCase {
   std::vector<std::string> bench_flags;
 };
 
+void PrintTo(const BenchCase& c, std::ostream* os) { *os << c.name; }
+
 class BinariesTest : public ::testing::TestWithParam<BenchCase> {};
 
 TEST_P(BinariesTest, DlcpBenchIsExact) {

@@ -8,6 +8,13 @@
 namespace dlcp {
 namespace {
 
+}  // namespace
+
+// gtest finds this by argument-dependent lookup; it names parameters in test listings.
+inline void PrintTo(TransportOptions::Kind k, std::ostream* os) { *os << TransportKindName(k); }
+
+namespace {
+
 class TransportTest : public ::testing::TestWithParam<TransportOptions::Kind> {
  protected:
   std::unique_ptr<Transport> Make(size_t batch = 64, bool offload = true) {
@@ -157,9 +164,7 @@ TEST_P(TransportTest, SendToAClosedPortIsNotAnError) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, TransportTest,
                          ::testing::Values(TransportOptions::Kind::kLoopback, TransportOptions::Kind::kUdp),
-                         [](const auto& info) {
-                           return info.param == TransportOptions::Kind::kUdp ? "udp" : "loopback";
-                         });
+                         [](const auto& info) { return std::string(TransportKindName(info.param)); });
 
 TEST(TransportFactory, ValidatesOptions) {
   TransportOptions o;
