@@ -219,6 +219,7 @@ void TransferEngine::Run() {
       last_scan = now;
     }
   }
+  if (absl::Status s = outbox_.Flush(); !s.ok()) DLCP_LOG(Warning) << "final flush: " << s;
   absl::Status err;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -320,6 +321,9 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   }
   completed_round_[op.key] = op.round;
   op.stats.time = now - op.start;
+  // The DONEs go on the wire before the caller hears of completion: a caller may close the client
+  // at once, and an aggregator that never hears DONE holds the round until it expires.
+  if (absl::Status s = outbox_.Flush(); !s.ok()) DLCP_LOG(Warning) << "done: " << s;
   Finish(op.key, op.stats);
 }
 

@@ -1,97 +1,162 @@
-// dlcpctl: operator's view of a set of aggregators.
-//   dlcpctl status --aggregators=H:P[,H:P...] [--output=table|json]
-//   dlcpctl health --aggregators=H:P[,H:P...]     (grpc.health.v1; exit 0 if all SERVING)
+// dlcpctl: an operator's view of a set of aggregators.
+//   dlcpctl status --aggregators=H:P[,H:P...]   one line per aggregator: up, jobs, workers, rounds
+//   dlcpctl jobs   --aggregators=...             every job on every aggregator
+//   dlcpctl stats  --aggregators=...             every counter (nonzero ones in table form)
+//   dlcpctl health --aggregators=...             grpc.health.v1; exit 0 only if all SERVING
+// --output=table|json for all. Exit 1 if any aggregator is unreachable.
 #include <grpcpp/create_channel.h>
 
-#include <cstdio>
 #include <iostream>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/session.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "common/config/registry.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 
 namespace {
 
-int Status(const dlcp::ConfigRegistry& config) {
-  const bool json = config.GetString("output") == "json";
+std::string Json(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+struct Reply {
+  std::string address;
+  grpc::Status status;
+  dlcp::v1::Stats stats;
+  std::string health;
+};
+
+std::vector<Reply> Query(const dlcp::ConfigRegistry& config, bool health) {
   const absl::Duration timeout = absl::Milliseconds(config.GetInt("timeout-ms"));
-  int failures = 0;
-  std::vector<std::string> json_items;
+  std::vector<Reply> out;
   for (absl::string_view agg : absl::StrSplit(config.GetString("aggregators"), ',', absl::SkipEmpty())) {
-    auto stub = dlcp::v1::Aggregator::NewStub(grpc::CreateChannel(std::string(agg), grpc::InsecureChannelCredentials()));
-    dlcp::v1::GetStatsRequest req;
-    dlcp::v1::Stats stats;
-    grpc::Status st = dlcp::CallWithDeadline(
-        [&](grpc::ClientContext* ctx, const dlcp::v1::GetStatsRequest* rq, dlcp::v1::Stats* rs, auto cb) {
-          stub->async()->GetStats(ctx, rq, rs, std::move(cb));
-        },
-        req, &stats, timeout);
-    if (!st.ok()) {
+    Reply r;
+    r.address = std::string(agg);
+    auto channel = grpc::CreateChannel(r.address, grpc::InsecureChannelCredentials());
+    if (health) {
+      auto stub = grpc::health::v1::Health::NewStub(channel);
+      grpc::health::v1::HealthCheckRequest req;
+      grpc::health::v1::HealthCheckResponse resp;
+      r.status = dlcp::CallWithDeadline(
+          [&](grpc::ClientContext* ctx, const grpc::health::v1::HealthCheckRequest* rq,
+              grpc::health::v1::HealthCheckResponse* rs, auto cb) { stub->async()->Check(ctx, rq, rs, std::move(cb)); },
+          req, &resp, timeout);
+      r.health = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
+    } else {
+      auto stub = dlcp::v1::Aggregator::NewStub(channel);
+      dlcp::v1::GetStatsRequest req;
+      r.status = dlcp::CallWithDeadline(
+          [&](grpc::ClientContext* ctx, const dlcp::v1::GetStatsRequest* rq, dlcp::v1::Stats* rs, auto cb) {
+            stub->async()->GetStats(ctx, rq, rs, std::move(cb));
+          },
+          req, &r.stats, timeout);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::map<std::string, double> Sorted(const dlcp::v1::Stats& s) { return {s.counters().begin(), s.counters().end()}; }
+
+std::string JobsJson(const dlcp::v1::Stats& s) {
+  std::string out = "[";
+  for (int i = 0; i < s.jobs_size(); ++i) {
+    const auto& j = s.jobs(i);
+    absl::StrAppend(&out, i ? "," : "", "{\"job_id\":", j.job_id(), ",\"name\":", Json(j.job_name()),
+                    ",\"world_size\":", j.world_size(), ",\"members\":", j.members(),
+                    ",\"rounds_completed\":", j.rounds_completed(), ",\"rounds_in_flight\":", j.rounds_in_flight(), "}");
+  }
+  return out + "]";
+}
+
+std::string CountersJson(const dlcp::v1::Stats& s) {
+  std::string out = "{";
+  bool first = true;
+  for (const auto& [name, value] : Sorted(s)) {
+    absl::StrAppend(&out, first ? "" : ",", Json(name), ":", value);
+    first = false;
+  }
+  return out + "}";
+}
+
+int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
+  const bool json = config.GetString("output") == "json";
+  std::vector<Reply> replies = Query(config, cmd == "health");
+  int failures = 0;
+  std::vector<std::string> items;
+  if (!json && cmd == "status") {
+    std::cout << absl::StrFormat("%-22s %-22s %9s %5s %8s %10s %10s\n", "AGGREGATOR", "ID", "UPTIME_S", "JOBS",
+                                 "WORKERS", "ROUNDS", "REJECTS");
+  }
+  if (!json && cmd == "jobs") {
+    std::cout << absl::StrFormat("%-22s %-24s %10s %6s %8s %10s %9s\n", "AGGREGATOR", "JOB", "ID", "WORLD", "MEMBERS",
+                                 "ROUNDS", "IN_FLIGHT");
+  }
+  for (const Reply& r : replies) {
+    if (!r.status.ok()) {
       ++failures;
       if (json) {
-        json_items.push_back(absl::StrCat("{\"aggregator\":\"", agg, "\",\"error\":\"", st.error_message(), "\"}"));
+        items.push_back(absl::StrCat("{\"aggregator\":", Json(r.address), ",\"error\":", Json(r.status.error_message()), "}"));
       } else {
-        std::cout << agg << ": UNREACHABLE (" << st.error_message() << ")\n";
+        std::cout << r.address << ": UNREACHABLE (" << r.status.error_message() << ")\n";
       }
       continue;
+    }
+    if (cmd == "health") {
+      if (r.health != "SERVING") ++failures;
+      if (json) {
+        items.push_back(absl::StrCat("{\"aggregator\":", Json(r.address), ",\"status\":", Json(r.health), "}"));
+      } else {
+        std::cout << r.address << ": " << r.health << "\n";
+      }
+      continue;
+    }
+    const auto counters = Sorted(r.stats);
+    double workers = 0, rounds = 0, rejects = 0;
+    for (const auto& j : r.stats.jobs()) workers += j.members();
+    for (const auto& [name, value] : counters) {
+      if (name.rfind("dlcp_rounds_total{", 0) == 0) rounds += value;
+      if (name.rfind("dlcp_rejects_total{", 0) == 0) rejects += value;
     }
     if (json) {
-      std::string item = absl::StrCat("{\"aggregator\":\"", agg, "\",\"id\":\"", stats.aggregator_id(),
-                                      "\",\"uptime_ms\":", stats.uptime_ms(), ",\"jobs\":[");
-      for (int i = 0; i < stats.jobs_size(); ++i) {
-        const auto& j = stats.jobs(i);
-        absl::StrAppend(&item, i ? "," : "", "{\"job_id\":", j.job_id(), ",\"name\":\"", j.job_name(),
-                        "\",\"world_size\":", j.world_size(), ",\"members\":", j.members(),
-                        ",\"rounds_completed\":", j.rounds_completed(), ",\"rounds_in_flight\":", j.rounds_in_flight(),
-                        "}");
-      }
-      absl::StrAppend(&item, "],\"counters\":{");
-      bool first = true;
-      for (const auto& [name, value] : std::map<std::string, double>(stats.counters().begin(), stats.counters().end())) {
-        absl::StrAppend(&item, first ? "" : ",", "\"", name, "\":", value);
-        first = false;
-      }
-      absl::StrAppend(&item, "}}");
-      json_items.push_back(item);
+      std::string item = absl::StrCat("{\"aggregator\":", Json(r.address), ",\"id\":", Json(r.stats.aggregator_id()),
+                                      ",\"uptime_ms\":", r.stats.uptime_ms());
+      if (cmd != "stats") absl::StrAppend(&item, ",\"jobs\":", JobsJson(r.stats));
+      if (cmd != "jobs") absl::StrAppend(&item, ",\"counters\":", CountersJson(r.stats));
+      items.push_back(item + "}");
       continue;
     }
-    std::cout << agg << " (" << stats.aggregator_id() << "), up " << stats.uptime_ms() / 1000 << " s\n";
-    std::cout << absl::StrFormat("  %-24s %10s %7s %8s %12s %9s\n", "JOB", "ID", "WORLD", "MEMBERS", "ROUNDS", "IN-FLIGHT");
-    for (const auto& j : stats.jobs()) {
-      std::cout << absl::StrFormat("  %-24s %10u %7u %8u %12u %9u\n", j.job_name(), j.job_id(), j.world_size(),
-                                   j.members(), j.rounds_completed(), j.rounds_in_flight());
-    }
-    std::cout << "  counters:\n";
-    for (const auto& [name, value] : std::map<std::string, double>(stats.counters().begin(), stats.counters().end())) {
-      if (value != 0) std::cout << absl::StrFormat("    %-40s %.17g\n", name, value);
+    if (cmd == "status") {
+      std::cout << absl::StrFormat("%-22s %-22s %9d %5d %8.0f %10.0f %10.0f\n", r.address, r.stats.aggregator_id(),
+                                   r.stats.uptime_ms() / 1000, r.stats.jobs_size(), workers, rounds, rejects);
+    } else if (cmd == "jobs") {
+      for (const auto& j : r.stats.jobs()) {
+        std::cout << absl::StrFormat("%-22s %-24s %10u %6u %8u %10u %9u\n", r.address, j.job_name(), j.job_id(),
+                                     j.world_size(), j.members(), j.rounds_completed(), j.rounds_in_flight());
+      }
+    } else {
+      std::cout << r.address << " (" << r.stats.aggregator_id() << ")\n";
+      for (const auto& [name, value] : counters) {
+        if (value != 0) std::cout << absl::StrFormat("  %-58s %.17g\n", name, value);
+      }
     }
   }
   if (json) {
     std::cout << "[";
-    for (size_t i = 0; i < json_items.size(); ++i) std::cout << (i ? "," : "") << json_items[i];
+    for (size_t i = 0; i < items.size(); ++i) std::cout << (i ? "," : "") << items[i];
     std::cout << "]\n";
-  }
-  return failures == 0 ? 0 : 1;
-}
-
-// Asks each aggregator's grpc.health.v1 service; exit 0 only if all are SERVING.
-int Health(const dlcp::ConfigRegistry& config) {
-  int failures = 0;
-  for (absl::string_view agg : absl::StrSplit(config.GetString("aggregators"), ',', absl::SkipEmpty())) {
-    auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(std::string(agg), grpc::InsecureChannelCredentials()));
-    grpc::health::v1::HealthCheckRequest req;
-    grpc::health::v1::HealthCheckResponse resp;
-    grpc::Status st = dlcp::CallWithDeadline(
-        [&](grpc::ClientContext* ctx, const grpc::health::v1::HealthCheckRequest* rq,
-            grpc::health::v1::HealthCheckResponse* rs, auto cb) { stub->async()->Check(ctx, rq, rs, std::move(cb)); },
-        req, &resp, absl::Milliseconds(config.GetInt("timeout-ms")));
-    std::string state = st.ok() ? grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status())
-                                : absl::StrCat("UNREACHABLE (", st.error_message(), ")");
-    if (!st.ok() || resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) ++failures;
-    std::cout << agg << ": " << state << "\n";
   }
   return failures == 0 ? 0 : 1;
 }
@@ -99,7 +164,7 @@ int Health(const dlcp::ConfigRegistry& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dlcp::ConfigRegistry config("dlcpctl", "commands: status, health");
+  dlcp::ConfigRegistry config("dlcpctl", "commands: status (default), jobs, stats, health");
   config.AddString("aggregators", "127.0.0.1:7400", "aggregators to query, HOST:PORT[,HOST:PORT...]",
                    dlcp::ValidateHostPortList);
   config.AddString("output", "table", "table or json", [](const std::string& v) {
@@ -112,7 +177,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!s.ok()) {
-    std::cerr << s.message() << "\n";
+    std::cerr << "dlcpctl: " << s.message() << "\n";
     return 2;
   }
   if (config.dump_requested()) {
@@ -120,8 +185,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string cmd = config.positional().empty() ? "status" : config.positional()[0];
-  if (cmd == "status") return Status(config);
-  if (cmd == "health") return Health(config);
-  std::cerr << "dlcpctl: unknown command '" << cmd << "' (status|health)\n";
-  return 2;
+  if (cmd != "status" && cmd != "jobs" && cmd != "stats" && cmd != "health") {
+    std::cerr << "dlcpctl: unknown command '" << cmd << "' (status|jobs|stats|health)\n";
+    return 2;
+  }
+  return Run(cmd, config);
 }

@@ -47,30 +47,79 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   return out;
 }
 
-Counter* MetricsRegistry::GetCounter(const std::string& name) {
+std::string MetricsRegistry::Key(const std::string& name, const Labels& labels) {
+  if (labels.empty()) return name;
+  std::string out = name + "{";
+  bool first = true;
+  for (const auto& [k, v] : labels) {
+    out += (first ? "" : ",") + k + "=\"" + v + "\"";
+    first = false;
+  }
+  return out + "}";
+}
+
+void MetricsRegistry::Describe(const std::string& name, Kind kind, const std::string& help) {
+  auto [it, fresh] = meta_.try_emplace(name, Meta{help, kind});
+  if (!fresh && it->second.help.empty()) it->second.help = help;
+}
+
+Counter* MetricsRegistry::GetCounter(const std::string& name, const Labels& labels, const std::string& help) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto& slot = counters_[name];
+  Describe(name, Kind::kCounter, help);
+  auto& slot = counters_[{name, labels}];
   if (!slot) slot = std::make_unique<Counter>();
   return slot.get();
 }
 
-Histogram* MetricsRegistry::GetHistogram(const std::string& name, const std::vector<double>& bounds) {
+Histogram* MetricsRegistry::GetHistogram(const std::string& name, const std::vector<double>& bounds,
+                                         const std::string& help) {
   std::lock_guard<std::mutex> lock(mu_);
+  Describe(name, Kind::kHistogram, help);
   auto& slot = histograms_[name];
   if (!slot) slot = std::make_unique<Histogram>(bounds);
   return slot.get();
 }
 
-std::map<std::string, double> MetricsRegistry::Snapshot() const {
+void MetricsRegistry::AddComputed(const std::string& name, const Labels& labels, Kind kind, const std::string& help,
+                                  std::function<double()> value) {
   std::lock_guard<std::mutex> lock(mu_);
+  Describe(name, kind, help);
+  computed_[{name, labels}] = std::move(value);
+}
+
+std::map<std::string, double> MetricsRegistry::Snapshot() const {
   std::map<std::string, double> out;
-  for (const auto& [name, c] : counters_) out[name] = static_cast<double>(c->value());
-  for (const auto& [name, h] : histograms_) {
-    out[name + "_count"] = static_cast<double>(h->count());
-    out[name + "_sum"] = h->sum();
-    out[name + "_p50"] = h->Quantile(0.5);
-    out[name + "_p99"] = h->Quantile(0.99);
+  for (const Family& f : Collect()) {
+    for (const Sample& s : f.samples) {
+      if (s.histogram == nullptr) {
+        out[Key(f.name, s.labels)] = s.value;
+        continue;
+      }
+      out[f.name + "_count"] = static_cast<double>(s.histogram->count());
+      out[f.name + "_sum"] = s.histogram->sum();
+      out[f.name + "_p50"] = s.histogram->Quantile(0.5);
+      out[f.name + "_p99"] = s.histogram->Quantile(0.99);
+    }
   }
+  return out;
+}
+
+std::vector<MetricsRegistry::Family> MetricsRegistry::Collect() const {
+  std::map<std::string, Family> by_name;
+  std::vector<std::pair<std::pair<std::string, Labels>, std::function<double()>>> computed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, meta] : meta_) by_name[name] = Family{name, meta.help, meta.kind, {}};
+    for (const auto& [key, c] : counters_) {
+      by_name[key.first].samples.push_back({key.second, static_cast<double>(c->value()), nullptr});
+    }
+    for (const auto& [name, h] : histograms_) by_name[name].samples.push_back({{}, 0, h.get()});
+    computed.assign(computed_.begin(), computed_.end());
+  }
+  // Computed values are read outside the lock: they may take other locks of their own.
+  for (const auto& [key, fn] : computed) by_name[key.first].samples.push_back({key.second, fn(), nullptr});
+  std::vector<Family> out;
+  for (auto& [name, f] : by_name) out.push_back(std::move(f));
   return out;
 }
 

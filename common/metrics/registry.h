@@ -1,10 +1,12 @@
-// Process metrics: named counters and histograms. Get* may be called from any thread and returns a
-// pointer that stays valid for the registry's lifetime; hot paths look a metric up once and keep
-// the pointer. Updates are lock-free atomics.
+// Process metrics: named, labelled counters and histograms, plus computed metrics read at
+// collection time. Get* may be called from any thread and returns a pointer that stays valid for
+// the registry's lifetime; hot paths look a metric up once and keep the pointer. Updates are
+// lock-free atomics. Names follow Prometheus conventions (counters end in _total).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -12,6 +14,8 @@
 #include <vector>
 
 namespace dlcp {
+
+using Labels = std::map<std::string, std::string>;
 
 class Counter {
  public:
@@ -31,6 +35,7 @@ class Histogram {
   // Upper bound of the bucket holding quantile q; an estimate, like Prometheus' histogram_quantile.
   double Quantile(double q) const;
   const std::vector<double>& bounds() const { return bounds_; }
+  // Per bucket (not cumulative), the last one for values above every bound.
   std::vector<uint64_t> BucketCounts() const;
 
  private:
@@ -45,15 +50,46 @@ std::vector<double> ExponentialBuckets(double start, double factor, int count);
 
 class MetricsRegistry {
  public:
-  Counter* GetCounter(const std::string& name);
-  Histogram* GetHistogram(const std::string& name, const std::vector<double>& bounds);
-  // Counters by name; histograms as name_count, name_sum, name_p50 and name_p99.
+  enum class Kind { kCounter, kGauge, kHistogram };
+
+  Counter* GetCounter(const std::string& name, const Labels& labels = {}, const std::string& help = "");
+  Histogram* GetHistogram(const std::string& name, const std::vector<double>& bounds, const std::string& help = "");
+  // A metric whose value is computed when collected (e.g. live jobs, transport counters).
+  void AddComputed(const std::string& name, const Labels& labels, Kind kind, const std::string& help,
+                   std::function<double()> value);
+
+  // Flat view for GetStats and dlcpctl: `name{label="v",...}` -> value; histograms as
+  // name_count, name_sum, name_p50 and name_p99.
   std::map<std::string, double> Snapshot() const;
 
+  // Structured view for exporters, grouped by metric name.
+  struct Sample {
+    Labels labels;
+    double value = 0;
+    const Histogram* histogram = nullptr;
+  };
+  struct Family {
+    std::string name;
+    std::string help;
+    Kind kind = Kind::kCounter;
+    std::vector<Sample> samples;
+  };
+  std::vector<Family> Collect() const;
+
+  static std::string Key(const std::string& name, const Labels& labels);
+
  private:
+  struct Meta {
+    std::string help;
+    Kind kind;
+  };
+  void Describe(const std::string& name, Kind kind, const std::string& help);
+
   mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Counter>> counters_;
+  std::map<std::string, Meta> meta_;
+  std::map<std::pair<std::string, Labels>, std::unique_ptr<Counter>> counters_;
   std::map<std::string, std::unique_ptr<Histogram>> histograms_;
+  std::map<std::pair<std::string, Labels>, std::function<double()>> computed_;
 };
 
 }  // namespace dlcp

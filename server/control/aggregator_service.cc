@@ -28,7 +28,7 @@ AggregatorService::AggregatorService(std::string aggregator_id, std::string adve
       data_(data),
       metrics_(metrics),
       started_(absl::Now()),
-      bad_requests_(metrics->GetCounter("dlcp_control_rejected_requests")) {}
+      bad_requests_(metrics->GetCounter("dlcp_control_rejected_requests_total", {}, "Control RPCs refused")) {}
 
 void AggregatorService::FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const {
   for (const Address& a : data_->endpoints()) {
@@ -123,9 +123,7 @@ grpc::ServerUnaryReactor* AggregatorService::GetStats(grpc::CallbackServerContex
     js->set_rounds_completed(job->rounds_completed.load());
     js->set_rounds_in_flight(job->rounds_in_flight.load());
   }
-  std::map<std::string, double> snapshot = metrics_->Snapshot();
-  data_->AddTransportCounters(&snapshot);
-  for (const auto& [name, value] : snapshot) (*resp->mutable_counters())[name] = value;
+  for (const auto& [name, value] : metrics_->Snapshot()) (*resp->mutable_counters())[name] = value;
   DLCP_UNARY(ctx, absl::OkStatus());
 }
 

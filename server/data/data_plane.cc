@@ -21,6 +21,26 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
     }
     plane->threads_.push_back(std::make_unique<DataThread>(i, std::move(*transport), options, jobs, metrics));
   }
+  DataPlane* raw_plane = plane.get();
+  auto transport_sum = [raw_plane](std::atomic<uint64_t> TransportCounters::*field) {
+    return [raw_plane, field] {
+      double total = 0;
+      for (const auto& t : raw_plane->threads_) total += (t->transport()->counters().*field).load();
+      return total;
+    };
+  };
+  using K = MetricsRegistry::Kind;
+  metrics->AddComputed("dlcp_transport_packets_total", {{"direction", "rx"}}, K::kCounter,
+                       "Datagrams the data sockets moved, valid or not", transport_sum(&TransportCounters::recv_packets));
+  metrics->AddComputed("dlcp_transport_packets_total", {{"direction", "tx"}}, K::kCounter,
+                       "Datagrams the data sockets moved, valid or not", transport_sum(&TransportCounters::sent_packets));
+  metrics->AddComputed("dlcp_transport_bytes_total", {{"direction", "rx"}}, K::kCounter,
+                       "Bytes the data sockets moved", transport_sum(&TransportCounters::recv_bytes));
+  metrics->AddComputed("dlcp_transport_bytes_total", {{"direction", "tx"}}, K::kCounter,
+                       "Bytes the data sockets moved", transport_sum(&TransportCounters::sent_bytes));
+  metrics->AddComputed("dlcp_transport_dropped_total", {}, K::kCounter,
+                       "Datagrams the transport knew it lost (truncated, unreachable peer)",
+                       transport_sum(&TransportCounters::dropped));
   for (auto& t : plane->threads_) plane->running_.emplace_back([raw = t.get()] { raw->Run(); });
   return plane;
 }
@@ -31,21 +51,6 @@ std::vector<Address> DataPlane::endpoints() const {
   std::vector<Address> out;
   for (const auto& t : threads_) out.push_back(t->transport()->local_address());
   return out;
-}
-
-void DataPlane::AddTransportCounters(std::map<std::string, double>* out) const {
-  double v[4] = {0, 0, 0, 0};
-  for (const auto& t : threads_) {
-    const TransportCounters& c = t->transport()->counters();
-    v[0] += c.recv_packets.load();
-    v[1] += c.recv_bytes.load();
-    v[2] += c.sent_packets.load();
-    v[3] += c.sent_bytes.load();
-  }
-  (*out)["dlcp_transport_recv_packets"] = v[0];
-  (*out)["dlcp_transport_recv_bytes"] = v[1];
-  (*out)["dlcp_transport_sent_packets"] = v[2];
-  (*out)["dlcp_transport_sent_bytes"] = v[3];
 }
 
 void DataPlane::Stop() {

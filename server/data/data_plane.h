@@ -32,14 +32,13 @@ class DataThread;
 
 class DataPlane {
  public:
+  // Also registers the transports' counters in `metrics`, which must outlive the plane's use.
   static absl::StatusOr<std::unique_ptr<DataPlane>> Create(const DataPlaneOptions& options, JobRegistry* jobs,
                                                            MetricsRegistry* metrics);
   ~DataPlane();
 
   // One per data thread; clients spread chunks over them.
   std::vector<Address> endpoints() const;
-  // Adds the transports' packet and byte counters to a metrics snapshot.
-  void AddTransportCounters(std::map<std::string, double>* out) const;
   // Stops and joins the threads. Idempotent.
   void Stop();
 

@@ -24,25 +24,37 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
       pool_(kMaxCachedBlockBytes),
       rng_(options.inject_seed + index),
       last_scan_(absl::Now()) {
-  rx_push_ = metrics->GetCounter("dlcp_rx_push_packets");
-  rx_result_req_ = metrics->GetCounter("dlcp_rx_result_req_packets");
-  tx_result_ = metrics->GetCounter("dlcp_tx_result_packets");
-  tx_result_resent_ = metrics->GetCounter("dlcp_tx_result_resent_packets");
-  tx_push_nack_ = metrics->GetCounter("dlcp_tx_push_nack_packets");
-  tx_probe_ = metrics->GetCounter("dlcp_tx_probe_packets");
-  tx_error_ = metrics->GetCounter("dlcp_tx_error_packets");
-  push_duplicate_ = metrics->GetCounter("dlcp_push_duplicates");
-  stale_ = metrics->GetCounter("dlcp_stale_packets");
-  inject_dropped_ = metrics->GetCounter("dlcp_inject_dropped_packets");
-  rounds_completed_ = metrics->GetCounter("dlcp_rounds_completed");
-  rounds_expired_ = metrics->GetCounter("dlcp_rounds_expired");
-  rounds_aborted_ = metrics->GetCounter("dlcp_rounds_aborted");
-  send_errors_ = metrics->GetCounter("dlcp_send_errors");
-  for (size_t i = 1; i < static_cast<size_t>(wire::Reject::kCount); ++i) {
-    rejects_[i] = metrics->GetCounter(absl::StrCat("dlcp_rejects_", wire::RejectName(static_cast<wire::Reject>(i))));
+  static const char* kTypeNames[] = {"", "push", "result", "push_nack", "result_req", "probe", "error"};
+  static_assert(sizeof(kTypeNames) / sizeof(kTypeNames[0]) == wire::kMaxMsgType + 1);
+  for (uint8_t c = 0; c < wire::kNumClasses; ++c) {
+    const std::string cls = absl::StrCat(c);
+    for (uint8_t t = 1; t <= wire::kMaxMsgType; ++t) {
+      rx_packets_[t][c] = metrics->GetCounter("dlcp_rx_packets_total", {{"type", kTypeNames[t]}, {"class", cls}},
+                                              "Valid data-plane packets received, by message type and class");
+      tx_packets_[t][c] = metrics->GetCounter("dlcp_tx_packets_total", {{"type", kTypeNames[t]}, {"class", cls}},
+                                              "Data-plane packets sent, by message type and class");
+    }
+    rx_bytes_[c] = metrics->GetCounter("dlcp_rx_bytes_total", {{"class", cls}}, "Bytes of valid packets received");
+    tx_bytes_[c] = metrics->GetCounter("dlcp_tx_bytes_total", {{"class", cls}}, "Bytes of packets sent");
   }
-  rejects_[0] = nullptr;
-  round_ms_ = metrics->GetHistogram("dlcp_round_ms", ExponentialBuckets(0.125, 2, 20));
+  const std::string repairs_help = "Repair actions: NACKs and probes sent, results sent again on request";
+  push_nacks_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "push_nack"}}, repairs_help);
+  probes_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "probe"}}, repairs_help);
+  results_resent_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "result_resent"}}, repairs_help);
+  push_duplicate_ = metrics->GetCounter("dlcp_push_duplicates_total", {}, "Pushes already summed, ignored");
+  stale_ = metrics->GetCounter("dlcp_stale_packets_total", {}, "Packets for rounds already delivered and released");
+  inject_dropped_ = metrics->GetCounter("dlcp_inject_dropped_total", {}, "Packets discarded by --inject-drop");
+  const std::string rounds_help = "Rounds released, by outcome";
+  rounds_completed_ = metrics->GetCounter("dlcp_rounds_total", {{"outcome", "completed"}}, rounds_help);
+  rounds_expired_ = metrics->GetCounter("dlcp_rounds_total", {{"outcome", "expired"}}, rounds_help);
+  rounds_aborted_ = metrics->GetCounter("dlcp_rounds_total", {{"outcome", "aborted"}}, rounds_help);
+  send_errors_ = metrics->GetCounter("dlcp_send_errors_total", {}, "Failed sends on the data plane");
+  for (size_t i = 1; i < static_cast<size_t>(wire::Reject::kCount); ++i) {
+    rejects_[i] = metrics->GetCounter("dlcp_rejects_total", {{"reason", wire::RejectName(static_cast<wire::Reject>(i))}},
+                                      "Invalid packets dropped, by reason");
+  }
+  round_ms_ = metrics->GetHistogram("dlcp_round_duration_ms", ExponentialBuckets(0.125, 2, 20),
+                                   "Time from a round's first push to its last contribution, per data thread");
 }
 
 void DataThread::Stop() {
@@ -90,9 +102,10 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   const wire::ChunkGeometry g{h.tensor_elems, job->chunk_bytes / 4};
   if (h.tensor_elems == 0 || h.chunk_count != g.chunk_count()) return Reject(wire::Reject::kShapeMismatch);
   const uint8_t* payload = m.data + wire::kHeaderSize;
+  if (h.type == wire::MsgType::kPush && h.payload_len != g.bytes(h.chunk)) return Reject(wire::Reject::kShapeMismatch);
+  rx_packets_[static_cast<uint8_t>(h.type)][h.priority]->Add();
+  rx_bytes_[h.priority]->Add(m.len);
   if (h.type == wire::MsgType::kPush) {
-    if (h.payload_len != g.bytes(h.chunk)) return Reject(wire::Reject::kShapeMismatch);
-    rx_push_->Add();
     if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
     // A push for round r says this worker has every result of round r - 1.
     if (h.round > 0) {
@@ -102,8 +115,6 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
         MaybeFree(prev);
       }
     }
-  } else {
-    rx_result_req_->Add();
   }
   Round* round = RoundFor(h, job, now);
   if (round == nullptr) return;
@@ -189,7 +200,7 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
       if (round->IsComplete(c)) {
-        tx_result_resent_->Add();
+        results_resent_->Add();
         SendResult(*round, c, h.rank, h.priority);
       } else if (!round->Has(h.rank, c)) {
         nack.push_back(c);
@@ -202,7 +213,6 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
 void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
-  tx_result_->Add();
   if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
   wire::Header h;
   h.type = wire::MsgType::kResult;
@@ -217,7 +227,7 @@ void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8
   h.contributors = r.contributors(chunk);
   h.epoch = r.job()->epoch;
   h.payload_len = r.geometry().bytes(chunk);
-  Check(outbox_.Add(m.address(), h, reinterpret_cast<const uint8_t*>(r.Result(chunk))));
+  Send(m.address(), h, reinterpret_cast<const uint8_t*>(r.Result(chunk)));
 }
 
 void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks) {
@@ -237,8 +247,8 @@ void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, c
     h.rank = static_cast<uint16_t>(rank);
     h.epoch = r.job()->epoch;
     h.payload_len = static_cast<uint32_t>(p.size());
-    (type == wire::MsgType::kPushNack ? tx_push_nack_ : tx_probe_)->Add();
-    Check(outbox_.AddOwned(m.address(), h, std::move(p)));
+    (type == wire::MsgType::kPushNack ? push_nacks_ : probes_)->Add();
+    SendOwned(m.address(), h, std::move(p));
   }
 }
 
@@ -259,8 +269,22 @@ void DataThread::SendError(const wire::Header& req, const Address& to, absl::Sta
   text.push_back(static_cast<char>(code));
   text.append(reason, 0, std::min<size_t>(reason.size(), 1024));
   h.payload_len = static_cast<uint32_t>(text.size());
-  tx_error_->Add();
-  Check(outbox_.AddOwned(to, h, std::vector<uint8_t>(text.begin(), text.end())));
+  SendOwned(to, h, std::vector<uint8_t>(text.begin(), text.end()));
+}
+
+void DataThread::CountTx(const wire::Header& h) {
+  tx_packets_[static_cast<uint8_t>(h.type)][h.priority]->Add();
+  tx_bytes_[h.priority]->Add(wire::kHeaderSize + h.payload_len);
+}
+
+void DataThread::Send(const Address& to, const wire::Header& h, const uint8_t* payload) {
+  CountTx(h);
+  Check(outbox_.Add(to, h, payload));
+}
+
+void DataThread::SendOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload) {
+  CountTx(h);
+  Check(outbox_.AddOwned(to, h, std::move(payload)));
 }
 
 void DataThread::MaybeFree(RoundMap::iterator it) {

@@ -53,6 +53,10 @@ class DataThread {
   void SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks);
   // Payload: one byte of absl::StatusCode, then the reason in UTF-8.
   void SendError(const wire::Header& h, const Address& to, absl::StatusCode code, const std::string& reason);
+  // Queues one datagram and counts it by type and class.
+  void Send(const Address& to, const wire::Header& h, const uint8_t* payload);
+  void SendOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload);
+  void CountTx(const wire::Header& h);
   void MaybeFree(RoundMap::iterator it);
   void ScanTimers(absl::Time now);
   void Reject(wire::Reject reason);
@@ -74,13 +78,14 @@ class DataThread {
   std::uniform_real_distribution<double> uniform_{0.0, 1.0};
   absl::Time last_scan_;
 
-  Counter* rx_push_;
-  Counter* rx_result_req_;
-  Counter* tx_result_;
-  Counter* tx_result_resent_;
-  Counter* tx_push_nack_;
-  Counter* tx_probe_;
-  Counter* tx_error_;
+  // Per message type (index: wire::MsgType value) and priority class.
+  Counter* rx_packets_[wire::kMaxMsgType + 1][wire::kNumClasses] = {};
+  Counter* tx_packets_[wire::kMaxMsgType + 1][wire::kNumClasses] = {};
+  Counter* rx_bytes_[wire::kNumClasses] = {};
+  Counter* tx_bytes_[wire::kNumClasses] = {};
+  Counter* results_resent_;
+  Counter* push_nacks_;
+  Counter* probes_;
   Counter* push_duplicate_;
   Counter* stale_;
   Counter* inject_dropped_;
@@ -88,7 +93,7 @@ class DataThread {
   Counter* rounds_expired_;
   Counter* rounds_aborted_;
   Counter* send_errors_;
-  Counter* rejects_[static_cast<size_t>(wire::Reject::kCount)];
+  Counter* rejects_[static_cast<size_t>(wire::Reject::kCount)] = {};
   Histogram* round_ms_;
 };
 

@@ -29,6 +29,7 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   });
   c->AddString("advertise-host", "", "host clients should send data to; empty means the host they dialled");
   c->AddString("id", "", "aggregator id reported in stats; empty means host:port");
+  c->AddInt("metrics-port", -1, -1, 65535, "Prometheus /metrics port on --host; -1 disables it, 0 picks a free one");
   c->AddString("ready-file", "", "write {\"control_port\":..,\"data_ports\":[..]} here once serving");
   c->AddInt("tick-ms", 5, 1, 1000, "data thread timer tick, also the longest receive wait");
   c->AddInt("repair-timeout-ms", 20, 1, 60000, "silence on a round before missing chunks are NACKed");
@@ -63,6 +64,7 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.control_port = static_cast<uint16_t>(c.GetInt("port"));
   o.advertise_host = c.GetString("advertise-host");
   o.ready_file = c.GetString("ready-file");
+  o.metrics_port = static_cast<int>(c.GetInt("metrics-port"));
   o.aggregator_id = c.GetString("id");
   o.data.transport.kind = TransportOptions::Kind::kUdp;
   o.data.transport.bind_host = o.host;

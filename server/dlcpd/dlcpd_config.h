@@ -18,6 +18,7 @@ struct DlcpdOptions {
   std::string advertise_host;
   std::string aggregator_id;
   std::string ready_file;
+  int metrics_port = -1;  // -1: off
   absl::Duration job_idle_timeout;
   DataPlaneOptions data;
   JobLimits limits;

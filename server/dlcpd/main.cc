@@ -16,17 +16,20 @@
 #include "common/base/log.h"
 #include "server/control/aggregator_service.h"
 #include "server/dlcpd/dlcpd_config.h"
+#include "server/metrics/prometheus_exporter.h"
 
 namespace dlcp::server {
 namespace {
 
-absl::Status WriteReadyFile(const std::string& path, int control_port, const std::vector<Address>& data) {
+absl::Status WriteReadyFile(const std::string& path, int control_port, int metrics_port,
+                            const std::vector<Address>& data) {
   std::vector<int> ports;
   for (const Address& a : data) ports.push_back(a.port);
   std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
-    f << "{\"control_port\":" << control_port << ",\"data_ports\":[" << absl::StrJoin(ports, ",") << "]}\n";
+    f << "{\"control_port\":" << control_port << ",\"metrics_port\":" << metrics_port << ",\"data_ports\":["
+      << absl::StrJoin(ports, ",") << "]}\n";
     if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("cannot rename to ", path));
@@ -69,6 +72,7 @@ int Main(int argc, char** argv) {
 
   MetricsRegistry metrics;
   JobRegistry jobs(opts->limits);
+  jobs.ExportMetrics(&metrics);
   absl::StatusOr<std::unique_ptr<DataPlane>> data = DataPlane::Create(opts->data, &jobs, &metrics);
   if (!data.ok()) {
     std::cerr << "dlcpd: cannot start the data plane: " << data.status().message() << "\n";
@@ -88,13 +92,27 @@ int Main(int argc, char** argv) {
     (*data)->Stop();
     return 1;
   }
+  std::unique_ptr<PrometheusExporter> exporter;
+  if (opts->metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<PrometheusExporter>> e =
+        PrometheusExporter::Start(opts->host, static_cast<uint16_t>(opts->metrics_port), &metrics);
+    if (!e.ok()) {
+      std::cerr << "dlcpd: cannot serve metrics: " << e.status().message() << "\n";
+      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      (*data)->Stop();
+      return 1;
+    }
+    exporter = std::move(*e);
+    DLCP_LOG(Info) << "Prometheus metrics on http://" << opts->host << ":" << exporter->port() << "/metrics";
+  }
   if (opts->aggregator_id.empty()) service.set_aggregator_id(absl::StrCat(opts->host, ":", control_port));
   std::vector<std::string> ports;
   for (const Address& a : (*data)->endpoints()) ports.push_back(absl::StrCat(a.port));
   DLCP_LOG(Info) << "dlcpd " << DLCP_VERSION << " serving control " << opts->host << ":" << control_port
                  << ", data UDP ports " << absl::StrJoin(ports, ",");
   if (!opts->ready_file.empty()) {
-    if (absl::Status s = WriteReadyFile(opts->ready_file, control_port, (*data)->endpoints()); !s.ok()) {
+    if (absl::Status s = WriteReadyFile(opts->ready_file, control_port, exporter ? exporter->port() : -1,
+                                    (*data)->endpoints()); !s.ok()) {
       DLCP_LOG(Error) << s;
     }
   }
@@ -111,6 +129,7 @@ int Main(int argc, char** argv) {
     }
   }
   DLCP_LOG(Info) << "signal " << sig << ": shutting down";
+  exporter.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*data)->Stop();
   return 0;

@@ -124,6 +124,23 @@ std::shared_ptr<Job> JobRegistry::Find(uint32_t job_id) const {
   return it == jobs_.end() ? nullptr : it->second;
 }
 
+void JobRegistry::ExportMetrics(MetricsRegistry* metrics) {
+  using K = MetricsRegistry::Kind;
+  metrics->AddComputed("dlcp_jobs", {}, K::kGauge, "Jobs this aggregator serves", [this] {
+    return static_cast<double>(List().size());
+  });
+  metrics->AddComputed("dlcp_workers", {}, K::kGauge, "Joined workers, over all jobs", [this] {
+    double n = 0;
+    for (const auto& j : List()) n += j->member_count.load();
+    return n;
+  });
+  metrics->AddComputed("dlcp_rounds_in_flight", {}, K::kGauge, "Open rounds, over all jobs and data threads", [this] {
+    double n = 0;
+    for (const auto& j : List()) n += j->rounds_in_flight.load();
+    return n;
+  });
+}
+
 std::vector<std::shared_ptr<Job>> JobRegistry::List() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   std::vector<std::shared_ptr<Job>> out;

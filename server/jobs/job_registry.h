@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics/registry.h"
 #include "common/transport/address.h"
 
 namespace dlcp::server {
@@ -81,6 +82,9 @@ class JobRegistry {
 
   std::shared_ptr<Job> Find(uint32_t job_id) const;
   std::vector<std::shared_ptr<Job>> List() const;
+
+  // Registers dlcp_jobs, dlcp_workers and dlcp_rounds_in_flight, read live at collection.
+  void ExportMetrics(MetricsRegistry* metrics);
 
  private:
   JobLimits limits_;

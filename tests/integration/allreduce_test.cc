@@ -101,8 +101,8 @@ TEST_P(AllReduceTest, SumsAreExact) {
   for (int r = 0; r < c.workers; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
   double completed = 0, dropped = 0;
   for (auto& a : aggs) {
-    completed += a->Counter("dlcp_rounds_completed");
-    dropped += a->Counter("dlcp_inject_dropped_packets");
+    completed += a->Counter("dlcp_rounds_total{outcome=\"completed\"}");
+    dropped += a->Counter("dlcp_inject_dropped_total");
   }
   if (c.drop > 0 && c.elems > 10000) {
     EXPECT_GT(dropped, 0) << "drop injection did not fire";

@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
@@ -38,13 +41,21 @@ TEST_P(BinariesTest, DlcpBenchIsExact) {
   EXPECT_NE(r.out.find("\"exact\":true"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("results exact: yes"), std::string::npos) << r.out;
 
-  ProcessResult ctl = RunProcess({DLCPCTL_PATH, "status", absl::StrCat("--aggregators=", absl::StrJoin(controls, ",")),
-                                  "--output=json"},
-                                 absl::Seconds(10));
+  const std::string aggs = absl::StrCat("--aggregators=", absl::StrJoin(controls, ","));
+  ProcessResult ctl = RunProcess({DLCPCTL_PATH, "stats", aggs, "--output=json"}, absl::Seconds(10));
   EXPECT_EQ(ctl.exit_code, 0) << ctl.out;
-  EXPECT_NE(ctl.out.find("\"dlcp_rounds_completed\""), std::string::npos) << ctl.out;
-  ProcessResult health =
-      RunProcess({DLCPCTL_PATH, "health", absl::StrCat("--aggregators=", absl::StrJoin(controls, ","))}, absl::Seconds(10));
+  EXPECT_NE(ctl.out.find("dlcp_rounds_total{outcome=\\\"completed\\\"}"), std::string::npos) << ctl.out;
+  ProcessResult parsed = RunProcess({"/usr/bin/python3", "-c", "import json,sys; json.loads(sys.argv[1])", ctl.out},
+                                    absl::Seconds(10));
+  EXPECT_EQ(parsed.exit_code, 0) << "dlcpctl --output=json is not JSON: " << parsed.out;
+  // The job has left by now (dlcp-bench closes its clients), so no jobs remain to list.
+  ProcessResult jobs = RunProcess({DLCPCTL_PATH, "jobs", aggs}, absl::Seconds(10));
+  EXPECT_EQ(jobs.exit_code, 0) << jobs.out;
+  EXPECT_NE(jobs.out.find("IN_FLIGHT"), std::string::npos) << jobs.out;
+  ProcessResult status = RunProcess({DLCPCTL_PATH, "status", aggs}, absl::Seconds(10));
+  EXPECT_EQ(status.exit_code, 0) << status.out;
+  EXPECT_NE(status.out.find(controls[0]), std::string::npos) << status.out;
+  ProcessResult health = RunProcess({DLCPCTL_PATH, "health", aggs}, absl::Seconds(10));
   EXPECT_EQ(health.exit_code, 0) << health.out;
   EXPECT_NE(health.out.find(": SERVING"), std::string::npos) << health.out;
   for (auto& d : daemons) EXPECT_EQ(d->Stop(absl::Seconds(5)), 0) << "dlcpd did not exit cleanly on SIGTERM";
@@ -99,6 +110,68 @@ TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {
   r = RunProcess({DLCPCTL_PATH, "health", "--aggregators=127.0.0.1:1", "--timeout-ms=500"}, absl::Seconds(10));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("UNREACHABLE"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace dlcp::testing
+
+namespace dlcp::testing {
+namespace {
+
+// Sum of every sample of a metric whose name and labels start with `prefix` in a scrape.
+double Scraped(const std::string& body, const std::string& prefix) {
+  double total = 0;
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (line.empty() || line[0] == '#' || !absl::StartsWith(line, prefix)) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) total += v;
+  }
+  return total;
+}
+
+double JsonField(const std::string& out, const std::string& key) {
+  size_t at = out.rfind("\"" + key + "\":");
+  double v = -1;
+  if (at != std::string::npos) {
+    std::string rest = out.substr(at + key.size() + 3);
+    absl::SimpleAtod(rest.substr(0, rest.find_first_of(",}")), &v);
+  }
+  return v;
+}
+
+// The Prometheus endpoint after a job must agree exactly with what the job itself did.
+TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
+  auto d = Daemon::Start(DLCPD_PATH, {"--metrics-port=0"});
+  ASSERT_NE(d, nullptr);
+  ASSERT_GT(d->metrics_port(), 0);
+  const int workers = 3, rounds = 6, warmup = 1, tensor_bytes = 100000, chunk = 8192;
+  ProcessResult r = RunProcess({DLCP_BENCH_PATH, "--aggregators=" + d->control(), absl::StrCat("--workers=", workers),
+                                absl::StrCat("--rounds=", rounds), absl::StrCat("--warmup=", warmup),
+                                absl::StrCat("--tensor-bytes=", tensor_bytes), "--json", "--timeout-s=60"},
+                               absl::Seconds(70));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string body = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
+  ASSERT_FALSE(body.empty());
+  EXPECT_NE(body.find("# TYPE dlcp_round_duration_ms histogram"), std::string::npos) << body;
+
+  // Each round all-reduces the tensor and a one-element barrier.
+  const double tensor_rounds = rounds + warmup;
+  const double chunks = (tensor_bytes + chunk - 1) / chunk + 1;
+  const double retransmits = JsonField(r.out, "retransmits");
+  ASSERT_GE(retransmits, 0) << r.out;
+  EXPECT_EQ(Scraped(body, "dlcp_rounds_total{outcome=\"completed\"}"), 2 * tensor_rounds);
+  EXPECT_EQ(Scraped(body, "dlcp_round_duration_ms_count"), 2 * tensor_rounds);
+  EXPECT_EQ(Scraped(body, "dlcp_rx_packets_total{class=\"1\",type=\"push\"}"),
+            workers * tensor_rounds * chunks + retransmits);
+  EXPECT_GE(Scraped(body, "dlcp_tx_packets_total{class=\"1\",type=\"result\"}"), workers * tensor_rounds * chunks);
+  EXPECT_EQ(Scraped(body, "dlcp_tx_packets_total{class=\"1\",type=\"result\"}") -
+                Scraped(body, "dlcp_repairs_total{kind=\"result_resent\"}"),
+            workers * tensor_rounds * chunks);
+  EXPECT_EQ(Scraped(body, "dlcp_rejects_total"), 0);
+  EXPECT_EQ(Scraped(body, "dlcp_workers "), 0);  // the job left
+  EXPECT_EQ(Scraped(body, "dlcp_jobs "), 0);
+  EXPECT_GE(Scraped(body, "dlcp_transport_packets_total{direction=\"rx\"}"),
+            Scraped(body, "dlcp_rx_packets_total"));
 }
 
 }  // namespace

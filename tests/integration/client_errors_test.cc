@@ -176,8 +176,8 @@ TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
   flood.join();
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
-  EXPECT_GT(agg->Counter("dlcp_rejects_unknown_job"), 0);
-  EXPECT_GT(agg->Counter("dlcp_rejects_bad_magic") + agg->Counter("dlcp_rejects_truncated"), 0);
+  EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"unknown_job\"}"), 0);
+  EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"bad_magic\"}") + agg->Counter("dlcp_rejects_total{reason=\"truncated\"}"), 0);
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include "tests/integration/process_harness.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -90,9 +93,11 @@ std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vect
     ss << f.rdbuf();
     std::string text = ss.str();
     size_t at = text.find("\"control_port\":");
-    if (at != std::string::npos) {
+    size_t mat = text.find("\"metrics_port\":");
+    if (at != std::string::npos && mat != std::string::npos) {
       std::string num = text.substr(at + 15, text.find(',', at) - at - 15);
-      if (absl::SimpleAtoi(num, &d->control_port_)) return d;
+      std::string mnum = text.substr(mat + 15, text.find(',', mat) - mat - 15);
+      if (absl::SimpleAtoi(num, &d->control_port_) && absl::SimpleAtoi(mnum, &d->metrics_port_)) return d;
     }
     int status;
     if (waitpid(d->pid_, &status, WNOHANG) == d->pid_) {
@@ -119,6 +124,30 @@ int Daemon::Stop(absl::Duration timeout) {
   int code = WaitOrKill(pid_, absl::Now() + timeout);
   pid_ = -1;
   return code;
+}
+
+std::string HttpGet(int port, const std::string& path, absl::Duration timeout) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  timeval tv{static_cast<time_t>(absl::ToInt64Seconds(timeout)), 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(0x7f000001);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+    std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[8192];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
+    }
+  }
+  close(fd);
+  size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
 std::string Daemon::control() const { return absl::StrCat("127.0.0.1:", control_port_); }

@@ -18,6 +18,9 @@ struct ProcessResult {
 // Runs argv to completion, or kills it at the timeout.
 ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration timeout);
 
+// GET http://127.0.0.1:port/path; the body, or empty on any failure (bounded by `timeout`).
+std::string HttpGet(int port, const std::string& path, absl::Duration timeout);
+
 // A dlcpd on ephemeral ports, stopped (SIGTERM, then SIGKILL) when destroyed.
 class Daemon {
  public:
@@ -25,6 +28,7 @@ class Daemon {
   static std::unique_ptr<Daemon> Start(const std::string& binary, const std::vector<std::string>& flags);
   ~Daemon();
   std::string control() const;
+  int metrics_port() const { return metrics_port_; }  // -1 unless started with --metrics-port
   int pid() const { return pid_; }
   // Sends SIGTERM and waits up to `timeout`; returns the exit code, or -1 if it had to be killed.
   int Stop(absl::Duration timeout);
@@ -32,6 +36,7 @@ class Daemon {
  private:
   int pid_ = -1;
   int control_port_ = 0;
+  int metrics_port_ = -1;
   std::string dir_;
 };
 

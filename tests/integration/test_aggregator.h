@@ -28,6 +28,7 @@ class TestAggregator {
   static std::unique_ptr<TestAggregator> Start(const TestAggregatorOptions& o) {
     auto a = std::unique_ptr<TestAggregator>(new TestAggregator());
     a->jobs_ = std::make_unique<server::JobRegistry>(o.limits);
+    a->jobs_->ExportMetrics(&a->metrics_);
     server::DataPlaneOptions d;
     d.transport.kind = o.kind;
     d.transport.bind_host = "127.0.0.1";
