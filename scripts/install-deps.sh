@@ -12,6 +12,11 @@ PACKAGES=(
   python3
 )
 
+# The manifest tests need Node.js and npm; a machine that ships its own node keeps it.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  PACKAGES+=(nodejs npm)
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_split.h"
 #include "client/client.h"
+#include "common/base/build_config.h"
 
 struct dlcp_client {
   std::unique_ptr<dlcp::Client> client;
@@ -26,6 +27,8 @@ int Fail(const absl::Status& s, char* err, size_t err_len) {
 }  // namespace
 
 extern "C" {
+
+const char* dlcp_version(void) { return DLCP_VERSION; }
 
 int dlcp_connect(const dlcp_options* o, dlcp_client** out, char* err, size_t err_len) {
   if (o == nullptr || out == nullptr || o->aggregators == nullptr || o->job_name == nullptr) {

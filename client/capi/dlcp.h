@@ -31,6 +31,9 @@ typedef struct {
   uint32_t min_contributors;
 } dlcp_round_stats;
 
+/* The library's version, e.g. "0.1.0". */
+const char* dlcp_version(void);
+
 int dlcp_connect(const dlcp_options* options, dlcp_client** out, char* err, size_t err_len);
 /* Starts an in-place sum of data[0..n) over the job; data must stay valid until dlcp_op_wait. */
 int dlcp_allreduce_start(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_op** out, char* err, size_t err_len);

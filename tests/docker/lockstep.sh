@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# No container engine runs here, so the image is checked by what it is made of:
+#  - its build stage runs scripts/install-deps.sh (so build dependencies cannot drift);
+#  - every shared library the shipped binaries load comes from a package in
+#    deploy/docker/runtime-packages.txt, or from the base image (libc6, libgcc-s1, libstdc++6);
+#  - every listed package exists in Debian 12 and is needed by some binary;
+#  - both stages use the same pinned base image, and the runtime user is not root.
+# Usage: tests/docker/lockstep.sh BUILD_DIR
+set -euo pipefail
+BUILD=$1
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+DOCKERFILE="$ROOT/deploy/docker/Dockerfile"
+LIST="$ROOT/deploy/docker/runtime-packages.txt"
+fail() { echo "lockstep: $*"; exit 1; }
+
+grep -q '^RUN bash scripts/install-deps.sh' "$DOCKERFILE" || fail "build stage does not run scripts/install-deps.sh"
+mapfile -t bases < <(grep -E '^FROM ' "$DOCKERFILE" | awk '{print $2}' | sort -u)
+[ ${#bases[@]} -eq 1 ] || fail "stages use different base images: ${bases[*]}"
+[[ "${bases[0]}" == *:* && "${bases[0]}" != *:latest ]] || fail "base image ${bases[0]} is not pinned"
+grep -qE '^USER [1-9][0-9]*(:[0-9]+)?$' "$DOCKERFILE" || fail "runtime USER is root or missing"
+for f in dlcpd dlcpctl libdlcp.so; do grep -q "$f" "$DOCKERFILE" || fail "image does not ship $f"; done
+
+listed=$(grep -v '^#' "$LIST" | sort -u)
+needed=$(for p in $(ldd "$BUILD/server/dlcpd" "$BUILD/client/dlcpctl" "$BUILD/client/libdlcp.so" | awk '/=>/{print $3}' | sort -u); do
+  dpkg -S "$p" 2>/dev/null || dpkg -S "/usr$p" 2>/dev/null || fail "no Debian package owns $p"
+done | cut -d: -f1 | sort -u | grep -vxE 'libc6|libgcc-s1|libstdc\+\+6')
+missing=$(comm -23 <(echo "$needed") <(echo "$listed"))
+unused=$(comm -13 <(echo "$needed") <(echo "$listed"))
+[ -z "$missing" ] || fail "runtime-packages.txt lacks: $missing"
+[ -z "$unused" ] || fail "runtime-packages.txt lists packages no binary loads: $unused"
+for pkg in $listed; do
+  apt-cache show "$pkg" >/dev/null 2>&1 || fail "package $pkg does not exist in this Debian"
+done
+echo "lockstep: Dockerfile, install-deps.sh and runtime-packages.txt agree with the binaries ($(echo $listed | wc -w) runtime packages)"

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Renders both overlays (and the optional ServiceMonitor component), validates every object
+# offline against the Kubernetes schema and dlcp's policy, and checks that dlcpd accepts the
+# rendered ConfigMap and arguments. Usage: tests/k8s/check.sh DLCPD_BINARY WORK_DIR
+set -euo pipefail
+DLCPD=$1
+WORK=$2
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+for tool in kubectl node npm; do
+  command -v $tool >/dev/null || { echo "k8s check: $tool is not installed"; exit 1; }
+done
+mkdir -p "$WORK"
+# kubernetes-models is fetched once into the build tree (npm registry), then used offline.
+if [ ! -d "$WORK/node_modules/kubernetes-models" ]; then
+  cp "$ROOT/tests/k8s/package.json" "$WORK/"
+  (cd "$WORK" && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+fi
+cp "$ROOT/tests/k8s/validate.js" "$WORK/"
+
+rendered=()
+for overlay in udp rdma; do
+  kubectl kustomize "$ROOT/deploy/k8s/overlays/$overlay" > "$WORK/$overlay.yaml"
+  rendered+=("$WORK/$overlay.yaml")
+done
+# The optional component, applied on top of the udp overlay.
+mkdir -p "$WORK/with-monitor"
+rel=$(realpath --relative-to="$WORK/with-monitor" "$ROOT/deploy/k8s")  # kustomize wants relative paths
+cat > "$WORK/with-monitor/kustomization.yaml" <<KUST
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [$rel/overlays/udp]
+components: [$rel/components/servicemonitor]
+KUST
+kubectl kustomize "$WORK/with-monitor" > "$WORK/with-monitor.yaml"
+rendered+=("$WORK/with-monitor.yaml")
+grep -q "kind: ServiceMonitor" "$WORK/with-monitor.yaml" || { echo "ServiceMonitor missing"; exit 1; }
+grep -q "rdma/hca_shared_devices_a" "$WORK/rdma.yaml" || { echo "rdma overlay lacks the device resource"; exit 1; }
+grep -q "IPC_LOCK" "$WORK/rdma.yaml" || { echo "rdma overlay lacks IPC_LOCK"; exit 1; }
+
+(cd "$WORK" && node validate.js "${rendered[@]}")
+
+# The policy must catch a bad workload: root, :latest, no probes, no limits, extra capabilities.
+cat > "$WORK/bad.yaml" <<'BAD'
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: bad}
+spec:
+  selector: {matchLabels: {a: b}}
+  template:
+    metadata: {labels: {a: b}}
+    spec:
+      containers:
+        - name: c
+          image: example/dlcpd:latest
+          securityContext: {capabilities: {add: [NET_ADMIN]}}
+BAD
+if (cd "$WORK" && node validate.js bad.yaml > bad.out); then
+  echo "policy check accepted a bad workload"; cat "$WORK/bad.out"; exit 1
+fi
+for want in readinessProbe livenessProbe "cpu limit" "not pinned" runAsNonRoot readOnlyRootFilesystem \
+            allowPrivilegeEscalation "drop ALL" NET_ADMIN; do
+  grep -q "$want" "$WORK/bad.out" || { echo "policy check missed: $want"; cat "$WORK/bad.out"; exit 1; }
+done
+
+# dlcpd must accept what the manifests give it: the ConfigMap as DLCP_* variables, and the args.
+for overlay in udp rdma; do
+  env_args=$(cd "$WORK" && node -e '
+    const YAML = require("yaml"); const fs = require("fs");
+    for (const d of YAML.parseAllDocuments(fs.readFileSync(process.argv[1], "utf8"))) {
+      const o = d.toJS(); if (o && o.kind === "ConfigMap")
+        for (const [k, v] of Object.entries(o.data)) console.log(`${k}=${v}`);
+    }' "$WORK/$overlay.yaml")
+  mapfile -t envs <<<"$env_args"
+  if ! env -i "${envs[@]}" "$DLCPD" --advertise-host=10.0.0.1 --dump-config > "$WORK/$overlay.config" 2>&1; then
+    echo "dlcpd refuses the $overlay overlay's configuration:"; cat "$WORK/$overlay.config"; exit 1
+  fi
+  grep -q "metrics-port=9400  # env DLCP_METRICS_PORT" "$WORK/$overlay.config" || {
+    echo "dlcpd did not take DLCP_METRICS_PORT from the $overlay ConfigMap"; cat "$WORK/$overlay.config"; exit 1; }
+done
+echo "k8s check: overlays render, validate and configure dlcpd"

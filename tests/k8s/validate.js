@@ -1,0 +1,66 @@
+// usage: node validate.js FILE.yaml...
+// Every object must validate against the Kubernetes schema (kubernetes-models, offline), and every
+// workload must pass dlcp's policy: probes, requests and limits, a pinned image, non-root, a
+// read-only root filesystem, no privilege escalation, all capabilities dropped (IPC_LOCK may be
+// added back). CRDs (ServiceMonitor) get the policy's structural checks only.
+const fs = require("fs");
+const YAML = require("yaml");
+const models = require("kubernetes-models");
+
+const camel = (g) => g.replace(/\.([a-z])/g, (_, c) => c.toUpperCase());
+const CRDS = { "monitoring.coreos.com/v1/ServiceMonitor": checkServiceMonitor };
+let bad = 0;
+const fail = (id, msg) => { bad++; console.log(`${id}: FAIL ${msg}`); };
+
+function checkServiceMonitor(obj, id) {
+  const eps = obj.spec?.endpoints ?? [];
+  if (!obj.spec?.selector?.matchLabels) fail(id, "no selector");
+  if (!eps.length || eps.some((e) => !e.port)) fail(id, "endpoints need a named port");
+}
+
+function checkPodSpec(spec, id) {
+  const psc = spec.securityContext ?? {};
+  for (const c of [...(spec.initContainers ?? []), ...(spec.containers ?? [])]) {
+    const cid = `${id} container ${c.name}`;
+    const sc = c.securityContext ?? {};
+    if (!c.readinessProbe) fail(cid, "no readinessProbe");
+    if (!c.livenessProbe) fail(cid, "no livenessProbe");
+    for (const k of ["cpu", "memory"]) {
+      if (!c.resources?.requests?.[k]) fail(cid, `no ${k} request`);
+      if (!c.resources?.limits?.[k]) fail(cid, `no ${k} limit`);
+    }
+    const image = c.image ?? "";
+    const tag = image.includes("@sha256:") ? "digest" : image.split("/").pop().split(":")[1];
+    if (!tag || tag === "latest") fail(cid, `image '${image}' is not pinned to a tag or digest`);
+    if (!(sc.runAsNonRoot ?? psc.runAsNonRoot)) fail(cid, "runAsNonRoot is not true");
+    const uid = sc.runAsUser ?? psc.runAsUser;
+    if (uid === undefined || uid === 0) fail(cid, "runAsUser must be a non-zero uid");
+    if (sc.readOnlyRootFilesystem !== true) fail(cid, "readOnlyRootFilesystem is not true");
+    if (sc.allowPrivilegeEscalation !== false) fail(cid, "allowPrivilegeEscalation is not false");
+    if (sc.privileged) fail(cid, "privileged");
+    if (!(sc.capabilities?.drop ?? []).includes("ALL")) fail(cid, "capabilities do not drop ALL");
+    const extra = (sc.capabilities?.add ?? []).filter((cap) => cap !== "IPC_LOCK");
+    if (extra.length) fail(cid, `adds capabilities ${extra.join(",")}`);
+  }
+}
+
+for (const file of process.argv.slice(2)) {
+  for (const doc of YAML.parseAllDocuments(fs.readFileSync(file, "utf8"))) {
+    if (doc.errors.length) { fail(file, `YAML error ${doc.errors[0].message}`); continue; }
+    const obj = doc.toJS();
+    if (!obj) continue;
+    const id = `${file}: ${obj.apiVersion}/${obj.kind} ${obj.metadata?.name}`;
+    const crd = CRDS[`${obj.apiVersion}/${obj.kind}`];
+    if (crd) { crd(obj, id); console.log(`${id}: checked (CRD)`); continue; }
+    const [group, version] = obj.apiVersion.includes("/") ? obj.apiVersion.split("/") : [null, obj.apiVersion];
+    const Cls = (group ? models[camel(group)] : models)?.[version]?.[obj.kind];
+    if (!Cls) { fail(id, "unknown kind"); continue; }
+    try { new Cls(obj).validate(); } catch (e) { fail(id, `schema: ${e.message}`); continue; }
+    const before = bad;
+    const pod = obj.spec?.template?.spec ?? (obj.kind === "Pod" ? obj.spec : null);
+    if (pod) checkPodSpec(pod, id);
+    if (bad === before) console.log(`${id}: OK`);
+  }
+}
+console.log(bad ? `${bad} problem(s)` : "all manifests valid");
+process.exit(bad ? 1 : 0);
