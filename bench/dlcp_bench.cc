@@ -20,6 +20,7 @@
 #include "bench/bench_worker.h"
 #include "common/base/log.h"
 #include "common/config/registry.h"
+#include "common/security/tls_flags.h"
 
 namespace dlcp::bench {
 namespace {
@@ -46,6 +47,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddBool("udp-offload", true, "UDP GSO on send and GRO on receive");
   c->AddBool("progress", false, "rank 0 draws a progress bar on stderr");
   c->AddBool("json", false, "print only the JSON line (no table)");
+  DeclareTlsFlags(c, /*server=*/false);
   c->AddString("log-level", "warning", "debug, info, warning or error", [](const std::string& v) {
     LogLevel unused;
     return ParseLogLevel(v, &unused);
@@ -65,6 +67,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.data_host = c.GetString("data-host");
   w.client.transport.bind_host = w.client.data_host.empty() ? "0.0.0.0" : w.client.data_host;
   w.client.transport.gso = w.client.transport.gro = c.GetBool("udp-offload");
+  w.client.tls = TlsOptionsFromConfig(c, /*server=*/false);
   w.tensor_bytes = static_cast<uint64_t>(c.GetInt("tensor-bytes"));
   w.tensors = static_cast<uint32_t>(c.GetInt("tensors"));
   w.rounds = static_cast<uint32_t>(c.GetInt("rounds"));

@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   so.data_port = (*transport)->local_address().port;
   so.rpc_timeout = options.rpc_timeout;
   so.heartbeat_interval = options.heartbeat_interval;
+  so.tls = options.tls;
   absl::StatusOr<std::unique_ptr<Session>> session = Session::Join(so);
   if (!session.ok()) return session.status();
 

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/security/tls.h"
 #include "common/transport/transport.h"
 
 namespace dlcp {
@@ -30,6 +31,8 @@ struct ClientOptions {
   // a 1500-byte MTU. All workers of a job must agree.
   uint32_t chunk_bytes = 8192;
   TransportOptions transport;
+  // gRPC security. TLS with the system's roots unless configured; plaintext must be chosen.
+  TlsOptions tls;
   // The address aggregators send results to; empty means the address they see us calling from.
   std::string data_host;
   absl::Duration rpc_timeout = absl::Seconds(5);

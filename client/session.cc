@@ -14,13 +14,15 @@ absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& context) {
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& options) {
   if (options.aggregators.empty()) return absl::InvalidArgumentError("no aggregators given");
+  absl::StatusOr<ChannelSecurity> security = MakeChannelSecurity(options.tls);
+  if (!security.ok()) return security.status();
   std::unique_ptr<Session> s(new Session());
   s->options_ = options;
   for (const std::string& control : options.aggregators) {
     size_t colon = control.rfind(':');
     if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("aggregator '", control, "' is not HOST:PORT"));
     const std::string control_host = control.substr(0, colon);
-    auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(control, grpc::InsecureChannelCredentials()));
+    auto stub = v1::Aggregator::NewStub(grpc::CreateCustomChannel(control, security->credentials, security->arguments));
     v1::JoinRequest req;
     req.set_job_name(options.job_name);
     req.set_world_size(options.world_size);

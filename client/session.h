@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/security/tls.h"
 #include "common/transport/address.h"
 #include "dlcp/v1/control.grpc.pb.h"
 
@@ -34,6 +35,7 @@ struct SessionOptions {
   uint16_t data_port = 0;
   absl::Duration rpc_timeout = absl::Seconds(5);
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  TlsOptions tls;
 };
 
 class Session {

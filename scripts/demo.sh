@@ -23,7 +23,7 @@ trap cleanup EXIT
 
 aggregators=()
 for i in 0 1; do
-  "$DLCPD" --host=127.0.0.1 --port=0 --data-port=0 --log-level=warning \
+  "$DLCPD" --host=127.0.0.1 --port=0 --data-port=0 --log-level=warning --plaintext \
     --ready-file="$work/agg$i.ready" 2>"$work/agg$i.log" &
   pids+=($!)
 done
@@ -36,8 +36,8 @@ done
 list=$(IFS=,; echo "${aggregators[*]}")
 
 echo "dlcp demo: 2 aggregators (${list}), ${WORKERS} workers, ${ROUNDS} rounds of 4 x 1 MiB float32 gradients"
-"$BENCH" --aggregators="$list" --workers="$WORKERS" --tensors=4 --tensor-bytes=1048576 \
+"$BENCH" --plaintext --aggregators="$list" --workers="$WORKERS" --tensors=4 --tensor-bytes=1048576 \
   --rounds="$ROUNDS" --warmup=2 --progress --timeout-s=600
 echo
 echo "aggregator view (dlcpctl status):"
-"$DLCPCTL" status --aggregators="$list"
+"$DLCPCTL" status --plaintext --aggregators="$list"

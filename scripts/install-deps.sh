@@ -8,7 +8,7 @@ PACKAGES=(
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
   prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev openssl
   python3
 )
 

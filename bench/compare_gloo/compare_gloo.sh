@@ -20,7 +20,7 @@ for n in $WORKERS_LIST; do
   work=$(mktemp -d /tmp/dlcp-compare-aggs.XXXXXX)
   aggs=()
   for i in $(seq 0 $((n - 1))); do
-    "$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --log-level=warning \
+    "$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --log-level=warning --plaintext \
       --ready-file="$work/$i.ready" 2>"$work/$i.log" &
     pids+=($!)
   done
@@ -32,7 +32,7 @@ for n in $WORKERS_LIST; do
   for size in $SIZES; do
     r=$(rounds_for "$size")
     g=$("$BUILD/bench/gloo_allreduce" --workers "$n" --tensor-bytes "$size" --rounds "$r" | tail -1)
-    d=$("$BUILD/bench/dlcp-bench" --aggregators="$list" --workers="$n" --tensor-bytes="$size" --rounds="$r" \
+    d=$("$BUILD/bench/dlcp-bench" --plaintext --aggregators="$list" --workers="$n" --tensor-bytes="$size" --rounds="$r" \
         --warmup=2 --chunk-bytes="$CHUNK" --json | tail -1)
     echo "$g" | tee -a "$out"
     echo "{\"system\":\"dlcp_udp\",${d#\{}" | tee -a "$out"

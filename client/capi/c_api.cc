@@ -41,6 +41,12 @@ int dlcp_connect(const dlcp_options* o, dlcp_client** out, char* err, size_t err
   co.rank = o->rank;
   if (o->chunk_bytes != 0) co.chunk_bytes = o->chunk_bytes;
   if (o->op_timeout_ms != 0) co.op_timeout = absl::Milliseconds(o->op_timeout_ms);
+  auto str = [](const char* s) { return s == nullptr ? std::string() : std::string(s); };
+  co.tls.plaintext = o->plaintext != 0;
+  co.tls.ca_file = str(o->tls_ca);
+  co.tls.cert_file = str(o->tls_cert);
+  co.tls.key_file = str(o->tls_key);
+  co.tls.server_name = str(o->tls_server_name);
   absl::StatusOr<std::unique_ptr<dlcp::Client>> c = dlcp::Client::Connect(co);
   if (!c.ok()) return Fail(c.status(), err, err_len);
   *out = new dlcp_client{std::move(*c)};

@@ -21,6 +21,12 @@ typedef struct {
   uint32_t rank;
   uint32_t chunk_bytes;    /* 0: default (8192) */
   uint32_t op_timeout_ms;  /* 0: default (60000) */
+  /* gRPC security: TLS unless plaintext is nonzero. NULL or "" for unset files. */
+  int plaintext;
+  const char* tls_ca;          /* CA of the aggregators' certificates; NULL: system roots */
+  const char* tls_cert;        /* client certificate, for mutual TLS */
+  const char* tls_key;
+  const char* tls_server_name; /* name to verify in the aggregators' certificates */
 } dlcp_options;
 
 typedef struct {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "client/session.h"
 #include "common/config/registry.h"
+#include "common/security/tls_flags.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace {
@@ -38,13 +39,14 @@ struct Reply {
   std::string health;
 };
 
-std::vector<Reply> Query(const dlcp::ConfigRegistry& config, bool health) {
+std::vector<Reply> Query(const dlcp::ConfigRegistry& config, bool health,
+                         const dlcp::ChannelSecurity& security) {
   const absl::Duration timeout = absl::Milliseconds(config.GetInt("timeout-ms"));
   std::vector<Reply> out;
   for (absl::string_view agg : absl::StrSplit(config.GetString("aggregators"), ',', absl::SkipEmpty())) {
     Reply r;
     r.address = std::string(agg);
-    auto channel = grpc::CreateChannel(r.address, grpc::InsecureChannelCredentials());
+    auto channel = grpc::CreateCustomChannel(r.address, security.credentials, security.arguments);
     if (health) {
       auto stub = grpc::health::v1::Health::NewStub(channel);
       grpc::health::v1::HealthCheckRequest req;
@@ -93,7 +95,13 @@ std::string CountersJson(const dlcp::v1::Stats& s) {
 
 int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
   const bool json = config.GetString("output") == "json";
-  std::vector<Reply> replies = Query(config, cmd == "health");
+  absl::StatusOr<dlcp::ChannelSecurity> security =
+      dlcp::MakeChannelSecurity(dlcp::TlsOptionsFromConfig(config, /*server=*/false));
+  if (!security.ok()) {
+    std::cerr << "dlcpctl: " << security.status().message() << "\n";
+    return 2;
+  }
+  std::vector<Reply> replies = Query(config, cmd == "health", *security);
   int failures = 0;
   std::vector<std::string> items;
   if (!json && cmd == "status") {
@@ -171,6 +179,7 @@ int main(int argc, char** argv) {
     return v == "table" || v == "json" ? absl::OkStatus() : absl::InvalidArgumentError("must be table or json");
   });
   config.AddInt("timeout-ms", 3000, 1, 600000, "deadline of each RPC");
+  dlcp::DeclareTlsFlags(&config, /*server=*/false);
   absl::Status s = config.LoadFromMain(argc, argv);
   if (config.help_requested()) {
     std::cout << config.Help();

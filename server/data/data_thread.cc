@@ -96,8 +96,19 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   if (r != wire::Reject::kNone) return Reject(r);
   if (h.type != wire::MsgType::kPush && h.type != wire::MsgType::kResultReq) return Reject(wire::Reject::kBadType);
   std::shared_ptr<Job> job = jobs_->Find(h.job);
-  if (!job || job->closed.load(std::memory_order_relaxed)) return Reject(wire::Reject::kUnknownJob);
-  if (h.rank >= job->world || !job->members[h.rank].joined()) return Reject(wire::Reject::kNotMember);
+  if (!job || job->closed.load(std::memory_order_relaxed)) {
+    // A DONE or retransmit that lost the race with its job's end is late, not invalid.
+    if (jobs_->RecentlyClosed(h.job)) return stale_->Add();
+    return Reject(wire::Reject::kUnknownJob);
+  }
+  if (h.rank >= job->world) return Reject(wire::Reject::kNotMember);
+  if (!job->members[h.rank].joined()) {
+    const int64_t left = job->members[h.rank].left_ns.load(std::memory_order_relaxed);
+    if (left != 0 && absl::GetCurrentTimeNanos() - left < absl::ToInt64Nanoseconds(absl::Minutes(1))) {
+      return stale_->Add();
+    }
+    return Reject(wire::Reject::kNotMember);
+  }
   if (h.epoch != job->epoch) return Reject(wire::Reject::kStaleEpoch);
   const wire::ChunkGeometry g{h.tensor_elems, job->chunk_bytes / 4};
   if (h.tensor_elems == 0 || h.chunk_count != g.chunk_count()) return Reject(wire::Reject::kShapeMismatch);
@@ -292,10 +303,14 @@ void DataThread::MaybeFree(RoundMap::iterator it) {
   Round& r = *it->second;
   uint32_t& floor = floor_[JobKey(r.job()->id, r.key())];
   floor = std::max(floor, r.round() + 1);
+  CountCompleted(r);
+  rounds_.erase(it);
+}
+
+void DataThread::CountCompleted(const Round& r) {
   r.job()->rounds_completed.fetch_add(1, std::memory_order_relaxed);
   rounds_completed_->Add();
   round_ms_->Observe(absl::ToDoubleMilliseconds(r.last_progress() - r.created()));
-  rounds_.erase(it);
 }
 
 void DataThread::ScanTimers(absl::Time now) {
@@ -305,7 +320,11 @@ void DataThread::ScanTimers(absl::Time now) {
   for (auto it = rounds_.begin(); it != rounds_.end();) {
     Round& r = *it->second;
     if (r.job()->closed.load(std::memory_order_relaxed)) {
-      rounds_aborted_->Add();
+      if (r.job()->left_gracefully.load() && r.open_chunks() == 0) {
+        CountCompleted(r);  // delivered; only the DONE lost the race with the Leave
+      } else {
+        rounds_aborted_->Add();
+      }
       it = rounds_.erase(it);
       continue;
     }

@@ -58,6 +58,7 @@ class DataThread {
   void SendOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload);
   void CountTx(const wire::Header& h);
   void MaybeFree(RoundMap::iterator it);
+  void CountCompleted(const Round& r);
   void ScanTimers(absl::Time now);
   void Reject(wire::Reject reason);
   void Check(absl::Status s);

@@ -3,6 +3,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/security/tls_flags.h"
 
 namespace dlcp::server {
 
@@ -29,6 +30,8 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   });
   c->AddString("advertise-host", "", "host clients should send data to; empty means the host they dialled");
   c->AddString("id", "", "aggregator id reported in stats; empty means host:port");
+  c->AddInt("health-port", -1, -1, 65535,
+            "plaintext gRPC port serving only grpc.health.v1, for kubelet probes (they cannot use TLS); -1 disables it");
   c->AddInt("metrics-port", -1, -1, 65535, "Prometheus /metrics port on --host; -1 disables it, 0 picks a free one");
   c->AddString("ready-file", "", "write {\"control_port\":..,\"data_ports\":[..]} here once serving");
   c->AddInt("tick-ms", 5, 1, 1000, "data thread timer tick, also the longest receive wait");
@@ -56,6 +59,7 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
     return ParseLogLevel(v, &unused);
   });
   c->AddBool("log-json", false, "write logs as one JSON object per line");
+  DeclareTlsFlags(c, /*server=*/true);
 }
 
 absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
@@ -65,6 +69,7 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.advertise_host = c.GetString("advertise-host");
   o.ready_file = c.GetString("ready-file");
   o.metrics_port = static_cast<int>(c.GetInt("metrics-port"));
+  o.health_port = static_cast<int>(c.GetInt("health-port"));
   o.aggregator_id = c.GetString("id");
   o.data.transport.kind = TransportOptions::Kind::kUdp;
   o.data.transport.bind_host = o.host;
@@ -94,6 +99,8 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   if (absl::Status s = ParseLogLevel(c.GetString("log-level"), &o.log.min_level); !s.ok()) return s;
   o.log.json = c.GetBool("log-json");
   o.log.component = "dlcpd";
+  o.tls = TlsOptionsFromConfig(c, /*server=*/true);
+  if (absl::Status s = ValidateTlsOptions(o.tls, /*server=*/true); !s.ok()) return s;
   return o;
 }
 

@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "common/base/log.h"
 #include "common/config/registry.h"
+#include "common/security/tls.h"
 #include "server/data/data_plane.h"
 #include "server/jobs/job_registry.h"
 
@@ -19,10 +20,12 @@ struct DlcpdOptions {
   std::string aggregator_id;
   std::string ready_file;
   int metrics_port = -1;  // -1: off
+  int health_port = -1;   // -1: off
   absl::Duration job_idle_timeout;
   DataPlaneOptions data;
   JobLimits limits;
   LogOptions log;
+  TlsOptions tls;
 };
 
 void DeclareDlcpdFlags(ConfigRegistry* config);

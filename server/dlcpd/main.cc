@@ -15,20 +15,22 @@
 #include "common/base/build_config.h"
 #include "common/base/log.h"
 #include "server/control/aggregator_service.h"
+#include "server/control/health_service.h"
 #include "server/dlcpd/dlcpd_config.h"
 #include "server/metrics/prometheus_exporter.h"
 
 namespace dlcp::server {
 namespace {
 
-absl::Status WriteReadyFile(const std::string& path, int control_port, int metrics_port,
+absl::Status WriteReadyFile(const std::string& path, int control_port, int metrics_port, int health_port,
                             const std::vector<Address>& data) {
   std::vector<int> ports;
   for (const Address& a : data) ports.push_back(a.port);
   std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
-    f << "{\"control_port\":" << control_port << ",\"metrics_port\":" << metrics_port << ",\"data_ports\":["
+    f << "{\"control_port\":" << control_port << ",\"metrics_port\":" << metrics_port
+      << ",\"health_port\":" << health_port << ",\"data_ports\":["
       << absl::StrJoin(ports, ",") << "]}\n";
     if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
   }
@@ -52,11 +54,13 @@ int Main(int argc, char** argv) {
     std::cerr << "dlcpd: refusing to start: unexpected argument '" << config.positional()[0] << "'\n";
     return 2;
   }
-  if (config.dump_requested()) {
-    std::cout << config.Dump();
-    return 0;
-  }
   absl::StatusOr<DlcpdOptions> opts = DlcpdOptionsFromConfig(config);
+  if (config.dump_requested()) {
+    // The values, then whether they make a valid whole (TLS files are read only when serving).
+    std::cout << config.Dump();
+    if (!opts.ok()) std::cerr << "dlcpd: invalid configuration: " << opts.status().message() << "\n";
+    return opts.ok() ? 0 : 2;
+  }
   if (!opts.ok()) {
     std::cerr << "dlcpd: refusing to start: " << opts.status().message() << "\n";
     return 2;
@@ -79,11 +83,16 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(opts->tls);
+  if (!credentials.ok()) {
+    std::cerr << "dlcpd: refusing to start: " << credentials.status().message() << "\n";
+    (*data)->Stop();
+    return 2;
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int control_port = 0;
-  builder.AddListeningPort(absl::StrCat(opts->host, ":", opts->control_port), grpc::InsecureServerCredentials(),
-                           &control_port);
+  builder.AddListeningPort(absl::StrCat(opts->host, ":", opts->control_port), *credentials, &control_port);
   AggregatorService service(opts->aggregator_id, opts->advertise_host, &jobs, data->get(), &metrics);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -91,6 +100,23 @@ int Main(int argc, char** argv) {
     std::cerr << "dlcpd: cannot listen on " << opts->host << ":" << opts->control_port << "\n";
     (*data)->Stop();
     return 1;
+  }
+  // Kubelet's gRPC probes cannot do TLS: a plaintext server that serves nothing but health.
+  std::unique_ptr<grpc::Server> health_server;
+  HealthService health;
+  int health_port = -1;
+  if (opts->health_port >= 0) {
+    grpc::ServerBuilder hb;
+    hb.RegisterService(&health);
+    hb.AddListeningPort(absl::StrCat(opts->host, ":", opts->health_port), grpc::InsecureServerCredentials(),
+                        &health_port);
+    health_server = hb.BuildAndStart();
+    if (!health_server || health_port == 0) {
+      std::cerr << "dlcpd: cannot listen for health checks on " << opts->host << ":" << opts->health_port << "\n";
+      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      (*data)->Stop();
+      return 1;
+    }
   }
   std::unique_ptr<PrometheusExporter> exporter;
   if (opts->metrics_port >= 0) {
@@ -109,9 +135,10 @@ int Main(int argc, char** argv) {
   std::vector<std::string> ports;
   for (const Address& a : (*data)->endpoints()) ports.push_back(absl::StrCat(a.port));
   DLCP_LOG(Info) << "dlcpd " << DLCP_VERSION << " serving control " << opts->host << ":" << control_port
+                 << (opts->tls.plaintext ? " (plaintext)" : opts->tls.ca_file.empty() ? " (TLS)" : " (mutual TLS)")
                  << ", data UDP ports " << absl::StrJoin(ports, ",");
   if (!opts->ready_file.empty()) {
-    if (absl::Status s = WriteReadyFile(opts->ready_file, control_port, exporter ? exporter->port() : -1,
+    if (absl::Status s = WriteReadyFile(opts->ready_file, control_port, exporter ? exporter->port() : -1, health_port,
                                     (*data)->endpoints()); !s.ok()) {
       DLCP_LOG(Error) << s;
     }
@@ -129,7 +156,9 @@ int Main(int argc, char** argv) {
     }
   }
   DLCP_LOG(Info) << "signal " << sig << ": shutting down";
+  health.set_serving(false);
   exporter.reset();
+  if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*data)->Stop();
   return 0;

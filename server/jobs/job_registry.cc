@@ -81,8 +81,11 @@ absl::Status JobRegistry::Leave(uint32_t job_id, uint32_t rank) {
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   Job& job = *it->second;
   if (rank >= job.world) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside job"));
+  job.members[rank].left_ns.store(absl::GetCurrentTimeNanos());
   if (job.members[rank].packed_address.exchange(0) != 0 && job.member_count.fetch_sub(1) == 1) {
+    job.left_gracefully.store(true);
     job.closed.store(true);
+    RememberClosed(job.id);
     DLCP_LOG(Info) << "job " << job.name << " closed: last member left";
     jobs_.erase(it);
   }
@@ -109,6 +112,7 @@ std::vector<std::string> JobRegistry::ReapIdle(int64_t now_ns, absl::Duration id
     }
     if (now_ns - latest > absl::ToInt64Nanoseconds(idle)) {
       it->second->closed.store(true);
+      RememberClosed(it->first);
       reaped.push_back(it->second->name);
       it = jobs_.erase(it);
     } else {
@@ -116,6 +120,28 @@ std::vector<std::string> JobRegistry::ReapIdle(int64_t now_ns, absl::Duration id
     }
   }
   return reaped;
+}
+
+namespace {
+constexpr int64_t kClosedMemoryNs = int64_t{60} * 1000 * 1000 * 1000;
+constexpr size_t kClosedMemoryMax = 4096;
+}  // namespace
+
+void JobRegistry::RememberClosed(uint32_t job_id) {
+  const int64_t now = absl::GetCurrentTimeNanos();
+  while (!closed_.empty() && (now - closed_.front().second > kClosedMemoryNs || closed_.size() >= kClosedMemoryMax)) {
+    closed_.pop_front();
+  }
+  closed_.emplace_back(job_id, now);
+}
+
+bool JobRegistry::RecentlyClosed(uint32_t job_id) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  const int64_t now = absl::GetCurrentTimeNanos();
+  for (const auto& [id, when] : closed_) {
+    if (id == job_id && now - when <= kClosedMemoryNs) return true;
+  }
+  return false;
 }
 
 std::shared_ptr<Job> JobRegistry::Find(uint32_t job_id) const {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <shared_mutex>
 #include <string>
@@ -28,6 +29,7 @@ struct JobLimits {
 struct Member {
   std::atomic<uint64_t> packed_address{0};  // (ipv4 << 16 | port) + 1; 0 = not joined
   std::atomic<int64_t> last_heartbeat_ns{0};
+  std::atomic<int64_t> left_ns{0};  // when it last left; its stragglers after that are late, not invalid
 
   bool joined() const { return packed_address.load(std::memory_order_acquire) != 0; }
   Address address() const {
@@ -48,7 +50,10 @@ struct Job {
   const uint32_t epoch = 1;
   std::vector<Member> members;
   std::atomic<uint32_t> member_count{0};
-  std::atomic<bool> closed{false};  // set when the last member leaves; data threads drop its rounds
+  std::atomic<bool> closed{false};  // set when the job ends; data threads then release its rounds
+  // The last member left through Leave (not reaped): rounds it had fully received were delivered,
+  // even if their DONE lost the race with the Leave.
+  std::atomic<bool> left_gracefully{false};
   std::atomic<uint32_t> rounds_in_flight{0};
   std::atomic<uint64_t> bytes_in_use{0};
   std::atomic<uint64_t> rounds_completed{0};
@@ -82,12 +87,17 @@ class JobRegistry {
 
   std::shared_ptr<Job> Find(uint32_t job_id) const;
   std::vector<std::shared_ptr<Job>> List() const;
+  // True for a job that ended within the last minute: its stragglers are late, not invalid.
+  bool RecentlyClosed(uint32_t job_id) const;
 
   // Registers dlcp_jobs, dlcp_workers and dlcp_rounds_in_flight, read live at collection.
   void ExportMetrics(MetricsRegistry* metrics);
 
  private:
+  void RememberClosed(uint32_t job_id);  // with mu_ held
+
   JobLimits limits_;
+  std::deque<std::pair<uint32_t, int64_t>> closed_;  // (job id, when), oldest first
   mutable std::shared_mutex mu_;
   std::unordered_map<uint32_t, std::shared_ptr<Job>> jobs_;
 };

@@ -38,6 +38,7 @@ ClientOptions Options(const Case& c, const std::vector<std::string>& aggs, int r
   o.rank = rank;
   o.chunk_bytes = c.chunk_bytes;
   o.transport.kind = c.kind;
+  o.tls.plaintext = true;
   o.transport.bind_host = "127.0.0.1";
   o.transport.socket_buffer_bytes = 16 << 20;
   o.repair_timeout = absl::Milliseconds(10);

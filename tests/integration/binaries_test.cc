@@ -34,7 +34,7 @@ TEST_P(BinariesTest, DlcpBenchIsExact) {
     controls.push_back(daemons.back()->control());
   }
   std::vector<std::string> argv = {DLCP_BENCH_PATH, absl::StrCat("--aggregators=", absl::StrJoin(controls, ",")),
-                                   absl::StrCat("--workers=", c.workers), "--timeout-s=90"};
+                                   absl::StrCat("--workers=", c.workers), "--timeout-s=90", "--plaintext"};
   argv.insert(argv.end(), c.bench_flags.begin(), c.bench_flags.end());
   ProcessResult r = RunProcess(argv, absl::Seconds(100));
   EXPECT_EQ(r.exit_code, 0) << r.out;
@@ -42,20 +42,20 @@ TEST_P(BinariesTest, DlcpBenchIsExact) {
   EXPECT_NE(r.out.find("results exact: yes"), std::string::npos) << r.out;
 
   const std::string aggs = absl::StrCat("--aggregators=", absl::StrJoin(controls, ","));
-  ProcessResult ctl = RunProcess({DLCPCTL_PATH, "stats", aggs, "--output=json"}, absl::Seconds(10));
+  ProcessResult ctl = RunProcess({DLCPCTL_PATH, "stats", aggs, "--plaintext", "--output=json"}, absl::Seconds(10));
   EXPECT_EQ(ctl.exit_code, 0) << ctl.out;
   EXPECT_NE(ctl.out.find("dlcp_rounds_total{outcome=\\\"completed\\\"}"), std::string::npos) << ctl.out;
   ProcessResult parsed = RunProcess({"/usr/bin/python3", "-c", "import json,sys; json.loads(sys.argv[1])", ctl.out},
                                     absl::Seconds(10));
   EXPECT_EQ(parsed.exit_code, 0) << "dlcpctl --output=json is not JSON: " << parsed.out;
   // The job has left by now (dlcp-bench closes its clients), so no jobs remain to list.
-  ProcessResult jobs = RunProcess({DLCPCTL_PATH, "jobs", aggs}, absl::Seconds(10));
+  ProcessResult jobs = RunProcess({DLCPCTL_PATH, "jobs", aggs, "--plaintext"}, absl::Seconds(10));
   EXPECT_EQ(jobs.exit_code, 0) << jobs.out;
   EXPECT_NE(jobs.out.find("IN_FLIGHT"), std::string::npos) << jobs.out;
-  ProcessResult status = RunProcess({DLCPCTL_PATH, "status", aggs}, absl::Seconds(10));
+  ProcessResult status = RunProcess({DLCPCTL_PATH, "status", aggs, "--plaintext"}, absl::Seconds(10));
   EXPECT_EQ(status.exit_code, 0) << status.out;
   EXPECT_NE(status.out.find(controls[0]), std::string::npos) << status.out;
-  ProcessResult health = RunProcess({DLCPCTL_PATH, "health", aggs}, absl::Seconds(10));
+  ProcessResult health = RunProcess({DLCPCTL_PATH, "health", aggs, "--plaintext"}, absl::Seconds(10));
   EXPECT_EQ(health.exit_code, 0) << health.out;
   EXPECT_NE(health.out.find(": SERVING"), std::string::npos) << health.out;
   for (auto& d : daemons) EXPECT_EQ(d->Stop(absl::Seconds(5)), 0) << "dlcpd did not exit cleanly on SIGTERM";
@@ -96,18 +96,18 @@ TEST(Binaries, DlcpdRefusesBadConfigurationNamingTheSetting) {
 }
 
 TEST(Binaries, DumpConfigShowsSources) {
-  ProcessResult r = RunProcess({DLCPD_PATH, "--dump-config", "--port=1234"}, absl::Seconds(10));
+  ProcessResult r = RunProcess({DLCPD_PATH, "--dump-config", "--port=1234", "--plaintext"}, absl::Seconds(10));
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("port=1234  # flag"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("repair-timeout-ms=20  # default"), std::string::npos) << r.out;
 }
 
 TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {
-  ProcessResult r = RunProcess({DLCPCTL_PATH, "status", "--aggregators=127.0.0.1:1", "--timeout-ms=500"},
+  ProcessResult r = RunProcess({DLCPCTL_PATH, "status", "--aggregators=127.0.0.1:1", "--plaintext", "--timeout-ms=500"},
                                absl::Seconds(10));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("UNREACHABLE"), std::string::npos) << r.out;
-  r = RunProcess({DLCPCTL_PATH, "health", "--aggregators=127.0.0.1:1", "--timeout-ms=500"}, absl::Seconds(10));
+  r = RunProcess({DLCPCTL_PATH, "health", "--aggregators=127.0.0.1:1", "--plaintext", "--timeout-ms=500"}, absl::Seconds(10));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("UNREACHABLE"), std::string::npos) << r.out;
 }
@@ -145,7 +145,7 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   ASSERT_NE(d, nullptr);
   ASSERT_GT(d->metrics_port(), 0);
   const int workers = 3, rounds = 6, warmup = 1, tensor_bytes = 100000, chunk = 8192;
-  ProcessResult r = RunProcess({DLCP_BENCH_PATH, "--aggregators=" + d->control(), absl::StrCat("--workers=", workers),
+  ProcessResult r = RunProcess({DLCP_BENCH_PATH, "--aggregators=" + d->control(), "--plaintext", absl::StrCat("--workers=", workers),
                                 absl::StrCat("--rounds=", rounds), absl::StrCat("--warmup=", warmup),
                                 absl::StrCat("--tensor-bytes=", tensor_bytes), "--json", "--timeout-s=60"},
                                absl::Seconds(70));

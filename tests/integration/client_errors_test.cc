@@ -20,6 +20,7 @@ ClientOptions Opts(const std::string& agg, const std::string& job, uint32_t worl
   o.world_size = world;
   o.rank = rank;
   o.chunk_bytes = 1024;
+  o.tls.plaintext = true;
   o.transport.bind_host = "127.0.0.1";
   o.rpc_timeout = absl::Seconds(2);
   o.op_timeout = absl::Seconds(5);

@@ -82,6 +82,9 @@ std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vect
   d->dir_ = tmpl;
   std::vector<std::string> argv = {binary, "--host=127.0.0.1", "--port=0", "--data-port=0", "--log-level=warning",
                                    absl::StrCat("--ready-file=", d->dir_, "/ready")};
+  bool tls = false;
+  for (const std::string& f : flags) tls = tls || f.rfind("--tls-cert", 0) == 0;
+  if (!tls) argv.push_back("--plaintext");
   argv.insert(argv.end(), flags.begin(), flags.end());
   int log = open((d->dir_ + "/log").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   d->pid_ = Spawn(argv, log);
@@ -93,11 +96,15 @@ std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vect
     ss << f.rdbuf();
     std::string text = ss.str();
     size_t at = text.find("\"control_port\":");
-    size_t mat = text.find("\"metrics_port\":");
-    if (at != std::string::npos && mat != std::string::npos) {
-      std::string num = text.substr(at + 15, text.find(',', at) - at - 15);
-      std::string mnum = text.substr(mat + 15, text.find(',', mat) - mat - 15);
-      if (absl::SimpleAtoi(num, &d->control_port_) && absl::SimpleAtoi(mnum, &d->metrics_port_)) return d;
+    auto field = [&](const std::string& key, int* out) {
+      size_t p = text.find("\"" + key + "\":");
+      if (p == std::string::npos) return false;
+      p += key.size() + 3;
+      return absl::SimpleAtoi(text.substr(p, text.find(',', p) - p), out);
+    };
+    if (field("control_port", &d->control_port_) && field("metrics_port", &d->metrics_port_) &&
+        field("health_port", &d->health_port_)) {
+      return d;
     }
     int status;
     if (waitpid(d->pid_, &status, WNOHANG) == d->pid_) {

@@ -29,6 +29,7 @@ class Daemon {
   ~Daemon();
   std::string control() const;
   int metrics_port() const { return metrics_port_; }  // -1 unless started with --metrics-port
+  int health_port() const { return health_port_; }    // -1 unless started with --health-port
   int pid() const { return pid_; }
   // Sends SIGTERM and waits up to `timeout`; returns the exit code, or -1 if it had to be killed.
   int Stop(absl::Duration timeout);
@@ -37,6 +38,7 @@ class Daemon {
   int pid_ = -1;
   int control_port_ = 0;
   int metrics_port_ = -1;
+  int health_port_ = -1;
   std::string dir_;
 };
 

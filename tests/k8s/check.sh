@@ -74,7 +74,20 @@ for overlay in udp rdma; do
   if ! env -i "${envs[@]}" "$DLCPD" --advertise-host=10.0.0.1 --dump-config > "$WORK/$overlay.config" 2>&1; then
     echo "dlcpd refuses the $overlay overlay's configuration:"; cat "$WORK/$overlay.config"; exit 1
   fi
-  grep -q "metrics-port=9400  # env DLCP_METRICS_PORT" "$WORK/$overlay.config" || {
-    echo "dlcpd did not take DLCP_METRICS_PORT from the $overlay ConfigMap"; cat "$WORK/$overlay.config"; exit 1; }
+  for want in "metrics-port=9400  # env DLCP_METRICS_PORT" "health-port=7410  # env DLCP_HEALTH_PORT" \
+              "tls-ca=/etc/dlcp/tls/ca.crt  # env DLCP_TLS_CA" "plaintext=false  # default"; do
+    grep -qF "$want" "$WORK/$overlay.config" || {
+      echo "dlcpd did not take '$want' from the $overlay ConfigMap"; cat "$WORK/$overlay.config"; exit 1; }
+  done
+  # Probes must hit the plaintext health port, and the TLS files must be mounted where they point.
+  (cd "$WORK" && node -e '
+    const YAML = require("yaml"); const fs = require("fs");
+    for (const d of YAML.parseAllDocuments(fs.readFileSync(process.argv[1], "utf8"))) {
+      const o = d.toJS(); if (!o || o.kind !== "DaemonSet") continue;
+      for (const c of o.spec.template.spec.containers)
+        for (const p of [c.readinessProbe, c.livenessProbe])
+          if (!p || !p.grpc || p.grpc.port !== 7410) { console.log(`${c.name}: probe not on the health port`); process.exit(1); }
+    }' "$WORK/$overlay.yaml") || { echo "$overlay: probes do not use the health port"; exit 1; }
+  grep -q "mountPath: /etc/dlcp/tls" "$WORK/$overlay.yaml" || { echo "$overlay: TLS secret not mounted"; exit 1; }
 done
 echo "k8s check: overlays render, validate and configure dlcpd"

@@ -84,6 +84,15 @@ TEST(DlcpdConfig, DefaultsAreValidAndCrossChecksRefuse) {
     ConfigRegistry c("dlcpd");
     server::DeclareDlcpdFlags(&c);
     ASSERT_TRUE(c.Load({}, Env({})).ok());
+    auto o = server::DlcpdOptionsFromConfig(c);  // no TLS and no --plaintext: refused, saying how
+    EXPECT_FALSE(o.ok());
+    EXPECT_NE(o.status().message().find("--tls-cert"), std::string::npos) << o.status();
+    EXPECT_NE(o.status().message().find("--plaintext"), std::string::npos) << o.status();
+  }
+  {
+    ConfigRegistry c("dlcpd");
+    server::DeclareDlcpdFlags(&c);
+    ASSERT_TRUE(c.Load({"--plaintext"}, Env({})).ok());
     auto o = server::DlcpdOptionsFromConfig(c);
     ASSERT_TRUE(o.ok()) << o.status();
     EXPECT_EQ(o->control_port, 7400);
@@ -92,7 +101,27 @@ TEST(DlcpdConfig, DefaultsAreValidAndCrossChecksRefuse) {
   {
     ConfigRegistry c("dlcpd");
     server::DeclareDlcpdFlags(&c);
-    ASSERT_TRUE(c.Load({"--repair-timeout-ms=1000", "--round-timeout-ms=2000"}, Env({})).ok());
+    ASSERT_TRUE(c.Load({}, Env({{"DLCP_TLS_CERT", "/x.crt"}, {"DLCP_TLS_KEY", "/x.key"}, {"DLCP_TLS_CA", "/ca"}})).ok());
+    auto o = server::DlcpdOptionsFromConfig(c);
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->tls.ca_file, "/ca");
+  }
+  {
+    ConfigRegistry c("dlcpd");
+    server::DeclareDlcpdFlags(&c);
+    ASSERT_TRUE(c.Load({"--plaintext", "--tls-cert=/x"}, Env({})).ok());
+    EXPECT_FALSE(server::DlcpdOptionsFromConfig(c).ok());
+  }
+  {
+    ConfigRegistry c("dlcpd");
+    server::DeclareDlcpdFlags(&c);
+    ASSERT_TRUE(c.Load({"--tls-cert=/x"}, Env({})).ok());  // key missing
+    EXPECT_FALSE(server::DlcpdOptionsFromConfig(c).ok());
+  }
+  {
+    ConfigRegistry c("dlcpd");
+    server::DeclareDlcpdFlags(&c);
+    ASSERT_TRUE(c.Load({"--plaintext", "--repair-timeout-ms=1000", "--round-timeout-ms=2000"}, Env({})).ok());
     EXPECT_FALSE(server::DlcpdOptionsFromConfig(c).ok());
   }
   {
@@ -104,7 +133,7 @@ TEST(DlcpdConfig, DefaultsAreValidAndCrossChecksRefuse) {
   {
     ConfigRegistry c("dlcpd");
     server::DeclareDlcpdFlags(&c);
-    ASSERT_TRUE(c.Load({"--data-port=65535", "--data-threads=2"}, Env({})).ok());
+    ASSERT_TRUE(c.Load({"--plaintext", "--data-port=65535", "--data-threads=2"}, Env({})).ok());
     EXPECT_FALSE(server::DlcpdOptionsFromConfig(c).ok());
   }
 }
