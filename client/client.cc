@@ -54,7 +54,6 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
   EngineOptions eo;
   eo.job = (*session)->job_id();
-  eo.epoch = (*session)->epoch();
   eo.rank = options.rank;
   eo.chunk_bytes = options.chunk_bytes;
   eo.window_chunks = static_cast<uint32_t>(options.window_bytes / options.chunk_bytes);
@@ -64,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   eo.max_inflight = UINT32_MAX;
   for (const AggregatorInfo& a : (*session)->aggregators()) {
     eo.endpoints.push_back(a.data_endpoints);
+    eo.epochs.push_back(a.epoch);
     eo.aggregator_ids.push_back(a.control);
     eo.max_inflight = std::min(eo.max_inflight, a.max_rounds_in_flight);
   }
@@ -71,6 +71,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   c->options_ = options;
   c->session_ = std::move(*session);
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
+  c->session_->set_fatal_handler([engine = c->engine_.get()](const absl::Status& s) { engine->FailFatal(s); });
   return c;
 }
 
@@ -81,6 +82,7 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Sp
 }
 
 absl::Status Client::Close() {
+  if (session_) session_->set_fatal_handler(nullptr);  // the engine is going away
   if (engine_) engine_->Stop(absl::CancelledError("dlcp client closed"));
   return session_ ? session_->Leave() : absl::OkStatus();
 }

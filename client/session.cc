@@ -2,6 +2,8 @@
 
 #include <grpcpp/create_channel.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 
@@ -18,6 +20,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
   if (!security.ok()) return security.status();
   std::unique_ptr<Session> s(new Session());
   s->options_ = options;
+  s->heartbeat_interval_ = options.heartbeat_interval;
   for (const std::string& control : options.aggregators) {
     size_t colon = control.rfind(':');
     if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("aggregator '", control, "' is not HOST:PORT"));
@@ -45,10 +48,14 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
       return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " has no data endpoints"));
     }
     s->job_id_ = resp.job_id();
-    s->epoch_ = resp.epoch();
     AggregatorInfo info;
     info.control = control;
     info.max_rounds_in_flight = resp.max_rounds_in_flight();
+    info.epoch = resp.epoch();
+    // Three heartbeats per deadline, so one lost or late one is not fatal.
+    if (resp.heartbeat_timeout_ms() > 0) {
+      s->heartbeat_interval_ = std::min(s->heartbeat_interval_, absl::Milliseconds(resp.heartbeat_timeout_ms()) / 3);
+    }
     for (const v1::Endpoint& e : resp.data_endpoints()) {
       absl::StatusOr<Address> a =
           ResolveAddress(e.host().empty() ? control_host : e.host(), static_cast<uint16_t>(e.port()));
@@ -66,7 +73,7 @@ Session::~Session() { Leave().IgnoreError(); }
 
 void Session::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.heartbeat_interval), [this] { return stopping_; })) {
+  while (!cv_.wait_for(lock, absl::ToChronoMilliseconds(heartbeat_interval_), [this] { return stopping_; })) {
     lock.unlock();
     for (size_t i = 0; i < stubs_.size(); ++i) {
       v1::HeartbeatRequest req;
@@ -78,12 +85,27 @@ void Session::HeartbeatLoop() {
             stubs_[i]->async()->Heartbeat(ctx, rq, rs, std::move(cb));
           },
           req, &resp, options_.rpc_timeout);
-      if (!st.ok()) {
+      if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION || st.error_code() == grpc::StatusCode::NOT_FOUND) {
+        // The aggregator no longer counts this worker in the job: nothing it sends can complete.
+        absl::Status fatal = absl::AbortedError(absl::StrCat("aggregator ", aggregators_[i].control,
+                                                             " dropped this worker: ", st.error_message()));
+        std::function<void(const absl::Status&)> handler;
+        {
+          std::lock_guard<std::mutex> guard(mu_);
+          handler = fatal_;
+        }
+        if (handler) handler(fatal);
+      } else if (!st.ok()) {
         DLCP_LOG(Warning) << "heartbeat to " << aggregators_[i].control << " failed: " << st.error_message();
       }
     }
     lock.lock();
   }
+}
+
+void Session::set_fatal_handler(std::function<void(const absl::Status&)> handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fatal_ = std::move(handler);
 }
 
 absl::Status Session::Leave() {

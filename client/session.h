@@ -4,6 +4,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@ struct AggregatorInfo {
   std::string control;                 // host:port as given
   std::vector<Address> data_endpoints; // resolved
   uint32_t max_rounds_in_flight = 0;
+  uint32_t epoch = 0;                   // of this job's incarnation at this aggregator
 };
 
 struct SessionOptions {
@@ -45,10 +47,12 @@ class Session {
   ~Session();
 
   uint32_t job_id() const { return job_id_; }
-  uint32_t epoch() const { return epoch_; }
   const std::vector<AggregatorInfo>& aggregators() const { return aggregators_; }
   // Leaves on every aggregator and stops heartbeats. Idempotent.
   absl::Status Leave();
+  // Called (on the heartbeat thread) when an aggregator says this worker is no longer a member,
+  // e.g. after it was silent past the heartbeat deadline. Set before heartbeats matter.
+  void set_fatal_handler(std::function<void(const absl::Status&)> handler);
 
  private:
   Session() = default;
@@ -56,7 +60,8 @@ class Session {
 
   SessionOptions options_;
   uint32_t job_id_ = 0;
-  uint32_t epoch_ = 0;
+  absl::Duration heartbeat_interval_;
+  std::function<void(const absl::Status&)> fatal_;  // under mu_
   std::vector<AggregatorInfo> aggregators_;
   std::vector<std::unique_ptr<v1::Aggregator::Stub>> stubs_;
   std::mutex mu_;

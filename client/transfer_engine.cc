@@ -26,11 +26,15 @@ std::vector<Topology::Aggregator> TopologyAggregators(const EngineOptions& o) {
 TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Transport> transport)
     : options_(options),
       transport_(std::move(transport)),
-      topology_(options.epoch, TopologyAggregators(options)),
+      topology_(0, TopologyAggregators(options)),
       outbox_(transport_.get()) {
-  for (const auto& eps : options_.endpoints) {
+  for (size_t a = 0; a < options_.endpoints.size(); ++a) {
     dest_base_.push_back(static_cast<uint32_t>(dest_addr_.size()));
-    dest_addr_.insert(dest_addr_.end(), eps.begin(), eps.end());
+    for (const Address& ep : options_.endpoints[a]) {
+      dest_by_addr_[static_cast<uint64_t>(ep.ipv4) << 16 | ep.port] = static_cast<uint32_t>(dest_addr_.size());
+      dest_addr_.push_back(ep);
+      dest_epoch_.push_back(options_.epochs[a]);
+    }
   }
   io_ = std::thread([this] { Run(); });
 }
@@ -69,6 +73,15 @@ std::future<absl::StatusOr<RoundStats>> TransferEngine::Submit(uint32_t key, abs
   }
   transport_->Wake();
   return f;
+}
+
+void TransferEngine::FailFatal(const absl::Status& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.ok()) return;
+    error_ = reason;
+  }
+  transport_->Wake();
 }
 
 void TransferEngine::Stop(const absl::Status& reason) {
@@ -116,8 +129,8 @@ std::shared_ptr<const TransferEngine::Plan> TransferEngine::PlanFor(uint32_t key
   return plan;
 }
 
-wire::Header TransferEngine::BaseHeader(wire::MsgType type, uint32_t key, uint32_t round, uint32_t elems,
-                                        uint32_t chunks) const {
+wire::Header TransferEngine::BaseHeader(wire::MsgType type, uint32_t dest, uint32_t key, uint32_t round,
+                                        uint32_t elems, uint32_t chunks) const {
   wire::Header h;
   h.type = type;
   h.priority = 0;
@@ -127,7 +140,7 @@ wire::Header TransferEngine::BaseHeader(wire::MsgType type, uint32_t key, uint32
   h.chunk_count = chunks;
   h.tensor_elems = elems;
   h.rank = static_cast<uint16_t>(options_.rank);
-  h.epoch = options_.epoch;
+  h.epoch = dest_epoch_[dest];
   return h;
 }
 
@@ -158,10 +171,10 @@ bool TransferEngine::PushSome(size_t budget) {
   bool more = false;
   for (auto& [key, op_ptr] : ops_) {
     Op& op = *op_ptr;
-    wire::Header h = BaseHeader(wire::MsgType::kPush, op.key, op.round, op.geometry.tensor_elems,
-                                op.geometry.chunk_count());
-    h.priority = options_.data_class;
     for (uint32_t d = 0; d < op.dests.size(); ++d) {
+      wire::Header h = BaseHeader(wire::MsgType::kPush, d, op.key, op.round, op.geometry.tensor_elems,
+                                  op.geometry.chunk_count());
+      h.priority = options_.data_class;
       Dest& dest = op.dests[d];
       const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[d];
       auto push = [&](uint32_t c) {
@@ -197,6 +210,10 @@ void TransferEngine::Run() {
   absl::Time last_scan = absl::Now();
   const absl::Duration tick = std::min(options_.repair_timeout / 4, absl::Milliseconds(5));
   while (!stop_.load(std::memory_order_relaxed)) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_.ok()) break;  // FailFatal: the loop ends and every op fails with the error
+    }
     TakeSubmissions(absl::Now());
     bool more = PushSome(kPushBudget);
     absl::Status s = outbox_.Flush();
@@ -233,11 +250,13 @@ void TransferEngine::Run() {
 
 void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   wire::Header h;
+  auto src = dest_by_addr_.find(static_cast<uint64_t>(m.from.ipv4) << 16 | m.from.port);
   if (wire::ParseHeader(absl::MakeConstSpan(m.data, m.len), &h) != wire::Reject::kNone || h.job != options_.job ||
-      h.rank != options_.rank || h.epoch != options_.epoch) {
+      h.rank != options_.rank || src == dest_by_addr_.end() || h.epoch != dest_epoch_[src->second]) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
+  const uint32_t from_dest = src->second;
   auto it = ops_.find(h.key);
   Op* op = (it != ops_.end() && it->second->round == h.round) ? it->second.get() : nullptr;
   if (op != nullptr && (h.tensor_elems != op->geometry.tensor_elems || h.chunk_count != op->geometry.chunk_count())) {
@@ -253,24 +272,21 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
       if (op != nullptr) return HandleNack(*op, h, payload);
       break;
     case wire::MsgType::kProbe:
-      if (op != nullptr) {
-        for (uint32_t d = 0; d < dest_addr_.size(); ++d) {
-          if (dest_addr_[d] == m.from) SendResultReq(*op, d, false);
-        }
-        return;
-      }
+      if (op != nullptr) return SendResultReq(*op, from_dest, false);
       break;
-    case wire::MsgType::kError:
-      if (op != nullptr) {
-        absl::StatusCode code = absl::StatusCode::kAborted;
-        std::string text(reinterpret_cast<const char*>(payload), h.payload_len);
-        if (!text.empty() && static_cast<uint8_t>(text[0]) < 17) {
-          code = static_cast<absl::StatusCode>(text[0]);
-          text.erase(0, 1);
-        }
-        return Finish(h.key, absl::Status(code, absl::StrCat("aggregator ", m.from.ToString(), ": ", text)));
+    case wire::MsgType::kError: {
+      absl::StatusCode code = absl::StatusCode::kAborted;
+      std::string text(reinterpret_cast<const char*>(payload), h.payload_len);
+      if (!text.empty() && static_cast<uint8_t>(text[0]) < 17) {
+        code = static_cast<absl::StatusCode>(text[0]);
+        text.erase(0, 1);
       }
+      absl::Status error(code, absl::StrCat("aggregator ", m.from.ToString(), ": ", text));
+      // ABORTED means the job itself failed: every op, now and later, fails the same way.
+      if (code == absl::StatusCode::kAborted) return FailFatal(error);
+      if (op != nullptr) return Finish(h.key, error);
       break;
+    }
     default:
       break;
   }
@@ -279,10 +295,7 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   auto done = completed_round_.find(h.key);
   if ((h.type == wire::MsgType::kResult || h.type == wire::MsgType::kProbe) && done != completed_round_.end() &&
       h.round == done->second) {
-    for (uint32_t d = 0; d < dest_addr_.size(); ++d) {
-      if (dest_addr_[d] == m.from) SendDone(h.key, h.round, d, h.tensor_elems, h.chunk_count);
-    }
-    return;
+    return SendDone(h.key, h.round, from_dest, h.tensor_elems, h.chunk_count);
   }
   rejected_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -350,8 +363,8 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only) 
     }
     if (missing.empty()) return;  // nothing pushed there lacks a result yet
   }
-  wire::Header h =
-      BaseHeader(wire::MsgType::kResultReq, op.key, op.round, op.geometry.tensor_elems, op.geometry.chunk_count());
+  wire::Header h = BaseHeader(wire::MsgType::kResultReq, dest, op.key, op.round, op.geometry.tensor_elems,
+                              op.geometry.chunk_count());
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(missing);
   for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, std::min<size_t>(8192, transport_->max_datagram() - wire::kHeaderSize))) {
     h.payload_len = static_cast<uint32_t>(p.size());
@@ -362,7 +375,7 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only) 
 
 void TransferEngine::SendDone(uint32_t key, uint32_t round, uint32_t dest, uint32_t tensor_elems,
                               uint32_t chunk_count) {
-  wire::Header h = BaseHeader(wire::MsgType::kResultReq, key, round, tensor_elems, chunk_count);
+  wire::Header h = BaseHeader(wire::MsgType::kResultReq, dest, key, round, tensor_elems, chunk_count);
   h.flags = wire::kFlagDone;
   std::vector<uint8_t> empty = wire::EncodeRanges({}, 16)[0];
   h.payload_len = static_cast<uint32_t>(empty.size());

@@ -29,7 +29,7 @@ namespace dlcp {
 
 struct EngineOptions {
   uint32_t job = 0;
-  uint32_t epoch = 0;
+  std::vector<uint32_t> epochs;  // per aggregator: the job incarnation's epoch there
   uint32_t rank = 0;
   uint32_t chunk_bytes = 0;
   // Data endpoints of each aggregator, in the order of the topology's aggregators.
@@ -51,6 +51,9 @@ class TransferEngine {
   std::future<absl::StatusOr<RoundStats>> Submit(uint32_t key, absl::Span<float> data);
   // Fails every pending op with `reason` and joins the I/O thread. Idempotent.
   void Stop(const absl::Status& reason);
+  // Any thread: the job can no longer make progress (e.g. this worker was dropped). Every pending
+  // and later op fails with `reason`.
+  void FailFatal(const absl::Status& reason);
 
  private:
   // Which endpoint owns each chunk, for one (key, length). Immutable once built.
@@ -91,13 +94,16 @@ class TransferEngine {
   void ScanTimers(absl::Time now);
   void Finish(uint32_t key, absl::StatusOr<RoundStats> result);
   std::shared_ptr<const Plan> PlanFor(uint32_t key, uint32_t tensor_elems);
-  wire::Header BaseHeader(wire::MsgType type, uint32_t key, uint32_t round, uint32_t elems, uint32_t chunks) const;
+  wire::Header BaseHeader(wire::MsgType type, uint32_t dest, uint32_t key, uint32_t round, uint32_t elems,
+                          uint32_t chunks) const;
   void FailAll(const absl::Status& reason);
 
   EngineOptions options_;
   std::unique_ptr<Transport> transport_;
   Topology topology_;
   std::vector<Address> dest_addr_;
+  std::vector<uint32_t> dest_epoch_;
+  std::unordered_map<uint64_t, uint32_t> dest_by_addr_;  // (ipv4 << 16 | port) -> dest
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
   Outbox outbox_;
 

@@ -60,6 +60,7 @@ const char* RejectName(Reject r) {
     case Reject::kShapeMismatch: return "shape_mismatch";
     case Reject::kUnknownRound: return "unknown_round";
     case Reject::kOverCapacity: return "over_capacity";
+    case Reject::kJobFailed: return "job_failed";
     case Reject::kCount: break;
   }
   return "unknown";

@@ -68,6 +68,7 @@ enum class Reject : uint8_t {
   kShapeMismatch,
   kUnknownRound,
   kOverCapacity,
+  kJobFailed,
   kCount,
 };
 const char* RejectName(Reject r);

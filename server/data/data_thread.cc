@@ -11,7 +11,6 @@ namespace {
 constexpr size_t kMaxCachedBlockBytes = 256u << 20;
 constexpr int kMaxRepairBackoff = 16;
 
-uint64_t JobKey(uint32_t job, uint32_t key) { return static_cast<uint64_t>(job) << 32 | key; }
 }  // namespace
 
 DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, const DataPlaneOptions& options,
@@ -110,6 +109,10 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
     return Reject(wire::Reject::kNotMember);
   }
   if (h.epoch != job->epoch) return Reject(wire::Reject::kStaleEpoch);
+  if (job->failed.load(std::memory_order_relaxed)) {
+    SendError(h, job->members[h.rank].address(), absl::StatusCode::kAborted, JobFailedMessage(*job));
+    return Reject(wire::Reject::kJobFailed);
+  }
   const wire::ChunkGeometry g{h.tensor_elems, job->chunk_bytes / 4};
   if (h.tensor_elems == 0 || h.chunk_count != g.chunk_count()) return Reject(wire::Reject::kShapeMismatch);
   const uint8_t* payload = m.data + wire::kHeaderSize;
@@ -120,7 +123,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
     if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
     // A push for round r says this worker has every result of round r - 1.
     if (h.round > 0) {
-      auto prev = rounds_.find(RoundKey{h.job, h.key, h.round - 1});
+      auto prev = rounds_.find(RoundKey{h.job, h.epoch, h.key, h.round - 1});
       if (prev != rounds_.end()) {
         prev->second->MarkDone(h.rank);
         MaybeFree(prev);
@@ -137,7 +140,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
 }
 
 Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now) {
-  auto it = rounds_.find(RoundKey{h.job, h.key, h.round});
+  auto it = rounds_.find(RoundKey{h.job, h.epoch, h.key, h.round});
   if (it != rounds_.end()) {
     if (it->second->geometry().tensor_elems != h.tensor_elems) {
       Reject(wire::Reject::kShapeMismatch);
@@ -145,7 +148,7 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
     }
     return it->second.get();
   }
-  auto fl = floor_.find(JobKey(h.job, h.key));
+  auto fl = floor_.find(FloorKey{h.job, h.epoch, h.key});
   if (fl != floor_.end() && h.round < fl->second) {
     // The round was delivered to every worker and freed: a late duplicate, or a worker asking
     // about a round that expired. Only the latter needs an answer.
@@ -174,7 +177,7 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
                                        &pool_, now);
   round->next_repair = now + options_.repair_timeout;
   Round* raw = round.get();
-  rounds_.emplace(RoundKey{h.job, h.key, h.round}, std::move(round));
+  rounds_.emplace(RoundKey{h.job, h.epoch, h.key, h.round}, std::move(round));
   return raw;
 }
 
@@ -201,7 +204,7 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
 void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, Round* round) {
   if (h.flags & wire::kFlagDone) {
     round->MarkDone(h.rank);
-    MaybeFree(rounds_.find(RoundKey{h.job, h.key, h.round}));
+    MaybeFree(rounds_.find(RoundKey{h.job, h.epoch, h.key, h.round}));
     return;
   }
   absl::StatusOr<std::vector<wire::ChunkRange>> ranges =
@@ -283,6 +286,11 @@ void DataThread::SendError(const wire::Header& req, const Address& to, absl::Sta
   SendOwned(to, h, std::vector<uint8_t>(text.begin(), text.end()));
 }
 
+std::string DataThread::JobFailedMessage(const Job& job) {
+  return absl::StrCat("job '", job.name, "' failed: ", job.failure_reason(),
+                      ". Close this client; the job can start again once every worker has left");
+}
+
 void DataThread::CountTx(const wire::Header& h) {
   tx_packets_[static_cast<uint8_t>(h.type)][h.priority]->Add();
   tx_bytes_[h.priority]->Add(wire::kHeaderSize + h.payload_len);
@@ -301,7 +309,7 @@ void DataThread::SendOwned(const Address& to, const wire::Header& h, std::vector
 void DataThread::MaybeFree(RoundMap::iterator it) {
   if (it == rounds_.end() || !it->second->AllDone()) return;
   Round& r = *it->second;
-  uint32_t& floor = floor_[JobKey(r.job()->id, r.key())];
+  uint32_t& floor = floor_[FloorKey{r.job()->id, r.job()->epoch, r.key()}];
   floor = std::max(floor, r.round() + 1);
   CountCompleted(r);
   rounds_.erase(it);
@@ -314,6 +322,14 @@ void DataThread::CountCompleted(const Round& r) {
 }
 
 void DataThread::ScanTimers(absl::Time now) {
+  // Floors of jobs that ended (or were replaced by a new incarnation) are dropped once a second.
+  if (now - last_floor_prune_ >= absl::Seconds(1)) {
+    last_floor_prune_ = now;
+    for (auto it = floor_.begin(); it != floor_.end();) {
+      std::shared_ptr<Job> job = jobs_->Find(it->first.job);
+      it = (!job || job->epoch != it->first.epoch) ? floor_.erase(it) : std::next(it);
+    }
+  }
   for (auto it = errors_sent_.begin(); it != errors_sent_.end();) {
     it = now - it->second > options_.repair_timeout * kMaxRepairBackoff ? errors_sent_.erase(it) : std::next(it);
   }
@@ -325,6 +341,25 @@ void DataThread::ScanTimers(absl::Time now) {
       } else {
         rounds_aborted_->Add();
       }
+      it = rounds_.erase(it);
+      continue;
+    }
+    if (r.job()->failed.load(std::memory_order_relaxed)) {
+      // Tell every survivor still waiting on this round why it will never finish.
+      wire::Header h;
+      h.job = r.job()->id;
+      h.key = r.key();
+      h.round = r.round();
+      h.chunk_count = r.geometry().chunk_count();
+      h.tensor_elems = r.geometry().tensor_elems;
+      h.epoch = r.job()->epoch;
+      for (uint32_t w = 0; w < r.job()->world; ++w) {
+        if (!r.IsDone(w) && r.job()->members[w].joined()) {
+          h.rank = static_cast<uint16_t>(w);
+          SendError(h, r.job()->members[w].address(), absl::StatusCode::kAborted, JobFailedMessage(*r.job()));
+        }
+      }
+      rounds_aborted_->Add();
       it = rounds_.erase(it);
       continue;
     }

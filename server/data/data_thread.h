@@ -29,13 +29,24 @@ class DataThread {
   Transport* transport() const { return transport_.get(); }
 
  private:
+  // The epoch keeps incarnations of a job name apart: a restarted job counts rounds from 0 again.
   struct RoundKey {
-    uint32_t job, key, round;
+    uint32_t job, epoch, key, round;
     bool operator==(const RoundKey&) const = default;
   };
   struct RoundKeyHash {
     size_t operator()(const RoundKey& k) const {
-      return std::hash<uint64_t>()((static_cast<uint64_t>(k.job) << 32 | k.key) * 0x9E3779B97F4A7C15ULL ^ k.round);
+      return std::hash<uint64_t>()(((static_cast<uint64_t>(k.job) << 32 | k.key) * 0x9E3779B97F4A7C15ULL) ^
+                                   (static_cast<uint64_t>(k.epoch) << 32 | k.round));
+    }
+  };
+  struct FloorKey {
+    uint32_t job, epoch, key;
+    bool operator==(const FloorKey&) const = default;
+  };
+  struct FloorKeyHash {
+    size_t operator()(const FloorKey& k) const {
+      return std::hash<uint64_t>()((static_cast<uint64_t>(k.job) << 32 | k.key) * 0x9E3779B97F4A7C15ULL ^ k.epoch);
     }
   };
   using RoundMap = std::unordered_map<RoundKey, std::unique_ptr<Round>, RoundKeyHash>;
@@ -57,6 +68,7 @@ class DataThread {
   void Send(const Address& to, const wire::Header& h, const uint8_t* payload);
   void SendOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload);
   void CountTx(const wire::Header& h);
+  static std::string JobFailedMessage(const Job& job);
   void MaybeFree(RoundMap::iterator it);
   void CountCompleted(const Round& r);
   void ScanTimers(absl::Time now);
@@ -70,14 +82,15 @@ class DataThread {
   Outbox outbox_;
   BlockPool pool_;
   RoundMap rounds_;
-  // Per (job, key): every round below this one has been delivered and freed.
-  std::unordered_map<uint64_t, uint32_t> floor_;
+  // Per (job incarnation, key): every round below this one has been delivered and freed.
+  std::unordered_map<FloorKey, uint32_t, FloorKeyHash> floor_;
   // When each (round, worker) last got an ERROR; pruned by the timer scan.
   std::map<ErrorKey, absl::Time> errors_sent_;
   std::atomic<bool> stop_{false};
   std::mt19937_64 rng_;
   std::uniform_real_distribution<double> uniform_{0.0, 1.0};
   absl::Time last_scan_;
+  absl::Time last_floor_prune_;
 
   // Per message type (index: wire::MsgType value) and priority class.
   Counter* rx_packets_[wire::kMaxMsgType + 1][wire::kNumClasses] = {};

@@ -39,6 +39,8 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("round-timeout-ms", 120000, 100, 3600000, "an unfinished round is dropped after this long");
   c->AddDouble("inject-drop", 0.0, 0.0, 0.9, "fraction of received pushes and sent results to discard (tests)");
   c->AddInt("inject-seed", 1, 0, INT64_MAX, "seed for --inject-drop");
+  c->AddInt("heartbeat-timeout-ms", 3000, 100, 600000,
+            "a worker silent this long is removed and its job fails, telling the other workers why");
   c->AddInt("job-idle-timeout-ms", 60000, 1000, 86400000,
             "a job with no heartbeat from any member for this long is removed");
   c->AddInt("max-jobs", 64, 1, 100000, "jobs this aggregator serves at once");
@@ -92,6 +94,10 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.data.inject_drop = c.GetDouble("inject-drop");
   o.data.inject_seed = static_cast<uint64_t>(c.GetInt("inject-seed"));
   o.job_idle_timeout = absl::Milliseconds(c.GetInt("job-idle-timeout-ms"));
+  o.limits.heartbeat_timeout = absl::Milliseconds(c.GetInt("heartbeat-timeout-ms"));
+  if (o.job_idle_timeout <= o.limits.heartbeat_timeout) {
+    return absl::InvalidArgumentError("--job-idle-timeout-ms must exceed --heartbeat-timeout-ms");
+  }
   o.limits.max_jobs = static_cast<uint32_t>(c.GetInt("max-jobs"));
   o.limits.max_workers = static_cast<uint32_t>(c.GetInt("max-workers"));
   o.limits.max_rounds_in_flight = static_cast<uint32_t>(c.GetInt("max-rounds-in-flight"));

@@ -144,12 +144,16 @@ int Main(int argc, char** argv) {
     }
   }
 
-  // The main thread waits for a signal and, once a second, removes jobs whose workers vanished.
+  // The main thread waits for a signal and, four times a second, fails jobs with a silent worker
+  // and removes jobs whose workers all vanished.
   int sig = 0;
   for (;;) {
-    timespec second{1, 0};
-    sig = sigtimedwait(&signals, nullptr, &second);
+    timespec quarter{0, 250 * 1000 * 1000};
+    sig = sigtimedwait(&signals, nullptr, &quarter);
     if (sig > 0) break;
+    for (const std::string& line : jobs.FailSilentMembers(absl::GetCurrentTimeNanos(), opts->limits.heartbeat_timeout)) {
+      DLCP_LOG(Warning) << line;
+    }
     for (const std::string& name : jobs.ReapIdle(absl::GetCurrentTimeNanos(), opts->job_idle_timeout)) {
       DLCP_LOG(Warning) << "job " << name << " removed: no heartbeat from any member for "
                         << absl::FormatDuration(opts->job_idle_timeout);

@@ -1,6 +1,8 @@
 #include "server/jobs/job_registry.h"
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,9 @@ uint32_t JobIdForName(const std::string& name) {
   uint32_t id = static_cast<uint32_t>(StableHashString(name));
   return id == 0 ? 1 : id;  // 0 is never a job
 }
+
+JobRegistry::JobRegistry(JobLimits limits)
+    : limits_(limits), epoch_seed_(static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^ (uint64_t{getpid()} << 32)) {}
 
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
   if (s.job_name.empty() || s.job_name.size() > 128) {
@@ -42,12 +47,24 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
       return absl::AlreadyExistsError(absl::StrCat("job id ", id, " of '", s.job_name, "' collides with job '",
                                                    it->second->name, "'; choose another job name"));
     }
+    if (it != jobs_.end() && it->second->failed.load()) {
+      if (it->second->member_count.load() > 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "job '", s.job_name, "' failed (", it->second->failure_reason(), "); ", it->second->member_count.load(),
+            " worker(s) still joined. Every worker must leave (close its client) before the job can start again"));
+      }
+      it->second->closed.store(true);  // a new incarnation replaces the failed one
+      RememberClosed(id);
+      jobs_.erase(it);
+      it = jobs_.end();
+    }
     if (it == jobs_.end()) {
       if (jobs_.size() >= limits_.max_jobs) {
         return absl::ResourceExhaustedError(
             absl::StrCat("aggregator serves its limit of ", limits_.max_jobs, " jobs (dlcpd --max-jobs)"));
       }
-      job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes);
+      const uint32_t epoch = static_cast<uint32_t>(StableHash64(epoch_seed_, ++epoch_seed_)) | 1;  // never 0
+      job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes, epoch);
       jobs_[id] = job;
     } else {
       job = it->second;
@@ -96,10 +113,31 @@ absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank) {
   std::shared_ptr<Job> job = Find(job_id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   if (rank >= job->world || !job->members[rank].joined()) {
-    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is not a member of job ", job->name));
+    std::string why = job->failed.load() ? absl::StrCat(" (the job failed: ", job->failure_reason(), ")") : "";
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is not a member of job ", job->name, why));
   }
   job->members[rank].last_heartbeat_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+std::vector<std::string> JobRegistry::FailSilentMembers(int64_t now_ns, absl::Duration timeout) {
+  std::vector<std::string> lines;
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  for (auto& [id, job] : jobs_) {
+    for (uint32_t r = 0; r < job->world; ++r) {
+      Member& m = job->members[r];
+      if (!m.joined()) continue;
+      const int64_t silent_ns = now_ns - m.last_heartbeat_ns.load(std::memory_order_relaxed);
+      if (silent_ns <= absl::ToInt64Nanoseconds(timeout)) continue;
+      if (m.packed_address.exchange(0) == 0) continue;  // left meanwhile
+      job->member_count.fetch_sub(1);
+      std::string reason = absl::StrCat("worker rank ", r, " sent no heartbeat for ",
+                                        absl::FormatDuration(absl::Nanoseconds(silent_ns)), " and was removed");
+      job->Fail(reason);
+      lines.push_back(absl::StrCat("job ", job->name, ": ", reason));
+    }
+  }
+  return lines;
 }
 
 std::vector<std::string> JobRegistry::ReapIdle(int64_t now_ns, absl::Duration idle) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -24,6 +25,8 @@ struct JobLimits {
   uint32_t max_workers = 1024;
   uint32_t max_rounds_in_flight = 256;
   uint64_t max_job_bytes = 4ull << 30;
+  // Told to clients at Join, so they heartbeat well within it.
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
 };
 
 struct Member {
@@ -39,15 +42,17 @@ struct Member {
 };
 
 struct Job {
-  Job(uint32_t id, std::string name, uint32_t world, uint32_t chunk_bytes, uint64_t max_bytes)
-      : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes), members(world) {}
+  Job(uint32_t id, std::string name, uint32_t world, uint32_t chunk_bytes, uint64_t max_bytes, uint32_t epoch)
+      : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes), epoch(epoch),
+        members(world) {}
 
   const uint32_t id;
   const std::string name;
   const uint32_t world;
   const uint32_t chunk_bytes;
   const uint64_t max_bytes;  // accumulator budget across all of the job's rounds
-  const uint32_t epoch = 1;
+  // Random per incarnation of a job name, so packets of an earlier incarnation never match.
+  const uint32_t epoch;
   std::vector<Member> members;
   std::atomic<uint32_t> member_count{0};
   std::atomic<bool> closed{false};  // set when the job ends; data threads then release its rounds
@@ -57,6 +62,23 @@ struct Job {
   std::atomic<uint32_t> rounds_in_flight{0};
   std::atomic<uint64_t> bytes_in_use{0};
   std::atomic<uint64_t> rounds_completed{0};
+
+  // A member died (no heartbeat within the deadline): the job cannot complete another round, and
+  // every survivor is told why. Sticky until every member has left.
+  std::atomic<bool> failed{false};
+  void Fail(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(failure_mu);
+    if (failure.empty()) failure = reason;
+    failed.store(true);
+  }
+  std::string failure_reason() const {
+    std::lock_guard<std::mutex> lock(failure_mu);
+    return failure;
+  }
+
+ private:
+  mutable std::mutex failure_mu;
+  std::string failure;
 };
 
 struct JoinSpec {
@@ -72,7 +94,7 @@ uint32_t JobIdForName(const std::string& name);
 
 class JobRegistry {
  public:
-  explicit JobRegistry(JobLimits limits) : limits_(limits) {}
+  explicit JobRegistry(JobLimits limits);
 
   const JobLimits& limits() const { return limits_; }
   // Validates the request and adds (or re-adds) the member. InvalidArgument names the bad field;
@@ -80,6 +102,10 @@ class JobRegistry {
   absl::StatusOr<std::shared_ptr<Job>> Join(const JoinSpec& spec);
   absl::Status Leave(uint32_t job_id, uint32_t rank);
   absl::Status Heartbeat(uint32_t job_id, uint32_t rank);
+
+  // Fails every job with a member whose last heartbeat (or join) is older than `timeout`, and
+  // removes that member. Returns one line per failure, for the log.
+  std::vector<std::string> FailSilentMembers(int64_t now_ns, absl::Duration timeout);
 
   // Removes jobs none of whose members has joined or sent a heartbeat within `idle` of `now_ns`:
   // workers that died without leaving must not hold a job slot forever. Returns their names.
@@ -97,6 +123,7 @@ class JobRegistry {
   void RememberClosed(uint32_t job_id);  // with mu_ held
 
   JobLimits limits_;
+  uint64_t epoch_seed_;
   std::deque<std::pair<uint32_t, int64_t>> closed_;  // (job id, when), oldest first
   mutable std::shared_mutex mu_;
   std::unordered_map<uint32_t, std::shared_ptr<Job>> jobs_;

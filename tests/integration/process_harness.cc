@@ -75,6 +75,43 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration ti
   return result;
 }
 
+std::unique_ptr<BackgroundProcess> BackgroundProcess::Start(const std::vector<std::string>& argv) {
+  auto p = std::unique_ptr<BackgroundProcess>(new BackgroundProcess());
+  char tmpl[] = "/tmp/dlcp-proc-XXXXXX";
+  int fd = mkstemp(tmpl);
+  if (fd < 0) return nullptr;
+  p->log_ = tmpl;
+  p->pid_ = Spawn(argv, fd);
+  close(fd);
+  return p;
+}
+
+void BackgroundProcess::Signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+ProcessResult BackgroundProcess::Wait(absl::Duration timeout) {
+  ProcessResult r;
+  if (pid_ > 0) {
+    r.exit_code = WaitOrKill(pid_, absl::Now() + timeout);
+    pid_ = -1;
+  }
+  std::ifstream f(log_);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  r.out = ss.str();
+  return r;
+}
+
+BackgroundProcess::~BackgroundProcess() {
+  if (pid_ > 0) {
+    kill(-pid_, SIGKILL);
+    int status;
+    waitpid(pid_, &status, 0);
+  }
+  if (!log_.empty()) unlink(log_.c_str());
+}
+
 std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vector<std::string>& flags) {
   auto d = std::unique_ptr<Daemon>(new Daemon());
   char tmpl[] = "/tmp/dlcpd-test-XXXXXX";

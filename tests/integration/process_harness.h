@@ -21,6 +21,22 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration ti
 // GET http://127.0.0.1:port/path; the body, or empty on any failure (bounded by `timeout`).
 std::string HttpGet(int port, const std::string& path, absl::Duration timeout);
 
+// A process running in the background, its output going to a file; killed (with its process group)
+// when destroyed if still running.
+class BackgroundProcess {
+ public:
+  static std::unique_ptr<BackgroundProcess> Start(const std::vector<std::string>& argv);
+  ~BackgroundProcess();
+  int pid() const { return pid_; }
+  void Signal(int sig);
+  // Waits up to `timeout` for exit; exit_code -1 if it had to be killed.
+  ProcessResult Wait(absl::Duration timeout);
+
+ private:
+  int pid_ = -1;
+  std::string log_;
+};
+
 // A dlcpd on ephemeral ports, stopped (SIGTERM, then SIGKILL) when destroyed.
 class Daemon {
  public:

@@ -7,7 +7,7 @@ namespace dlcp::server {
 namespace {
 
 std::shared_ptr<Job> MakeJob(uint32_t world, uint64_t budget = 1 << 30) {
-  return std::make_shared<Job>(1, "j", world, 64 /*chunk bytes: 16 floats*/, budget);
+  return std::make_shared<Job>(1, "j", world, 64 /*chunk bytes: 16 floats*/, budget, /*epoch=*/7);
 }
 
 TEST(Round, SumsEachContributionOnceAndCompletes) {
@@ -111,6 +111,43 @@ TEST(JobRegistry, ValidatesJoinsAndEnforcesLimits) {
   ASSERT_TRUE(jobs.Leave(JobIdForName("j"), 1).ok());
   EXPECT_EQ(jobs.Find(JobIdForName("j")), nullptr);  // last member left: slot free again
   EXPECT_TRUE(jobs.Join({"k", 2, 0, 1024, addr}).ok());
+}
+
+}  // namespace
+}  // namespace dlcp::server
+
+namespace dlcp::server {
+namespace {
+
+TEST(JobRegistry, ASilentMemberFailsItsJobUntilEveryoneHasLeft) {
+  JobRegistry jobs(JobLimits{});
+  Address a0{0x7f000001, 5000}, a1{0x7f000001, 5001};
+  auto job = jobs.Join({"train", 2, 0, 1024, a0});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(jobs.Join({"train", 2, 1, 1024, a1}).ok());
+  const uint32_t first_epoch = (*job)->epoch;
+  const int64_t t0 = absl::GetCurrentTimeNanos();
+  (*job)->members[0].last_heartbeat_ns.store(t0 + absl::ToInt64Nanoseconds(absl::Seconds(10)));
+  EXPECT_TRUE(jobs.FailSilentMembers(t0 + absl::ToInt64Nanoseconds(absl::Seconds(2)), absl::Seconds(3)).empty());
+  auto lines = jobs.FailSilentMembers(t0 + absl::ToInt64Nanoseconds(absl::Seconds(5)), absl::Seconds(3));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("rank 1"), std::string::npos) << lines[0];
+  EXPECT_TRUE((*job)->failed.load());
+  EXPECT_NE((*job)->failure_reason().find("rank 1"), std::string::npos);
+  EXPECT_FALSE((*job)->members[1].joined());
+  EXPECT_EQ(jobs.Heartbeat((*job)->id, 1).code(), absl::StatusCode::kFailedPrecondition);
+
+  // The restarted rank 1 cannot join while rank 0 of the failed incarnation is still there.
+  auto early = jobs.Join({"train", 2, 1, 1024, a1});
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.status().message().find("must leave"), std::string::npos) << early.status();
+
+  // Once everyone has left, the name starts a new incarnation with another epoch.
+  ASSERT_TRUE(jobs.Leave((*job)->id, 0).ok());
+  auto fresh = jobs.Join({"train", 2, 1, 1024, a1});
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_FALSE((*fresh)->failed.load());
+  EXPECT_NE((*fresh)->epoch, first_epoch);
 }
 
 }  // namespace

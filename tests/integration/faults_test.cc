@@ -1,0 +1,85 @@
+// Workers that die or freeze mid-job, with real processes and real signals: the survivors must
+// fail within the heartbeat deadline with an error naming the rank, nothing may hang, and the job
+// must run again once restarted.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/integration/process_harness.h"
+
+namespace dlcp::testing {
+namespace {
+
+constexpr int kWorkers = 3;
+constexpr int kHeartbeatTimeoutMs = 1500;
+
+std::vector<std::string> Worker(const Daemon& d, const std::string& job, int rank) {
+  return {DLCP_BENCH_PATH, "--plaintext", "--aggregators=" + d.control(), absl::StrCat("--workers=", kWorkers),
+          absl::StrCat("--rank=", rank), "--job=" + job, "--tensor-bytes=200000", "--rounds=1000000",
+          "--op-timeout-ms=60000"};
+}
+
+std::unique_ptr<Daemon> StartDaemon() {
+  return Daemon::Start(DLCPD_PATH, {absl::StrCat("--heartbeat-timeout-ms=", kHeartbeatTimeoutMs),
+                                    "--job-idle-timeout-ms=10000"});
+}
+
+// Starts all ranks and lets them run rounds for a while.
+std::vector<std::unique_ptr<BackgroundProcess>> StartJob(const Daemon& d, const std::string& job) {
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int r = 0; r < kWorkers; ++r) workers.push_back(BackgroundProcess::Start(Worker(d, job, r)));
+  absl::SleepFor(absl::Milliseconds(1500));
+  return workers;
+}
+
+void ExpectSurvivorsFailNamingRank(std::vector<std::unique_ptr<BackgroundProcess>>& workers, int dead,
+                                   absl::Time since) {
+  for (int r = 0; r < kWorkers; ++r) {
+    if (r == dead) continue;
+    ProcessResult res = workers[r]->Wait(absl::Seconds(15));
+    const absl::Duration took = absl::Now() - since;
+    EXPECT_NE(res.exit_code, 0) << "rank " << r << " did not fail:\n" << res.out;
+    EXPECT_NE(res.exit_code, -1) << "rank " << r << " hung and was killed:\n" << res.out;
+    EXPECT_NE(res.out.find(absl::StrCat("worker rank ", dead)), std::string::npos) << res.out;
+    EXPECT_NE(res.out.find("ABORTED"), std::string::npos) << res.out;
+    // Detection within the deadline, plus heartbeat spacing and scheduling on a loaded machine.
+    EXPECT_LT(took, absl::Milliseconds(kHeartbeatTimeoutMs) + absl::Seconds(3)) << "rank " << r;
+  }
+}
+
+TEST(Faults, KilledWorkerFailsTheOthersNamingItAndTheJobRestarts) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto workers = StartJob(*d, "kill-test");
+  workers[2]->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  ExpectSurvivorsFailNamingRank(workers, 2, killed);
+  workers[2]->Wait(absl::Seconds(5));
+
+  // Restarted, the whole job runs again under the same name, exactly.
+  ProcessResult again = RunProcess({DLCP_BENCH_PATH, "--plaintext", "--aggregators=" + d->control(),
+                                    absl::StrCat("--workers=", kWorkers), "--job=kill-test", "--tensor-bytes=200000",
+                                    "--rounds=5", "--timeout-s=60"},
+                                   absl::Seconds(70));
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_NE(again.out.find("results exact: yes"), std::string::npos) << again.out;
+}
+
+TEST(Faults, FrozenWorkerIsDroppedAndLearnsItWhenItWakes) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto workers = StartJob(*d, "stop-test");
+  workers[1]->Signal(SIGSTOP);
+  const absl::Time stopped = absl::Now();
+  ExpectSurvivorsFailNamingRank(workers, 1, stopped);
+  workers[1]->Signal(SIGCONT);
+  // Awake again, it finds itself dropped: its next heartbeat or packet ends it, promptly.
+  ProcessResult res = workers[1]->Wait(absl::Seconds(10));
+  EXPECT_NE(res.exit_code, 0) << res.out;
+  EXPECT_NE(res.exit_code, -1) << "the frozen worker hung after waking:\n" << res.out;
+  EXPECT_NE(res.out.find("ABORTED"), std::string::npos) << res.out;
+}
+
+}  // namespace
+}  // namespace dlcp::testing
