@@ -54,7 +54,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
     info.epoch = resp.epoch();
     // Three heartbeats per deadline, so one lost or late one is not fatal.
     if (resp.heartbeat_timeout_ms() > 0) {
-      s->heartbeat_interval_ = std::min(s->heartbeat_interval_, absl::Milliseconds(resp.heartbeat_timeout_ms()) / 3);
+      const absl::Duration deadline = absl::Milliseconds(resp.heartbeat_timeout_ms());
+      s->heartbeat_interval_ = std::min(s->heartbeat_interval_, deadline / 3);
+      s->heartbeat_timeout_ = std::min(s->heartbeat_timeout_, deadline);
     }
     for (const v1::Endpoint& e : resp.data_endpoints()) {
       absl::StatusOr<Address> a =
@@ -65,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
     s->aggregators_.push_back(std::move(info));
     s->stubs_.push_back(std::move(stub));
   }
+  s->last_ok_.assign(s->aggregators_.size(), absl::Now());
   s->heartbeat_ = std::thread([raw = s.get()] { raw->HeartbeatLoop(); });
   return s;
 }
@@ -80,27 +83,38 @@ void Session::HeartbeatLoop() {
       req.set_job_id(job_id_);
       req.set_rank(options_.rank);
       v1::HeartbeatResponse resp;
+      // Bounded by the heartbeat interval, so one dead aggregator cannot delay the others' beats.
       grpc::Status st = CallWithDeadline(
           [&](grpc::ClientContext* ctx, const v1::HeartbeatRequest* rq, v1::HeartbeatResponse* rs, auto cb) {
             stubs_[i]->async()->Heartbeat(ctx, rq, rs, std::move(cb));
           },
-          req, &resp, options_.rpc_timeout);
-      if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION || st.error_code() == grpc::StatusCode::NOT_FOUND) {
+          req, &resp, std::min(options_.rpc_timeout, heartbeat_interval_));
+      if (st.ok()) last_ok_[i] = absl::Now();
+      const absl::Duration silent = absl::Now() - last_ok_[i];
+      if (!st.ok() && silent > heartbeat_timeout_) {
+        // The aggregator that owns part of every tensor is gone: no op can complete. Fail now
+        // rather than at each op's deadline.
+        Fatal(absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " unreachable for ",
+                                                  absl::FormatDuration(silent), ": ", st.error_message())));
+      } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION || st.error_code() == grpc::StatusCode::NOT_FOUND) {
         // The aggregator no longer counts this worker in the job: nothing it sends can complete.
-        absl::Status fatal = absl::AbortedError(absl::StrCat("aggregator ", aggregators_[i].control,
-                                                             " dropped this worker: ", st.error_message()));
-        std::function<void(const absl::Status&)> handler;
-        {
-          std::lock_guard<std::mutex> guard(mu_);
-          handler = fatal_;
-        }
-        if (handler) handler(fatal);
+        Fatal(absl::AbortedError(absl::StrCat("aggregator ", aggregators_[i].control,
+                                              " dropped this worker: ", st.error_message())));
       } else if (!st.ok()) {
         DLCP_LOG(Warning) << "heartbeat to " << aggregators_[i].control << " failed: " << st.error_message();
       }
     }
     lock.lock();
   }
+}
+
+void Session::Fatal(const absl::Status& status) {
+  std::function<void(const absl::Status&)> handler;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handler = fatal_;
+  }
+  if (handler) handler(status);
 }
 
 void Session::set_fatal_handler(std::function<void(const absl::Status&)> handler) {

@@ -57,10 +57,13 @@ class Session {
  private:
   Session() = default;
   void HeartbeatLoop();
+  void Fatal(const absl::Status& status);
 
   SessionOptions options_;
   uint32_t job_id_ = 0;
   absl::Duration heartbeat_interval_;
+  absl::Duration heartbeat_timeout_ = absl::InfiniteDuration();  // the aggregators' deadline
+  std::vector<absl::Time> last_ok_;  // per aggregator: last successful heartbeat (heartbeat thread)
   std::function<void(const absl::Status&)> fatal_;  // under mu_
   std::vector<AggregatorInfo> aggregators_;
   std::vector<std::unique_ptr<v1::Aggregator::Stub>> stubs_;

@@ -83,3 +83,34 @@ TEST(Faults, FrozenWorkerIsDroppedAndLearnsItWhenItWakes) {
 
 }  // namespace
 }  // namespace dlcp::testing
+
+namespace dlcp::testing {
+namespace {
+
+TEST(Faults, DeadAggregatorFailsTheJobWithinTheDeadline) {
+  auto keep = StartDaemon();
+  auto doomed = StartDaemon();
+  ASSERT_NE(keep, nullptr);
+  ASSERT_NE(doomed, nullptr);
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    std::vector<std::string> argv = Worker(*keep, "agg-death", r);
+    argv[2] = "--aggregators=" + keep->control() + "," + doomed->control();
+    workers.push_back(BackgroundProcess::Start(argv));
+  }
+  absl::SleepFor(absl::Milliseconds(1500));
+  kill(doomed->pid(), SIGKILL);
+  const absl::Time killed = absl::Now();
+  for (int r = 0; r < kWorkers; ++r) {
+    ProcessResult res = workers[r]->Wait(absl::Seconds(20));
+    EXPECT_NE(res.exit_code, 0) << res.out;
+    EXPECT_NE(res.exit_code, -1) << "rank " << r << " hung:\n" << res.out;
+    EXPECT_NE(res.out.find("UNAVAILABLE"), std::string::npos) << res.out;
+    EXPECT_NE(res.out.find(doomed->control()), std::string::npos) << res.out;  // names the aggregator
+    EXPECT_LT(absl::Now() - killed, absl::Milliseconds(kHeartbeatTimeoutMs) + absl::Seconds(4)) << "rank " << r;
+  }
+  doomed->Stop(absl::Seconds(1));
+}
+
+}  // namespace
+}  // namespace dlcp::testing
