@@ -8,3 +8,6 @@ echo "== reduction engine vs STREAM add"
 echo
 echo "== dlcp vs Gloo ring all-reduce"
 bash bench/compare_gloo/compare_gloo.sh "$BUILD"
+echo
+echo "== cost of data-packet authentication"
+bash bench/auth_cost.sh "$BUILD"

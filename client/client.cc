@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   for (const AggregatorInfo& a : (*session)->aggregators()) {
     eo.endpoints.push_back(a.data_endpoints);
     eo.epochs.push_back(a.epoch);
+    eo.keys.push_back(a.data_key);
     eo.aggregator_ids.push_back(a.control);
     eo.max_inflight = std::min(eo.max_inflight, a.max_rounds_in_flight);
   }

@@ -52,6 +52,14 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
     info.control = control;
     info.max_rounds_in_flight = resp.max_rounds_in_flight();
     info.epoch = resp.epoch();
+    if (!resp.data_key().empty()) {
+      if (resp.data_key().size() != 32) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("aggregator ", control, " sent a data key of ", resp.data_key().size(), " bytes, not 32"));
+      }
+      info.data_key = wire::MacKeyFromBytes(absl::MakeConstSpan(
+          reinterpret_cast<const uint8_t*>(resp.data_key().data()), resp.data_key().size()));
+    }
     // Three heartbeats per deadline, so one lost or late one is not fatal.
     if (resp.heartbeat_timeout_ms() > 0) {
       const absl::Duration deadline = absl::Milliseconds(resp.heartbeat_timeout_ms());
@@ -89,18 +97,21 @@ void Session::HeartbeatLoop() {
             stubs_[i]->async()->Heartbeat(ctx, rq, rs, std::move(cb));
           },
           req, &resp, std::min(options_.rpc_timeout, heartbeat_interval_));
-      if (st.ok()) last_ok_[i] = absl::Now();
-      const absl::Duration silent = absl::Now() - last_ok_[i];
-      if (!st.ok() && silent > heartbeat_timeout_) {
-        // The aggregator that owns part of every tensor is gone: no op can complete. Fail now
-        // rather than at each op's deadline.
-        Fatal(absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " unreachable for ",
-                                                  absl::FormatDuration(silent), ": ", st.error_message())));
-      } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION || st.error_code() == grpc::StatusCode::NOT_FOUND) {
-        // The aggregator no longer counts this worker in the job: nothing it sends can complete.
+      if (st.ok()) {
+        last_ok_[i] = absl::Now();
+      } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+                 st.error_code() == grpc::StatusCode::NOT_FOUND) {
+        // The aggregator answered: it no longer counts this worker in the job (e.g. after it was
+        // silent past the deadline). Nothing this worker sends can complete.
         Fatal(absl::AbortedError(absl::StrCat("aggregator ", aggregators_[i].control,
                                               " dropped this worker: ", st.error_message())));
-      } else if (!st.ok()) {
+      } else if (absl::Now() - last_ok_[i] > heartbeat_timeout_) {
+        // No answer for longer than the deadline: the aggregator that owns part of every tensor
+        // is gone, and no op can complete. Fail now rather than at each op's deadline.
+        Fatal(absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " unreachable for ",
+                                                  absl::FormatDuration(absl::Now() - last_ok_[i]), ": ",
+                                                  st.error_message())));
+      } else {
         DLCP_LOG(Warning) << "heartbeat to " << aggregators_[i].control << " failed: " << st.error_message();
       }
     }

@@ -8,6 +8,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/security/tls.h"
 #include "common/transport/address.h"
+#include "common/wire/mac.h"
 #include "dlcp/v1/control.grpc.pb.h"
 
 namespace dlcp {
@@ -25,6 +27,7 @@ struct AggregatorInfo {
   std::vector<Address> data_endpoints; // resolved
   uint32_t max_rounds_in_flight = 0;
   uint32_t epoch = 0;                   // of this job's incarnation at this aggregator
+  std::optional<wire::MacKey> data_key; // the job's data-plane key there, if it authenticates
 };
 
 struct SessionOptions {

@@ -34,6 +34,7 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
       dest_by_addr_[static_cast<uint64_t>(ep.ipv4) << 16 | ep.port] = static_cast<uint32_t>(dest_addr_.size());
       dest_addr_.push_back(ep);
       dest_epoch_.push_back(options_.epochs[a]);
+      dest_key_.push_back(options_.keys[a] ? &*options_.keys[a] : nullptr);
     }
   }
   io_ = std::thread([this] { Run(); });
@@ -181,7 +182,8 @@ bool TransferEngine::PushSome(size_t budget) {
         h.chunk = c;
         h.payload_len = op.geometry.bytes(c);
         op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
-        absl::Status s = outbox_.Add(dest_addr_[d], h, reinterpret_cast<const uint8_t*>(op.data + op.geometry.offset(c)));
+        absl::Status s = outbox_.Add(dest_addr_[d], h, reinterpret_cast<const uint8_t*>(op.data + op.geometry.offset(c)),
+                                     dest_key_[d]);
         if (!s.ok()) DLCP_LOG(Warning) << "push to " << dest_addr_[d].ToString() << ": " << s;
       };
       while (!dest.resend.empty() && budget > 0) {
@@ -257,6 +259,12 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
     return;
   }
   const uint32_t from_dest = src->second;
+  if (const wire::MacKey* key = dest_key_[from_dest]) {
+    if (!(h.flags & wire::kFlagMac) || !wire::VerifyMac(*key, absl::MakeConstSpan(m.data, m.len), h.payload_len)) {
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
   auto it = ops_.find(h.key);
   Op* op = (it != ops_.end() && it->second->round == h.round) ? it->second.get() : nullptr;
   if (op != nullptr && (h.tensor_elems != op->geometry.tensor_elems || h.chunk_count != op->geometry.chunk_count())) {
@@ -368,7 +376,7 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only) 
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(missing);
   for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, std::min<size_t>(8192, transport_->max_datagram() - wire::kHeaderSize))) {
     h.payload_len = static_cast<uint32_t>(p.size());
-    absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p));
+    absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_key_[dest]);
     if (!s.ok()) DLCP_LOG(Warning) << "result request: " << s;
   }
 }
@@ -379,7 +387,7 @@ void TransferEngine::SendDone(uint32_t key, uint32_t round, uint32_t dest, uint3
   h.flags = wire::kFlagDone;
   std::vector<uint8_t> empty = wire::EncodeRanges({}, 16)[0];
   h.payload_len = static_cast<uint32_t>(empty.size());
-  absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(empty));
+  absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(empty), dest_key_[dest]);
   if (!s.ok()) DLCP_LOG(Warning) << "done: " << s;
 }
 

@@ -10,6 +10,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -24,12 +25,14 @@
 #include "common/transport/transport.h"
 #include "common/wire/geometry.h"
 #include "common/wire/header.h"
+#include "common/wire/mac.h"
 
 namespace dlcp {
 
 struct EngineOptions {
   uint32_t job = 0;
   std::vector<uint32_t> epochs;  // per aggregator: the job incarnation's epoch there
+  std::vector<std::optional<wire::MacKey>> keys;  // per aggregator: its data key for this job
   uint32_t rank = 0;
   uint32_t chunk_bytes = 0;
   // Data endpoints of each aggregator, in the order of the topology's aggregators.
@@ -103,6 +106,7 @@ class TransferEngine {
   Topology topology_;
   std::vector<Address> dest_addr_;
   std::vector<uint32_t> dest_epoch_;
+  std::vector<const wire::MacKey*> dest_key_;  // into options_.keys; nullptr: no authentication
   std::unordered_map<uint64_t, uint32_t> dest_by_addr_;  // (ipv4 << 16 | port) -> dest
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
   Outbox outbox_;

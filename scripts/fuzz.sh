@@ -10,7 +10,8 @@ command -v clang++ >/dev/null || { echo "fuzz: clang++ not installed (scripts/in
 mkdir -p "$OUT"
 ABSL_LIBS=$(pkg-config --libs absl_status absl_statusor absl_strings)
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
-  tests/fuzz/wire_fuzz.cc common/wire/header.cc common/wire/ranges.cc $ABSL_LIBS -o "$OUT/wire_fuzz"
+  tests/fuzz/wire_fuzz.cc common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc $ABSL_LIBS -lhighwayhash \
+  -o "$OUT/wire_fuzz"
 work="$OUT/wire_corpus"
 mkdir -p "$work"
 "$OUT/wire_fuzz" -max_total_time="$SECONDS_PER_TARGET" -max_len=2048 -print_final_stats=1 \

@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
-  prometheus-cpp-dev
+  prometheus-cpp-dev libhighwayhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   clang libclang-rt-14-dev openssl
   python3

@@ -11,20 +11,37 @@ Outbox::Outbox(Transport* transport, size_t batch, absl::Duration send_timeout)
     : transport_(transport), batch_(batch), send_timeout_(send_timeout) {
   // Reserved once: messages_ point into headers_, which therefore must never reallocate.
   headers_.reserve(batch_);
+  tags_.reserve(batch_);
   messages_.reserve(batch_);
 }
 
-absl::Status Outbox::Add(const Address& to, const wire::Header& h, const uint8_t* payload) {
+absl::Status Outbox::Add(const Address& to, const wire::Header& h, const uint8_t* payload, const wire::MacKey* key,
+                         const uint64_t* payload_digest) {
   headers_.emplace_back();
-  wire::EncodeHeader(h, headers_.back().data());
-  messages_.push_back(OutMessage{to, h.priority, headers_.back().data(), wire::kHeaderSize, payload, h.payload_len});
+  uint8_t* header = headers_.back().data();
+  OutMessage m{to, h.priority, header, wire::kHeaderSize, payload, h.payload_len};
+  if (key == nullptr) {
+    wire::EncodeHeader(h, header);
+  } else {
+    wire::Header signed_h = h;
+    signed_h.flags |= wire::kFlagMac;
+    wire::EncodeHeader(signed_h, header);
+    tags_.emplace_back();
+    const uint64_t digest =
+        payload_digest != nullptr ? *payload_digest : wire::PayloadDigest(*key, payload, h.payload_len);
+    wire::MacFromDigest(*key, header, digest, tags_.back().data());
+    m.trailer = tags_.back().data();
+    m.trailer_len = wire::kMacSize;
+  }
+  messages_.push_back(m);
   if (messages_.size() >= batch_) return Flush();
   return absl::OkStatus();
 }
 
-absl::Status Outbox::AddOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload) {
+absl::Status Outbox::AddOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload,
+                              const wire::MacKey* key) {
   owned_.push_back(std::move(payload));
-  return Add(to, h, owned_.back().data());
+  return Add(to, h, owned_.back().data(), key);
 }
 
 absl::Status Outbox::Flush() {
@@ -37,6 +54,7 @@ absl::Status Outbox::Flush() {
   absl::Status s = transport_->Send(messages_, absl::Now() + send_timeout_);
   messages_.clear();
   headers_.clear();
+  tags_.clear();
   owned_.clear();
   return s;
 }

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "common/transport/transport.h"
 #include "common/wire/header.h"
+#include "common/wire/mac.h"
 
 namespace dlcp {
 
@@ -20,9 +21,13 @@ class Outbox {
   explicit Outbox(Transport* transport, size_t batch = 64, absl::Duration send_timeout = absl::Seconds(2));
 
   // Queues header + payload (h.payload_len bytes at `payload`); flushes when the batch is full.
-  absl::Status Add(const Address& to, const wire::Header& h, const uint8_t* payload);
+  // With a key, the packet is authenticated: kFlagMac set and the MAC trailer appended.
+  // `payload_digest`, if given, is wire::PayloadDigest(*key, payload) computed once by the caller.
+  absl::Status Add(const Address& to, const wire::Header& h, const uint8_t* payload,
+                   const wire::MacKey* key = nullptr, const uint64_t* payload_digest = nullptr);
   // The same, keeping `payload` alive inside the outbox until it is sent.
-  absl::Status AddOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload);
+  absl::Status AddOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload,
+                        const wire::MacKey* key = nullptr);
   absl::Status Flush();
   size_t pending() const { return messages_.size(); }
 
@@ -31,6 +36,7 @@ class Outbox {
   size_t batch_;
   absl::Duration send_timeout_;
   std::vector<std::array<uint8_t, wire::kHeaderSize>> headers_;
+  std::vector<std::array<uint8_t, wire::kMacSize>> tags_;
   std::vector<OutMessage> messages_;
   std::vector<std::vector<uint8_t>> owned_;
 };

@@ -22,7 +22,8 @@
 
 namespace dlcp {
 
-// A datagram to send, gathered from a header and a payload so payloads go out without a copy.
+// A datagram to send, gathered from a header, a payload and a trailer, so payloads go out
+// without a copy.
 struct OutMessage {
   Address to;
   uint8_t priority = 0;  // class 0..3, mapped to a DSCP code point by the transport
@@ -30,6 +31,10 @@ struct OutMessage {
   size_t header_len = 0;
   const uint8_t* payload = nullptr;
   size_t payload_len = 0;
+  const uint8_t* trailer = nullptr;
+  size_t trailer_len = 0;
+
+  size_t size() const { return header_len + payload_len + trailer_len; }
 };
 
 struct InMessage {

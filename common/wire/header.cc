@@ -61,6 +61,8 @@ const char* RejectName(Reject r) {
     case Reject::kUnknownRound: return "unknown_round";
     case Reject::kOverCapacity: return "over_capacity";
     case Reject::kJobFailed: return "job_failed";
+    case Reject::kMissingMac: return "missing_mac";
+    case Reject::kBadMac: return "bad_mac";
     case Reject::kCount: break;
   }
   return "unknown";
@@ -109,7 +111,11 @@ Reject ParseHeader(absl::Span<const uint8_t> d, Header* out) {
   h.contributors = Get16(p + kOffContributors);
   h.epoch = Get32(p + kOffEpoch);
   h.payload_len = Get32(p + kOffPayloadLen);
-  if (h.payload_len != d.size() - kHeaderSize || h.payload_len > kMaxPayload) return Reject::kLengthMismatch;
+  const size_t trailer = (h.flags & kFlagMac) ? kMacTrailer : 0;
+  if (d.size() < kHeaderSize + trailer || h.payload_len != d.size() - kHeaderSize - trailer ||
+      h.payload_len > kMaxPayload - trailer) {
+    return Reject::kLengthMismatch;
+  }
   if (CarriesFloats(h.type)) {
     if (h.chunk_count == 0 || h.chunk >= h.chunk_count || h.tensor_elems == 0) return Reject::kBadChunk;
     if (h.payload_len == 0 || h.payload_len % sizeof(float) != 0) return Reject::kBadPayload;

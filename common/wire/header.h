@@ -30,7 +30,9 @@ enum class MsgType : uint8_t {
 inline constexpr uint8_t kMaxMsgType = 6;
 
 inline constexpr uint8_t kFlagDone = 0x01;  // kResultReq: every result of the round has arrived
-inline constexpr uint8_t kKnownFlags = kFlagDone;
+inline constexpr uint8_t kFlagMac = 0x02;   // an 8-byte MAC trailer follows the payload (mac.h)
+inline constexpr uint8_t kKnownFlags = kFlagDone | kFlagMac;
+inline constexpr size_t kMacTrailer = 8;
 
 struct Header {
   MsgType type = MsgType::kPush;
@@ -69,6 +71,8 @@ enum class Reject : uint8_t {
   kUnknownRound,
   kOverCapacity,
   kJobFailed,
+  kMissingMac,
+  kBadMac,
   kCount,
 };
 const char* RejectName(Reject r);
@@ -77,7 +81,8 @@ const char* RejectName(Reject r);
 void EncodeHeader(const Header& h, uint8_t* out);
 
 // Parses and checks everything that does not need receiver state: magic, version, type, class,
-// flags, reserved bytes, that payload_len matches the datagram, and chunk bounds. Returns the
+// flags, reserved bytes, that payload_len (plus the MAC trailer, if flagged) matches the
+// datagram, and chunk bounds. The MAC itself needs the key: see mac.h. Returns the
 // reason on failure; `out` is only valid on kNone.
 Reject ParseHeader(absl::Span<const uint8_t> datagram, Header* out);
 

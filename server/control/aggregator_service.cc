@@ -57,6 +57,10 @@ absl::Status AggregatorService::DoJoin(const std::string& peer, const v1::JoinRe
   const uint32_t threads = static_cast<uint32_t>(data_->endpoints().size());
   resp->set_max_rounds_in_flight(std::max<uint32_t>(1, jobs_->limits().max_rounds_in_flight / (2 * threads)));
   resp->set_aggregator_id(id());
+  if (const wire::MacKey* key = (*job)->key()) {
+    std::array<uint8_t, 32> bytes = wire::MacKeyToBytes(*key);
+    resp->set_data_key(std::string(bytes.begin(), bytes.end()));
+  }
   resp->set_heartbeat_timeout_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(jobs_->limits().heartbeat_timeout)));
   FillEndpoints(resp->mutable_data_endpoints());

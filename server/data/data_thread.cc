@@ -96,9 +96,15 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   if (h.type != wire::MsgType::kPush && h.type != wire::MsgType::kResultReq) return Reject(wire::Reject::kBadType);
   std::shared_ptr<Job> job = jobs_->Find(h.job);
   if (!job || job->closed.load(std::memory_order_relaxed)) {
-    // A DONE or retransmit that lost the race with its job's end is late, not invalid.
+    // A DONE or retransmit that lost the race with its job's end is late, not invalid. (Without
+    // the job's key it cannot be told from a forgery, so it is never answered.)
     if (jobs_->RecentlyClosed(h.job)) return stale_->Add();
     return Reject(wire::Reject::kUnknownJob);
+  }
+  // Authentication first: nothing else about a packet is believed before its MAC checks out.
+  if (const wire::MacKey* key = job->key()) {
+    if (!(h.flags & wire::kFlagMac)) return Reject(wire::Reject::kMissingMac);
+    if (!wire::VerifyMac(*key, absl::MakeConstSpan(m.data, m.len), h.payload_len)) return Reject(wire::Reject::kBadMac);
   }
   if (h.rank >= job->world) return Reject(wire::Reject::kNotMember);
   if (!job->members[h.rank].joined()) {
@@ -110,7 +116,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   }
   if (h.epoch != job->epoch) return Reject(wire::Reject::kStaleEpoch);
   if (job->failed.load(std::memory_order_relaxed)) {
-    SendError(h, job->members[h.rank].address(), absl::StatusCode::kAborted, JobFailedMessage(*job));
+    SendError(*job, h, job->members[h.rank].address(), absl::StatusCode::kAborted, JobFailedMessage(*job));
     return Reject(wire::Reject::kJobFailed);
   }
   const wire::ChunkGeometry g{h.tensor_elems, job->chunk_bytes / 4};
@@ -153,7 +159,7 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
     // The round was delivered to every worker and freed: a late duplicate, or a worker asking
     // about a round that expired. Only the latter needs an answer.
     if (h.type == wire::MsgType::kResultReq && !(h.flags & wire::kFlagDone)) {
-      SendError(h, job->members[h.rank].address(), absl::StatusCode::kNotFound,
+      SendError(*job, h, job->members[h.rank].address(), absl::StatusCode::kNotFound,
                 absl::StrCat("round ", h.round, " of key ", h.key, " is no longer held by this aggregator"));
       Reject(wire::Reject::kUnknownRound);
     } else {
@@ -168,7 +174,7 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
   const uint32_t limit = jobs_->limits().max_rounds_in_flight;
   if (job->rounds_in_flight.load(std::memory_order_relaxed) >= limit) {
     Reject(wire::Reject::kOverCapacity);
-    SendError(h, job->members[h.rank].address(), absl::StatusCode::kResourceExhausted,
+    SendError(*job, h, job->members[h.rank].address(), absl::StatusCode::kResourceExhausted,
               absl::StrCat("job '", job->name, "' has ", limit,
                            " rounds in flight at this aggregator (dlcpd --max-rounds-in-flight)"));
     return nullptr;
@@ -191,13 +197,23 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
       return;
     case Round::AddResult::kNoMemory:
       Reject(wire::Reject::kOverCapacity);
-      SendError(h, round->job()->members[h.rank].address(), absl::StatusCode::kResourceExhausted,
+      SendError(*round->job(), h, round->job()->members[h.rank].address(), absl::StatusCode::kResourceExhausted,
                 absl::StrCat("job '", round->job()->name, "' exceeds its accumulator budget of ",
                              round->job()->max_bytes, " bytes (dlcpd --max-job-bytes)"));
       return;
-    case Round::AddResult::kCompleted:
-      for (uint32_t w = 0; w < round->job()->world; ++w) SendResult(*round, h.chunk, w, h.priority);
+    case Round::AddResult::kCompleted: {
+      // One payload digest for all the workers' copies; only the headers differ.
+      const wire::MacKey* key = round->job()->key();
+      uint64_t digest = 0;
+      if (key != nullptr) {
+        digest = wire::PayloadDigest(*key, reinterpret_cast<const uint8_t*>(round->Result(h.chunk)),
+                                     round->geometry().bytes(h.chunk));
+      }
+      for (uint32_t w = 0; w < round->job()->world; ++w) {
+        SendResult(*round, h.chunk, w, h.priority, key != nullptr ? &digest : nullptr);
+      }
       return;
+    }
   }
 }
 
@@ -224,7 +240,8 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
   if (!nack.empty()) SendRanges(wire::MsgType::kPushNack, *round, h.rank, nack);
 }
 
-void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority) {
+void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority,
+                            const uint64_t* payload_digest) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
@@ -241,7 +258,8 @@ void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8
   h.contributors = r.contributors(chunk);
   h.epoch = r.job()->epoch;
   h.payload_len = r.geometry().bytes(chunk);
-  Send(m.address(), h, reinterpret_cast<const uint8_t*>(r.Result(chunk)));
+  CountTx(h);
+  Check(outbox_.Add(m.address(), h, reinterpret_cast<const uint8_t*>(r.Result(chunk)), r.job()->key(), payload_digest));
 }
 
 void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks) {
@@ -262,11 +280,11 @@ void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, c
     h.epoch = r.job()->epoch;
     h.payload_len = static_cast<uint32_t>(p.size());
     (type == wire::MsgType::kPushNack ? push_nacks_ : probes_)->Add();
-    SendOwned(m.address(), h, std::move(p));
+    SendOwned(*r.job(), m.address(), h, std::move(p));
   }
 }
 
-void DataThread::SendError(const wire::Header& req, const Address& to, absl::StatusCode code,
+void DataThread::SendError(const Job& job, const wire::Header& req, const Address& to, absl::StatusCode code,
                            const std::string& reason) {
   // One error per round and worker per repair interval is enough; the rest of a window's pushes
   // would otherwise each draw one.
@@ -278,12 +296,12 @@ void DataThread::SendError(const wire::Header& req, const Address& to, absl::Sta
   wire::Header h = req;
   h.type = wire::MsgType::kError;
   h.priority = 0;
-  h.flags = 0;
+  h.flags = 0;  // Outbox sets kFlagMac when the job has a key
   std::string text;
   text.push_back(static_cast<char>(code));
   text.append(reason, 0, std::min<size_t>(reason.size(), 1024));
   h.payload_len = static_cast<uint32_t>(text.size());
-  SendOwned(to, h, std::vector<uint8_t>(text.begin(), text.end()));
+  SendOwned(job, to, h, std::vector<uint8_t>(text.begin(), text.end()));
 }
 
 std::string DataThread::JobFailedMessage(const Job& job) {
@@ -296,14 +314,9 @@ void DataThread::CountTx(const wire::Header& h) {
   tx_bytes_[h.priority]->Add(wire::kHeaderSize + h.payload_len);
 }
 
-void DataThread::Send(const Address& to, const wire::Header& h, const uint8_t* payload) {
+void DataThread::SendOwned(const Job& job, const Address& to, const wire::Header& h, std::vector<uint8_t> payload) {
   CountTx(h);
-  Check(outbox_.Add(to, h, payload));
-}
-
-void DataThread::SendOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload) {
-  CountTx(h);
-  Check(outbox_.AddOwned(to, h, std::move(payload)));
+  Check(outbox_.AddOwned(to, h, std::move(payload), job.key()));
 }
 
 void DataThread::MaybeFree(RoundMap::iterator it) {
@@ -356,7 +369,7 @@ void DataThread::ScanTimers(absl::Time now) {
       for (uint32_t w = 0; w < r.job()->world; ++w) {
         if (!r.IsDone(w) && r.job()->members[w].joined()) {
           h.rank = static_cast<uint16_t>(w);
-          SendError(h, r.job()->members[w].address(), absl::StatusCode::kAborted, JobFailedMessage(*r.job()));
+          SendError(*r.job(), h, r.job()->members[w].address(), absl::StatusCode::kAborted, JobFailedMessage(*r.job()));
         }
       }
       rounds_aborted_->Add();

@@ -60,13 +60,14 @@ class DataThread {
   void HandleResultReq(const wire::Header& h, const uint8_t* payload, Round* round);
   // Finds or creates the round for a validated header; nullptr when the packet is to be dropped.
   Round* RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now);
-  void SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority);
+  void SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority,
+                  const uint64_t* payload_digest = nullptr);
   void SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks);
   // Payload: one byte of absl::StatusCode, then the reason in UTF-8.
-  void SendError(const wire::Header& h, const Address& to, absl::StatusCode code, const std::string& reason);
-  // Queues one datagram and counts it by type and class.
-  void Send(const Address& to, const wire::Header& h, const uint8_t* payload);
-  void SendOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload);
+  void SendError(const Job& job, const wire::Header& h, const Address& to, absl::StatusCode code,
+                 const std::string& reason);
+  // Queues one datagram (authenticated under the job's key, if it has one) and counts it.
+  void SendOwned(const Job& job, const Address& to, const wire::Header& h, std::vector<uint8_t> payload);
   void CountTx(const wire::Header& h);
   static std::string JobFailedMessage(const Job& job);
   void MaybeFree(RoundMap::iterator it);

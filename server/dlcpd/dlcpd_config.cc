@@ -54,6 +54,7 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
                  std::array<uint8_t, 4> unused;
                  return ParseDscpMap(v, &unused);
                });
+  c->AddBool("data-auth", true, "give each job a key and require a MAC on every data packet (docs/security.md)");
   c->AddBool("udp-offload", true, "UDP GSO on send and GRO on receive, where the kernel supports them");
   c->AddBool("busy-poll", false, "spin on the data socket instead of sleeping (dedicated cores only)");
   c->AddString("log-level", "info", "debug, info, warning or error", [](const std::string& v) {
@@ -95,6 +96,7 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.data.inject_seed = static_cast<uint64_t>(c.GetInt("inject-seed"));
   o.job_idle_timeout = absl::Milliseconds(c.GetInt("job-idle-timeout-ms"));
   o.limits.heartbeat_timeout = absl::Milliseconds(c.GetInt("heartbeat-timeout-ms"));
+  o.limits.data_auth = c.GetBool("data-auth");
   if (o.job_idle_timeout <= o.limits.heartbeat_timeout) {
     return absl::InvalidArgumentError("--job-idle-timeout-ms must exceed --heartbeat-timeout-ms");
   }

@@ -64,7 +64,13 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
             absl::StrCat("aggregator serves its limit of ", limits_.max_jobs, " jobs (dlcpd --max-jobs)"));
       }
       const uint32_t epoch = static_cast<uint32_t>(StableHash64(epoch_seed_, ++epoch_seed_)) | 1;  // never 0
-      job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes, epoch);
+      std::optional<wire::MacKey> key;
+      if (limits_.data_auth) {
+        absl::StatusOr<wire::MacKey> k = wire::NewMacKey();
+        if (!k.ok()) return k.status();
+        key = *k;
+      }
+      job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes, epoch, key);
       jobs_[id] = job;
     } else {
       job = it->second;

@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -17,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/registry.h"
 #include "common/transport/address.h"
+#include "common/wire/mac.h"
 
 namespace dlcp::server {
 
@@ -27,6 +29,8 @@ struct JobLimits {
   uint64_t max_job_bytes = 4ull << 30;
   // Told to clients at Join, so they heartbeat well within it.
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // Give every job a data-plane key and require a valid MAC on every data packet.
+  bool data_auth = true;
 };
 
 struct Member {
@@ -42,9 +46,10 @@ struct Member {
 };
 
 struct Job {
-  Job(uint32_t id, std::string name, uint32_t world, uint32_t chunk_bytes, uint64_t max_bytes, uint32_t epoch)
+  Job(uint32_t id, std::string name, uint32_t world, uint32_t chunk_bytes, uint64_t max_bytes, uint32_t epoch,
+      std::optional<wire::MacKey> mac_key = std::nullopt)
       : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes), epoch(epoch),
-        members(world) {}
+        mac_key(mac_key), members(world) {}
 
   const uint32_t id;
   const std::string name;
@@ -53,6 +58,9 @@ struct Job {
   const uint64_t max_bytes;  // accumulator budget across all of the job's rounds
   // Random per incarnation of a job name, so packets of an earlier incarnation never match.
   const uint32_t epoch;
+  // The job's data-plane key here; absent when data authentication is off.
+  const std::optional<wire::MacKey> mac_key;
+  const wire::MacKey* key() const { return mac_key ? &*mac_key : nullptr; }
   std::vector<Member> members;
   std::atomic<uint32_t> member_count{0};
   std::atomic<bool> closed{false};  // set when the job ends; data threads then release its rounds

@@ -2,18 +2,26 @@
 // lists of NACK/RESULT_REQ payloads. Properties, beyond "no crash, no sanitizer report":
 //  - an accepted header is consistent with the datagram it came from;
 //  - re-encoding an accepted header reproduces the input's 48 bytes exactly (nothing is ignored);
-//  - an accepted range list stays inside the tensor and re-encodes to the same bytes.
+//  - an accepted range list stays inside the tensor and re-encodes to the same bytes;
+//  - MAC verification of any accepted datagram is memory-safe and rejects forged tags.
 #include <cstdint>
 #include <cstring>
 
 #include "common/wire/header.h"
+#include "common/wire/mac.h"
 #include "common/wire/ranges.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace dlcp::wire;
   Header h;
   if (ParseHeader(absl::MakeConstSpan(data, size), &h) != Reject::kNone) return 0;
-  if (h.payload_len + kHeaderSize != size || h.priority >= kNumClasses) __builtin_trap();
+  const size_t trailer = (h.flags & kFlagMac) ? kMacTrailer : 0;
+  if (h.payload_len + kHeaderSize + trailer != size || h.priority >= kNumClasses) __builtin_trap();
+  if (trailer != 0) {
+    // Verifying a forged tag must be safe, and must fail (a random tag matches with chance 2^-64).
+    static const MacKey kKey = {0x0123456789abcdefULL, 1, 2, 3};
+    if (VerifyMac(kKey, absl::MakeConstSpan(data, size), h.payload_len)) __builtin_trap();
+  }
   uint8_t again[kHeaderSize];
   EncodeHeader(h, again);
   if (std::memcmp(again, data, kHeaderSize) != 0) __builtin_trap();

@@ -18,11 +18,13 @@ struct Case {
   uint32_t elems;
   double drop;
   uint32_t chunk_bytes = 4096;
+  bool data_auth = true;
 };
 
 std::string Name(const Case& c) {
   return absl::StrCat(c.kind == TransportOptions::Kind::kUdp ? "udp" : "loopback", "_a", c.aggregators, "t",
-                      c.data_threads, "_w", c.workers, "_n", c.elems, "_drop", static_cast<int>(c.drop * 100));
+                      c.data_threads, "_w", c.workers, "_n", c.elems, "_drop", static_cast<int>(c.drop * 100),
+                      c.data_auth ? "" : "_noauth");
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << Name(c); }
@@ -53,7 +55,9 @@ TEST_P(AllReduceTest, SumsAreExact) {
   std::vector<std::unique_ptr<TestAggregator>> aggs;
   std::vector<std::string> addrs;
   for (int a = 0; a < c.aggregators; ++a) {
-    aggs.push_back(TestAggregator::Start({c.kind, static_cast<uint32_t>(c.data_threads), c.drop, 100u + a}));
+    TestAggregatorOptions ao{c.kind, static_cast<uint32_t>(c.data_threads), c.drop, 100u + a};
+    ao.limits.data_auth = c.data_auth;
+    aggs.push_back(TestAggregator::Start(ao));
     ASSERT_NE(aggs.back(), nullptr);
     addrs.push_back(aggs.back()->address());
   }
@@ -125,7 +129,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{TransportOptions::Kind::kUdp, 1, 1, 4, 1023 * 64 + 5, 0},
         Case{TransportOptions::Kind::kUdp, 2, 1, 4, 250000, 0},
         Case{TransportOptions::Kind::kUdp, 2, 2, 4, 100003, 0.1},
-        Case{TransportOptions::Kind::kUdp, 3, 1, 2, 300001, 0.05}),
+        Case{TransportOptions::Kind::kUdp, 3, 1, 2, 300001, 0.05},
+        Case{TransportOptions::Kind::kUdp, 2, 1, 4, 100003, 0.05, 4096, /*data_auth=*/false}),
     [](const auto& info) { return Name(info.param); });
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include "client/client.h"
 #include "common/datapath/outbox.h"
 #include "common/wire/header.h"
+#include "common/wire/mac.h"
+#include "server/jobs/job_registry.h"
 #include "tests/integration/test_aggregator.h"
 
 namespace dlcp::testing {
@@ -147,11 +149,26 @@ TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
     h.chunk_count = 1;
     h.tensor_elems = 4;
     h.payload_len = 16;
+    // Well-formed pushes for the real job: unsigned, and signed with a key that is not the job's.
+    wire::Header forged = h;
+    forged.job = server::JobIdForName("under-fire");
+    forged.chunk_count = 5;
+    forged.tensor_elems = 20000;
+    forged.payload_len = 1024;
+    std::vector<uint8_t> unsigned_push(48), signed_push(48), tag(8);
+    wire::EncodeHeader(forged, unsigned_push.data());
+    forged.flags = wire::kFlagMac;
+    wire::EncodeHeader(forged, signed_push.data());
+    auto wrong_key = wire::NewMacKey();
+    ASSERT_TRUE(wrong_key.ok());
     while (!stop.load()) {
       for (auto& b : junk) b = static_cast<uint8_t>(rng());
       wire::EncodeHeader(h, junk.data());
-      OutMessage msgs[2] = {{target, 0, junk.data() + 64, 100, nullptr, 0},  // random bytes
-                            {target, 0, junk.data(), 48, junk.data() + 48, 16}};  // unknown job
+      wire::ComputeMac(*wrong_key, signed_push.data(), junk.data(), 1024, tag.data());
+      OutMessage msgs[4] = {{target, 0, junk.data() + 64, 100, nullptr, 0},               // random bytes
+                            {target, 0, junk.data(), 48, junk.data() + 48, 16},           // unknown job
+                            {target, 0, unsigned_push.data(), 48, junk.data(), 1024},     // no MAC
+                            {target, 0, signed_push.data(), 48, junk.data(), 1024, tag.data(), 8}};  // bad MAC
       (void)(*tx)->Send(msgs, absl::Now() + absl::Seconds(1));
       absl::SleepFor(absl::Microseconds(200));
     }
@@ -179,6 +196,64 @@ TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
   EXPECT_EQ(errors[1], "");
   EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"unknown_job\"}"), 0);
   EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"bad_magic\"}") + agg->Counter("dlcp_rejects_total{reason=\"truncated\"}"), 0);
+  EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"missing_mac\"}"), 0);
+  EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);
+}
+
+// A member's genuine, correctly signed packet of a finished round, sent again later (a replay),
+// must change nothing: it is counted as stale and the next rounds stay exact.
+TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  std::vector<std::unique_ptr<Client>> clients(2);
+  std::vector<std::thread> joins;
+  for (int r = 0; r < 2; ++r) {
+    joins.emplace_back([&, r] { clients[r] = std::move(*Client::Connect(Opts(agg->address(), "replay", 2, r))); });
+  }
+  for (auto& j : joins) j.join();
+  auto round = [&](float a, float b) {
+    std::vector<float> d0(500, a), d1(500, b);
+    auto f0 = clients[0]->AllReduce(3, absl::MakeSpan(d0));
+    auto f1 = clients[1]->AllReduce(3, absl::MakeSpan(d1));
+    EXPECT_TRUE(f0.get().ok());
+    EXPECT_TRUE(f1.get().ok());
+    return std::make_pair(d0[499], d1[0]);
+  };
+  EXPECT_EQ(round(1, 2), std::make_pair(3.0f, 3.0f));
+  EXPECT_EQ(round(10, 20), std::make_pair(30.0f, 30.0f));
+  // Rebuild rank 0's round-0 push of chunk 0 exactly as it was sent, signed with the job's key.
+  std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("replay"));
+  ASSERT_NE(job, nullptr);
+  ASSERT_NE(job->key(), nullptr);
+  wire::Header h;
+  h.type = wire::MsgType::kPush;
+  h.priority = 1;
+  h.job = job->id;
+  h.key = 3;
+  h.round = 0;
+  h.chunk = 0;
+  h.chunk_count = 2;  // 500 floats in 1024-byte chunks
+  h.tensor_elems = 500;
+  h.rank = 0;
+  h.epoch = job->epoch;
+  h.payload_len = 1024;
+  h.flags = wire::kFlagMac;
+  std::vector<float> old(256, 1.0f);
+  uint8_t header[48], tag[8];
+  wire::EncodeHeader(h, header);
+  wire::ComputeMac(*job->key(), header, reinterpret_cast<uint8_t*>(old.data()), 1024, tag);
+  TransportOptions t;
+  t.bind_host = "127.0.0.1";
+  auto tx = CreateTransport(t);
+  ASSERT_TRUE(tx.ok());
+  const double stale_before = agg->Counter("dlcp_stale_packets_total");
+  OutMessage m{agg->data().endpoints()[0], 1, header, 48, reinterpret_cast<uint8_t*>(old.data()), 1024, tag, 8};
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*tx)->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(agg->Counter("dlcp_stale_packets_total") - stale_before, 5);
+  EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);  // genuine, just old
+  EXPECT_EQ(round(100, 200), std::make_pair(300.0f, 300.0f));
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
 }
 
 }  // namespace

@@ -182,3 +182,58 @@ TEST(Ranges, RejectsLyingCountsAndZeroLengths) {
 
 }  // namespace
 }  // namespace dlcp::wire
+
+#include "common/wire/mac.h"
+
+namespace dlcp::wire {
+namespace {
+
+std::vector<uint8_t> Signed(const MacKey& key, Header h, size_t payload) {
+  h.flags |= kFlagMac;
+  h.payload_len = static_cast<uint32_t>(payload);
+  std::vector<uint8_t> d(kHeaderSize + payload + kMacSize);
+  EncodeHeader(h, d.data());
+  for (size_t i = 0; i < payload; ++i) d[kHeaderSize + i] = static_cast<uint8_t>(i * 31 + 7);
+  ComputeMac(key, d.data(), d.data() + kHeaderSize, payload, d.data() + kHeaderSize + payload);
+  return d;
+}
+
+TEST(WireMac, AnyChangedByteOrOtherKeyFailsVerification) {
+  auto key = NewMacKey();
+  auto other = NewMacKey();
+  ASSERT_TRUE(key.ok() && other.ok());
+  ASSERT_NE(*key, *other);
+  std::vector<uint8_t> d = Signed(*key, Sample(), 64);
+  Header h;
+  ASSERT_EQ(ParseHeader(d, &h), Reject::kNone);
+  EXPECT_EQ(h.payload_len, 64u);
+  EXPECT_TRUE(VerifyMac(*key, d, h.payload_len));
+  EXPECT_FALSE(VerifyMac(*other, d, h.payload_len));
+  for (size_t i = 0; i < d.size(); ++i) {
+    std::vector<uint8_t> t = d;
+    t[i] ^= 0x01;
+    EXPECT_FALSE(VerifyMac(*key, t, h.payload_len)) << "byte " << i << " changed unnoticed";
+  }
+  EXPECT_FALSE(VerifyMac(*key, absl::MakeConstSpan(d.data(), d.size() - 1), h.payload_len));
+}
+
+TEST(WireMac, TrailerLengthIsPartOfTheLengthCheck) {
+  auto key = NewMacKey();
+  ASSERT_TRUE(key.ok());
+  std::vector<uint8_t> d = Signed(*key, Sample(), 16);
+  Header h;
+  EXPECT_EQ(ParseHeader(absl::MakeConstSpan(d.data(), d.size() - kMacSize), &h), Reject::kLengthMismatch);
+  std::vector<uint8_t> longer = d;
+  longer.push_back(0);
+  EXPECT_EQ(ParseHeader(longer, &h), Reject::kLengthMismatch);
+}
+
+TEST(WireMac, KeyBytesRoundTrip) {
+  auto key = NewMacKey();
+  ASSERT_TRUE(key.ok());
+  std::array<uint8_t, 32> bytes = MacKeyToBytes(*key);
+  EXPECT_EQ(MacKeyFromBytes(bytes), *key);
+}
+
+}  // namespace
+}  // namespace dlcp::wire

@@ -83,7 +83,7 @@ class LoopbackTransport final : public Transport {
 
   absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) override {
     for (const OutMessage& m : messages) {
-      const size_t len = m.header_len + m.payload_len;
+      const size_t len = m.size();
       if (len > options_.max_datagram) {
         return absl::InvalidArgumentError(
             absl::StrCat("datagram of ", len, " bytes exceeds max_datagram ", options_.max_datagram));
@@ -98,6 +98,7 @@ class LoopbackTransport final : public Transport {
       Datagram d{local_address(), std::vector<uint8_t>(len)};
       std::memcpy(d.bytes.data(), m.header, m.header_len);
       if (m.payload_len) std::memcpy(d.bytes.data() + m.header_len, m.payload, m.payload_len);
+      if (m.trailer_len) std::memcpy(d.bytes.data() + m.header_len + m.payload_len, m.trailer, m.trailer_len);
       std::lock_guard<std::mutex> lock(dst->mu);
       if (dst->queued_bytes + len > dst->capacity_bytes) {
         counters_.dropped.fetch_add(1, std::memory_order_relaxed);

@@ -79,8 +79,8 @@ class UdpTransport final : public Transport {
 
   absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) override {
     for (const OutMessage& m : messages) {
-      if (m.header_len + m.payload_len > options_.max_datagram) {
-        return absl::InvalidArgumentError(absl::StrCat("datagram of ", m.header_len + m.payload_len,
+      if (m.size() > options_.max_datagram) {
+        return absl::InvalidArgumentError(absl::StrCat("datagram of ", m.size(),
                                                        " bytes exceeds max_datagram ", options_.max_datagram));
       }
     }
@@ -147,7 +147,7 @@ class UdpTransport final : public Transport {
   // through the stack per datagram. Returns false if the kernel refused GSO, which is then off.
   absl::StatusOr<bool> SendWindow(absl::Span<const OutMessage> msgs, absl::Time deadline) {
     mmsghdr hdrs[kSendBatch];
-    iovec iovs[kSendBatch * 2];
+    iovec iovs[kSendBatch * 3];
     sockaddr_in addrs[kSendBatch];
     uint32_t segments[kSendBatch];
     alignas(cmsghdr) uint8_t cmsgs[kSendBatch][kCmsgSpace];
@@ -155,11 +155,11 @@ class UdpTransport final : public Transport {
     size_t units = 0, iov_used = 0;
     for (size_t i = 0; i < msgs.size();) {
       const OutMessage& first = msgs[i];
-      const size_t seg = first.header_len + first.payload_len;
+      const size_t seg = first.size();
       size_t count = 1, total = seg;
       while (gso && i + count < msgs.size() && count < kMaxGsoSegments) {
         const OutMessage& m = msgs[i + count];
-        const size_t len = m.header_len + m.payload_len;
+        const size_t len = m.size();
         if (!(m.to == first.to) || m.priority != first.priority || len > seg || total + len > kMaxGsoBytes) break;
         total += len;
         ++count;
@@ -175,6 +175,7 @@ class UdpTransport final : public Transport {
         const OutMessage& m = msgs[i + k];
         iovs[iov_used++] = {const_cast<uint8_t*>(m.header), m.header_len};
         if (m.payload_len > 0) iovs[iov_used++] = {const_cast<uint8_t*>(m.payload), m.payload_len};
+        if (m.trailer_len > 0) iovs[iov_used++] = {const_cast<uint8_t*>(m.trailer), m.trailer_len};
       }
       h.msg_iovlen = &iovs[iov_used] - h.msg_iov;
       h.msg_control = cmsgs[units];
