@@ -4,6 +4,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/datapath/outbox.h"
@@ -161,11 +162,18 @@ TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
     wire::EncodeHeader(forged, signed_push.data());
     auto wrong_key = wire::NewMacKey();
     ASSERT_TRUE(wrong_key.ok());
+    std::vector<uint8_t> old_version = unsigned_push, lying = unsigned_push;
+    old_version[4] = 0;  // version 0
+    lying[40] = 0xff;    // payload_len claims more than the datagram holds
+    lying[41] = 0x0f;
     while (!stop.load()) {
       for (auto& b : junk) b = static_cast<uint8_t>(rng());
       wire::EncodeHeader(h, junk.data());
       wire::ComputeMac(*wrong_key, signed_push.data(), junk.data(), 1024, tag.data());
-      OutMessage msgs[4] = {{target, 0, junk.data() + 64, 100, nullptr, 0},               // random bytes
+      OutMessage msgs[7] = {{target, 0, junk.data() + 64, 100, nullptr, 0},               // random bytes
+                            {target, 0, junk.data() + 64, 20, nullptr, 0},                // truncated
+                            {target, 0, old_version.data(), 48, junk.data(), 1024},       // wrong version
+                            {target, 0, lying.data(), 48, junk.data(), 1024},             // length lies
                             {target, 0, junk.data(), 48, junk.data() + 48, 16},           // unknown job
                             {target, 0, unsigned_push.data(), 48, junk.data(), 1024},     // no MAC
                             {target, 0, signed_push.data(), 48, junk.data(), 1024, tag.data(), 8}};  // bad MAC
@@ -179,8 +187,8 @@ TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
     workers.emplace_back([&, r] {
       auto c = Client::Connect(Opts(agg->address(), "under-fire", 2, r));
       if (!c.ok()) return void(errors[r] = c.status().ToString());
-      for (int k = 0; k < 5; ++k) {
-        std::vector<float> d(20000, static_cast<float>(r + k));
+      for (int k = 0; k < 40; ++k) {
+        std::vector<float> d(100000, static_cast<float>(r + k));
         auto s = (*c)->AllReduce(0, absl::MakeSpan(d)).get();
         if (!s.ok()) return void(errors[r] = s.status().ToString());
         for (float v : d) {
@@ -190,12 +198,15 @@ TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
     });
   }
   for (auto& w : workers) w.join();
+  const double flood_during_job = agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}");
   stop = true;
   flood.join();
+  EXPECT_GE(flood_during_job, 10) << "the flood hardly overlapped the job";
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
-  EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"unknown_job\"}"), 0);
-  EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"bad_magic\"}") + agg->Counter("dlcp_rejects_total{reason=\"truncated\"}"), 0);
+  for (const char* reason : {"bad_magic", "truncated", "bad_version", "length_mismatch", "unknown_job"}) {
+    EXPECT_GT(agg->Counter(absl::StrCat("dlcp_rejects_total{reason=\"", reason, "\"}")), 0) << reason;
+  }
   EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"missing_mac\"}"), 0);
   EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);
 }
