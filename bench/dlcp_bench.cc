@@ -206,19 +206,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
 int Main(int argc, char** argv) {
   ConfigRegistry config("dlcp-bench", "all-reduce benchmark; checks every result exactly.");
   DeclareFlags(&config);
-  absl::Status s = config.LoadFromMain(argc, argv);
-  if (config.help_requested()) {
-    std::cout << config.Help();
-    return 0;
-  }
-  if (!s.ok()) {
-    std::cerr << "dlcp-bench: " << s.message() << "\n";
-    return 2;
-  }
-  if (config.dump_requested()) {
-    std::cout << config.Dump();
-    return 0;
-  }
+  if (std::optional<int> exit_code = config.StartMain(argc, argv)) return *exit_code;
   LogOptions log;
   ParseLogLevel(config.GetString("log-level"), &log.min_level).IgnoreError();
   log.component = "dlcp-bench";

@@ -180,19 +180,7 @@ int main(int argc, char** argv) {
   });
   config.AddInt("timeout-ms", 3000, 1, 600000, "deadline of each RPC");
   dlcp::DeclareTlsFlags(&config, /*server=*/false);
-  absl::Status s = config.LoadFromMain(argc, argv);
-  if (config.help_requested()) {
-    std::cout << config.Help();
-    return 0;
-  }
-  if (!s.ok()) {
-    std::cerr << "dlcpctl: " << s.message() << "\n";
-    return 2;
-  }
-  if (config.dump_requested()) {
-    std::cout << config.Dump();
-    return 0;
-  }
+  if (std::optional<int> exit_code = config.StartMain(argc, argv)) return *exit_code;
   const std::string cmd = config.positional().empty() ? "status" : config.positional()[0];
   if (cmd != "status" && cmd != "jobs" && cmd != "stats" && cmd != "health") {
     std::cerr << "dlcpctl: unknown command '" << cmd << "' (status|jobs|stats|health)\n";

@@ -1,6 +1,7 @@
 #include "common/config/registry.h"
 
 #include <cstdlib>
+#include <iostream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -155,6 +156,28 @@ absl::Status ConfigRegistry::LoadFromMain(int argc, char** argv) {
     if (v == nullptr) return std::nullopt;
     return std::string(v);
   });
+}
+
+std::optional<int> ConfigRegistry::StartMain(int argc, char** argv, const std::function<absl::Status()>& validate,
+                                             const std::string& failure_prefix) {
+  auto fail = [&](const absl::Status& s) {
+    std::cerr << program_ << ": " << failure_prefix << s.message() << "\n";
+    return 2;
+  };
+  absl::Status loaded = LoadFromMain(argc, argv);
+  if (help_requested_) {
+    std::cout << Help();
+    return 0;
+  }
+  if (!loaded.ok()) return fail(loaded);  // a bad value: nothing sensible to dump
+  absl::Status valid = validate ? validate() : absl::OkStatus();
+  if (dump_requested_) {
+    std::cout << Dump();
+    if (!valid.ok()) std::cerr << program_ << ": invalid configuration: " << valid.message() << "\n";
+    return valid.ok() ? 0 : 2;
+  }
+  if (!valid.ok()) return fail(valid);
+  return std::nullopt;
 }
 
 const ConfigRegistry::Entry& ConfigRegistry::Find(const std::string& name, Type type) const {

@@ -34,6 +34,14 @@ class ConfigRegistry {
   // The same with argv and the process environment.
   absl::Status LoadFromMain(int argc, char** argv);
 
+  // What every binary's main does first: load argv and the environment; answer --help; for
+  // --dump-config print the values, then whether `validate` (cross-setting checks, may be null)
+  // accepts them; otherwise report the first bad setting on stderr as "<program>: <prefix><why>".
+  // Returns the exit code when main should return now (0, or 2 for bad configuration), else
+  // nullopt to carry on.
+  std::optional<int> StartMain(int argc, char** argv, const std::function<absl::Status()>& validate = nullptr,
+                               const std::string& failure_prefix = "");
+
   const std::string& GetString(const std::string& name) const;
   int64_t GetInt(const std::string& name) const;
   double GetDouble(const std::string& name) const;

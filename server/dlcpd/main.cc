@@ -41,30 +41,16 @@ absl::Status WriteReadyFile(const std::string& path, int control_port, int metri
 int Main(int argc, char** argv) {
   ConfigRegistry config("dlcpd", "dlcp aggregator daemon: sums gradient chunks pushed by the workers of a job.");
   DeclareDlcpdFlags(&config);
-  absl::Status loaded = config.LoadFromMain(argc, argv);
-  if (config.help_requested()) {
-    std::cout << config.Help();
-    return 0;
-  }
-  if (!loaded.ok()) {
-    std::cerr << "dlcpd: refusing to start: " << loaded.message() << "\n";
-    return 2;
-  }
-  if (!config.positional().empty()) {
-    std::cerr << "dlcpd: refusing to start: unexpected argument '" << config.positional()[0] << "'\n";
-    return 2;
-  }
-  absl::StatusOr<DlcpdOptions> opts = DlcpdOptionsFromConfig(config);
-  if (config.dump_requested()) {
-    // The values, then whether they make a valid whole (TLS files are read only when serving).
-    std::cout << config.Dump();
-    if (!opts.ok()) std::cerr << "dlcpd: invalid configuration: " << opts.status().message() << "\n";
-    return opts.ok() ? 0 : 2;
-  }
-  if (!opts.ok()) {
-    std::cerr << "dlcpd: refusing to start: " << opts.status().message() << "\n";
-    return 2;
-  }
+  absl::StatusOr<DlcpdOptions> opts = absl::UnknownError("not loaded");
+  // TLS files are read only when serving, so --dump-config works where they are not mounted.
+  auto validate = [&]() -> absl::Status {
+    if (!config.positional().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", config.positional()[0], "'"));
+    }
+    opts = DlcpdOptionsFromConfig(config);
+    return opts.status();
+  };
+  if (std::optional<int> exit_code = config.StartMain(argc, argv, validate, "refusing to start: ")) return *exit_code;
   ConfigureLogging(opts->log);
 
   // Signals are taken synchronously by the main thread; every other thread inherits the mask.
