@@ -292,7 +292,8 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
       absl::Status error(code, absl::StrCat("aggregator ", m.from.ToString(), ": ", text));
       // ABORTED means the job itself failed: every op, now and later, fails the same way.
       if (code == absl::StatusCode::kAborted) return FailFatal(error);
-      if (op != nullptr) return Finish(h.key, error);
+      // Moved, not copied: the caller's thread then owns the only reference to the message.
+      if (op != nullptr) return Finish(h.key, std::move(error));
       break;
     }
     default:

@@ -1,20 +1,49 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded time over
-# its seed corpus in tests/fuzz/corpus/. Usage: scripts/fuzz.sh [SECONDS] [OUT_DIR]
-# Exits non-zero on any crash or sanitizer report; prints executions run.
+# Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded time over its
+# seed corpus in tests/fuzz/corpus/:
+#   wire_fuzz     the data-plane packet parser, range lists and MAC check
+#   control_fuzz  the control-plane request handlers (Join, Leave, Heartbeat, GetTopology, GetStats)
+# Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [OUT_DIR] [BUILD_DIR]
+# BUILD_DIR is a configured and built tree (for the generated protobuf code). Exits non-zero on any
+# crash or sanitizer report; prints the inputs each target ran.
 set -euo pipefail
 SECONDS_PER_TARGET=${1:-30}
 OUT=${2:-build/fuzz}
+BUILD=${3:-build}
 cd "$(dirname "$0")/.."
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not installed (scripts/install-deps.sh installs it)"; exit 1; }
+[ -f "$BUILD/proto/gen/dlcp/v1/control.pb.cc" ] || { echo "fuzz: build $BUILD first (generated protobuf code)"; exit 1; }
 mkdir -p "$OUT"
-ABSL_LIBS=$(pkg-config --libs absl_status absl_statusor absl_strings)
-clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. \
-  tests/fuzz/wire_fuzz.cc common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc $ABSL_LIBS -lhighwayhash \
-  -o "$OUT/wire_fuzz"
-work="$OUT/wire_corpus"
-mkdir -p "$work"
-"$OUT/wire_fuzz" -max_total_time="$SECONDS_PER_TARGET" -max_len=2048 -print_final_stats=1 \
-  -artifact_prefix="$OUT/" "$work" tests/fuzz/corpus/wire 2>&1 | tee "$OUT/wire_fuzz.log" | grep -E "^#[0-9]+ *DONE|stat::number_of_executed_units|ERROR|BINGO" || true
-grep -q "ERROR" "$OUT/wire_fuzz.log" && { echo "fuzz: wire_fuzz found a failure, see $OUT/"; exit 1; }
-echo "fuzz: wire_fuzz ran $(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$OUT/wire_fuzz.log" | grep -oE '[0-9]+$') inputs, no failure"
+FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. -I"$BUILD/generated"
+       -I"$BUILD/proto/gen")
+LIBS=$(pkg-config --libs grpc++ protobuf absl_status absl_statusor absl_strings absl_str_format absl_time \
+       absl_synchronization)
+WIRE=(common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc)
+
+clang++ "${FLAGS[@]}" tests/fuzz/wire_fuzz.cc "${WIRE[@]}" $LIBS -lhighwayhash -o "$OUT/wire_fuzz" &
+clang++ "${FLAGS[@]}" tests/fuzz/control_fuzz.cc "${WIRE[@]}" \
+  common/base/log.cc common/base/check.cc common/base/syscall.cc common/metrics/registry.cc \
+  common/topology/topology.cc common/transport/address.cc common/transport/factory.cc \
+  common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc \
+  common/datapath/outbox.cc server/engine/reduce.cc server/rounds/round.cc server/rounds/block_pool.cc \
+  server/jobs/job_registry.cc server/data/data_plane.cc server/data/data_thread.cc \
+  server/control/aggregator_service.cc "$BUILD/proto/gen/dlcp/v1/control.pb.cc" \
+  "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" $LIBS -lhighwayhash -lpthread -o "$OUT/control_fuzz" &
+wait %1 && wait %2
+
+status=0
+for target in wire control; do
+  work="$OUT/${target}_corpus"
+  mkdir -p "$work"
+  "$OUT/${target}_fuzz" -max_total_time="$SECONDS_PER_TARGET" -max_len=4096 -print_final_stats=1 \
+    -artifact_prefix="$OUT/${target}-" "$work" "tests/fuzz/corpus/$target" > "$OUT/${target}_fuzz.log" 2>&1 || true
+  runs=$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$OUT/${target}_fuzz.log" | grep -oE '[0-9]+$' || echo 0)
+  if grep -qE "==[0-9]+==ERROR|deadly signal|runtime error:|BINGO" "$OUT/${target}_fuzz.log" || [ "$runs" -eq 0 ]; then
+    echo "fuzz: ${target}_fuzz failed after $runs inputs; see $OUT/${target}_fuzz.log and $OUT/${target}-*"
+    grep -E "==ERROR|SUMMARY|runtime error" "$OUT/${target}_fuzz.log" | head -5
+    status=1
+  else
+    echo "fuzz: ${target}_fuzz ran $runs inputs in ${SECONDS_PER_TARGET} s, no failure"
+  fi
+done
+exit $status

@@ -38,7 +38,8 @@ void AggregatorService::FillEndpoints(google::protobuf::RepeatedPtrField<v1::End
   }
 }
 
-absl::Status AggregatorService::DoJoin(const std::string& peer, const v1::JoinRequest& req, v1::JoinResponse* resp) {
+absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::JoinRequest& req,
+                                           v1::JoinResponse* resp) {
   if (req.data_port() == 0 || req.data_port() > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("data_port ", req.data_port(), " outside [1, 65535]"));
   }
@@ -76,48 +77,59 @@ absl::Status AggregatorService::DoJoin(const std::string& peer, const v1::JoinRe
 
 grpc::ServerUnaryReactor* AggregatorService::Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                                   v1::JoinResponse* resp) {
-  DLCP_UNARY(ctx, DoJoin(ctx->peer(), *req, resp));
+  DLCP_UNARY(ctx, HandleJoin(ctx->peer(), *req, resp));
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
                                                    v1::LeaveResponse* resp) {
-  DLCP_UNARY(ctx, jobs_->Leave(req->job_id(), req->rank()));
+  DLCP_UNARY(ctx, HandleLeave(*req));
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const v1::HeartbeatRequest* req,
                                                        v1::HeartbeatResponse* resp) {
-  resp->set_epoch(1);
-  DLCP_UNARY(ctx, jobs_->Heartbeat(req->job_id(), req->rank()));
+  DLCP_UNARY(ctx, HandleHeartbeat(*req, resp));
 }
 
 grpc::ServerUnaryReactor* AggregatorService::GetTopology(grpc::CallbackServerContext* ctx,
                                                          const v1::GetTopologyRequest* req, v1::Topology* resp) {
-  auto fill = [&]() -> absl::Status {
-    std::shared_ptr<Job> job = jobs_->Find(req->job_id());
-    if (!job) return absl::NotFoundError(absl::StrCat("no job ", req->job_id(), " at aggregator ", id()));
-    resp->set_aggregator_id(id());
-    resp->set_epoch(job->epoch);
-    resp->set_world_size(job->world);
-    FillEndpoints(resp->mutable_data_endpoints());
-    const int64_t now = absl::GetCurrentTimeNanos();
-    for (uint32_t r = 0; r < job->world; ++r) {
-      const Member& m = job->members[r];
-      if (!m.joined()) continue;
-      v1::Member* out = resp->add_members();
-      out->set_rank(r);
-      Address a = m.address();
-      out->mutable_data()->set_host(a.ToString().substr(0, a.ToString().rfind(':')));
-      out->mutable_data()->set_port(a.port);
-      out->set_last_heartbeat_ms_ago((now - m.last_heartbeat_ns.load()) / 1000000);
-    }
-    return absl::OkStatus();
-  };
-  DLCP_UNARY(ctx, fill());
+  DLCP_UNARY(ctx, HandleGetTopology(*req, resp));
+}
+
+absl::Status AggregatorService::HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp) {
+  std::shared_ptr<Job> job = jobs_->Find(req.job_id());
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", req.job_id(), " at aggregator ", id()));
+  resp->set_aggregator_id(id());
+  resp->set_epoch(job->epoch);
+  resp->set_world_size(job->world);
+  FillEndpoints(resp->mutable_data_endpoints());
+  const int64_t now = absl::GetCurrentTimeNanos();
+  for (uint32_t r = 0; r < job->world; ++r) {
+    const Member& m = job->members[r];
+    if (!m.joined()) continue;
+    v1::Member* out = resp->add_members();
+    out->set_rank(r);
+    Address a = m.address();
+    out->mutable_data()->set_host(a.ToString().substr(0, a.ToString().rfind(':')));
+    out->mutable_data()->set_port(a.port);
+    out->set_last_heartbeat_ms_ago((now - m.last_heartbeat_ns.load()) / 1000000);
+  }
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* AggregatorService::GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest* req,
                                                       v1::Stats* resp) {
+  DLCP_UNARY(ctx, HandleGetStats(resp));
+}
+
+absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req) { return jobs_->Leave(req.job_id(), req.rank()); }
+
+absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+  if (std::shared_ptr<Job> job = jobs_->Find(req.job_id())) resp->set_epoch(job->epoch);
+  return jobs_->Heartbeat(req.job_id(), req.rank());
+}
+
+absl::Status AggregatorService::HandleGetStats(v1::Stats* resp) {
   resp->set_aggregator_id(id());
   resp->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
   for (const std::shared_ptr<Job>& job : jobs_->List()) {
@@ -130,7 +142,7 @@ grpc::ServerUnaryReactor* AggregatorService::GetStats(grpc::CallbackServerContex
     js->set_rounds_in_flight(job->rounds_in_flight.load());
   }
   for (const auto& [name, value] : metrics_->Snapshot()) (*resp->mutable_counters())[name] = value;
-  DLCP_UNARY(ctx, absl::OkStatus());
+  return absl::OkStatus();
 }
 
 }  // namespace dlcp::server

@@ -38,8 +38,15 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest* req,
                                      v1::Stats* resp) override;
 
+  // The handlers proper, behind the gRPC reactors above (and driven directly by the control-plane
+  // fuzz target). `peer` is gRPC's peer string ("ipv4:10.0.0.7:51234").
+  absl::Status HandleJoin(const std::string& peer, const v1::JoinRequest& req, v1::JoinResponse* resp);
+  absl::Status HandleLeave(const v1::LeaveRequest& req);
+  absl::Status HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
+  absl::Status HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp);
+  absl::Status HandleGetStats(v1::Stats* resp);
+
  private:
-  absl::Status DoJoin(const std::string& peer, const v1::JoinRequest& req, v1::JoinResponse* resp);
   void FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const;
 
   std::string id() const {

@@ -19,7 +19,8 @@ uint32_t JobIdForName(const std::string& name) {
 }
 
 JobRegistry::JobRegistry(JobLimits limits)
-    : limits_(limits), epoch_seed_(static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^ (uint64_t{getpid()} << 32)) {}
+    : limits_(limits),
+      epoch_seed_(static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^ (static_cast<uint64_t>(getpid()) << 32)) {}
 
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
   if (s.job_name.empty() || s.job_name.size() > 128) {
@@ -63,7 +64,8 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
         return absl::ResourceExhaustedError(
             absl::StrCat("aggregator serves its limit of ", limits_.max_jobs, " jobs (dlcpd --max-jobs)"));
       }
-      const uint32_t epoch = static_cast<uint32_t>(StableHash64(epoch_seed_, ++epoch_seed_)) | 1;  // never 0
+      ++epoch_seed_;
+      const uint32_t epoch = static_cast<uint32_t>(StableHash64(epoch_seed_, id)) | 1;  // never 0
       std::optional<wire::MacKey> key;
       if (limits_.data_auth) {
         absl::StatusOr<wire::MacKey> k = wire::NewMacKey();
