@@ -26,7 +26,7 @@ std::vector<Topology::Aggregator> TopologyAggregators(const EngineOptions& o) {
 TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Transport> transport)
     : options_(options),
       transport_(std::move(transport)),
-      topology_(0, TopologyAggregators(options)),
+      topology_(TopologyAggregators(options)),
       outbox_(transport_.get()) {
   for (size_t a = 0; a < options_.endpoints.size(); ++a) {
     dest_base_.push_back(static_cast<uint32_t>(dest_addr_.size()));

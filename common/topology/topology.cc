@@ -18,8 +18,7 @@ uint64_t StableHashString(const std::string& s) {
   return Mix(h);
 }
 
-Topology::Topology(uint32_t epoch, std::vector<Aggregator> aggregators)
-    : epoch_(epoch), aggregators_(std::move(aggregators)) {
+Topology::Topology(std::vector<Aggregator> aggregators) : aggregators_(std::move(aggregators)) {
   for (const auto& a : aggregators_) seeds_.push_back(StableHashString(a.id));
 }
 

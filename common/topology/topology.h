@@ -28,9 +28,8 @@ class Topology {
     bool operator==(const Owner&) const = default;
   };
 
-  Topology(uint32_t epoch, std::vector<Aggregator> aggregators);
+  explicit Topology(std::vector<Aggregator> aggregators);
 
-  uint32_t epoch() const { return epoch_; }
   const std::vector<Aggregator>& aggregators() const { return aggregators_; }
   Owner OwnerOfBlock(uint32_t job, uint32_t key, uint32_t block) const;
   Owner OwnerOfChunk(uint32_t job, uint32_t key, uint32_t chunk) const {
@@ -38,7 +37,6 @@ class Topology {
   }
 
  private:
-  uint32_t epoch_;
   std::vector<Aggregator> aggregators_;
   std::vector<uint64_t> seeds_;
 };

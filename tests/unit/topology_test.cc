@@ -10,7 +10,7 @@ namespace {
 Topology Make(int n, uint32_t endpoints = 1) {
   std::vector<Topology::Aggregator> aggs;
   for (int i = 0; i < n; ++i) aggs.push_back({"10.0.0." + std::to_string(i) + ":7400", endpoints});
-  return Topology(1, aggs);
+  return Topology(aggs);
 }
 
 TEST(Topology, SpreadsBlocksEvenly) {
@@ -29,9 +29,9 @@ TEST(Topology, SpreadsBlocksEvenly) {
 
 TEST(Topology, IsDeterministicAndOrderIndependent) {
   std::vector<Topology::Aggregator> aggs = {{"a:1", 1}, {"b:1", 1}, {"c:1", 1}};
-  Topology t1(1, aggs);
+  Topology t1(aggs);
   std::reverse(aggs.begin(), aggs.end());
-  Topology t2(1, aggs);
+  Topology t2(aggs);
   for (uint32_t b = 0; b < 1000; ++b) {
     EXPECT_EQ(t1.aggregators()[t1.OwnerOfBlock(1, 2, b).aggregator].id,
               t2.aggregators()[t2.OwnerOfBlock(1, 2, b).aggregator].id);
@@ -41,7 +41,7 @@ TEST(Topology, IsDeterministicAndOrderIndependent) {
 TEST(Topology, RemovingOneAggregatorMovesOnlyItsShare) {
   Topology four = Make(4);
   std::vector<Topology::Aggregator> three_aggs(four.aggregators().begin(), four.aggregators().begin() + 3);
-  Topology three(1, three_aggs);
+  Topology three(three_aggs);
   int moved = 0;
   for (uint32_t b = 0; b < 10000; ++b) {
     uint32_t before = four.OwnerOfBlock(5, 5, b).aggregator;
