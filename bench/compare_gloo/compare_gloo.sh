@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # dlcp against Gloo's ring all-reduce (TCP on loopback), both measured in one run on this machine:
 # 2 and 4 workers, 4 MiB and 100 MiB. dlcp runs one aggregator per worker, as on a cluster with an
-# aggregator on every node, and 64 KiB datagrams (the loopback MTU). Prints one JSON line per
-# measurement, then a ratio table (dlcp time / Gloo time; below 1 means dlcp is faster).
+# aggregator on every node, and 64 KiB datagrams (the loopback MTU). Like for like, dlcp runs
+# without data-packet authentication (DATA_AUTH=on to include it; Gloo's TCP transport
+# authenticates nothing; bench/auth_cost.sh measures that cost on its own). Prints one JSON line
+# per measurement, then a ratio table (dlcp time / Gloo time; below 1 means dlcp is faster).
 #   bench/compare_gloo/compare_gloo.sh [BUILD_DIR]
 set -euo pipefail
 BUILD=${1:-build}
 WORKERS_LIST=${WORKERS_LIST:-"2 4"}
 SIZES=${SIZES:-"4194304 104857600"}
 CHUNK=${CHUNK:-65000}
+DATA_AUTH=${DATA_AUTH:-off}
+auth_flag=$([ "$DATA_AUTH" = on ] && echo --data-auth || echo --no-data-auth)
 out=$(mktemp /tmp/dlcp-compare.XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -f "$out"; }
@@ -20,7 +24,7 @@ for n in $WORKERS_LIST; do
   work=$(mktemp -d /tmp/dlcp-compare-aggs.XXXXXX)
   aggs=()
   for i in $(seq 0 $((n - 1))); do
-    "$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --log-level=warning --plaintext \
+    "$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --log-level=warning --plaintext "$auth_flag" \
       --ready-file="$work/$i.ready" 2>"$work/$i.log" &
     pids+=($!)
   done
