@@ -85,7 +85,9 @@ grpc::Status CallWithDeadline(Fn&& start, const Req& req, Resp* resp, absl::Dura
   std::promise<grpc::Status> done;
   std::future<grpc::Status> f = done.get_future();
   start(&ctx, &req, resp, [&done](grpc::Status s) { done.set_value(std::move(s)); });
-  // gRPC completes the call by its deadline; the margin only covers scheduling delay.
+  // gRPC completes the call by its deadline; the margin only covers scheduling delay. Past it,
+  // cancel and wait for the callback, which gRPC then runs at once: it refers to this frame, so
+  // returning before it runs is not an option.
   if (f.wait_for(absl::ToChronoMilliseconds(timeout + absl::Seconds(2))) != std::future_status::ready) {
     ctx.TryCancel();
     f.wait();
