@@ -132,7 +132,6 @@ std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vect
     std::stringstream ss;
     ss << f.rdbuf();
     std::string text = ss.str();
-    size_t at = text.find("\"control_port\":");
     auto field = [&](const std::string& key, int* out) {
       size_t p = text.find("\"" + key + "\":");
       if (p == std::string::npos) return false;
