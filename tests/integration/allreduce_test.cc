@@ -133,12 +133,6 @@ INSTANTIATE_TEST_SUITE_P(
         Case{TransportOptions::Kind::kUdp, 2, 1, 4, 100003, 0.05, 4096, /*data_auth=*/false}),
     [](const auto& info) { return Name(info.param); });
 
-}  // namespace
-}  // namespace dlcp::testing
-
-namespace dlcp::testing {
-namespace {
-
 // The client is shared by several trainer threads, each with its own tensors; every op of every
 // thread must complete exactly.
 TEST(AllReduceConcurrency, ManyThreadsShareOneClient) {

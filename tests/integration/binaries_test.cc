@@ -112,12 +112,6 @@ TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {
   EXPECT_NE(r.out.find("UNREACHABLE"), std::string::npos) << r.out;
 }
 
-}  // namespace
-}  // namespace dlcp::testing
-
-namespace dlcp::testing {
-namespace {
-
 // Sum of every sample of a metric whose name and labels start with `prefix` in a scrape.
 double Scraped(const std::string& body, const std::string& prefix) {
   double total = 0;

@@ -81,12 +81,6 @@ TEST(Faults, FrozenWorkerIsDroppedAndLearnsItWhenItWakes) {
   EXPECT_NE(res.out.find("ABORTED"), std::string::npos) << res.out;
 }
 
-}  // namespace
-}  // namespace dlcp::testing
-
-namespace dlcp::testing {
-namespace {
-
 TEST(Faults, DeadAggregatorFailsTheJobWithinTheDeadline) {
   auto keep = StartDaemon();
   auto doomed = StartDaemon();

@@ -60,12 +60,6 @@ TEST(Topology, ChunksOfABlockShareAnOwner) {
   for (uint32_t c = 0; c < kBlockChunks; ++c) EXPECT_EQ(t.OwnerOfChunk(1, 1, c), t.OwnerOfChunk(1, 1, 0));
 }
 
-}  // namespace
-}  // namespace dlcp
-
-namespace dlcp {
-namespace {
-
 // With one aggregator per node, node i sends its worker's chunks owned elsewhere plus its
 // aggregator's results to the other N-1 workers, and receives the mirror image. Balanced shares
 // make that 2·S·(N−1)/N each way, what ring all-reduce moves.

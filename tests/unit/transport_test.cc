@@ -1,4 +1,8 @@
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -178,17 +182,6 @@ TEST(TransportFactory, ValidatesOptions) {
   EXPECT_FALSE(CreateTransport(o).ok());
   EXPECT_FALSE(ParseTransportKind("carrier-pigeon").ok());
 }
-
-}  // namespace
-}  // namespace dlcp
-
-#include <netinet/in.h>
-#include <netinet/ip.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-namespace dlcp {
-namespace {
 
 // Each message's class must leave the host as its DSCP code point, including runs sent as one
 // GSO super-datagram. A plain socket with IP_RECVTOS reads the TOS byte of every datagram.

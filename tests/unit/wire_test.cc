@@ -5,6 +5,7 @@
 
 #include "common/wire/geometry.h"
 #include "common/wire/header.h"
+#include "common/wire/mac.h"
 #include "common/wire/ranges.h"
 
 namespace dlcp::wire {
@@ -179,14 +180,6 @@ TEST(Ranges, RejectsLyingCountsAndZeroLengths) {
   EXPECT_FALSE(DecodeRanges(overflow, 10).ok());
   EXPECT_FALSE(DecodeRanges(std::vector<uint8_t>{1, 0}, 10).ok());
 }
-
-}  // namespace
-}  // namespace dlcp::wire
-
-#include "common/wire/mac.h"
-
-namespace dlcp::wire {
-namespace {
 
 std::vector<uint8_t> Signed(const MacKey& key, Header h, size_t payload) {
   h.flags |= kFlagMac;

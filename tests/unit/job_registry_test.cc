@@ -1,0 +1,77 @@
+#include <gtest/gtest.h>
+
+#include "absl/time/clock.h"
+#include "server/jobs/job_registry.h"
+
+namespace dlcp::server {
+namespace {
+
+TEST(JobRegistry, ReapsJobsWhoseMembersAllWentQuiet) {
+  JobRegistry jobs(JobLimits{});
+  JoinSpec a{"alive", 2, 0, 1024, Address{0x7f000001, 5000}};
+  JoinSpec b{"dead", 1, 0, 1024, Address{0x7f000001, 5001}};
+  auto ja = jobs.Join(a);
+  auto jb = jobs.Join(b);
+  ASSERT_TRUE(ja.ok() && jb.ok());
+  const int64_t t0 = (*ja)->members[0].last_heartbeat_ns.load();
+  (*ja)->members[0].last_heartbeat_ns.store(t0 + absl::ToInt64Nanoseconds(absl::Seconds(50)));
+  auto reaped = jobs.ReapIdle(t0 + absl::ToInt64Nanoseconds(absl::Seconds(61)), absl::Seconds(60));
+  ASSERT_EQ(reaped, std::vector<std::string>{"dead"});
+  EXPECT_TRUE((*jb)->closed.load());
+  EXPECT_EQ(jobs.Find((*jb)->id), nullptr);
+  EXPECT_NE(jobs.Find((*ja)->id), nullptr);
+}
+
+TEST(JobRegistry, ValidatesJoinsAndEnforcesLimits) {
+  JobLimits limits;
+  limits.max_jobs = 1;
+  limits.max_workers = 8;
+  JobRegistry jobs(limits);
+  Address addr{0x7f000001, 5000};
+  EXPECT_EQ(jobs.Join({"", 2, 0, 1024, addr}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join({"j", 9, 0, 1024, addr}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join({"j", 2, 2, 1024, addr}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join({"j", 2, 0, 1001, addr}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join({"j", 2, 0, 1024, Address{1, 0}}).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(jobs.Join({"j", 2, 0, 1024, addr}).ok());
+  EXPECT_EQ(jobs.Join({"k", 2, 0, 1024, addr}).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(jobs.Join({"j", 2, 1, 1024, addr}).ok());
+  ASSERT_TRUE(jobs.Leave(JobIdForName("j"), 0).ok());
+  ASSERT_TRUE(jobs.Leave(JobIdForName("j"), 1).ok());
+  EXPECT_EQ(jobs.Find(JobIdForName("j")), nullptr);  // last member left: slot free again
+  EXPECT_TRUE(jobs.Join({"k", 2, 0, 1024, addr}).ok());
+}
+
+TEST(JobRegistry, ASilentMemberFailsItsJobUntilEveryoneHasLeft) {
+  JobRegistry jobs(JobLimits{});
+  Address a0{0x7f000001, 5000}, a1{0x7f000001, 5001};
+  auto job = jobs.Join({"train", 2, 0, 1024, a0});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(jobs.Join({"train", 2, 1, 1024, a1}).ok());
+  const uint32_t first_epoch = (*job)->epoch;
+  const int64_t t0 = absl::GetCurrentTimeNanos();
+  (*job)->members[0].last_heartbeat_ns.store(t0 + absl::ToInt64Nanoseconds(absl::Seconds(10)));
+  EXPECT_TRUE(jobs.FailSilentMembers(t0 + absl::ToInt64Nanoseconds(absl::Seconds(2)), absl::Seconds(3)).empty());
+  auto lines = jobs.FailSilentMembers(t0 + absl::ToInt64Nanoseconds(absl::Seconds(5)), absl::Seconds(3));
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("rank 1"), std::string::npos) << lines[0];
+  EXPECT_TRUE((*job)->failed.load());
+  EXPECT_NE((*job)->failure_reason().find("rank 1"), std::string::npos);
+  EXPECT_FALSE((*job)->members[1].joined());
+  EXPECT_EQ(jobs.Heartbeat((*job)->id, 1).code(), absl::StatusCode::kFailedPrecondition);
+
+  // The restarted rank 1 cannot join while rank 0 of the failed incarnation is still there.
+  auto early = jobs.Join({"train", 2, 1, 1024, a1});
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.status().message().find("must leave"), std::string::npos) << early.status();
+
+  // Once everyone has left, the name starts a new incarnation with another epoch.
+  ASSERT_TRUE(jobs.Leave((*job)->id, 0).ok());
+  auto fresh = jobs.Join({"train", 2, 1, 1024, a1});
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_FALSE((*fresh)->failed.load());
+  EXPECT_NE((*fresh)->epoch, first_epoch);
+}
+
+}  // namespace
+}  // namespace dlcp::server
