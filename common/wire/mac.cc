@@ -8,6 +8,7 @@
 #include <highwayhash/c_bindings.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/wire/endian.h"
 #include "common/wire/header.h"
 
 namespace dlcp::wire {
@@ -32,13 +33,14 @@ absl::StatusOr<MacKey> NewMacKey() {
 
 MacKey MacKeyFromBytes(absl::Span<const uint8_t> bytes32) {
   MacKey key{};
-  for (size_t i = 0; i < 32 && i < bytes32.size(); ++i) key[i / 8] |= static_cast<uint64_t>(bytes32[i]) << (8 * (i % 8));
+  if (bytes32.size() < 32) return key;
+  for (size_t w = 0; w < 4; ++w) key[w] = GetLE64(bytes32.data() + 8 * w);
   return key;
 }
 
 std::array<uint8_t, 32> MacKeyToBytes(const MacKey& key) {
   std::array<uint8_t, 32> out;
-  for (size_t i = 0; i < 32; ++i) out[i] = static_cast<uint8_t>(key[i / 8] >> (8 * (i % 8)));
+  for (size_t w = 0; w < 4; ++w) PutLE64(out.data() + 8 * w, key[w]);
   return out;
 }
 
@@ -49,9 +51,8 @@ uint64_t PayloadDigest(const MacKey& key, const uint8_t* payload, size_t payload
 void MacFromDigest(const MacKey& key, const uint8_t* header, uint64_t payload_digest, uint8_t* tag) {
   uint8_t buf[kHeaderSize + 8];
   std::memcpy(buf, header, kHeaderSize);
-  for (int i = 0; i < 8; ++i) buf[kHeaderSize + i] = static_cast<uint8_t>(payload_digest >> (8 * i));
-  const uint64_t t = Hash(key, buf, sizeof(buf));
-  for (size_t i = 0; i < kMacSize; ++i) tag[i] = static_cast<uint8_t>(t >> (8 * i));
+  PutLE64(buf + kHeaderSize, payload_digest);
+  PutLE64(tag, Hash(key, buf, sizeof(buf)));
 }
 
 void ComputeMac(const MacKey& key, const uint8_t* header, const uint8_t* payload, size_t payload_len, uint8_t* tag) {
