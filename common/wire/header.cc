@@ -100,7 +100,7 @@ Reject ParseHeader(absl::Span<const uint8_t> d, Header* out) {
   h.contributors = GetLE16(p + kOffContributors);
   h.epoch = GetLE32(p + kOffEpoch);
   h.payload_len = GetLE32(p + kOffPayloadLen);
-  const size_t trailer = (h.flags & kFlagMac) ? kMacTrailer : 0;
+  const size_t trailer = (h.flags & kFlagMac) ? kMacSize : 0;
   if (d.size() < kHeaderSize + trailer || h.payload_len != d.size() - kHeaderSize - trailer ||
       h.payload_len > kMaxPayload - trailer) {
     return Reject::kLengthMismatch;

@@ -32,7 +32,7 @@ inline constexpr uint8_t kMaxMsgType = 6;
 inline constexpr uint8_t kFlagDone = 0x01;  // kResultReq: every result of the round has arrived
 inline constexpr uint8_t kFlagMac = 0x02;   // an 8-byte MAC trailer follows the payload (mac.h)
 inline constexpr uint8_t kKnownFlags = kFlagDone | kFlagMac;
-inline constexpr size_t kMacTrailer = 8;
+inline constexpr size_t kMacSize = 8;    // the trailer's length when kFlagMac is set
 
 struct Header {
   MsgType type = MsgType::kPush;

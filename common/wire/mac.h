@@ -15,10 +15,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/wire/header.h"
 
 namespace dlcp::wire {
 
-inline constexpr size_t kMacSize = 8;
 using MacKey = std::array<uint64_t, 4>;
 
 // Fills a key from the kernel's random source.

@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace dlcp::wire;
   Header h;
   if (ParseHeader(absl::MakeConstSpan(data, size), &h) != Reject::kNone) return 0;
-  const size_t trailer = (h.flags & kFlagMac) ? kMacTrailer : 0;
+  const size_t trailer = (h.flags & kFlagMac) ? kMacSize : 0;
   if (h.payload_len + kHeaderSize + trailer != size || h.priority >= kNumClasses) __builtin_trap();
   if (trailer != 0) {
     // Verifying a forged tag must be safe, and must fail (a random tag matches with chance 2^-64).
