@@ -10,10 +10,11 @@
 
 namespace dlcp {
 
-std::string Address::ToString() const {
-  return absl::StrCat((ipv4 >> 24) & 0xff, ".", (ipv4 >> 16) & 0xff, ".", (ipv4 >> 8) & 0xff, ".", ipv4 & 0xff, ":",
-                      port);
+std::string Address::HostString() const {
+  return absl::StrCat((ipv4 >> 24) & 0xff, ".", (ipv4 >> 16) & 0xff, ".", (ipv4 >> 8) & 0xff, ".", ipv4 & 0xff);
 }
+
+std::string Address::ToString() const { return absl::StrCat(HostString(), ":", port); }
 
 sockaddr_in Address::ToSockaddr() const {
   sockaddr_in sa;

@@ -15,7 +15,8 @@ struct Address {
   uint32_t ipv4 = 0;  // host byte order
   uint16_t port = 0;
   bool operator==(const Address&) const = default;
-  std::string ToString() const;
+  std::string ToString() const;  // "a.b.c.d:port"
+  std::string HostString() const;  // "a.b.c.d"
   sockaddr_in ToSockaddr() const;
   static Address FromSockaddr(const sockaddr_in& sa);
 };

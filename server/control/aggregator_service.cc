@@ -110,7 +110,7 @@ absl::Status AggregatorService::HandleGetTopology(const v1::GetTopologyRequest& 
     v1::Member* out = resp->add_members();
     out->set_rank(r);
     Address a = m.address();
-    out->mutable_data()->set_host(a.ToString().substr(0, a.ToString().rfind(':')));
+    out->mutable_data()->set_host(a.HostString());
     out->mutable_data()->set_port(a.port);
     out->set_last_heartbeat_ms_ago((now - m.last_heartbeat_ns.load()) / 1000000);
   }
