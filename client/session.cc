@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/host_port.h"
 #include "common/base/log.h"
 
 namespace dlcp {
@@ -22,9 +23,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
   s->options_ = options;
   s->heartbeat_interval_ = options.heartbeat_interval;
   for (const std::string& control : options.aggregators) {
-    size_t colon = control.rfind(':');
-    if (colon == std::string::npos) return absl::InvalidArgumentError(absl::StrCat("aggregator '", control, "' is not HOST:PORT"));
-    const std::string control_host = control.substr(0, colon);
+    absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(control);
+    if (!hp.ok()) return absl::InvalidArgumentError(absl::StrCat("aggregator: ", hp.status().message()));
+    const std::string& control_host = hp->first;
     auto stub = v1::Aggregator::NewStub(grpc::CreateCustomChannel(control, security->credentials, security->arguments));
     v1::JoinRequest req;
     req.set_job_name(options.job_name);

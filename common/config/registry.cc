@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/base/check.h"
+#include "common/base/host_port.h"
 
 namespace dlcp {
 
@@ -211,15 +212,7 @@ std::string ConfigRegistry::Help() const {
   return out;
 }
 
-absl::Status ValidateHostPort(const std::string& value) {
-  size_t colon = value.rfind(':');
-  if (colon == std::string::npos || colon == 0) return absl::InvalidArgumentError("expected HOST:PORT");
-  int port = 0;
-  if (!absl::SimpleAtoi(value.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError("port must be 0..65535");
-  }
-  return absl::OkStatus();
-}
+absl::Status ValidateHostPort(const std::string& value) { return SplitHostPort(value).status(); }
 
 absl::Status ValidateHostPortList(const std::string& value) {
   if (value.empty()) return absl::InvalidArgumentError("expected HOST:PORT[,HOST:PORT...]");

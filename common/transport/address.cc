@@ -5,8 +5,8 @@
 
 #include <cstring>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/host_port.h"
 
 namespace dlcp {
 
@@ -46,13 +46,9 @@ absl::StatusOr<Address> ResolveAddress(const std::string& host, uint16_t port) {
 }
 
 absl::StatusOr<Address> ResolveHostPort(const std::string& host_port) {
-  size_t colon = host_port.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("expected HOST:PORT, got '", host_port, "'"));
-  }
-  return ResolveAddress(host_port.substr(0, colon), static_cast<uint16_t>(port));
+  absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(host_port);
+  if (!hp.ok()) return hp.status();
+  return ResolveAddress(hp->first, hp->second);
 }
 
 }  // namespace dlcp
