@@ -22,7 +22,7 @@ WIRE=(common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc)
 
 clang++ "${FLAGS[@]}" tests/fuzz/wire_fuzz.cc "${WIRE[@]}" $LIBS -lhighwayhash -o "$OUT/wire_fuzz" &
 clang++ "${FLAGS[@]}" tests/fuzz/control_fuzz.cc "${WIRE[@]}" \
-  common/base/log.cc common/base/check.cc common/base/syscall.cc common/metrics/registry.cc \
+  common/base/log.cc common/base/check.cc common/base/syscall.cc common/base/host_port.cc common/metrics/registry.cc \
   common/topology/topology.cc common/transport/address.cc common/transport/factory.cc \
   common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc \
   common/datapath/outbox.cc server/engine/reduce.cc server/rounds/round.cc server/rounds/block_pool.cc \
