@@ -375,7 +375,7 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only) 
   wire::Header h = BaseHeader(wire::MsgType::kResultReq, dest, op.key, op.round, op.geometry.tensor_elems,
                               op.geometry.chunk_count());
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(missing);
-  for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, std::min<size_t>(8192, transport_->max_datagram() - wire::kHeaderSize))) {
+  for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, std::min(wire::kMaxRangesPayload, transport_->max_datagram() - wire::kHeaderSize))) {
     h.payload_len = static_cast<uint32_t>(p.size());
     absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_key_[dest]);
     if (!s.ok()) DLCP_LOG(Warning) << "result request: " << s;

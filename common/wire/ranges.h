@@ -17,6 +17,10 @@ struct ChunkRange {
   bool operator==(const ChunkRange&) const = default;
 };
 
+// Range lists are split into payloads of at most this many bytes, so one repair message stays
+// small even over loopback's 64 KiB datagrams.
+inline constexpr size_t kMaxRangesPayload = 8192;
+
 // Collapses sorted, distinct chunk indices into ranges.
 std::vector<ChunkRange> ToRanges(absl::Span<const uint32_t> sorted_chunks);
 

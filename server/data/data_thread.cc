@@ -240,23 +240,28 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
   if (!nack.empty()) SendRanges(wire::MsgType::kPushNack, *round, h.rank, nack);
 }
 
+wire::Header DataThread::RoundHeader(const Round& r, wire::MsgType type, uint32_t rank) {
+  wire::Header h;
+  h.type = type;
+  h.job = r.job()->id;
+  h.key = r.key();
+  h.round = r.round();
+  h.chunk_count = r.geometry().chunk_count();
+  h.tensor_elems = r.geometry().tensor_elems;
+  h.rank = static_cast<uint16_t>(rank);
+  h.epoch = r.job()->epoch;
+  return h;
+}
+
 void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority,
                             const uint64_t* payload_digest) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
-  wire::Header h;
-  h.type = wire::MsgType::kResult;
+  wire::Header h = RoundHeader(r, wire::MsgType::kResult, rank);
   h.priority = priority;
-  h.job = r.job()->id;
-  h.key = r.key();
-  h.round = r.round();
   h.chunk = chunk;
-  h.chunk_count = r.geometry().chunk_count();
-  h.tensor_elems = r.geometry().tensor_elems;
-  h.rank = static_cast<uint16_t>(rank);
   h.contributors = r.contributors(chunk);
-  h.epoch = r.job()->epoch;
   h.payload_len = r.geometry().bytes(chunk);
   CountTx(h);
   Check(outbox_.Add(m.address(), h, reinterpret_cast<const uint8_t*>(r.Result(chunk)), r.job()->key(), payload_digest));
@@ -266,18 +271,9 @@ void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, c
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(chunks);
-  const size_t max_payload = transport_->max_datagram() - wire::kHeaderSize;
-  for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, std::min<size_t>(max_payload, 8192))) {
-    wire::Header h;
-    h.type = type;
-    h.priority = 0;  // control rides the top class
-    h.job = r.job()->id;
-    h.key = r.key();
-    h.round = r.round();
-    h.chunk_count = r.geometry().chunk_count();
-    h.tensor_elems = r.geometry().tensor_elems;
-    h.rank = static_cast<uint16_t>(rank);
-    h.epoch = r.job()->epoch;
+  const size_t max_payload = std::min(transport_->max_datagram() - wire::kHeaderSize, wire::kMaxRangesPayload);
+  for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, max_payload)) {
+    wire::Header h = RoundHeader(r, type, rank);  // priority 0: control rides the top class
     h.payload_len = static_cast<uint32_t>(p.size());
     (type == wire::MsgType::kPushNack ? push_nacks_ : probes_)->Add();
     SendOwned(*r.job(), m.address(), h, std::move(p));
@@ -359,17 +355,9 @@ void DataThread::ScanTimers(absl::Time now) {
     }
     if (r.job()->failed.load(std::memory_order_relaxed)) {
       // Tell every survivor still waiting on this round why it will never finish.
-      wire::Header h;
-      h.job = r.job()->id;
-      h.key = r.key();
-      h.round = r.round();
-      h.chunk_count = r.geometry().chunk_count();
-      h.tensor_elems = r.geometry().tensor_elems;
-      h.epoch = r.job()->epoch;
       for (uint32_t w = 0; w < r.job()->world; ++w) {
         if (!r.IsDone(w) && r.job()->members[w].joined()) {
-          h.rank = static_cast<uint16_t>(w);
-          SendError(*r.job(), h, r.job()->members[w].address(), absl::StatusCode::kAborted, JobFailedMessage(*r.job()));
+          SendError(*r.job(), RoundHeader(r, wire::MsgType::kError, w), r.job()->members[w].address(), absl::StatusCode::kAborted, JobFailedMessage(*r.job()));
         }
       }
       rounds_aborted_->Add();

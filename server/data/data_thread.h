@@ -62,6 +62,8 @@ class DataThread {
   Round* RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now);
   void SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority,
                   const uint64_t* payload_digest = nullptr);
+  // A header addressed to `rank` about round `r`; callers fill in chunk, priority and payload.
+  static wire::Header RoundHeader(const Round& r, wire::MsgType type, uint32_t rank);
   void SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks);
   // Payload: one byte of absl::StatusCode, then the reason in UTF-8.
   void SendError(const Job& job, const wire::Header& h, const Address& to, absl::StatusCode code,
