@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -36,6 +37,38 @@ void Progress(uint32_t done, uint32_t total) {
 }
 }  // namespace
 
+absl::Status CheckPartialSums(absl::Span<const float> got, const wire::ChunkGeometry& g,
+                              absl::Span<const uint8_t> my_classes, uint32_t rank, uint32_t world,
+                              uint64_t reported_missing, const std::function<float(uint32_t, uint64_t)>& value) {
+  uint64_t missing = 0;
+  for (uint32_t c = 0; c < g.chunk_count(); ++c) {
+    // The subset of workers in this chunk, read off its first element's base-16 digits.
+    const uint64_t first = g.offset(c);
+    const uint32_t whole = static_cast<uint32_t>(got[first]);
+    uint32_t subset = 0;
+    for (uint32_t r = 0; r < world; ++r) {
+      if ((whole >> (4 * r) & 15) != 0) subset |= 1u << r;
+    }
+    for (uint64_t i = first; i < first + g.elems(c); ++i) {
+      float want = 0;
+      for (uint32_t r = 0; r < world; ++r) want += (subset >> r & 1) ? value(r, i) : 0.0f;
+      if (got[i] != want) {
+        return absl::DataLossError(absl::StrCat("element ", i, " is ", got[i], ", not the sum ", want,
+                                                " of the contributions of worker set 0x", absl::Hex(subset)));
+      }
+    }
+    if (my_classes[c] == 0 && !(subset >> rank & 1)) {
+      return absl::DataLossError(absl::StrCat("chunk ", c, " is class 0 here but lacks this worker's contribution"));
+    }
+    missing += world - static_cast<uint32_t>(__builtin_popcount(subset));
+  }
+  if (missing != reported_missing) {
+    return absl::DataLossError(absl::StrCat(missing, " contributions are missing from the results, but the "
+                                            "aggregators' STOPs reported ", reported_missing));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
   if (config.start_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(config.start_delay_ms));
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(config.client);
@@ -48,10 +81,22 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
 
   WorkerResult result;
   result.min_contributors = UINT32_MAX;
+  const bool bounded = config.client.loss_bound > 0;
+  const bool digits = bounded && world <= kMaxDigitWorkers;
+  result.checked = !bounded || digits;
+  auto value = [&](uint32_t r, uint32_t round, uint32_t t, uint64_t i) {
+    return digits ? DigitValue(r, round, t, i) : BenchValue(r, round, t, i);
+  };
+  const wire::ChunkGeometry geometry{static_cast<uint32_t>(elems), config.client.chunk_bytes / 4};
+  absl::StatusOr<std::unique_ptr<ClassPolicy>> policy = CreateClassPolicy(config.client.class_policy);
+  if (!policy.ok()) return policy.status();
+  std::vector<std::vector<uint8_t>> classes(config.tensors, std::vector<uint8_t>(geometry.chunk_count()));
   const uint32_t total_rounds = config.warmup + config.rounds;
   for (uint32_t round = 0; round < total_rounds; ++round) {
     for (uint32_t t = 0; t < config.tensors; ++t) {
-      for (uint64_t i = 0; i < elems; ++i) data[t][i] = BenchValue(rank, round, t, i);
+      for (uint64_t i = 0; i < elems; ++i) data[t][i] = value(rank, round, t, i);
+      // The classes the client will give this data, to check that no class-0 chunk was lost.
+      if (digits) (*policy)->Classify(data[t], geometry, TensorInfo{}, absl::MakeSpan(classes[t]));
     }
     // A one-element all-reduce is a barrier: the timed region starts with every worker ready, so
     // it measures the all-reduce and not a peer still checking the last round.
@@ -67,15 +112,43 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     const absl::Time start = absl::Now();
     std::vector<std::future<absl::StatusOr<RoundStats>>> futures;
     for (uint32_t t = 0; t < config.tensors; ++t) futures.push_back((*client)->AllReduce(t, absl::MakeSpan(data[t])));
-    for (auto& f : futures) {
-      absl::StatusOr<RoundStats> stats = f.get();  // each op completes by its own deadline
+    std::vector<uint64_t> reported_missing(config.tensors);
+    double stop_ms = 0;
+    for (uint32_t t = 0; t < config.tensors; ++t) {
+      absl::StatusOr<RoundStats> stats = futures[t].get();  // each op completes by its own deadline
       if (!stats.ok()) return stats.status();
       result.retransmits += stats->retransmits;
       result.result_requests += stats->result_requests;
       result.min_contributors = std::min(result.min_contributors, stats->min_contributors);
+      for (int c = 0; c < 4; ++c) {
+        result.chunks_by_class[c] += stats->chunks_by_class[c];
+        result.left_out_by_class[c] += stats->left_out_by_class[c];
+      }
+      result.bound_violations += stats->bound_violations;
+      reported_missing[t] = stats->droppable_missing;
+      if (stats->droppable_total > 0) {
+        const double loss = static_cast<double>(stats->droppable_missing) / stats->droppable_total;
+        result.max_round_loss = std::max(result.max_round_loss, loss);
+        // The tensor-wide bound, on top of each aggregator's own check.
+        if (stats->droppable_missing > static_cast<uint64_t>(stats->loss_bound * stats->droppable_total + 1e-9)) {
+          ++result.bound_violations;
+        }
+      }
+      stop_ms = std::max(stop_ms, absl::ToDoubleMilliseconds(stats->time_to_stop));
     }
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
-    for (uint32_t t = 0; t < config.tensors; ++t) {
+    if (bounded && round >= config.warmup) result.stop_ms.push_back(stop_ms);
+    if (digits) {
+      for (uint32_t t = 0; t < config.tensors; ++t) {
+        absl::Status s = CheckPartialSums(data[t], geometry, classes[t], rank, world, reported_missing[t],
+                                          [&](uint32_t r, uint64_t i) { return value(r, round, t, i); });
+        if (!s.ok()) {
+          if (result.exact) std::fprintf(stderr, "rank %u: round %u tensor %u: %s\n", rank, round, t, s.ToString().c_str());
+          result.exact = false;
+        }
+      }
+    }
+    for (uint32_t t = 0; t < config.tensors && !bounded; ++t) {
       for (uint64_t i = 0; i < elems; ++i) {
         float expected = 0;
         for (uint32_t r = 0; r < world; ++r) expected += BenchValue(r, round, t, i);
@@ -107,11 +180,17 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
   return absl::StrFormat(
       "{\"rank\":%u,\"workers\":%u,\"aggregators\":%u,\"tensor_bytes\":%u,\"tensors\":%u,\"rounds\":%u,"
       "\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"mean_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,"
-      "\"retransmits\":%u,\"result_requests\":%u,\"min_contributors\":%u,\"exact\":%s}",
+      "\"retransmits\":%u,\"result_requests\":%u,\"min_contributors\":%u,\"exact\":%s,\"checked\":%s,"
+      "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
+      "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
+      "\"stop_p99_ms\":%.3f}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99),
       r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
-      r.min_contributors == UINT32_MAX ? 0 : r.min_contributors, r.exact ? "true" : "false");
+      r.min_contributors == UINT32_MAX ? 0 : r.min_contributors, r.exact ? "true" : "false",
+      r.checked ? "true" : "false", r.chunks_by_class[0], r.chunks_by_class[1], r.chunks_by_class[2],
+      r.chunks_by_class[3], r.left_out_by_class[0], r.left_out_by_class[1], r.left_out_by_class[2],
+      r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99));
 }
 
 }  // namespace dlcp::bench

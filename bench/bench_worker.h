@@ -2,6 +2,8 @@
 // rounds, checks every element of every result exactly, and reports timings as JSON.
 #pragma once
 
+#include <array>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -29,12 +31,27 @@ struct WorkerResult {
   uint64_t result_requests = 0;
   uint32_t min_contributors = 0;
   bool exact = true;
+  bool checked = true;  // false: bounded loss with more workers than the digit check can decode
+  // Bounded loss, over every round.
+  std::array<uint64_t, 4> chunks_by_class = {};
+  std::array<uint64_t, 4> left_out_by_class = {};
+  uint64_t bound_violations = 0;
+  double max_round_loss = 0;  // the largest fraction of droppable contributions missing in a round
+  std::vector<double> stop_ms;
 };
 
 // The value worker `rank` contributes at element i of tensor t in round r. Small integers, so
 // any sum of up to 2^18 workers is exact in float32.
 inline float BenchValue(uint32_t rank, uint32_t round, uint32_t tensor, uint64_t i) {
   return static_cast<float>(static_cast<int>((i * 7 + rank * 13 + round * 5 + tensor * 3) % 61) - 30);
+}
+
+// Under bounded loss a result holds only some workers' contributions. Worker r then contributes
+// 16^r * d with d in 1..15, so each element spells out which contributions it holds, and the
+// check can tell an exact partial sum from a wrong one. Exact in float32 for up to 6 workers.
+inline constexpr uint32_t kMaxDigitWorkers = 6;
+inline float DigitValue(uint32_t rank, uint32_t round, uint32_t tensor, uint64_t i) {
+  return std::ldexp(static_cast<float>(1 + (i * 7 + rank * 13 + round * 5 + tensor * 3) % 15), 4 * static_cast<int>(rank));
 }
 
 inline constexpr uint32_t kBarrierKey = 0xFFFFFFFFu;

@@ -20,6 +20,7 @@
 #include "bench/bench_worker.h"
 #include "common/base/log.h"
 #include "common/config/registry.h"
+#include "common/policy/drop_injector.h"
 #include "common/security/tls_flags.h"
 
 namespace dlcp::bench {
@@ -45,6 +46,20 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("late-ms", 0, 0, 600000, "spawn mode: how late --late-rank starts");
   c->AddInt("start-delay-ms", 0, 0, 600000, "sleep this long before joining");
   c->AddBool("udp-offload", true, "UDP GSO on send and GRO on receive");
+  c->AddDouble("loss-bound", 0.01, 0.0, 1.0, "ε: fraction of droppable contributions a round may lose; 0: reliable");
+  c->AddDouble("reliable-fraction", 0.1, 0.0, 1.0, "chunks with the largest L2 norms that go to class 0");
+  c->AddString("pull-mode", "consistent", "consistent: every worker receives the identical aggregate",
+               [](const std::string& v) {
+                 return v == "consistent" ? absl::OkStatus()
+                                          : absl::InvalidArgumentError("only 'consistent' pull mode is implemented");
+               });
+  c->AddString("inject-drop-class", "", "drop this worker's outgoing packets by class, C:P[,C:P] (tests)",
+               [](const std::string& v) {
+                 std::array<double, wire::kNumClasses> unused{};
+                 return ParseClassDrops(v, &unused);
+               });
+  c->AddInt("inject-burst", 1, 1, 1000, "packets per --inject-drop-class drop event");
+  c->AddInt("inject-seed", 1, 0, INT64_MAX, "seed for --inject-drop-class (each rank adds its rank)");
   c->AddBool("progress", false, "rank 0 draws a progress bar on stderr");
   c->AddBool("json", false, "print only the JSON line (no table)");
   DeclareTlsFlags(c, /*server=*/false);
@@ -68,6 +83,14 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.transport.bind_host = w.client.data_host.empty() ? "0.0.0.0" : w.client.data_host;
   w.client.transport.gso = w.client.transport.gro = c.GetBool("udp-offload");
   w.client.tls = TlsOptionsFromConfig(c, /*server=*/false);
+  w.client.loss_bound = c.GetDouble("loss-bound");
+  w.client.class_policy.reliable_fraction = c.GetDouble("reliable-fraction");
+  ParseClassDrops(c.GetString("inject-drop-class"), &w.client.inject.rate).IgnoreError();  // validated as a flag
+  w.client.inject.burst = static_cast<uint32_t>(c.GetInt("inject-burst"));
+  w.client.inject.seed = static_cast<uint64_t>(c.GetInt("inject-seed")) + w.client.rank;
+  // Partial sums are checked digit by digit, which needs the plain sum of this round's data.
+  w.client.compensation = ClientOptions::Compensation::kZeroFill;
+  w.client.error_feedback = false;
   w.tensor_bytes = static_cast<uint64_t>(c.GetInt("tensor-bytes"));
   w.tensors = static_cast<uint32_t>(c.GetInt("tensors"));
   w.rounds = static_cast<uint32_t>(c.GetInt("rounds"));
@@ -166,7 +189,8 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     lines.push_back(ls.empty() ? "" : ls.back());
   }
   double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY;
-  bool exact = ok;
+  double chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0;
+  bool exact = ok, checked = true;
   for (const std::string& l : lines) {
     if (l.empty() || std::isnan(JsonNumber(l, "p50_ms"))) {
       exact = false;
@@ -180,7 +204,20 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     result_req += JsonNumber(l, "result_requests");
     rounds = std::min(rounds, JsonNumber(l, "rounds"));
     exact = exact && JsonTrue(l, "exact");
+    checked = checked && JsonTrue(l, "checked");
+    for (int k = 0; k < 4; ++k) {
+      chunks[k] += JsonNumber(l, absl::StrCat("chunks_c", k));
+      left_out[k] += JsonNumber(l, absl::StrCat("left_out_c", k));
+    }
+    violations += JsonNumber(l, "bound_violations");
+    max_loss = std::max(max_loss, JsonNumber(l, "max_round_loss"));
+    stop_p99 = std::max(stop_p99, JsonNumber(l, "stop_p99_ms"));
   }
+  std::string loss_by_class;
+  for (int k = 0; k < 4; ++k) {
+    absl::StrAppend(&loss_by_class, k ? "," : "", absl::StrFormat("%.6f", chunks[k] > 0 ? left_out[k] / chunks[k] : 0.0));
+  }
+  if (violations > 0) exact = false;  // the guarantee is part of correctness
   if (!std::isfinite(goodput)) goodput = 0;
   if (!std::isfinite(rounds)) rounds = 0;
   const int aggs = static_cast<int>(std::count(c.GetString("aggregators").begin(), c.GetString("aggregators").end(), ',')) + 1;
@@ -189,17 +226,26 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
         "\ndlcp-bench: %d workers x %d aggregators, %d x %s per round, %d rounds\n"
         "  round time   p50 %.2f ms   p99 %.2f ms\n"
         "  goodput      %.3f Gbit/s per worker\n"
-        "  repairs      %d chunks pushed again, %d result requests\n"
-        "  results exact: %s\n",
+        "  repairs      %d chunks pushed again, %d result requests\n",
         workers, aggs, c.GetInt("tensors"), absl::StrCat(c.GetInt("tensor-bytes"), " B"), static_cast<int>(rounds),
-        p50, p99, goodput, static_cast<int>(retrans), static_cast<int>(result_req), exact ? "yes" : "NO");
+        p50, p99, goodput, static_cast<int>(retrans), static_cast<int>(result_req));
+    if (c.GetDouble("loss-bound") > 0) {
+      std::cout << absl::StrFormat(
+          "  loss bound   ε = %g: worst round lost %.4f of droppable contributions, %d violations\n"
+          "  left out     by class [%s], STOP p99 %.2f ms\n",
+          c.GetDouble("loss-bound"), max_loss, static_cast<int>(violations), loss_by_class, stop_p99);
+    }
+    std::cout << "  results exact: " << (!exact ? "NO" : checked ? "yes" : "unchecked (bounded loss, over 6 workers)")
+              << "\n";
   }
   std::cout << absl::StrFormat(
       "{\"workers\":%d,\"aggregators\":%d,\"tensor_bytes\":%d,\"tensors\":%d,\"rounds\":%d,\"p50_ms\":%.3f,"
       "\"p99_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,\"retransmits\":%d,\"result_requests\":%d,"
-      "\"exact\":%s}\n",
+      "\"loss_bound\":%g,\"loss_by_class\":[%s],\"max_round_loss\":%.6f,\"bound_violations\":%d,"
+      "\"stop_p99_ms\":%.3f,\"checked\":%s,\"exact\":%s}\n",
       workers, aggs, c.GetInt("tensor-bytes"), c.GetInt("tensors"), static_cast<int>(rounds), p50, p99, goodput,
-      max_err, static_cast<int>(retrans), static_cast<int>(result_req), exact ? "true" : "false");
+      max_err, static_cast<int>(retrans), static_cast<int>(result_req), c.GetDouble("loss-bound"), loss_by_class,
+      max_loss, static_cast<int>(violations), stop_p99, checked ? "true" : "false", exact ? "true" : "false");
   return exact ? 0 : 1;
 }
 

@@ -24,7 +24,13 @@ absl::Status ValidateOptions(const ClientOptions& o) {
                                                    o.transport.max_datagram, "-byte datagrams"));
   }
   if (o.window_bytes < o.chunk_bytes) return absl::InvalidArgumentError("window_bytes must hold at least one chunk");
-  if (o.data_class > 3) return absl::InvalidArgumentError("data_class must be 0..3");
+  if (!(o.loss_bound >= 0 && o.loss_bound <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("loss_bound ", o.loss_bound, " is not in [0, 1]"));
+  }
+  if (absl::StatusOr<std::unique_ptr<ClassPolicy>> p = CreateClassPolicy(o.class_policy); !p.ok()) return p.status();
+  for (double r : o.inject.rate) {
+    if (!(r >= 0 && r <= 1)) return absl::InvalidArgumentError(absl::StrCat("inject rate ", r, " is not in [0, 1]"));
+  }
   if (o.op_timeout <= absl::ZeroDuration() || o.rpc_timeout <= absl::ZeroDuration() ||
       o.repair_timeout <= absl::ZeroDuration() || o.heartbeat_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("every timeout and interval must be positive");
@@ -57,7 +63,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   eo.rank = options.rank;
   eo.chunk_bytes = options.chunk_bytes;
   eo.window_chunks = static_cast<uint32_t>(options.window_bytes / options.chunk_bytes);
-  eo.data_class = options.data_class;
+  eo.world = options.world_size;
+  eo.loss_bound = options.loss_bound;
+  eo.class_policy = options.class_policy;
+  eo.num_layers = options.num_layers;
+  eo.rescale = options.compensation == ClientOptions::Compensation::kRescale;
+  eo.error_feedback = options.error_feedback;
+  eo.inject = options.inject;
   eo.repair_timeout = options.repair_timeout;
   eo.op_timeout = options.op_timeout;
   eo.max_inflight = UINT32_MAX;
@@ -78,8 +90,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 Client::~Client() { Close().IgnoreError(); }
 
-std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Span<float> data) {
-  return engine_->Submit(key, data);
+std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Span<float> data,
+                                                          const AllReduceOptions& options) {
+  return engine_->Submit(key, data, options);
 }
 
 absl::Status Client::Close() {

@@ -7,6 +7,7 @@
 // failure is an absl::Status.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <future>
 #include <memory>
@@ -16,6 +17,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/policy/class_policy.h"
+#include "common/policy/drop_injector.h"
 #include "common/security/tls.h"
 #include "common/transport/transport.h"
 
@@ -43,7 +46,29 @@ struct ClientOptions {
   // Bytes pushed to one aggregator endpoint whose results have not come back yet (flow control).
   // Bounded so one worker's burst fits the aggregator's socket buffer.
   uint64_t window_bytes = 4 << 20;
-  uint8_t data_class = 1;
+
+  // Bounded loss (docs/bounded-loss.md). ε: the largest fraction of droppable (worker, chunk)
+  // contributions an aggregate may lack; class 0 is never lost. 0 makes every chunk
+  // must-deliver. Every worker of a job should use the same value; the strictest one wins.
+  double loss_bound = 0.01;
+  // Which chunks are class 0 (must deliver) and which droppable class 1..3 each rides in.
+  ClassPolicyOptions class_policy;
+  // Depth of the model, for the layer position AllReduceOptions::layer gives; 0: unknown.
+  uint32_t num_layers = 0;
+  // What a chunk that lacks contributions holds. kRescale: the sum scaled by
+  // world / contributors, i.e. world times the average over the actual contributors.
+  // kZeroFill: the plain sum, missing contributions counted as zero.
+  enum class Compensation { kRescale, kZeroFill };
+  Compensation compensation = Compensation::kRescale;
+  // Contributions of this worker left out of a round are added into its next round of the key.
+  bool error_feedback = true;
+  // Loss injected into this worker's outgoing packets, for tests and benchmarks.
+  DropInjectorOptions inject;
+};
+
+struct AllReduceOptions {
+  uint32_t layer = 0;        // position from the input; see ClientOptions::num_layers
+  double loss_bound = -1;    // ε for this tensor; negative: ClientOptions::loss_bound
 };
 
 struct RoundStats {
@@ -56,6 +81,17 @@ struct RoundStats {
   uint32_t min_contributors = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+
+  // Bounded loss.
+  double loss_bound = 0;                          // ε this round ran under
+  std::array<uint64_t, 4> chunks_by_class = {};   // this worker's chunks, by the class it gave them
+  std::array<uint64_t, 4> left_out_by_class = {}; // ... and those left out of the aggregate
+  // Over every shard's STOP: droppable contributions of all workers declared, and missing.
+  uint64_t droppable_total = 0;
+  uint64_t droppable_missing = 0;
+  uint32_t bound_violations = 0;  // shards that reported more missing than ε allows (never expected)
+  absl::Duration time_to_stop;    // until the last STOP arrived
+  uint64_t injected_drops = 0;    // packets ClientOptions::inject discarded
 };
 
 class TransferEngine;
@@ -71,7 +107,8 @@ class Client {
   // Sums `data` over all workers of the job, in place. `key` names the tensor; every worker
   // passes the same length for a key. One op per key at a time; `data` must stay valid and
   // untouched until the future is ready.
-  std::future<absl::StatusOr<RoundStats>> AllReduce(uint32_t key, absl::Span<float> data);
+  std::future<absl::StatusOr<RoundStats>> AllReduce(uint32_t key, absl::Span<float> data,
+                                                    const AllReduceOptions& options = {});
 
   // Leaves the job on every aggregator and fails ops still pending. Idempotent.
   absl::Status Close();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/log.h"
+#include "common/wire/bounded.h"
 #include "common/wire/ranges.h"
 
 namespace dlcp {
@@ -27,7 +28,11 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
     : options_(options),
       transport_(std::move(transport)),
       topology_(TopologyAggregators(options)),
-      outbox_(transport_.get()) {
+      outbox_(transport_.get()),
+      injector_(options.inject) {
+  // Client::Connect validated the options, so this cannot fail; uniform class 1 is the fallback.
+  absl::StatusOr<std::unique_ptr<ClassPolicy>> policy = CreateClassPolicy(options_.class_policy);
+  policy_ = policy.ok() ? std::move(*policy) : *CreateClassPolicy({ClassPolicyOptions::Kind::kUniform, 0, 1});
   for (size_t a = 0; a < options_.endpoints.size(); ++a) {
     dest_base_.push_back(static_cast<uint32_t>(dest_addr_.size()));
     for (const Address& ep : options_.endpoints[a]) {
@@ -42,7 +47,8 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
 
 TransferEngine::~TransferEngine() { Stop(absl::CancelledError("dlcp client closed")); }
 
-std::future<absl::StatusOr<RoundStats>> TransferEngine::Submit(uint32_t key, absl::Span<float> data) {
+std::future<absl::StatusOr<RoundStats>> TransferEngine::Submit(uint32_t key, absl::Span<float> data,
+                                                               const AllReduceOptions& options) {
   auto op = std::make_unique<Op>();
   std::future<absl::StatusOr<RoundStats>> f = op->promise.get_future();
   auto fail = [&](absl::Status s) {
@@ -53,6 +59,10 @@ std::future<absl::StatusOr<RoundStats>> TransferEngine::Submit(uint32_t key, abs
   if (data.size() > std::numeric_limits<uint32_t>::max()) {
     return fail(absl::InvalidArgumentError(absl::StrCat("tensor of ", data.size(), " elements exceeds 2^32 - 1")));
   }
+  const double bound = options.loss_bound < 0 ? options_.loss_bound : options.loss_bound;
+  if (!(bound <= 1)) return fail(absl::InvalidArgumentError(absl::StrCat("loss_bound ", bound, " is not in [0, 1]")));
+  op->loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
+  op->tensor = TensorInfo{options.layer, options_.num_layers};
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.ok()) return fail(error_);
@@ -164,6 +174,17 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
     op->stats.round = op->round;
     op->stats.chunks = op->remaining;
     op->stats.min_contributors = std::numeric_limits<uint32_t>::max();
+    op->stats.loss_bound = static_cast<double>(op->loss_bound_ppm) / wire::kPpm;
+    Prepare(*op);
+    if (op->loss_bound_ppm > 0) {
+      op->stopped.assign(dest_addr_.size(), true);
+      for (uint32_t d = 0; d < dest_addr_.size(); ++d) {
+        if (op->plan->chunks_by_dest[d].empty()) continue;
+        op->stopped[d] = false;
+        ++op->stops_pending;
+        SendManifest(*op, d);
+      }
+    }
     ops_[op->key] = std::move(op);
   }
 }
@@ -175,13 +196,17 @@ bool TransferEngine::PushSome(size_t budget) {
     for (uint32_t d = 0; d < op.dests.size(); ++d) {
       wire::Header h = BaseHeader(wire::MsgType::kPush, d, op.key, op.round, op.geometry.tensor_elems,
                                   op.geometry.chunk_count());
-      h.priority = options_.data_class;
       Dest& dest = op.dests[d];
       const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[d];
       auto push = [&](uint32_t c) {
         h.chunk = c;
+        h.priority = op.classes[c];
         h.payload_len = op.geometry.bytes(c);
         op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
+        if (injector_.Drop(h.priority)) {
+          ++op.stats.injected_drops;
+          return;
+        }
         absl::Status s = outbox_.Add(dest_addr_[d], h, reinterpret_cast<const uint8_t*>(op.data + op.geometry.offset(c)),
                                      dest_key_[d]);
         if (!s.ok()) DLCP_LOG(Warning) << "push to " << dest_addr_[d].ToString() << ": " << s;
@@ -277,7 +302,10 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
       if (op != nullptr) return HandleResult(*op, h, m, now);
       break;
     case wire::MsgType::kPushNack:
-      if (op != nullptr) return HandleNack(*op, h, payload);
+      if (op != nullptr) return HandleNack(*op, h, payload, from_dest);
+      break;
+    case wire::MsgType::kStop:
+      if (op != nullptr && op->loss_bound_ppm > 0) return HandleStop(*op, h, payload, from_dest, now);
       break;
     case wire::MsgType::kProbe:
       if (op != nullptr) return SendResultReq(*op, from_dest, false);
@@ -302,7 +330,8 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   // Not for an op in flight. A result or probe for a round this worker has finished means the
   // aggregator missed our DONE: say it again.
   auto done = completed_round_.find(h.key);
-  if ((h.type == wire::MsgType::kResult || h.type == wire::MsgType::kProbe) && done != completed_round_.end() &&
+  if ((h.type == wire::MsgType::kResult || h.type == wire::MsgType::kProbe || h.type == wire::MsgType::kStop) &&
+      done != completed_round_.end() &&
       h.round == done->second) {
     return SendDone(h.key, h.round, from_dest, h.tensor_elems, h.chunk_count);
   }
@@ -328,14 +357,34 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
     return;
   }
   if (op.state[c] == kHave) return;  // a duplicate; the first copy was identical
-  std::memcpy(op.data + op.geometry.offset(c), m.data + wire::kHeaderSize, h.payload_len);
+  float* out = op.data + op.geometry.offset(c);
+  if (h.flags & wire::kFlagLeftOut) {
+    ++op.stats.left_out_by_class[op.classes[c]];
+    if (options_.error_feedback) {
+      Residual& r = residuals_[op.key];
+      if (r.values.size() != op.geometry.tensor_elems) r.values.assign(op.geometry.tensor_elems, 0.0f);
+      float* keep = r.values.data() + op.geometry.offset(c);
+      for (uint32_t i = 0; i < op.geometry.elems(c); ++i) keep[i] += out[i];
+      r.chunks.push_back(c);
+    }
+  }
+  std::memcpy(out, m.data + wire::kHeaderSize, h.payload_len);
+  if (options_.rescale && h.contributors > 0 && h.contributors < options_.world) {
+    const float scale = static_cast<float>(options_.world) / h.contributors;
+    for (uint32_t i = 0; i < op.geometry.elems(c); ++i) out[i] *= scale;
+  }
   if (op.state[c] == kSent) --op.dests[dest].outstanding;
   op.state[c] = kHave;
   op.stats.bytes_received += m.len;
   op.stats.min_contributors = std::min<uint32_t>(op.stats.min_contributors, h.contributors);
   op.last_progress = now;
   op.repair_attempts = 0;
-  if (--op.remaining > 0) return;
+  --op.remaining;
+  MaybeComplete(op, now);
+}
+
+void TransferEngine::MaybeComplete(Op& op, absl::Time now) {
+  if (op.remaining > 0 || op.stops_pending > 0) return;
   for (uint32_t d = 0; d < op.dests.size(); ++d) {
     if (!op.plan->chunks_by_dest[d].empty()) {
       SendDone(op.key, op.round, d, op.geometry.tensor_elems, op.geometry.chunk_count());
@@ -349,13 +398,15 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   Finish(op.key, op.stats);
 }
 
-void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* payload) {
+void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest) {
   absl::StatusOr<std::vector<wire::ChunkRange>> ranges =
       wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), op.geometry.chunk_count());
   if (!ranges.ok()) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
+  // An empty NACK: the aggregator lacks part of this worker's manifest.
+  if (ranges->empty() && op.loss_bound_ppm > 0) return SendManifest(op, from_dest);
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
       // Only chunks already pushed: the rest go out under the window anyway.
@@ -370,7 +421,8 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only) 
     for (uint32_t c : op.plan->chunks_by_dest[dest]) {
       if (op.state[c] == kSent) missing.push_back(c);
     }
-    if (missing.empty()) return;  // nothing pushed there lacks a result yet
+    // Nothing pushed there lacks a result yet; a bounded round may still lack its STOP.
+    if (missing.empty() && (op.loss_bound_ppm == 0 || op.stopped[dest])) return;
   }
   wire::Header h = BaseHeader(wire::MsgType::kResultReq, dest, op.key, op.round, op.geometry.tensor_elems,
                               op.geometry.chunk_count());
@@ -411,7 +463,11 @@ void TransferEngine::ScanTimers(absl::Time now) {
       continue;
     }
     if (now >= op.next_repair && now - op.last_progress >= options_.repair_timeout) {
-      for (uint32_t d = 0; d < op.dests.size(); ++d) SendResultReq(op, d, false);
+      for (uint32_t d = 0; d < op.dests.size(); ++d) {
+        // The aggregator may have lost the manifest, or never seen this round at all.
+        if (op.loss_bound_ppm > 0 && !op.stopped[d]) SendManifest(op, d);
+        SendResultReq(op, d, false);
+      }
       ++op.stats.result_requests;
       op.repair_attempts = std::min(op.repair_attempts + 1, kMaxRepairBackoff);
       op.next_repair = now + options_.repair_timeout * op.repair_attempts;
@@ -430,6 +486,72 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
     active_keys_.erase(key);
   }
   op->promise.set_value(std::move(result));
+}
+
+}  // namespace dlcp
+
+namespace dlcp {
+
+void TransferEngine::Prepare(Op& op) {
+  const uint32_t chunks = op.geometry.chunk_count();
+  // Even a reliable round carries what earlier bounded rounds left out.
+  {
+    auto it = residuals_.find(op.key);
+    if (it != residuals_.end() && it->second.values.size() == op.geometry.tensor_elems) {
+      for (uint32_t c : it->second.chunks) {
+        float* keep = it->second.values.data() + op.geometry.offset(c);
+        float* data = op.data + op.geometry.offset(c);
+        for (uint32_t i = 0; i < op.geometry.elems(c); ++i) {
+          data[i] += keep[i];
+          keep[i] = 0;
+        }
+      }
+      it->second.chunks.clear();
+    }
+  }
+  op.classes.resize(chunks);
+  policy_->Classify(absl::MakeConstSpan(op.data, op.geometry.tensor_elems), op.geometry, op.tensor,
+                    absl::MakeSpan(op.classes));
+  for (uint8_t c : op.classes) ++op.stats.chunks_by_class[c];
+}
+
+void TransferEngine::SendManifest(const Op& op, uint32_t dest) {
+  std::vector<uint8_t> classes(op.geometry.chunk_count(), wire::kNotHere);
+  for (uint32_t c : op.plan->chunks_by_dest[dest]) classes[c] = op.classes[c];
+  const size_t max_payload = transport_->max_datagram() - wire::kHeaderSize - wire::kMacSize;
+  wire::Header h = BaseHeader(wire::MsgType::kManifest, dest, op.key, op.round, op.geometry.tensor_elems,
+                              op.geometry.chunk_count());
+  for (std::vector<uint8_t>& p : wire::EncodeManifest(op.loss_bound_ppm, classes, max_payload)) {
+    if (injector_.Drop(0)) continue;
+    h.payload_len = static_cast<uint32_t>(p.size());
+    absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_key_[dest]);
+    if (!s.ok()) DLCP_LOG(Warning) << "manifest: " << s;
+  }
+}
+
+void TransferEngine::HandleStop(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest,
+                                absl::Time now) {
+  absl::StatusOr<wire::StopInfo> stop =
+      wire::DecodeStop(absl::MakeConstSpan(payload, h.payload_len), op.geometry.chunk_count());
+  if (!stop.ok()) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (op.stopped[from_dest]) return;  // another part, or a repeat
+  op.stopped[from_dest] = true;
+  --op.stops_pending;
+  op.stats.droppable_total += stop->droppable_total;
+  op.stats.droppable_missing += stop->droppable_missing;
+  const uint64_t allowed = static_cast<uint64_t>(op.loss_bound_ppm) * stop->droppable_total / wire::kPpm;
+  if (stop->droppable_missing > allowed) {
+    ++op.stats.bound_violations;
+    DLCP_LOG(Error) << "aggregator " << dest_addr_[from_dest].ToString() << " sealed key " << op.key << " round "
+                    << op.round << " with " << stop->droppable_missing << " of " << stop->droppable_total
+                    << " droppable contributions missing, over the bound of " << allowed;
+  }
+  op.stats.time_to_stop = now - op.start;
+  op.last_progress = now;
+  MaybeComplete(op, now);
 }
 
 }  // namespace dlcp

@@ -40,7 +40,13 @@ struct EngineOptions {
   std::vector<std::string> aggregator_ids;
   uint32_t window_chunks = 512;
   uint32_t max_inflight = 64;
-  uint8_t data_class = 1;
+  uint32_t world = 1;
+  double loss_bound = 0;  // job default; AllReduceOptions may override per tensor
+  ClassPolicyOptions class_policy;
+  uint32_t num_layers = 0;
+  bool rescale = true;    // ClientOptions::Compensation::kRescale
+  bool error_feedback = true;
+  DropInjectorOptions inject;
   absl::Duration repair_timeout = absl::Milliseconds(20);
   absl::Duration op_timeout = absl::Seconds(60);
 };
@@ -51,7 +57,8 @@ class TransferEngine {
   ~TransferEngine();
 
   // Any thread. Validates and enqueues; the future completes on the I/O thread.
-  std::future<absl::StatusOr<RoundStats>> Submit(uint32_t key, absl::Span<float> data);
+  std::future<absl::StatusOr<RoundStats>> Submit(uint32_t key, absl::Span<float> data,
+                                                 const AllReduceOptions& options = {});
   // Fails every pending op with `reason` and joins the I/O thread. Idempotent.
   void Stop(const absl::Status& reason);
   // Any thread: the job can no longer make progress (e.g. this worker was dropped). Every pending
@@ -78,8 +85,13 @@ class TransferEngine {
     wire::ChunkGeometry geometry;
     std::shared_ptr<const Plan> plan;
     std::vector<uint8_t> state;
+    std::vector<uint8_t> classes;  // per chunk
     std::vector<Dest> dests;
     uint32_t remaining = 0;
+    TensorInfo tensor;
+    uint32_t loss_bound_ppm = 0;  // 0: reliable round, no manifest and no STOP
+    std::vector<bool> stopped;    // per dest: its STOP arrived
+    uint32_t stops_pending = 0;
     absl::Time start, deadline, last_progress, next_repair;
     int repair_attempts = 0;
     RoundStats stats;
@@ -91,7 +103,12 @@ class TransferEngine {
   bool PushSome(size_t budget);
   void HandleDatagram(const InMessage& m, absl::Time now);
   void HandleResult(Op& op, const wire::Header& h, const InMessage& m, absl::Time now);
-  void HandleNack(Op& op, const wire::Header& h, const uint8_t* payload);
+  void HandleNack(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest);
+  void HandleStop(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest, absl::Time now);
+  void SendManifest(const Op& op, uint32_t dest);
+  // Classifies the op's chunks and, for a bounded round, applies error feedback first.
+  void Prepare(Op& op);
+  void MaybeComplete(Op& op, absl::Time now);
   void SendResultReq(const Op& op, uint32_t dest, bool done_only);
   void SendDone(uint32_t key, uint32_t round, uint32_t dest, uint32_t tensor_elems, uint32_t chunk_count);
   void ScanTimers(absl::Time now);
@@ -123,6 +140,15 @@ class TransferEngine {
   std::unordered_map<uint32_t, std::unique_ptr<Op>> ops_;
   std::unordered_map<uint32_t, std::shared_ptr<const Plan>> plans_;
   std::unordered_map<uint32_t, uint32_t> completed_round_;  // key -> last round finished here
+  std::unique_ptr<ClassPolicy> policy_;
+  DropInjector injector_;
+  // Error feedback, per key: this worker's contributions left out of earlier rounds, added into
+  // the next one. `chunks` lists the chunks that hold something.
+  struct Residual {
+    std::vector<float> values;
+    std::vector<uint32_t> chunks;
+  };
+  std::unordered_map<uint32_t, Residual> residuals_;
   std::atomic<bool> stop_{false};
   std::thread io_;
   std::atomic<uint64_t> rejected_{0};

@@ -26,12 +26,17 @@ enum class MsgType : uint8_t {
   kResultReq = 4,  // worker -> aggregator: ranges of results still missing; kFlagDone when none are
   kProbe = 5,      // aggregator -> worker: "which results of this round do you still miss?"
   kError = 6,      // aggregator -> worker: the round cannot proceed; payload is a UTF-8 reason
+  kManifest = 7,   // worker -> aggregator, bounded-loss rounds: the class of each chunk it pushes there
+  kStop = 8,       // aggregator -> worker: the round is sealed; which of the worker's chunks were left out
 };
-inline constexpr uint8_t kMaxMsgType = 6;
+inline constexpr uint8_t kMaxMsgType = 8;
 
 inline constexpr uint8_t kFlagDone = 0x01;  // kResultReq: every result of the round has arrived
 inline constexpr uint8_t kFlagMac = 0x02;   // an 8-byte MAC trailer follows the payload (mac.h)
-inline constexpr uint8_t kKnownFlags = kFlagDone | kFlagMac;
+// kResult: this worker's own contribution to the chunk is not in the sum (bounded loss); the
+// worker keeps it for error feedback.
+inline constexpr uint8_t kFlagLeftOut = 0x04;
+inline constexpr uint8_t kKnownFlags = kFlagDone | kFlagMac | kFlagLeftOut;
 inline constexpr size_t kMacSize = 8;    // the trailer's length when kFlagMac is set
 
 struct Header {

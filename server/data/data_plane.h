@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics/registry.h"
+#include "common/policy/drop_injector.h"
 #include "common/transport/transport.h"
 #include "server/jobs/job_registry.h"
 
@@ -26,6 +27,9 @@ struct DataPlaneOptions {
   // Fraction of received pushes and of sent results to discard, for tests of the repair path.
   double inject_drop = 0.0;
   uint64_t inject_seed = 1;
+  // Per-class drops of received packets and sent results, in bursts (each thread seeds it with
+  // seed + its index).
+  DropInjectorOptions inject_class;
 };
 
 class DataThread;

@@ -21,9 +21,15 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
       jobs_(jobs),
       outbox_(transport_.get()),
       pool_(kMaxCachedBlockBytes),
+      injector_([&] {
+        DropInjectorOptions o = options.inject_class;
+        o.seed += index;
+        return o;
+      }()),
       rng_(options.inject_seed + index),
       last_scan_(absl::Now()) {
-  static const char* kTypeNames[] = {"", "push", "result", "push_nack", "result_req", "probe", "error"};
+  static const char* kTypeNames[] = {"",      "push",  "result",   "push_nack", "result_req",
+                                     "probe", "error", "manifest", "stop"};
   static_assert(sizeof(kTypeNames) / sizeof(kTypeNames[0]) == wire::kMaxMsgType + 1);
   for (uint8_t c = 0; c < wire::kNumClasses; ++c) {
     const std::string cls = absl::StrCat(c);
@@ -34,6 +40,11 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
                                               "Data-plane packets sent, by message type and class");
     }
     rx_bytes_[c] = metrics->GetCounter("dlcp_rx_bytes_total", {{"class", cls}}, "Bytes of valid packets received");
+    for (int out = 0; out < 2; ++out) {
+      contributions_[c][out] = metrics->GetCounter(
+          "dlcp_contributions_total", {{"class", cls}, {"outcome", out ? "left_out" : "summed"}},
+          "Worker contributions to bounded-loss rounds at seal time, by the class the worker gave them");
+    }
     tx_bytes_[c] = metrics->GetCounter("dlcp_tx_bytes_total", {{"class", cls}}, "Bytes of packets sent");
   }
   const std::string repairs_help = "Repair actions: NACKs and probes sent, results sent again on request";
@@ -42,7 +53,14 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
   results_resent_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "result_resent"}}, repairs_help);
   push_duplicate_ = metrics->GetCounter("dlcp_push_duplicates_total", {}, "Pushes already summed, ignored");
   stale_ = metrics->GetCounter("dlcp_stale_packets_total", {}, "Packets for rounds already delivered and released");
-  inject_dropped_ = metrics->GetCounter("dlcp_inject_dropped_total", {}, "Packets discarded by --inject-drop");
+  inject_dropped_ = metrics->GetCounter("dlcp_inject_dropped_total", {}, "Packets discarded by --inject-drop*");
+  push_sealed_ = metrics->GetCounter("dlcp_push_after_seal_total", {},
+                                     "Pushes that reached a bounded-loss round after it sealed, not summed");
+  loss_fraction_ = metrics->GetHistogram(
+      "dlcp_round_loss_fraction", {0, 0.0001, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1},
+      "Per bounded-loss round and endpoint: droppable contributions left out over those declared");
+  stop_ms_ = metrics->GetHistogram("dlcp_time_to_stop_ms", ExponentialBuckets(0.125, 2, 20),
+                                   "Bounded-loss rounds: time from the first packet to STOP");
   const std::string rounds_help = "Rounds released, by outcome";
   rounds_completed_ = metrics->GetCounter("dlcp_rounds_total", {{"outcome", "completed"}}, rounds_help);
   rounds_expired_ = metrics->GetCounter("dlcp_rounds_total", {{"outcome", "expired"}}, rounds_help);
@@ -73,7 +91,9 @@ void DataThread::Reject(wire::Reject reason) { rejects_[static_cast<size_t>(reas
 void DataThread::Run() {
   std::vector<InMessage> batch;
   while (!stop_.load(std::memory_order_relaxed)) {
-    absl::Status s = transport_->Receive(&batch, options_.tick);
+    absl::Duration wait = options_.tick;
+    if (!armed_.empty()) wait = std::clamp(next_tail_ - absl::Now(), absl::ZeroDuration(), options_.tick);
+    absl::Status s = transport_->Receive(&batch, wait);
     if (!s.ok()) {
       DLCP_LOG(Error) << "data thread " << index_ << " receive failed: " << s;
       absl::SleepFor(options_.tick);  // a persistent socket error must not spin a core
@@ -81,6 +101,7 @@ void DataThread::Run() {
     }
     const absl::Time now = absl::Now();
     for (const InMessage& m : batch) HandleDatagram(m, now);
+    if (!armed_.empty()) next_tail_ = FireTails(absl::Now());
     if (now - last_scan_ >= options_.tick) {
       ScanTimers(now);
       last_scan_ = now;
@@ -93,7 +114,9 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   wire::Header h;
   wire::Reject r = wire::ParseHeader(absl::MakeConstSpan(m.data, m.len), &h);
   if (r != wire::Reject::kNone) return Reject(r);
-  if (h.type != wire::MsgType::kPush && h.type != wire::MsgType::kResultReq) return Reject(wire::Reject::kBadType);
+  if (h.type != wire::MsgType::kPush && h.type != wire::MsgType::kResultReq && h.type != wire::MsgType::kManifest) {
+    return Reject(wire::Reject::kBadType);
+  }
   std::shared_ptr<Job> job = jobs_->Find(h.job);
   if (!job || job->closed.load(std::memory_order_relaxed)) {
     // A DONE or retransmit that lost the race with its job's end is late, not invalid. (Without
@@ -125,6 +148,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   if (h.type == wire::MsgType::kPush && h.payload_len != g.bytes(h.chunk)) return Reject(wire::Reject::kShapeMismatch);
   rx_packets_[static_cast<uint8_t>(h.type)][h.priority]->Add();
   rx_bytes_[h.priority]->Add(m.len);
+  if (injector_.Drop(h.priority)) return inject_dropped_->Add();
   if (h.type == wire::MsgType::kPush) {
     if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
     // A push for round r says this worker has every result of round r - 1.
@@ -138,10 +162,13 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   }
   Round* round = RoundFor(h, job, now);
   if (round == nullptr) return;
-  if (h.type == wire::MsgType::kPush) {
-    HandlePush(h, payload, round, now);
-  } else {
-    HandleResultReq(h, payload, round);
+  switch (h.type) {
+    case wire::MsgType::kPush:
+      return HandlePush(h, payload, round, now);
+    case wire::MsgType::kManifest:
+      return HandleManifest(h, payload, round, now);
+    default:
+      return HandleResultReq(h, payload, round);
   }
 }
 
@@ -191,6 +218,10 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
   // Payloads sit 48 bytes into a 64-byte-aligned slot: 16-byte aligned, and SumInto needs no more.
   switch (round->Add(h.rank, h.chunk, reinterpret_cast<const float*>(payload), now)) {
     case Round::AddResult::kAdded:
+      if (round->bounded) CheckBound(round, now);
+      return;
+    case Round::AddResult::kSealed:
+      push_sealed_->Add();
       return;
     case Round::AddResult::kDuplicate:
       push_duplicate_->Add();
@@ -212,6 +243,7 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
       for (uint32_t w = 0; w < round->job()->world; ++w) {
         SendResult(*round, h.chunk, w, h.priority, key != nullptr ? &digest : nullptr);
       }
+      if (round->bounded) CheckBound(round, now);
       return;
     }
   }
@@ -226,6 +258,19 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
   absl::StatusOr<std::vector<wire::ChunkRange>> ranges =
       wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), h.chunk_count);
   if (!ranges.ok()) return Reject(wire::Reject::kBadPayload);
+  if (round->bounded) {
+    // Before the seal the aggregator alone decides what to repair; after it, results and the
+    // STOP are sent again to whoever missed them.
+    if (!round->sealed()) return;
+    for (const wire::ChunkRange& r : *ranges) {
+      for (uint32_t c = r.first; c < r.first + r.length; ++c) {
+        if (!round->bounded->owned(c)) continue;
+        results_resent_->Add();
+        SendResult(*round, c, h.rank, h.priority);
+      }
+    }
+    return SendStop(*round, h.rank);
+  }
   std::vector<uint32_t> nack;
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
@@ -258,13 +303,21 @@ void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
+  if (injector_.Drop(priority)) return inject_dropped_->Add();
   wire::Header h = RoundHeader(r, wire::MsgType::kResult, rank);
   h.priority = priority;
   h.chunk = chunk;
   h.contributors = r.contributors(chunk);
   h.payload_len = r.geometry().bytes(chunk);
+  if (r.sealed() && !r.Has(rank, chunk)) h.flags |= wire::kFlagLeftOut;
   CountTx(h);
-  Check(outbox_.Add(m.address(), h, reinterpret_cast<const uint8_t*>(r.Result(chunk)), r.job()->key(), payload_digest));
+  Check(outbox_.Add(m.address(), h, ResultBytes(r, chunk), r.job()->key(), payload_digest));
+}
+
+const uint8_t* DataThread::ResultBytes(const Round& r, uint32_t chunk) {
+  if (const float* sum = r.Result(chunk)) return reinterpret_cast<const uint8_t*>(sum);
+  if (zeros_.size() < r.geometry().chunk_elems) zeros_.assign(r.geometry().chunk_elems, 0.0f);
+  return reinterpret_cast<const uint8_t*>(zeros_.data());
 }
 
 void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks) {
@@ -275,7 +328,7 @@ void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, c
   for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, max_payload)) {
     wire::Header h = RoundHeader(r, type, rank);  // priority 0: control rides the top class
     h.payload_len = static_cast<uint32_t>(p.size());
-    (type == wire::MsgType::kPushNack ? push_nacks_ : probes_)->Add();
+    (type == wire::MsgType::kProbe ? probes_ : push_nacks_)->Add();
     SendOwned(*r.job(), m.address(), h, std::move(p));
   }
 }
@@ -338,6 +391,9 @@ void DataThread::ScanTimers(absl::Time now) {
       std::shared_ptr<Job> job = jobs_->Find(it->first.job);
       it = (!job || job->epoch != it->first.epoch) ? floor_.erase(it) : std::next(it);
     }
+    for (auto it = arm_ms_.begin(); it != arm_ms_.end();) {
+      it = floor_.count(it->first) ? std::next(it) : arm_ms_.erase(it);
+    }
   }
   for (auto it = errors_sent_.begin(); it != errors_sent_.end();) {
     it = now - it->second > options_.repair_timeout * kMaxRepairBackoff ? errors_sent_.erase(it) : std::next(it);
@@ -345,7 +401,7 @@ void DataThread::ScanTimers(absl::Time now) {
   for (auto it = rounds_.begin(); it != rounds_.end();) {
     Round& r = *it->second;
     if (r.job()->closed.load(std::memory_order_relaxed)) {
-      if (r.job()->left_gracefully.load() && r.open_chunks() == 0) {
+      if (r.job()->left_gracefully.load() && r.Finished()) {
         CountCompleted(r);  // delivered; only the DONE lost the race with the Leave
       } else {
         rounds_aborted_->Add();
@@ -373,12 +429,16 @@ void DataThread::ScanTimers(absl::Time now) {
       continue;
     }
     if (now >= r.next_repair && now - r.last_progress() >= options_.repair_timeout) {
-      for (uint32_t w = 0; w < r.job()->world; ++w) {
-        if (r.open_chunks() > 0) {
-          std::vector<uint32_t> missing = r.MissingFrom(w);
-          if (!missing.empty()) SendRanges(wire::MsgType::kPushNack, r, w, missing);
-        } else if (!r.IsDone(w)) {
-          SendRanges(wire::MsgType::kProbe, r, w, {});
+      if (r.bounded && !r.sealed()) {
+        RepairBounded(r);
+      } else {
+        for (uint32_t w = 0; w < r.job()->world; ++w) {
+          if (!r.Finished()) {
+            std::vector<uint32_t> missing = r.MissingFrom(w);
+            if (!missing.empty()) SendRanges(wire::MsgType::kPushNack, r, w, missing);
+          } else if (!r.IsDone(w)) {
+            SendRanges(wire::MsgType::kProbe, r, w, {});
+          }
         }
       }
       r.repair_attempts = std::min(r.repair_attempts + 1, kMaxRepairBackoff);

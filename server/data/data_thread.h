@@ -11,6 +11,7 @@
 
 #include "common/datapath/outbox.h"
 #include "common/metrics/registry.h"
+#include "common/policy/drop_injector.h"
 #include "common/transport/transport.h"
 #include "common/wire/header.h"
 #include "server/data/data_plane.h"
@@ -58,10 +59,24 @@ class DataThread {
   void HandleDatagram(const InMessage& m, absl::Time now);
   void HandlePush(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now);
   void HandleResultReq(const wire::Header& h, const uint8_t* payload, Round* round);
+
+  // Bounded loss (bounded_rounds.cc).
+  void HandleManifest(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now);
+  // Arms the tail timer once the bound is met; seals at once when everything is in.
+  void CheckBound(Round* round, absl::Time now);
+  // Ends the round: final results for every owned chunk, and a STOP to each worker.
+  void Seal(Round* round, absl::Time now);
+  void SendStop(const Round& r, uint32_t rank);
+  void RepairBounded(const Round& r);
+  // Seals the armed rounds whose tail has passed; returns the earliest tail still pending.
+  absl::Time FireTails(absl::Time now);
+  absl::Duration TailWait(const Round& r) const;
   // Finds or creates the round for a validated header; nullptr when the packet is to be dropped.
   Round* RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now);
+  // With kFlagLeftOut when rank's contribution is not in a sealed round's sum.
   void SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority,
                   const uint64_t* payload_digest = nullptr);
+  const uint8_t* ResultBytes(const Round& r, uint32_t chunk);
   // A header addressed to `rank` about round `r`; callers fill in chunk, priority and payload.
   static wire::Header RoundHeader(const Round& r, wire::MsgType type, uint32_t rank);
   void SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks);
@@ -89,6 +104,13 @@ class DataThread {
   std::unordered_map<FloorKey, uint32_t, FloorKeyHash> floor_;
   // When each (round, worker) last got an ERROR; pruned by the timer scan.
   std::map<ErrorKey, absl::Time> errors_sent_;
+  // Per (job incarnation, key): moving average of how long bounded rounds take to meet their
+  // bound, which sets the tail wait. Pruned with floor_.
+  std::unordered_map<FloorKey, double, FloorKeyHash> arm_ms_;
+  std::vector<RoundKey> armed_;  // rounds waiting out their tail
+  absl::Time next_tail_ = absl::InfiniteFuture();
+  std::vector<float> zeros_;     // the result of a chunk nobody's contribution reached
+  DropInjector injector_;
   std::atomic<bool> stop_{false};
   std::mt19937_64 rng_;
   std::uniform_real_distribution<double> uniform_{0.0, 1.0};
@@ -106,6 +128,10 @@ class DataThread {
   Counter* push_duplicate_;
   Counter* stale_;
   Counter* inject_dropped_;
+  Counter* push_sealed_;
+  Counter* contributions_[wire::kNumClasses][2] = {};  // [class][left out]
+  Histogram* loss_fraction_;
+  Histogram* stop_ms_;
   Counter* rounds_completed_;
   Counter* rounds_expired_;
   Counter* rounds_aborted_;

@@ -38,7 +38,13 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("repair-timeout-ms", 20, 1, 60000, "silence on a round before missing chunks are NACKed");
   c->AddInt("round-timeout-ms", 120000, 100, 3600000, "an unfinished round is dropped after this long");
   c->AddDouble("inject-drop", 0.0, 0.0, 0.9, "fraction of received pushes and sent results to discard (tests)");
-  c->AddInt("inject-seed", 1, 0, INT64_MAX, "seed for --inject-drop");
+  c->AddInt("inject-seed", 1, 0, INT64_MAX, "seed for --inject-drop and --inject-drop-class");
+  c->AddString("inject-drop-class", "", "per-class drops of received packets and sent results, C:P[,C:P] (tests)",
+               [](const std::string& v) {
+                 std::array<double, wire::kNumClasses> unused{};
+                 return ParseClassDrops(v, &unused);
+               });
+  c->AddInt("inject-burst", 1, 1, 1000, "packets per --inject-drop-class drop event (microbursts)");
   c->AddInt("heartbeat-timeout-ms", 3000, 100, 600000,
             "a worker silent this long is removed and its job fails, telling the other workers why");
   c->AddInt("job-idle-timeout-ms", 60000, 1000, 86400000,
@@ -94,6 +100,9 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   }
   o.data.inject_drop = c.GetDouble("inject-drop");
   o.data.inject_seed = static_cast<uint64_t>(c.GetInt("inject-seed"));
+  if (absl::Status s = ParseClassDrops(c.GetString("inject-drop-class"), &o.data.inject_class.rate); !s.ok()) return s;
+  o.data.inject_class.burst = static_cast<uint32_t>(c.GetInt("inject-burst"));
+  o.data.inject_class.seed = o.data.inject_seed;
   o.job_idle_timeout = absl::Milliseconds(c.GetInt("job-idle-timeout-ms"));
   o.limits.heartbeat_timeout = absl::Milliseconds(c.GetInt("heartbeat-timeout-ms"));
   o.limits.data_auth = c.GetBool("data-auth");

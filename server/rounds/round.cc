@@ -40,7 +40,7 @@ float* Round::ChunkPtr(uint32_t chunk) const {
   return block == nullptr ? nullptr : block + static_cast<size_t>(chunk % kBlockChunks) * geometry_.chunk_elems;
 }
 
-const float* Round::Result(uint32_t chunk) const { return ChunkPtr(chunk); }
+const float* Round::Result(uint32_t chunk) const { return contributors_[chunk] == 0 ? nullptr : ChunkPtr(chunk); }
 
 bool Round::Has(uint32_t rank, uint32_t chunk) const {
   return (got_[static_cast<size_t>(chunk) * words_ + rank / 64] >> (rank % 64)) & 1;
@@ -50,6 +50,7 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
   uint64_t& word = got_[static_cast<size_t>(chunk) * words_ + rank / 64];
   const uint64_t bit = uint64_t{1} << (rank % 64);
   if (word & bit) return AddResult::kDuplicate;
+  if (sealed_) return AddResult::kSealed;
   float*& block = blocks_[chunk / kBlockChunks];
   if (block == nullptr) {
     if (job_->bytes_in_use.load(std::memory_order_relaxed) + block_bytes_ > job_->max_bytes) {
@@ -69,6 +70,7 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
   }
   word |= bit;
   last_progress_ = now;
+  if (bounded) bounded->OnContribution(rank, chunk);
   if (++contributors_[chunk] == job_->world) {
     --open_chunks_;
     return AddResult::kCompleted;

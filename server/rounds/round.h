@@ -10,13 +10,14 @@
 #include "absl/time/time.h"
 #include "common/wire/geometry.h"
 #include "server/jobs/job_registry.h"
+#include "server/policy/loss_tracker.h"
 #include "server/rounds/block_pool.h"
 
 namespace dlcp::server {
 
 class Round {
  public:
-  enum class AddResult { kAdded, kCompleted, kDuplicate, kNoMemory };
+  enum class AddResult { kAdded, kCompleted, kDuplicate, kNoMemory, kSealed };
 
   Round(std::shared_ptr<Job> job, uint32_t key, uint32_t round, wire::ChunkGeometry geometry, BlockPool* pool,
         absl::Time now);
@@ -25,13 +26,26 @@ class Round {
   Round& operator=(const Round&) = delete;
 
   // Adds rank's contribution to `chunk` (payload holds geometry().elems(chunk) floats). The first
-  // contribution is copied, later ones summed; a repeat from the same rank is never summed twice.
+  // contribution is copied, later ones summed; a repeat from the same rank is never summed twice,
+  // and nothing is summed once the round is sealed (its results may already be out).
   AddResult Add(uint32_t rank, uint32_t chunk, const float* payload, absl::Time now);
 
   bool Has(uint32_t rank, uint32_t chunk) const;
   bool IsComplete(uint32_t chunk) const { return contributors_[chunk] == job_->world; }
   uint16_t contributors(uint32_t chunk) const { return contributors_[chunk]; }
+  // The sum so far; nullptr while nobody has contributed to the chunk.
   const float* Result(uint32_t chunk) const;
+
+  // Bounded loss: set by the first manifest. A sealed round takes no more contributions; every
+  // owned chunk has its final result, with whatever contributors it had.
+  std::unique_ptr<LossTracker> bounded;
+  bool sealed() const { return sealed_; }
+  void Seal() { sealed_ = true; }
+  bool armed = false;      // the bound is met; waiting out the tail
+  absl::Time tail_deadline = absl::InfiniteFuture();
+  absl::Time armed_at;
+  // Delivered: every chunk complete (reliable), or sealed (bounded).
+  bool Finished() const { return sealed_ || (open_chunks_ == 0 && bounded == nullptr); }
 
   // Chunks that some but not all workers have sent, and that `rank` has not.
   std::vector<uint32_t> MissingFrom(uint32_t rank) const;
@@ -66,6 +80,7 @@ class Round {
   std::vector<uint64_t> got_;  // chunk_count x words_ bits: who contributed
   std::vector<uint16_t> contributors_;
   uint32_t open_chunks_ = 0;   // touched but not complete
+  bool sealed_ = false;
   std::vector<bool> done_;
   uint32_t done_count_ = 0;
   absl::Time created_;

@@ -45,6 +45,7 @@ ClientOptions Options(const Case& c, const std::vector<std::string>& aggs, int r
   o.transport.socket_buffer_bytes = 16 << 20;
   o.repair_timeout = absl::Milliseconds(10);
   o.op_timeout = absl::Seconds(30);
+  o.loss_bound = 0;  // every chunk must-deliver: the sums must be exact (bounded_loss_test covers ε > 0)
   return o;
 }
 

@@ -155,12 +155,23 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   ASSERT_GE(retransmits, 0) << r.out;
   EXPECT_EQ(Scraped(body, "dlcp_rounds_total{outcome=\"completed\"}"), 2 * tensor_rounds);
   EXPECT_EQ(Scraped(body, "dlcp_round_duration_ms_count"), 2 * tensor_rounds);
-  EXPECT_EQ(Scraped(body, "dlcp_rx_packets_total{class=\"1\",type=\"push\"}"),
-            workers * tensor_rounds * chunks + retransmits);
-  EXPECT_GE(Scraped(body, "dlcp_tx_packets_total{class=\"1\",type=\"result\"}"), workers * tensor_rounds * chunks);
-  EXPECT_EQ(Scraped(body, "dlcp_tx_packets_total{class=\"1\",type=\"result\"}") -
-                Scraped(body, "dlcp_repairs_total{kind=\"result_resent\"}"),
+  // Chunks ride classes 0..3 by magnitude; the totals must balance over all of them.
+  auto all_classes = [&](const std::string& metric, const std::string& type) {
+    double total = 0;
+    for (int c = 0; c < 4; ++c) total += Scraped(body, absl::StrCat(metric, "{class=\"", c, "\",type=\"", type, "\"}"));
+    return total;
+  };
+  EXPECT_EQ(all_classes("dlcp_rx_packets_total", "push"), workers * tensor_rounds * chunks + retransmits);
+  EXPECT_GT(Scraped(body, "dlcp_rx_packets_total{class=\"0\",type=\"push\"}"), 0);
+  EXPECT_GT(Scraped(body, "dlcp_rx_packets_total{class=\"3\",type=\"push\"}"), 0);
+  EXPECT_EQ(all_classes("dlcp_tx_packets_total", "result") - Scraped(body, "dlcp_repairs_total{kind=\"result_resent\"}"),
             workers * tensor_rounds * chunks);
+  // Every round is bounded (ε = 0.01 by default) and sealed with a STOP to each worker; nothing
+  // was lost, so every contribution was summed.
+  EXPECT_EQ(Scraped(body, "dlcp_time_to_stop_ms_count"), 2 * tensor_rounds);
+  EXPECT_EQ(Scraped(body, "dlcp_tx_packets_total{class=\"0\",type=\"stop\"}"), 2 * tensor_rounds * workers);
+  EXPECT_EQ(Scraped(body, "dlcp_contributions_total{class=\"0\",outcome=\"left_out\"}"), 0);
+  EXPECT_EQ(Scraped(body, "dlcp_round_loss_fraction_count"), 2 * tensor_rounds);
   EXPECT_EQ(Scraped(body, "dlcp_rejects_total"), 0);
   EXPECT_EQ(Scraped(body, "dlcp_workers "), 0);  // the job left
   EXPECT_EQ(Scraped(body, "dlcp_jobs "), 0);

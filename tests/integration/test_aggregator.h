@@ -21,6 +21,7 @@ struct TestAggregatorOptions {
   double inject_drop = 0;
   uint64_t seed = 1;
   server::JobLimits limits;
+  DropInjectorOptions inject_class;  // per-class drops at the aggregator
 };
 
 class TestAggregator {
@@ -36,6 +37,7 @@ class TestAggregator {
     d.threads = o.data_threads;
     d.inject_drop = o.inject_drop;
     d.inject_seed = o.seed;
+    d.inject_class = o.inject_class;
     d.repair_timeout = absl::Milliseconds(10);
     auto plane = server::DataPlane::Create(d, a->jobs_.get(), &a->metrics_);
     if (!plane.ok()) return nullptr;

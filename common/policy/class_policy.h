@@ -1,0 +1,49 @@
+// Which priority class each chunk of a tensor rides in. Class 0 is must-deliver; classes 1..3
+// may be dropped, 1 last. The class picks the DSCP code point (so a strict-priority switch
+// serves class 0 first) and tells the aggregator which losses the bound ε may absorb.
+//
+// Threading: a policy is owned by one client I/O thread; Classify must be fast (one pass over
+// the tensor) and never block.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/wire/geometry.h"
+
+namespace dlcp {
+
+struct TensorInfo {
+  uint32_t layer = 0;       // position from the input (0) towards the output
+  uint32_t num_layers = 0;  // 0: unknown, every tensor counts as layer 0
+};
+
+class ClassPolicy {
+ public:
+  virtual ~ClassPolicy() = default;
+  // Writes the class of every chunk of `data`, as cut by `geometry`, into classes[chunk].
+  virtual void Classify(absl::Span<const float> data, const wire::ChunkGeometry& geometry, const TensorInfo& tensor,
+                        absl::Span<uint8_t> classes) = 0;
+};
+
+struct ClassPolicyOptions {
+  enum class Kind { kMagnitudeLayer, kUniform };
+  Kind kind = Kind::kMagnitudeLayer;
+  // kMagnitudeLayer: this fraction of chunks, largest L2 norm first, goes to class 0.
+  double reliable_fraction = 0.1;
+  // kUniform: every chunk gets this class (class 0 everywhere is fully reliable).
+  uint8_t uniform_class = 1;
+};
+
+absl::StatusOr<ClassPolicyOptions::Kind> ParseClassPolicyKind(const std::string& name);
+
+// kMagnitudeLayer: the top reliable_fraction of chunks by L2 norm go to class 0. The rest get a
+// score in [0, 1): their magnitude rank among themselves as a fraction (0: largest norm), averaged
+// with the layer position (layer / num_layers) when the depth is known. Thirds of the score range
+// are classes 1, 2 and 3. Layers near the input come first because the next forward pass needs
+// them first; a tensor of unknown depth spreads over all three classes by magnitude alone.
+absl::StatusOr<std::unique_ptr<ClassPolicy>> CreateClassPolicy(const ClassPolicyOptions& options);
+
+}  // namespace dlcp

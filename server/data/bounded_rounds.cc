@@ -1,0 +1,136 @@
+// The bounded-loss half of DataThread: manifests, the tail timer, sealing and STOP, and repairs
+// limited to what the bound requires. See docs/bounded-loss.md.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/check.h"
+#include "common/base/log.h"
+#include "common/wire/bounded.h"
+#include "server/data/data_thread.h"
+
+namespace dlcp::server {
+namespace {
+// The tail is this share of the time recent rounds of the same tensor took to meet their bound:
+// long enough for stragglers a little behind the pack, short enough not to wait for a lost tail.
+constexpr double kTailShare = 0.25;
+constexpr absl::Duration kMinTail = absl::Microseconds(200);
+constexpr double kEwmaWeight = 0.2;
+}  // namespace
+
+void DataThread::HandleManifest(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now) {
+  if (round->sealed()) return SendStop(*round, h.rank);  // the worker missed the STOP
+  absl::StatusOr<wire::ManifestPart> part =
+      wire::DecodeManifest(absl::MakeConstSpan(payload, h.payload_len), round->geometry().chunk_count());
+  if (!part.ok()) return Reject(wire::Reject::kBadPayload);
+  if (!round->bounded) {
+    // Pushes may overtake the manifest; the tracker learns of them now.
+    auto tracker = std::make_unique<LossTracker>(round->job()->world, round->geometry().chunk_count());
+    for (uint32_t w = 0; w < round->job()->world; ++w) {
+      for (uint32_t c = 0; c < round->geometry().chunk_count(); ++c) {
+        if (round->Has(w, c)) tracker->OnContribution(w, c);
+      }
+    }
+    round->bounded = std::move(tracker);
+  }
+  if (absl::Status s = round->bounded->AddManifest(h.rank, *part); !s.ok()) {
+    DLCP_LOG(Warning) << "job " << round->job()->name << " rank " << h.rank << " key " << h.key << ": " << s;
+    return Reject(wire::Reject::kBadPayload);
+  }
+  CheckBound(round, now);
+}
+
+absl::Duration DataThread::TailWait(const Round& r) const {
+  auto it = arm_ms_.find(FloorKey{r.job()->id, r.job()->epoch, r.key()});
+  if (it == arm_ms_.end()) return options_.repair_timeout / 4;
+  return std::clamp(absl::Milliseconds(kTailShare * it->second), kMinTail, options_.repair_timeout);
+}
+
+void DataThread::CheckBound(Round* round, absl::Time now) {
+  const LossTracker& t = *round->bounded;
+  if (round->sealed()) return;
+  if (t.AllIn()) {
+    if (!round->armed) round->armed_at = now;
+    return Seal(round, now);
+  }
+  if (round->armed || !t.BoundMet()) return;
+  round->armed = true;
+  round->armed_at = now;
+  round->tail_deadline = now + TailWait(*round);
+  armed_.push_back(RoundKey{round->job()->id, round->job()->epoch, round->key(), round->round()});
+  next_tail_ = std::min(next_tail_, round->tail_deadline);
+}
+
+absl::Time DataThread::FireTails(absl::Time now) {
+  absl::Time next = absl::InfiniteFuture();
+  for (size_t i = 0; i < armed_.size();) {
+    auto it = rounds_.find(armed_[i]);
+    Round* r = it == rounds_.end() ? nullptr : it->second.get();
+    if (r != nullptr && !r->sealed() && now >= r->tail_deadline) Seal(r, now);
+    if (r == nullptr || r->sealed()) {
+      armed_[i] = armed_.back();
+      armed_.pop_back();
+      continue;
+    }
+    next = std::min(next, r->tail_deadline);
+    ++i;
+  }
+  return next;
+}
+
+void DataThread::Seal(Round* round, absl::Time now) {
+  const LossTracker& t = *round->bounded;
+  // The guarantee: nothing seals with a class-0 contribution missing or more than ε missing.
+  DLCP_CHECK_EQ(t.class0_missing(), 0u);
+  DLCP_CHECK_LE(t.droppable_missing(), t.allowed_missing());
+  round->Seal();
+  const uint32_t world = round->job()->world;
+  const wire::MacKey* key = round->job()->key();
+  for (uint32_t c = 0; c < t.chunk_count(); ++c) {
+    if (!t.owned(c) || round->IsComplete(c)) continue;  // complete chunks went out as they completed
+    uint64_t digest = 0;
+    if (key != nullptr) digest = wire::PayloadDigest(*key, ResultBytes(*round, c), round->geometry().bytes(c));
+    uint8_t cls = wire::kNumClasses - 1;
+    for (uint32_t w = 0; w < world; ++w) cls = std::min(cls, t.class_of(w, c));
+    for (uint32_t w = 0; w < world; ++w) SendResult(*round, c, w, cls, key != nullptr ? &digest : nullptr);
+  }
+  for (uint32_t w = 0; w < world; ++w) {
+    for (uint32_t c = 0; c < t.chunk_count(); ++c) {
+      const uint8_t cls = t.class_of(w, c);
+      if (cls != wire::kNotHere) contributions_[cls][!t.got(w, c)]->Add();
+    }
+    SendStop(*round, w);
+  }
+  loss_fraction_->Observe(t.droppable_total() ? static_cast<double>(t.droppable_missing()) / t.droppable_total() : 0);
+  stop_ms_->Observe(absl::ToDoubleMilliseconds(now - round->created()));
+  double& ewma = arm_ms_[FloorKey{round->job()->id, round->job()->epoch, round->key()}];
+  const double arm = absl::ToDoubleMilliseconds(round->armed_at - round->created());
+  ewma = ewma == 0 ? arm : (1 - kEwmaWeight) * ewma + kEwmaWeight * arm;
+}
+
+void DataThread::SendStop(const Round& r, uint32_t rank) {
+  const LossTracker& t = *r.bounded;
+  const Member& m = r.job()->members[rank];
+  if (!m.joined()) return;
+  std::vector<uint32_t> left_out;
+  for (uint32_t c = 0; c < t.chunk_count(); ++c) {
+    if (t.class_of(rank, c) != wire::kNotHere && !t.got(rank, c)) left_out.push_back(c);
+  }
+  const size_t max_payload = std::min(transport_->max_datagram() - wire::kHeaderSize, wire::kMaxRangesPayload);
+  std::vector<wire::ChunkRange> ranges = wire::ToRanges(left_out);
+  for (std::vector<uint8_t>& p : wire::EncodeStop(t.droppable_total(), t.droppable_missing(), ranges, max_payload)) {
+    wire::Header h = RoundHeader(r, wire::MsgType::kStop, rank);  // class 0
+    h.payload_len = static_cast<uint32_t>(p.size());
+    SendOwned(*r.job(), m.address(), h, std::move(p));
+  }
+}
+
+void DataThread::RepairBounded(const Round& r) {
+  const LossTracker& t = *r.bounded;
+  std::vector<std::vector<uint32_t>> plan = t.RepairPlan(r.round());
+  for (uint32_t w = 0; w < t.world(); ++w) {
+    // An empty NACK asks a worker whose manifest is incomplete to send it again.
+    if (!t.has_manifest(w) || !plan[w].empty()) SendRanges(wire::MsgType::kPushNack, r, w, plan[w]);
+  }
+}
+
+}  // namespace dlcp::server

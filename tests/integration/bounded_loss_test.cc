@@ -1,0 +1,209 @@
+// Bounded loss end to end, in one process: real clients, gRPC control and data threads, with
+// per-class and bursty packet loss injected at the workers and at the aggregators.
+//
+// Worker r contributes 16^r * m with m in 1..15, so every element of a result spells out, digit
+// by digit, exactly which workers' contributions are in it. The tests decode that and check the
+// guarantee: no class-0 contribution is ever missing, at most ε of the droppable ones are, the
+// result is exactly the sum of what is in it, every worker got the same result, and the counts
+// the aggregators report in STOP match.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <iostream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "common/policy/class_policy.h"
+#include "tests/integration/test_aggregator.h"
+
+namespace dlcp::testing {
+namespace {
+
+struct Case {
+  std::string name;
+  TransportOptions::Kind kind;
+  int aggregators;
+  int workers;
+  uint32_t elems;
+  double loss_bound;
+  std::string worker_drops;  // injected at each worker, by class
+  std::string agg_drops;     // injected at each aggregator, by class
+  uint32_t burst = 1;
+  bool rescale = false;
+  bool expect_loss = false;  // the drops are heavy enough that the bound must have been used
+  int rounds = 6;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+constexpr uint32_t kChunkBytes = 256;  // 64 floats: many chunks from small tensors
+
+float Digit(int r, int k, uint32_t i) { return static_cast<float>(1 + (i * 7 + r * 13 + k * 5 + i / 64 * 3) % 15); }
+float Value(int r, int k, uint32_t i) { return std::ldexp(Digit(r, k, i), 4 * r); }
+
+class BoundedLossTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BoundedLossTest, GuaranteeHolds) {
+  const Case c = GetParam();
+  std::vector<std::unique_ptr<TestAggregator>> aggs;
+  std::vector<std::string> addrs;
+  for (int a = 0; a < c.aggregators; ++a) {
+    TestAggregatorOptions ao{c.kind, 1, 0, 200u + a};
+    ASSERT_TRUE(ParseClassDrops(c.agg_drops, &ao.inject_class.rate).ok());
+    ao.inject_class.burst = c.burst;
+    ao.inject_class.seed = 300 + a;
+    aggs.push_back(TestAggregator::Start(ao));
+    ASSERT_NE(aggs.back(), nullptr);
+    addrs.push_back(aggs.back()->address());
+  }
+  const wire::ChunkGeometry g{c.elems, kChunkBytes / 4};
+  const uint32_t chunks = g.chunk_count();
+  // results[k][r]: what worker r got in round k; stats likewise.
+  std::vector<std::vector<std::vector<float>>> results(c.rounds, std::vector<std::vector<float>>(c.workers));
+  std::vector<std::vector<RoundStats>> stats(c.rounds, std::vector<RoundStats>(c.workers));
+  std::vector<std::string> errors(c.workers);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < c.workers; ++r) {
+    threads.emplace_back([&, r] {
+      ClientOptions o;
+      o.aggregators = addrs;
+      o.job_name = c.name;
+      o.world_size = c.workers;
+      o.rank = r;
+      o.chunk_bytes = kChunkBytes;
+      o.transport.kind = c.kind;
+      o.transport.bind_host = "127.0.0.1";
+      o.tls.plaintext = true;
+      o.repair_timeout = absl::Milliseconds(5);
+      o.op_timeout = absl::Seconds(60);
+      o.loss_bound = c.loss_bound;
+      o.error_feedback = false;  // the test checks each round's own contributions
+      o.compensation = c.rescale ? ClientOptions::Compensation::kRescale : ClientOptions::Compensation::kZeroFill;
+      if (!ParseClassDrops(c.worker_drops, &o.inject.rate).ok()) return;
+      o.inject.burst = c.burst;
+      o.inject.seed = 1000 + r;
+      auto client = Client::Connect(o);
+      if (!client.ok()) {
+        errors[r] = client.status().ToString();
+        return;
+      }
+      for (int k = 0; k < c.rounds; ++k) {
+        std::vector<float>& d = results[k][r];
+        d.resize(c.elems);
+        for (uint32_t i = 0; i < c.elems; ++i) d[i] = Value(r, k, i);
+        absl::StatusOr<RoundStats> s = (*client)->AllReduce(7, absl::MakeSpan(d)).get();
+        if (!s.ok()) {
+          errors[r] = absl::StrCat("round ", k, ": ", s.status().ToString());
+          return;
+        }
+        stats[k][r] = *s;
+      }
+      if (absl::Status s = (*client)->Close(); !s.ok()) errors[r] = s.ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < c.workers; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+
+  // The classes each worker gave its chunks, recomputed with the same default policy.
+  auto policy = CreateClassPolicy(ClassPolicyOptions{});
+  ASSERT_TRUE(policy.ok());
+  uint64_t all_droppable = 0, all_missing = 0;
+  for (int k = 0; k < c.rounds; ++k) {
+    std::vector<std::vector<uint8_t>> cls(c.workers, std::vector<uint8_t>(chunks));
+    for (int r = 0; r < c.workers; ++r) {
+      std::vector<float> mine(c.elems);
+      for (uint32_t i = 0; i < c.elems; ++i) mine[i] = Value(r, k, i);
+      (*policy)->Classify(mine, g, TensorInfo{}, absl::MakeSpan(cls[r]));
+    }
+    uint64_t droppable = 0, missing = 0;
+    std::vector<uint64_t> left_out_by_worker(c.workers);
+    for (uint32_t ch = 0; ch < chunks; ++ch) {
+      // Which subset of workers explains the first element; then every element must agree.
+      const float got = results[k][0][g.offset(ch)];
+      int subset = -1;
+      for (int s = 0; s < (1 << c.workers) && subset < 0; ++s) {
+        double sum = 0;
+        for (int w = 0; w < c.workers; ++w) sum += (s >> w & 1) ? Value(w, k, g.offset(ch)) : 0;
+        const int n = __builtin_popcount(s);
+        const double scale = c.rescale && n > 0 ? static_cast<double>(c.workers) / n : 1.0;
+        if (std::fabs(sum * scale - got) <= 1e-6 * std::fabs(got)) subset = s;
+      }
+      ASSERT_GE(subset, 0) << "round " << k << " chunk " << ch << ": " << got << " is no subset's sum";
+      const int n = __builtin_popcount(subset);
+      const double scale = c.rescale && n > 0 ? static_cast<double>(c.workers) / n : 1.0;
+      for (uint32_t i = g.offset(ch); i < g.offset(ch) + g.elems(ch); ++i) {
+        double want = 0;
+        for (int w = 0; w < c.workers; ++w) want += (subset >> w & 1) ? Value(w, k, i) : 0;
+        want *= scale;
+        for (int r = 0; r < c.workers; ++r) {
+          ASSERT_NEAR(results[k][r][i], want, c.rescale ? 1e-6 * std::fabs(want) : 0)
+              << "round " << k << " worker " << r << " element " << i << " (chunk " << ch << ", subset " << subset << ")";
+        }
+      }
+      for (int w = 0; w < c.workers; ++w) {
+        const bool in = subset >> w & 1;
+        if (cls[w][ch] == 0) {
+          ASSERT_TRUE(in) << "round " << k << ": class-0 chunk " << ch << " of worker " << w << " was lost";
+        } else {
+          ++droppable;
+          missing += !in;
+        }
+        left_out_by_worker[w] += !in;
+      }
+    }
+    // The bound holds for the whole tensor in every round.
+    EXPECT_LE(static_cast<double>(missing), std::floor(c.loss_bound * droppable + 1e-9) + 0.0)
+        << "round " << k << ": " << missing << " of " << droppable << " droppable contributions missing";
+    for (int r = 0; r < c.workers; ++r) {
+      const RoundStats& s = stats[k][r];
+      EXPECT_EQ(s.bound_violations, 0u);
+      // ε = 0 runs the reliable protocol: no manifest, no STOP, nothing droppable.
+      EXPECT_EQ(s.droppable_total, c.loss_bound > 0 ? droppable : 0) << "round " << k << " worker " << r;
+      EXPECT_EQ(s.droppable_missing, missing) << "round " << k << " worker " << r;
+      uint64_t left = 0;
+      for (uint64_t v : s.left_out_by_class) left += v;
+      EXPECT_EQ(left, left_out_by_worker[r]) << "round " << k << " worker " << r;
+      EXPECT_EQ(s.left_out_by_class[0], 0u);
+      if (c.loss_bound > 0) {
+        EXPECT_GT(s.time_to_stop, absl::ZeroDuration());
+      }
+    }
+    all_droppable += droppable;
+    all_missing += missing;
+  }
+  double injected = 0;
+  for (auto& a : aggs) injected += a->Counter("dlcp_inject_dropped_total");
+  for (int k = 0; k < c.rounds; ++k) {
+    for (int r = 0; r < c.workers; ++r) injected += stats[k][r].injected_drops;
+  }
+  if (!c.worker_drops.empty() || !c.agg_drops.empty()) {
+    EXPECT_GT(injected, 0) << "no loss was injected";
+  }
+  if (c.expect_loss) {
+    EXPECT_GT(all_missing, 0u) << "the bound was never used";
+  }
+  std::cout << c.name << ": " << all_missing << " of " << all_droppable << " droppable contributions left out, "
+            << injected << " packets dropped\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, BoundedLossTest,
+    ::testing::Values(
+        Case{"loopback_w2_clean", TransportOptions::Kind::kLoopback, 1, 2, 5000, 0.01, "", ""},
+        Case{"loopback_w4_eps5pct", TransportOptions::Kind::kLoopback, 1, 4, 20000, 0.05, "1:0.05,2:0.1,3:0.2", "", 1,
+             false, true},
+        Case{"loopback_a2_w3_bursts", TransportOptions::Kind::kLoopback, 2, 3, 30011, 0.02, "1:0.1,2:0.1,3:0.1",
+             "3:0.1", 8},
+        Case{"loopback_w4_class0_lossy", TransportOptions::Kind::kLoopback, 1, 4, 10000, 0.01, "0:0.2,1:0.2,3:0.5",
+             "0:0.1,1:0.1"},
+        Case{"loopback_w3_eps0_lossy", TransportOptions::Kind::kLoopback, 1, 3, 9000, 0.0, "1:0.2", "2:0.2"},
+        Case{"loopback_w2_rescale", TransportOptions::Kind::kLoopback, 1, 2, 20000, 0.2, "1:0.3,2:0.3,3:0.3", "", 1,
+             true},
+        Case{"udp_a2_w4_eps1pct", TransportOptions::Kind::kUdp, 2, 4, 100003, 0.01, "1:0.02,2:0.05,3:0.1", "1:0.01"},
+        Case{"udp_w4_half_lost", TransportOptions::Kind::kUdp, 1, 4, 40000, 0.5, "1:0.5,2:0.5,3:0.5", "0:0.05", 4,
+             false, true}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace dlcp::testing
