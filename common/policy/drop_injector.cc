@@ -44,8 +44,11 @@ bool DropInjector::Drop(uint8_t cls) {
     ++dropped_;
     return true;
   }
-  // A burst of B drops starts with probability rate / B, so the long-run rate stays near `rate`.
-  if (uniform_(rng_) < options_.rate[cls] / options_.burst) {
+  // A burst of B drops starts with probability q outside bursts. Per decision, q * B packets are
+  // dropped out of 1 + q * (B - 1) seen, so q = r / (B - r * (B - 1)) gives the long-run rate r.
+  const double r = options_.rate[cls];
+  const double b = options_.burst;
+  if (uniform_(rng_) < r / (b - r * (b - 1))) {
     burst_left_[cls] = options_.burst - 1;
     ++dropped_;
     return true;

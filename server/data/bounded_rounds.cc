@@ -22,17 +22,7 @@ void DataThread::HandleManifest(const wire::Header& h, const uint8_t* payload, R
   absl::StatusOr<wire::ManifestPart> part =
       wire::DecodeManifest(absl::MakeConstSpan(payload, h.payload_len), round->geometry().chunk_count());
   if (!part.ok()) return Reject(wire::Reject::kBadPayload);
-  if (!round->bounded) {
-    // Pushes may overtake the manifest; the tracker learns of them now.
-    auto tracker = std::make_unique<LossTracker>(round->job()->world, round->geometry().chunk_count());
-    for (uint32_t w = 0; w < round->job()->world; ++w) {
-      for (uint32_t c = 0; c < round->geometry().chunk_count(); ++c) {
-        if (round->Has(w, c)) tracker->OnContribution(w, c);
-      }
-    }
-    round->bounded = std::move(tracker);
-  }
-  if (absl::Status s = round->bounded->AddManifest(h.rank, *part); !s.ok()) {
+  if (absl::Status s = round->EnableBounded().AddManifest(h.rank, *part); !s.ok()) {
     DLCP_LOG(Warning) << "job " << round->job()->name << " rank " << h.rank << " key " << h.key << ": " << s;
     return Reject(wire::Reject::kBadPayload);
   }

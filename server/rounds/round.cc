@@ -78,6 +78,18 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
   return AddResult::kAdded;
 }
 
+LossTracker& Round::EnableBounded() {
+  if (!bounded) {
+    bounded = std::make_unique<LossTracker>(job_->world, geometry_.chunk_count());
+    for (uint32_t w = 0; w < job_->world; ++w) {
+      for (uint32_t c = 0; c < geometry_.chunk_count(); ++c) {
+        if (Has(w, c)) bounded->OnContribution(w, c);
+      }
+    }
+  }
+  return *bounded;
+}
+
 std::vector<uint32_t> Round::MissingFrom(uint32_t rank) const {
   std::vector<uint32_t> out;
   for (uint32_t c = 0; c < contributors_.size(); ++c) {

@@ -39,6 +39,9 @@ class Round {
   // Bounded loss: set by the first manifest. A sealed round takes no more contributions; every
   // owned chunk has its final result, with whatever contributors it had.
   std::unique_ptr<LossTracker> bounded;
+  // Makes the round bounded (idempotent); pushes may overtake the manifest, so the tracker
+  // learns of every contribution already summed.
+  LossTracker& EnableBounded();
   bool sealed() const { return sealed_; }
   void Seal() { sealed_ = true; }
   bool armed = false;      // the bound is met; waiting out the tail

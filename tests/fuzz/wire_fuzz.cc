@@ -3,10 +3,12 @@
 //  - an accepted header is consistent with the datagram it came from;
 //  - re-encoding an accepted header reproduces the input's 48 bytes exactly (nothing is ignored);
 //  - an accepted range list stays inside the tensor and re-encodes to the same bytes;
-//  - MAC verification of any accepted datagram is memory-safe and rejects forged tags.
+//  - MAC verification of any accepted datagram is memory-safe and rejects forged tags;
+//  - an accepted manifest part or STOP stays inside the tensor and re-encodes to the same bytes.
 #include <cstdint>
 #include <cstring>
 
+#include "common/wire/bounded.h"
 #include "common/wire/header.h"
 #include "common/wire/mac.h"
 #include "common/wire/ranges.h"
@@ -32,6 +34,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (r.length == 0 || uint64_t{r.first} + r.length > h.chunk_count) __builtin_trap();
       }
       auto encoded = EncodeRanges(*ranges, h.payload_len + 8);
+      if (encoded.size() != 1 || encoded[0].size() != h.payload_len ||
+          std::memcmp(encoded[0].data(), data + kHeaderSize, h.payload_len) != 0) {
+        __builtin_trap();
+      }
+    }
+  }
+  if (h.type == MsgType::kManifest) {
+    auto m = DecodeManifest(absl::MakeConstSpan(data + kHeaderSize, h.payload_len), h.chunk_count);
+    if (m.ok()) {
+      if (uint64_t{m->first} + m->classes.size() > h.chunk_count || m->owned_total > h.chunk_count) __builtin_trap();
+      for (uint8_t c : m->classes) {
+        if (c >= kNumClasses && c != kNotHere) __builtin_trap();
+      }
+    }
+  }
+  if (h.type == MsgType::kStop) {
+    auto s = DecodeStop(absl::MakeConstSpan(data + kHeaderSize, h.payload_len), h.chunk_count);
+    if (s.ok()) {
+      if (s->droppable_missing > s->droppable_total) __builtin_trap();
+      auto encoded = EncodeStop(s->droppable_total, s->droppable_missing, s->left_out, h.payload_len + 8);
       if (encoded.size() != 1 || encoded[0].size() != h.payload_len ||
           std::memcmp(encoded[0].data(), data + kHeaderSize, h.payload_len) != 0) {
         __builtin_trap();
