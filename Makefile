@@ -36,13 +36,13 @@ test-asan: deps
 	  "-DCMAKE_EXE_LINKER_FLAGS=$(SAN_FLAGS)" "-DCMAKE_SHARED_LINKER_FLAGS=$(SAN_FLAGS)"
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --output-on-failure --timeout 600 -j 2 -E "^fuzz$$|k8s_manifests|docker_lockstep|Soak"
+	  ctest --output-on-failure --timeout 600 -j 2 -E "^fuzz$$|k8s_manifests|docker_lockstep|Soak|Netbed"
 
 # TSan over the reduction engine, the transports, the round state and the in-process client
 # tests. Debian's gRPC and Abseil are not built with TSan, so reports inside them are suppressed
 # (tests/tsan.supp); reports in dlcp's own code still fail the run.
 TSAN_FLAGS = -fsanitize=thread
-TSAN_TESTS = engine_test transport_test round_test allreduce_test client_errors_test
+TSAN_TESTS = engine_test transport_test round_test loss_tracker_test allreduce_test bounded_loss_test client_errors_test
 test-tsan: deps
 	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
 	  "-DCMAKE_CXX_FLAGS=$(TSAN_FLAGS)" "-DCMAKE_C_FLAGS=$(TSAN_FLAGS)" \

@@ -427,7 +427,7 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only) 
   wire::Header h = BaseHeader(wire::MsgType::kResultReq, dest, op.key, op.round, op.geometry.tensor_elems,
                               op.geometry.chunk_count());
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(missing);
-  for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, std::min(wire::kMaxRangesPayload, transport_->max_datagram() - wire::kHeaderSize))) {
+  for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, wire::ControlPayloadLimit(transport_->max_datagram(), options_.chunk_bytes))) {
     h.payload_len = static_cast<uint32_t>(p.size());
     absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_key_[dest]);
     if (!s.ok()) DLCP_LOG(Warning) << "result request: " << s;
@@ -518,7 +518,7 @@ void TransferEngine::Prepare(Op& op) {
 void TransferEngine::SendManifest(const Op& op, uint32_t dest) {
   std::vector<uint8_t> classes(op.geometry.chunk_count(), wire::kNotHere);
   for (uint32_t c : op.plan->chunks_by_dest[dest]) classes[c] = op.classes[c];
-  const size_t max_payload = transport_->max_datagram() - wire::kHeaderSize - wire::kMacSize;
+  const size_t max_payload = wire::ControlPayloadLimit(transport_->max_datagram(), options_.chunk_bytes);
   wire::Header h = BaseHeader(wire::MsgType::kManifest, dest, op.key, op.round, op.geometry.tensor_elems,
                               op.geometry.chunk_count());
   for (std::vector<uint8_t>& p : wire::EncodeManifest(op.loss_bound_ppm, classes, max_payload)) {

@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   clang libclang-rt-14-dev openssl
   python3
+  iproute2 ethtool iperf3 iputils-ping  # the congested-cluster test bed (tests/netbed)
 )
 
 # The manifest tests need Node.js and npm; a machine that ships its own node keeps it.

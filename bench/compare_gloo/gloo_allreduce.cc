@@ -1,6 +1,9 @@
 // Gloo ring all-reduce baseline (Debian's libgloo-dev, TCP on loopback), measured the way
 // dlcp-bench measures dlcp: a barrier before each iteration, the slowest rank's time per
 // iteration, every element checked. Forks --workers ranks; prints one JSON line.
+// On a test bed of separate hosts (bench/netbed_compare.sh), each host runs one rank with
+//   --rank R --store DIR --host ADDR     (DIR: a directory every rank can see)
+// and afterwards `--summarize --store DIR` prints the JSON line from the ranks' times.
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/math.h>
@@ -27,13 +30,17 @@ struct Args {
   size_t bytes = 4 << 20;
   int iters = 10;
   int warmup = 2;
+  int rank = -1;
+  std::string store;
+  std::string host = "127.0.0.1";
+  bool summarize = false;
 };
 
 float Value(int rank, int iter, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + rank * 13 + iter * 5) % 61) - 30); }
 
 int RunRank(const Args& a, int rank, const std::string& dir) {
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
+  attr.hostname = a.host;
   auto dev = gloo::transport::tcp::CreateDevice(attr);
   gloo::rendezvous::FileStore fs(dir);
   gloo::rendezvous::PrefixStore store("bench", fs);
@@ -85,12 +92,24 @@ double Percentile(std::vector<double> v, double q) {
 
 int main(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  for (int i = 1; i < argc; i += 2) {
     std::string k = argv[i];
+    if (k == "--summarize") {
+      a.summarize = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "gloo_allreduce: %s needs a value\n", k.c_str());
+      return 2;
+    }
     if (k == "--workers") a.workers = std::atoi(argv[i + 1]);
     else if (k == "--tensor-bytes") a.bytes = std::strtoull(argv[i + 1], nullptr, 10);
     else if (k == "--rounds") a.iters = std::atoi(argv[i + 1]);
     else if (k == "--warmup") a.warmup = std::atoi(argv[i + 1]);
+    else if (k == "--rank") a.rank = std::atoi(argv[i + 1]);
+    else if (k == "--store") a.store = argv[i + 1];
+    else if (k == "--host") a.host = argv[i + 1];
     else {
       std::fprintf(stderr, "usage: gloo_allreduce [--workers N] [--tensor-bytes B] [--rounds R] [--warmup W]\n");
       return 2;
@@ -100,20 +119,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gloo_allreduce: bad arguments\n");
     return 2;
   }
-  char tmpl[] = "/tmp/gloo_allreduce.XXXXXX";
-  if (!mkdtemp(tmpl)) return 1;
-  std::string dir = tmpl;
-  std::vector<pid_t> kids;
-  for (int r = 0; r < a.workers; ++r) {
-    pid_t p = fork();
-    if (p == 0) _exit(RunRank(a, r, dir));
-    kids.push_back(p);
+  if (a.rank >= 0) {
+    if (a.store.empty() || a.rank >= a.workers) {
+      std::fprintf(stderr, "gloo_allreduce: --rank needs --store and a rank below --workers\n");
+      return 2;
+    }
+    return RunRank(a, a.rank, a.store);
   }
   bool ok = true;
-  for (pid_t p : kids) {
-    int st = 0;
-    waitpid(p, &st, 0);
-    ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  std::string dir = a.store;
+  if (!a.summarize) {
+    char tmpl[] = "/tmp/gloo_allreduce.XXXXXX";
+    if (!mkdtemp(tmpl)) return 1;
+    dir = tmpl;
+    std::vector<pid_t> kids;
+    for (int r = 0; r < a.workers; ++r) {
+      pid_t p = fork();
+      if (p == 0) _exit(RunRank(a, r, dir));
+      kids.push_back(p);
+    }
+    for (pid_t p : kids) {
+      int st = 0;
+      waitpid(p, &st, 0);
+      ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    }
   }
   // The slowest rank's time per iteration, as for dlcp.
   std::vector<double> slowest(a.iters, 0);
@@ -121,7 +150,7 @@ int main(int argc, char** argv) {
     std::ifstream f(dir + "/times." + std::to_string(r));
     int exact = 0;
     f >> exact;
-    ok = ok && exact == 1;
+    ok = ok && f.good() && exact == 1;
     for (int i = 0; i < a.iters; ++i) {
       double v = 0;
       f >> v;
@@ -129,7 +158,7 @@ int main(int argc, char** argv) {
     }
   }
   std::string cleanup = "rm -rf '" + dir + "'";
-  if (std::system(cleanup.c_str()) != 0) std::fprintf(stderr, "warning: could not remove %s\n", dir.c_str());
+  if (!a.summarize && std::system(cleanup.c_str()) != 0) std::fprintf(stderr, "warning: could not remove %s\n", dir.c_str());
   double p50 = Percentile(slowest, 0.5);
   std::printf(
       "{\"system\":\"gloo_ring_tcp\",\"workers\":%d,\"tensor_bytes\":%zu,\"rounds\":%d,\"p50_ms\":%.3f,\"p99_ms\":%.3f,"

@@ -105,7 +105,7 @@ void DataThread::SendStop(const Round& r, uint32_t rank) {
   for (uint32_t c = 0; c < t.chunk_count(); ++c) {
     if (t.class_of(rank, c) != wire::kNotHere && !t.got(rank, c)) left_out.push_back(c);
   }
-  const size_t max_payload = std::min(transport_->max_datagram() - wire::kHeaderSize, wire::kMaxRangesPayload);
+  const size_t max_payload = wire::ControlPayloadLimit(transport_->max_datagram(), r.job()->chunk_bytes);
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(left_out);
   for (std::vector<uint8_t>& p : wire::EncodeStop(t.droppable_total(), t.droppable_missing(), ranges, max_payload)) {
     wire::Header h = RoundHeader(r, wire::MsgType::kStop, rank);  // class 0

@@ -324,7 +324,7 @@ void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, c
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(chunks);
-  const size_t max_payload = std::min(transport_->max_datagram() - wire::kHeaderSize, wire::kMaxRangesPayload);
+  const size_t max_payload = wire::ControlPayloadLimit(transport_->max_datagram(), r.job()->chunk_bytes);
   for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, max_payload)) {
     wire::Header h = RoundHeader(r, type, rank);  // priority 0: control rides the top class
     h.payload_len = static_cast<uint32_t>(p.size());
