@@ -41,6 +41,7 @@ int dlcp_connect(const dlcp_options* o, dlcp_client** out, char* err, size_t err
   co.rank = o->rank;
   if (o->chunk_bytes != 0) co.chunk_bytes = o->chunk_bytes;
   if (o->op_timeout_ms != 0) co.op_timeout = absl::Milliseconds(o->op_timeout_ms);
+  if (o->loss_bound != 0) co.loss_bound = o->loss_bound < 0 ? 0 : o->loss_bound;
   auto str = [](const char* s) { return s == nullptr ? std::string() : std::string(s); };
   co.tls.plaintext = o->plaintext != 0;
   co.tls.ca_file = str(o->tls_ca);
@@ -74,6 +75,10 @@ int dlcp_op_wait(dlcp_op* op, uint32_t timeout_ms, dlcp_round_stats* stats, char
     stats->time_ms = absl::ToDoubleMilliseconds(r->time);
     stats->retransmits = r->retransmits;
     stats->min_contributors = r->min_contributors;
+    stats->left_out = 0;
+    for (uint64_t v : r->left_out_by_class) stats->left_out += v;
+    stats->droppable_total = r->droppable_total;
+    stats->droppable_missing = r->droppable_missing;
   }
   return 0;
 }

@@ -27,6 +27,7 @@ typedef struct {
   const char* tls_cert;        /* client certificate, for mutual TLS */
   const char* tls_key;
   const char* tls_server_name; /* name to verify in the aggregators' certificates */
+  double loss_bound;           /* ε (docs/bounded-loss.md); 0: default (0.01); negative: fully reliable */
 } dlcp_options;
 
 typedef struct {
@@ -35,6 +36,9 @@ typedef struct {
   double time_ms;
   uint64_t retransmits;
   uint32_t min_contributors;
+  uint64_t left_out;           /* this worker's contributions left out of the aggregate (bounded loss) */
+  uint64_t droppable_total;    /* all workers' droppable contributions, over every shard's STOP */
+  uint64_t droppable_missing;  /* ... and how many of them are missing: at most ε of the total */
 } dlcp_round_stats;
 
 /* The library's version, e.g. "0.1.0". */

@@ -24,6 +24,7 @@ static void* run(void* arg) {
   o.rank = w->rank;
   o.chunk_bytes = 1024;
   o.op_timeout_ms = 20000;
+  o.loss_bound = -1; /* fully reliable: the sums are checked exactly */
   o.plaintext = 1;
   dlcp_client* c = NULL;
   if (dlcp_connect(&o, &c, err, sizeof(err)) != 0) {

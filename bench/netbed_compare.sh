@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Round time under congestion, in one run on the emulated cluster (scripts/netbed/cluster.sh):
+# 4 workers behind a strict-priority DSCP switch (1 Gbit/s ports, 64-packet drop-tail queues),
+# with best-effort UDP cross traffic from a fifth host into every worker's port. Measures
+#   - dlcp, bounded loss ε = 0.01;
+#   - dlcp, reliable (ε = 0);
+#   - Gloo's ring all-reduce over TCP;
+# each on 20 MiB per round, dlcp with one aggregator on every worker host (so each link carries
+# what ring all-reduce carries). Also prints the physical floor: ring all-reduce's bytes per link,
+# 2 S (N-1) / N, over the link rate. Prints one JSON line per system, then a ratio table.
+# Needs root.
+#   bench/netbed_compare.sh [BUILD_DIR]
+set -Eeuo pipefail
+BUILD=$(cd "${1:-build}" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+CLUSTER="$HERE/../scripts/netbed/cluster.sh"
+export PREFIX=${PREFIX:-dlcpb} NWORKERS=4 NAGGS=1 RATE=${RATE:-1gbit} QLEN_PKTS=${QLEN_PKTS:-64}
+export STATE_DIR=${STATE_DIR:-/tmp/dlcp-netbed}
+ROUNDS=${ROUNDS:-10}
+TENSOR=${TENSOR:-$((20 << 20))}
+CROSS=${CROSS:-300M}  # per worker port
+N=4
+[[ $(id -u) == 0 ]] || { echo "netbed_compare: needs root" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/dlcp-netbed-bench.XXXXXX)
+cleanup() {
+  jobs -p | xargs -r kill 2>/dev/null || true
+  wait 2>/dev/null || true
+  "$CLUSTER" down >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+"$CLUSTER" up >/dev/null
+ip_of() { echo "198.18.0.$((10 + $1))"; }
+
+aggs=()
+for i in 1 2 3 4; do
+  ip netns exec "$PREFIX-w$i" "$BUILD/server/dlcpd" --host="$(ip_of $i)" --port=7400 --data-port=7500 --plaintext \
+    --log-level=warning --ready-file="$work/a$i.ready" 2>"$work/a$i.log" &
+  aggs+=("$(ip_of $i):7400")
+done
+for i in 1 2 3 4; do
+  for _ in $(seq 1 100); do [[ -s $work/a$i.ready ]] && break; sleep 0.1; done
+done
+agg_list=$(IFS=,; echo "${aggs[*]}")
+
+cross_start() {
+  for i in 1 2 3 4; do "$CLUSTER" cross a1 "w$i" "$CROSS" 0 "$1" udp $((5300 + i)) >/dev/null 2>&1 & done
+  sleep 1
+}
+cross_stop() { pkill -f "iperf3 .*-p 53[0-9][0-9]" 2>/dev/null || true; sleep 1; }
+
+run_dlcp() {  # name loss_bound
+  cross_start 120
+  local pids=()
+  for i in 1 2 3 4; do
+    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers=$N \
+      --rank=$((i - 1)) --job="$1" --data-host="$(ip_of $i)" --tensor-bytes="$TENSOR" --chunk-bytes=1400 \
+      --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes=$((1 << 20)) --json >"$work/$1.$i" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || true; done
+  cross_stop
+  python3 - "$work/$1" "$1" <<'PY'
+import json, sys
+rows = []
+for i in range(1, 5):
+    ls = [l for l in open(f"{sys.argv[1]}.{i}") if l.startswith("{")]
+    rows.append(json.loads(ls[-1]) if ls else {})
+ok = all(r.get("exact") for r in rows)
+print(json.dumps({"system": sys.argv[2], "p50_ms": max(r.get("p50_ms", 0) for r in rows),
+                  "p99_ms": max(r.get("p99_ms", 0) for r in rows),
+                  "max_round_loss": max(r.get("max_round_loss", 0) for r in rows),
+                  "bound_violations": sum(r.get("bound_violations", 0) for r in rows),
+                  "retransmits": sum(r.get("retransmits", 0) for r in rows), "exact": ok}))
+PY
+}
+
+run_gloo() {
+  cross_start 180
+  local store="$work/gloo-store" pids=()
+  mkdir -p "$store"
+  for i in 1 2 3 4; do
+    ip netns exec "$PREFIX-w$i" "$BUILD/bench/gloo_allreduce" --workers $N --rank $((i - 1)) --store "$store" \
+      --host "$(ip_of $i)" --tensor-bytes "$TENSOR" --rounds "$ROUNDS" --warmup 1 >"$work/gloo.$i" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || true; done
+  cross_stop
+  "$BUILD/bench/gloo_allreduce" --summarize --store "$store" --workers $N --tensor-bytes "$TENSOR" --rounds "$ROUNDS"
+}
+
+{
+  run_dlcp dlcp_bounded_eps0.01 0.01
+  run_dlcp dlcp_reliable 0
+  run_gloo
+} | tee "$work/results.jsonl"
+"$CLUSTER" stats >"$work/stats.txt"
+
+python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$N" "$CROSS" <<'PY'
+import json, re, sys
+rows = {}
+for l in open(sys.argv[1]):
+    if l.startswith("{"):
+        r = json.loads(l); rows[r["system"]] = r
+size, n = int(sys.argv[2]), int(sys.argv[4])
+m = re.match(r"([\d.]+)([kmg]?)", sys.argv[3].lower())
+rate = float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]]
+floor_ms = 2 * size * (n - 1) / n * 8 / rate * 1e3
+print(f"\n{n} workers, {size >> 20} MiB per round, {sys.argv[3]} ports, {sys.argv[5]} best-effort cross traffic into each"
+      f" worker port; physical floor {floor_ms:.1f} ms per round\n")
+print("| system | p50 ms | p99 ms | p50 / floor | p99 / gloo p99 | p99 / reliable p99 | worst round loss | exact |")
+print("|---|---|---|---|---|---|---|---|")
+g = rows.get("gloo_ring_tcp", {}).get("p99_ms") or float("nan")
+rel = rows.get("dlcp_reliable", {}).get("p99_ms") or float("nan")
+for name in ("dlcp_bounded_eps0.01", "dlcp_reliable", "gloo_ring_tcp"):
+    r = rows.get(name)
+    if not r:
+        print(f"| {name} | - | - | - | - | - | - | failed |"); continue
+    print(f"| {name} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / floor_ms:.2f} | {r['p99_ms'] / g:.2f} |"
+          f" {r['p99_ms'] / rel:.2f} | {r.get('max_round_loss', 0):.4f} | {r['exact']} |")
+PY
