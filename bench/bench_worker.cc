@@ -39,8 +39,9 @@ void Progress(uint32_t done, uint32_t total) {
 
 absl::Status CheckPartialSums(absl::Span<const float> got, const wire::ChunkGeometry& g,
                               absl::Span<const uint8_t> my_classes, uint32_t rank, uint32_t world,
-                              uint64_t reported_missing, const std::function<float(uint32_t, uint64_t)>& value) {
-  uint64_t missing = 0;
+                              uint64_t reported_missing, uint64_t pull_missing,
+                              const std::function<float(uint32_t, uint64_t)>& value) {
+  uint64_t missing = 0, empty = 0;
   for (uint32_t c = 0; c < g.chunk_count(); ++c) {
     // The subset of workers in this chunk, read off its first element's base-16 digits.
     const uint64_t first = g.offset(c);
@@ -60,9 +61,19 @@ absl::Status CheckPartialSums(absl::Span<const float> got, const wire::ChunkGeom
     if (my_classes[c] == 0 && !(subset >> rank & 1)) {
       return absl::DataLossError(absl::StrCat("chunk ", c, " is class 0 here but lacks this worker's contribution"));
     }
-    missing += world - static_cast<uint32_t>(__builtin_popcount(subset));
+    if (subset == 0) {
+      ++empty;  // every contribution lost, or (bounded pull) the result given up on and zeroed
+    } else {
+      missing += world - static_cast<uint32_t>(__builtin_popcount(subset));
+    }
   }
-  if (missing != reported_missing) {
+  if (empty < pull_missing) {
+    return absl::DataLossError(absl::StrCat(pull_missing, " results reported given up on, but only ", empty,
+                                            " chunks are zero"));
+  }
+  // Chunks given up on hide how many contributions they had; the rest must add up exactly.
+  missing += (empty - pull_missing) * world;
+  if (pull_missing == 0 ? missing != reported_missing : missing > reported_missing) {
     return absl::DataLossError(absl::StrCat(missing, " contributions are missing from the results, but the "
                                             "aggregators' STOPs reported ", reported_missing));
   }
@@ -112,7 +123,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     const absl::Time start = absl::Now();
     std::vector<std::future<absl::StatusOr<RoundStats>>> futures;
     for (uint32_t t = 0; t < config.tensors; ++t) futures.push_back((*client)->AllReduce(t, absl::MakeSpan(data[t])));
-    std::vector<uint64_t> reported_missing(config.tensors);
+    std::vector<uint64_t> reported_missing(config.tensors), pull_missing(config.tensors);
     double stop_ms = 0;
     for (uint32_t t = 0; t < config.tensors; ++t) {
       absl::StatusOr<RoundStats> stats = futures[t].get();  // each op completes by its own deadline
@@ -126,6 +137,8 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
       }
       result.bound_violations += stats->bound_violations;
       reported_missing[t] = stats->droppable_missing;
+      pull_missing[t] = stats->pull_missing;
+      result.pull_missing += stats->pull_missing;
       if (stats->droppable_total > 0) {
         const double loss = static_cast<double>(stats->droppable_missing) / stats->droppable_total;
         result.max_round_loss = std::max(result.max_round_loss, loss);
@@ -140,7 +153,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     if (bounded && round >= config.warmup) result.stop_ms.push_back(stop_ms);
     if (digits) {
       for (uint32_t t = 0; t < config.tensors; ++t) {
-        absl::Status s = CheckPartialSums(data[t], geometry, classes[t], rank, world, reported_missing[t],
+        absl::Status s = CheckPartialSums(data[t], geometry, classes[t], rank, world, reported_missing[t], pull_missing[t],
                                           [&](uint32_t r, uint64_t i) { return value(r, round, t, i); });
         if (!s.ok()) {
           if (result.exact) std::fprintf(stderr, "rank %u: round %u tensor %u: %s\n", rank, round, t, s.ToString().c_str());
@@ -183,14 +196,14 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       "\"retransmits\":%u,\"result_requests\":%u,\"min_contributors\":%u,\"exact\":%s,\"checked\":%s,"
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
-      "\"stop_p99_ms\":%.3f}",
+      "\"stop_p99_ms\":%.3f,\"pull_missing\":%u}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99),
       r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
       r.min_contributors == UINT32_MAX ? 0 : r.min_contributors, r.exact ? "true" : "false",
       r.checked ? "true" : "false", r.chunks_by_class[0], r.chunks_by_class[1], r.chunks_by_class[2],
       r.chunks_by_class[3], r.left_out_by_class[0], r.left_out_by_class[1], r.left_out_by_class[2],
-      r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99));
+      r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99), r.pull_missing);
 }
 
 }  // namespace dlcp::bench

@@ -38,6 +38,7 @@ struct WorkerResult {
   uint64_t bound_violations = 0;
   double max_round_loss = 0;  // the largest fraction of droppable contributions missing in a round
   std::vector<double> stop_ms;
+  uint64_t pull_missing = 0;  // bounded pull: result chunks given up on
 };
 
 // The value worker `rank` contributes at element i of tensor t in round r. Small integers, so

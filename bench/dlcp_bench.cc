@@ -48,10 +48,13 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddBool("udp-offload", true, "UDP GSO on send and GRO on receive");
   c->AddDouble("loss-bound", 0.01, 0.0, 1.0, "ε: fraction of droppable contributions a round may lose; 0: reliable");
   c->AddDouble("reliable-fraction", 0.1, 0.0, 1.0, "chunks with the largest L2 norms that go to class 0");
-  c->AddString("pull-mode", "consistent", "consistent: every worker receives the identical aggregate",
+  c->AddString("pull-mode", "consistent",
+               "consistent: every worker receives the identical aggregate; bounded: up to ε of the droppable "
+               "results may be given up on (zeroed)",
                [](const std::string& v) {
-                 return v == "consistent" ? absl::OkStatus()
-                                          : absl::InvalidArgumentError("only 'consistent' pull mode is implemented");
+                 return v == "consistent" || v == "bounded"
+                            ? absl::OkStatus()
+                            : absl::InvalidArgumentError("expected 'consistent' or 'bounded'");
                });
   c->AddString("inject-drop-class", "", "drop this worker's outgoing packets by class, C:P[,C:P] (tests)",
                [](const std::string& v) {
@@ -85,6 +88,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.tls = TlsOptionsFromConfig(c, /*server=*/false);
   w.client.loss_bound = c.GetDouble("loss-bound");
   w.client.class_policy.reliable_fraction = c.GetDouble("reliable-fraction");
+  if (c.GetString("pull-mode") == "bounded") w.client.pull_mode = ClientOptions::PullMode::kBounded;
   ParseClassDrops(c.GetString("inject-drop-class"), &w.client.inject.rate).IgnoreError();  // validated as a flag
   w.client.inject.burst = static_cast<uint32_t>(c.GetInt("inject-burst"));
   w.client.inject.seed = static_cast<uint64_t>(c.GetInt("inject-seed")) + w.client.rank;
@@ -189,7 +193,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     lines.push_back(ls.empty() ? "" : ls.back());
   }
   double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY;
-  double chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0;
+  double chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0, pull_missing = 0;
   bool exact = ok, checked = true;
   for (const std::string& l : lines) {
     if (l.empty() || std::isnan(JsonNumber(l, "p50_ms"))) {
@@ -210,6 +214,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
       left_out[k] += JsonNumber(l, absl::StrCat("left_out_c", k));
     }
     violations += JsonNumber(l, "bound_violations");
+    pull_missing += JsonNumber(l, "pull_missing");
     max_loss = std::max(max_loss, JsonNumber(l, "max_round_loss"));
     stop_p99 = std::max(stop_p99, JsonNumber(l, "stop_p99_ms"));
   }
@@ -232,8 +237,9 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     if (c.GetDouble("loss-bound") > 0) {
       std::cout << absl::StrFormat(
           "  loss bound   ε = %g: worst round lost %.4f of droppable contributions, %d violations\n"
-          "  left out     by class [%s], STOP p99 %.2f ms\n",
-          c.GetDouble("loss-bound"), max_loss, static_cast<int>(violations), loss_by_class, stop_p99);
+          "  left out     by class [%s], STOP p99 %.2f ms, %d results given up on (bounded pull)\n",
+          c.GetDouble("loss-bound"), max_loss, static_cast<int>(violations), loss_by_class, stop_p99,
+          static_cast<int>(pull_missing));
     }
     std::cout << "  results exact: " << (!exact ? "NO" : checked ? "yes" : "unchecked (bounded loss, over 6 workers)")
               << "\n";
@@ -242,10 +248,11 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
       "{\"workers\":%d,\"aggregators\":%d,\"tensor_bytes\":%d,\"tensors\":%d,\"rounds\":%d,\"p50_ms\":%.3f,"
       "\"p99_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,\"retransmits\":%d,\"result_requests\":%d,"
       "\"loss_bound\":%g,\"loss_by_class\":[%s],\"max_round_loss\":%.6f,\"bound_violations\":%d,"
-      "\"stop_p99_ms\":%.3f,\"checked\":%s,\"exact\":%s}\n",
+      "\"stop_p99_ms\":%.3f,\"pull_missing\":%d,\"checked\":%s,\"exact\":%s}\n",
       workers, aggs, c.GetInt("tensor-bytes"), c.GetInt("tensors"), static_cast<int>(rounds), p50, p99, goodput,
       max_err, static_cast<int>(retrans), static_cast<int>(result_req), c.GetDouble("loss-bound"), loss_by_class,
-      max_loss, static_cast<int>(violations), stop_p99, checked ? "true" : "false", exact ? "true" : "false");
+      max_loss, static_cast<int>(violations), stop_p99, static_cast<int>(pull_missing), checked ? "true" : "false",
+      exact ? "true" : "false");
   return exact ? 0 : 1;
 }
 

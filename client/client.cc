@@ -28,6 +28,9 @@ absl::Status ValidateOptions(const ClientOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("loss_bound ", o.loss_bound, " is not in [0, 1]"));
   }
   if (absl::StatusOr<std::unique_ptr<ClassPolicy>> p = CreateClassPolicy(o.class_policy); !p.ok()) return p.status();
+  if (o.pull_loss_bound > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("pull_loss_bound ", o.pull_loss_bound, " is over 1"));
+  }
   for (double r : o.inject.rate) {
     if (!(r >= 0 && r <= 1)) return absl::InvalidArgumentError(absl::StrCat("inject rate ", r, " is not in [0, 1]"));
   }
@@ -70,6 +73,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   eo.rescale = options.compensation == ClientOptions::Compensation::kRescale;
   eo.error_feedback = options.error_feedback;
   eo.inject = options.inject;
+  eo.bounded_pull = options.pull_mode == ClientOptions::PullMode::kBounded;
+  eo.pull_loss_bound = options.pull_loss_bound < 0 ? options.loss_bound : options.pull_loss_bound;
   eo.repair_timeout = options.repair_timeout;
   eo.op_timeout = options.op_timeout;
   eo.max_inflight = UINT32_MAX;
@@ -93,6 +98,18 @@ Client::~Client() { Close().IgnoreError(); }
 std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Span<float> data,
                                                           const AllReduceOptions& options) {
   return engine_->Submit(key, data, options);
+}
+
+std::future<absl::StatusOr<RoundStats>> Client::Broadcast(uint32_t key, absl::Span<float> data, uint32_t root) {
+  if (root >= options_.world_size) {
+    std::promise<absl::StatusOr<RoundStats>> p;
+    p.set_value(absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not below the world size ",
+                                                        options_.world_size)));
+    return p.get_future();
+  }
+  AllReduceOptions o;
+  o.loss_bound = 0;
+  return engine_->Submit(key, data, o, static_cast<int64_t>(root));
 }
 
 absl::Status Client::Close() {

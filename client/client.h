@@ -62,6 +62,15 @@ struct ClientOptions {
   Compensation compensation = Compensation::kRescale;
   // Contributions of this worker left out of a round are added into its next round of the key.
   bool error_feedback = true;
+  // How results come back. kConsistent: every worker receives the complete aggregate, so
+  // replicas never diverge. kBounded (bounded-loss rounds only): once the round is sealed, a
+  // worker stops waiting for results after its tail wait if every chunk it classed 0 has arrived
+  // and at most ε_pull of the others are missing; those slices are zeroed (that part of the
+  // update is left out) and counted in RoundStats::pull_missing. Replicas then drift apart a
+  // little; Client::Broadcast brings them back together.
+  enum class PullMode { kConsistent, kBounded };
+  PullMode pull_mode = PullMode::kConsistent;
+  double pull_loss_bound = -1;  // ε_pull; negative: loss_bound
   // Loss injected into this worker's outgoing packets, for tests and benchmarks.
   DropInjectorOptions inject;
 };
@@ -92,6 +101,7 @@ struct RoundStats {
   uint32_t bound_violations = 0;  // shards that reported more missing than ε allows (never expected)
   absl::Duration time_to_stop;    // until the last STOP arrived
   uint64_t injected_drops = 0;    // packets ClientOptions::inject discarded
+  uint64_t pull_missing = 0;      // kBounded pull: result chunks not received, zeroed
 };
 
 class TransferEngine;
@@ -109,6 +119,11 @@ class Client {
   // untouched until the future is ready.
   std::future<absl::StatusOr<RoundStats>> AllReduce(uint32_t key, absl::Span<float> data,
                                                     const AllReduceOptions& options = {});
+
+  // Replaces `data` on every worker with root's `data` (exactly; reliable whatever ε is), e.g. to
+  // resynchronise replicas every K rounds under the bounded pull mode. Uses `key` like AllReduce
+  // does; error feedback is not applied to it.
+  std::future<absl::StatusOr<RoundStats>> Broadcast(uint32_t key, absl::Span<float> data, uint32_t root);
 
   // Leaves the job on every aggregator and fails ops still pending. Idempotent.
   absl::Status Close();

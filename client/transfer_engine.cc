@@ -48,7 +48,8 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
 TransferEngine::~TransferEngine() { Stop(absl::CancelledError("dlcp client closed")); }
 
 std::future<absl::StatusOr<RoundStats>> TransferEngine::Submit(uint32_t key, absl::Span<float> data,
-                                                               const AllReduceOptions& options) {
+                                                               const AllReduceOptions& options,
+                                                               int64_t broadcast_root) {
   auto op = std::make_unique<Op>();
   std::future<absl::StatusOr<RoundStats>> f = op->promise.get_future();
   auto fail = [&](absl::Status s) {
@@ -63,6 +64,10 @@ std::future<absl::StatusOr<RoundStats>> TransferEngine::Submit(uint32_t key, abs
   if (!(bound <= 1)) return fail(absl::InvalidArgumentError(absl::StrCat("loss_bound ", bound, " is not in [0, 1]")));
   op->loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
   op->tensor = TensorInfo{options.layer, options_.num_layers};
+  op->broadcast_root = broadcast_root;
+  if (options_.bounded_pull && op->loss_bound_ppm > 0) {
+    op->pull_ppm = static_cast<uint32_t>(std::lround(options_.pull_loss_bound * wire::kPpm));
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.ok()) return fail(error_);
@@ -250,6 +255,7 @@ void TransferEngine::Run() {
       break;
     }
     absl::Duration wait = more ? absl::ZeroDuration() : (ops_.empty() ? absl::Milliseconds(100) : tick);
+    if (next_tail_ != absl::InfiniteFuture()) wait = std::clamp(next_tail_ - absl::Now(), absl::ZeroDuration(), wait);
     s = transport_->Receive(&batch, wait);
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -258,7 +264,7 @@ void TransferEngine::Run() {
     }
     const absl::Time now = absl::Now();
     for (const InMessage& m : batch) HandleDatagram(m, now);
-    if (now - last_scan >= tick) {
+    if (now - last_scan >= tick || now >= next_tail_) {
       ScanTimers(now);
       last_scan = now;
     }
@@ -375,6 +381,7 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   }
   if (op.state[c] == kSent) --op.dests[dest].outstanding;
   op.state[c] = kHave;
+  (op.classes[c] == 0 ? op.class0_pending : op.droppable_pending)--;
   op.stats.bytes_received += m.len;
   op.stats.min_contributors = std::min<uint32_t>(op.stats.min_contributors, h.contributors);
   op.last_progress = now;
@@ -383,8 +390,7 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   MaybeComplete(op, now);
 }
 
-void TransferEngine::MaybeComplete(Op& op, absl::Time now) {
-  if (op.remaining > 0 || op.stops_pending > 0) return;
+void TransferEngine::Complete(Op& op, absl::Time now) {
   for (uint32_t d = 0; d < op.dests.size(); ++d) {
     if (!op.plan->chunks_by_dest[d].empty()) {
       SendDone(op.key, op.round, d, op.geometry.tensor_elems, op.geometry.chunk_count());
@@ -415,11 +421,11 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
   }
 }
 
-void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only) {
+void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only, const std::vector<uint8_t>* wanted) {
   std::vector<uint32_t> missing;
   if (!done_only) {
     for (uint32_t c : op.plan->chunks_by_dest[dest]) {
-      if (op.state[c] == kSent) missing.push_back(c);
+      if (op.state[c] == kSent && (wanted == nullptr || wanted->empty() || (*wanted)[c])) missing.push_back(c);
     }
     // Nothing pushed there lacks a result yet; a bounded round may still lack its STOP.
     if (missing.empty() && (op.loss_bound_ppm == 0 || op.stopped[dest])) return;
@@ -446,6 +452,8 @@ void TransferEngine::SendDone(uint32_t key, uint32_t round, uint32_t dest, uint3
 
 void TransferEngine::ScanTimers(absl::Time now) {
   std::vector<std::pair<uint32_t, absl::Status>> expired;
+  std::vector<uint32_t> tails;
+  next_tail_ = absl::InfiniteFuture();
   for (auto& [key, op_ptr] : ops_) {
     Op& op = *op_ptr;
     if (now >= op.deadline) {
@@ -462,11 +470,17 @@ void TransferEngine::ScanTimers(absl::Time now) {
                                     "); are all workers of the job running?")));
       continue;
     }
+    if (op.pull_armed && now >= PullTailEnd(op)) {
+      tails.push_back(key);
+      continue;
+    }
+    if (op.pull_armed) next_tail_ = std::min(next_tail_, PullTailEnd(op));
     if (now >= op.next_repair && now - op.last_progress >= options_.repair_timeout) {
+      const std::vector<uint8_t> wanted = WantedResults(op);
       for (uint32_t d = 0; d < op.dests.size(); ++d) {
         // The aggregator may have lost the manifest, or never seen this round at all.
         if (op.loss_bound_ppm > 0 && !op.stopped[d]) SendManifest(op, d);
-        SendResultReq(op, d, false);
+        SendResultReq(op, d, false, &wanted);
       }
       ++op.stats.result_requests;
       op.repair_attempts = std::min(op.repair_attempts + 1, kMaxRepairBackoff);
@@ -474,6 +488,7 @@ void TransferEngine::ScanTimers(absl::Time now) {
     }
   }
   for (auto& [key, status] : expired) Finish(key, std::move(status));
+  for (uint32_t key : tails) CompletePartial(*ops_[key], now);
 }
 
 void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
@@ -490,68 +505,3 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
 
 }  // namespace dlcp
 
-namespace dlcp {
-
-void TransferEngine::Prepare(Op& op) {
-  const uint32_t chunks = op.geometry.chunk_count();
-  // Even a reliable round carries what earlier bounded rounds left out.
-  {
-    auto it = residuals_.find(op.key);
-    if (it != residuals_.end() && it->second.values.size() == op.geometry.tensor_elems) {
-      for (uint32_t c : it->second.chunks) {
-        float* keep = it->second.values.data() + op.geometry.offset(c);
-        float* data = op.data + op.geometry.offset(c);
-        for (uint32_t i = 0; i < op.geometry.elems(c); ++i) {
-          data[i] += keep[i];
-          keep[i] = 0;
-        }
-      }
-      it->second.chunks.clear();
-    }
-  }
-  op.classes.resize(chunks);
-  policy_->Classify(absl::MakeConstSpan(op.data, op.geometry.tensor_elems), op.geometry, op.tensor,
-                    absl::MakeSpan(op.classes));
-  for (uint8_t c : op.classes) ++op.stats.chunks_by_class[c];
-}
-
-void TransferEngine::SendManifest(const Op& op, uint32_t dest) {
-  std::vector<uint8_t> classes(op.geometry.chunk_count(), wire::kNotHere);
-  for (uint32_t c : op.plan->chunks_by_dest[dest]) classes[c] = op.classes[c];
-  const size_t max_payload = wire::ControlPayloadLimit(transport_->max_datagram(), options_.chunk_bytes);
-  wire::Header h = BaseHeader(wire::MsgType::kManifest, dest, op.key, op.round, op.geometry.tensor_elems,
-                              op.geometry.chunk_count());
-  for (std::vector<uint8_t>& p : wire::EncodeManifest(op.loss_bound_ppm, classes, max_payload)) {
-    if (injector_.Drop(0)) continue;
-    h.payload_len = static_cast<uint32_t>(p.size());
-    absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_key_[dest]);
-    if (!s.ok()) DLCP_LOG(Warning) << "manifest: " << s;
-  }
-}
-
-void TransferEngine::HandleStop(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest,
-                                absl::Time now) {
-  absl::StatusOr<wire::StopInfo> stop =
-      wire::DecodeStop(absl::MakeConstSpan(payload, h.payload_len), op.geometry.chunk_count());
-  if (!stop.ok()) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
-  if (op.stopped[from_dest]) return;  // another part, or a repeat
-  op.stopped[from_dest] = true;
-  --op.stops_pending;
-  op.stats.droppable_total += stop->droppable_total;
-  op.stats.droppable_missing += stop->droppable_missing;
-  const uint64_t allowed = static_cast<uint64_t>(op.loss_bound_ppm) * stop->droppable_total / wire::kPpm;
-  if (stop->droppable_missing > allowed) {
-    ++op.stats.bound_violations;
-    DLCP_LOG(Error) << "aggregator " << dest_addr_[from_dest].ToString() << " sealed key " << op.key << " round "
-                    << op.round << " with " << stop->droppable_missing << " of " << stop->droppable_total
-                    << " droppable contributions missing, over the bound of " << allowed;
-  }
-  op.stats.time_to_stop = now - op.start;
-  op.last_progress = now;
-  MaybeComplete(op, now);
-}
-
-}  // namespace dlcp

@@ -47,6 +47,8 @@ struct EngineOptions {
   bool rescale = true;    // ClientOptions::Compensation::kRescale
   bool error_feedback = true;
   DropInjectorOptions inject;
+  bool bounded_pull = false;
+  double pull_loss_bound = 0;
   absl::Duration repair_timeout = absl::Milliseconds(20);
   absl::Duration op_timeout = absl::Seconds(60);
 };
@@ -57,8 +59,9 @@ class TransferEngine {
   ~TransferEngine();
 
   // Any thread. Validates and enqueues; the future completes on the I/O thread.
+  // With broadcast_root >= 0 the op is a broadcast from that rank: other ranks contribute zeros.
   std::future<absl::StatusOr<RoundStats>> Submit(uint32_t key, absl::Span<float> data,
-                                                 const AllReduceOptions& options = {});
+                                                 const AllReduceOptions& options = {}, int64_t broadcast_root = -1);
   // Fails every pending op with `reason` and joins the I/O thread. Idempotent.
   void Stop(const absl::Status& reason);
   // Any thread: the job can no longer make progress (e.g. this worker was dropped). Every pending
@@ -92,6 +95,11 @@ class TransferEngine {
     uint32_t loss_bound_ppm = 0;  // 0: reliable round, no manifest and no STOP
     std::vector<bool> stopped;    // per dest: its STOP arrived
     uint32_t stops_pending = 0;
+    int64_t broadcast_root = -1;
+    // Bounded pull: results still missing for chunks this worker classed 0, and for the others.
+    uint32_t pull_ppm = 0;
+    uint32_t class0_pending = 0, droppable_pending = 0, droppable_chunks = 0;
+    bool pull_armed = false;
     absl::Time start, deadline, last_progress, next_repair;
     int repair_attempts = 0;
     RoundStats stats;
@@ -108,8 +116,17 @@ class TransferEngine {
   void SendManifest(const Op& op, uint32_t dest);
   // Classifies the op's chunks and, for a bounded round, applies error feedback first.
   void Prepare(Op& op);
+  // Completes the op when every result is in, or arms the bounded pull's tail when enough are.
   void MaybeComplete(Op& op, absl::Time now);
-  void SendResultReq(const Op& op, uint32_t dest, bool done_only);
+  void Complete(Op& op, absl::Time now);
+  // Bounded pull: zeroes the results that never came, then completes.
+  void CompletePartial(Op& op, absl::Time now);
+  // When an armed op's tail ends: a quiet spell after its latest result, as at the aggregator.
+  absl::Time PullTailEnd(const Op& op) const;
+  // Bounded pull after the seal: the results worth asking for again (every class-0 one, and as
+  // many others as the bound needs, most important first); empty: ask for everything missing.
+  std::vector<uint8_t> WantedResults(const Op& op) const;
+  void SendResultReq(const Op& op, uint32_t dest, bool done_only, const std::vector<uint8_t>* wanted = nullptr);
   void SendDone(uint32_t key, uint32_t round, uint32_t dest, uint32_t tensor_elems, uint32_t chunk_count);
   void ScanTimers(absl::Time now);
   void Finish(uint32_t key, absl::StatusOr<RoundStats> result);
@@ -149,6 +166,8 @@ class TransferEngine {
     std::vector<uint32_t> chunks;
   };
   std::unordered_map<uint32_t, Residual> residuals_;
+  // The earliest bounded-pull tail end among the ops.
+  absl::Time next_tail_ = absl::InfiniteFuture();
   std::atomic<bool> stop_{false};
   std::thread io_;
   std::atomic<uint64_t> rejected_{0};

@@ -10,11 +10,11 @@
 
 namespace dlcp::server {
 namespace {
-// The tail is this share of the time recent rounds of the same tensor took to meet their bound:
-// long enough for stragglers a little behind the pack, short enough not to wait for a lost tail.
-constexpr double kTailShare = 0.25;
+// The tail ends once no contribution has arrived for this many times the round's own mean gap
+// between contributions: a straggler just behind the pack still makes it, a lost packet is not
+// waited for, and the wait follows the pace the round is actually getting.
+constexpr double kQuietGaps = 8;
 constexpr absl::Duration kMinTail = absl::Microseconds(200);
-constexpr double kEwmaWeight = 0.2;
 }  // namespace
 
 void DataThread::HandleManifest(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now) {
@@ -29,25 +29,19 @@ void DataThread::HandleManifest(const wire::Header& h, const uint8_t* payload, R
   CheckBound(round, now);
 }
 
-absl::Duration DataThread::TailWait(const Round& r) const {
-  auto it = arm_ms_.find(FloorKey{r.job()->id, r.job()->epoch, r.key()});
-  if (it == arm_ms_.end()) return options_.repair_timeout / 4;
-  return std::clamp(absl::Milliseconds(kTailShare * it->second), kMinTail, options_.repair_timeout);
+absl::Time DataThread::TailEnd(const Round& r) const {
+  const absl::Duration gap = (r.last_progress() - r.created()) / static_cast<double>(std::max<uint64_t>(1, r.contributions()));
+  return r.last_progress() + std::clamp(gap * kQuietGaps, kMinTail, options_.repair_timeout);
 }
 
 void DataThread::CheckBound(Round* round, absl::Time now) {
   const LossTracker& t = *round->bounded;
   if (round->sealed()) return;
-  if (t.AllIn()) {
-    if (!round->armed) round->armed_at = now;
-    return Seal(round, now);
-  }
+  if (t.AllIn()) return Seal(round, now);
   if (round->armed || !t.BoundMet()) return;
   round->armed = true;
-  round->armed_at = now;
-  round->tail_deadline = now + TailWait(*round);
   armed_.push_back(RoundKey{round->job()->id, round->job()->epoch, round->key(), round->round()});
-  next_tail_ = std::min(next_tail_, round->tail_deadline);
+  next_tail_ = std::min(next_tail_, TailEnd(*round));
 }
 
 absl::Time DataThread::FireTails(absl::Time now) {
@@ -55,13 +49,13 @@ absl::Time DataThread::FireTails(absl::Time now) {
   for (size_t i = 0; i < armed_.size();) {
     auto it = rounds_.find(armed_[i]);
     Round* r = it == rounds_.end() ? nullptr : it->second.get();
-    if (r != nullptr && !r->sealed() && now >= r->tail_deadline) Seal(r, now);
+    if (r != nullptr && !r->sealed() && now >= TailEnd(*r)) Seal(r, now);
     if (r == nullptr || r->sealed()) {
       armed_[i] = armed_.back();
       armed_.pop_back();
       continue;
     }
-    next = std::min(next, r->tail_deadline);
+    next = std::min(next, TailEnd(*r));
     ++i;
   }
   return next;
@@ -92,9 +86,6 @@ void DataThread::Seal(Round* round, absl::Time now) {
   }
   loss_fraction_->Observe(t.droppable_total() ? static_cast<double>(t.droppable_missing()) / t.droppable_total() : 0);
   stop_ms_->Observe(absl::ToDoubleMilliseconds(now - round->created()));
-  double& ewma = arm_ms_[FloorKey{round->job()->id, round->job()->epoch, round->key()}];
-  const double arm = absl::ToDoubleMilliseconds(round->armed_at - round->created());
-  ewma = ewma == 0 ? arm : (1 - kEwmaWeight) * ewma + kEwmaWeight * arm;
 }
 
 void DataThread::SendStop(const Round& r, uint32_t rank) {

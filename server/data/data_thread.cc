@@ -391,9 +391,7 @@ void DataThread::ScanTimers(absl::Time now) {
       std::shared_ptr<Job> job = jobs_->Find(it->first.job);
       it = (!job || job->epoch != it->first.epoch) ? floor_.erase(it) : std::next(it);
     }
-    for (auto it = arm_ms_.begin(); it != arm_ms_.end();) {
-      it = floor_.count(it->first) ? std::next(it) : arm_ms_.erase(it);
-    }
+
   }
   for (auto it = errors_sent_.begin(); it != errors_sent_.end();) {
     it = now - it->second > options_.repair_timeout * kMaxRepairBackoff ? errors_sent_.erase(it) : std::next(it);

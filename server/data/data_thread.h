@@ -70,7 +70,8 @@ class DataThread {
   void RepairBounded(const Round& r);
   // Seals the armed rounds whose tail has passed; returns the earliest tail still pending.
   absl::Time FireTails(absl::Time now);
-  absl::Duration TailWait(const Round& r) const;
+  // When an armed round's tail ends: a quiet spell after its latest contribution.
+  absl::Time TailEnd(const Round& r) const;
   // Finds or creates the round for a validated header; nullptr when the packet is to be dropped.
   Round* RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now);
   // With kFlagLeftOut when rank's contribution is not in a sealed round's sum.
@@ -104,9 +105,6 @@ class DataThread {
   std::unordered_map<FloorKey, uint32_t, FloorKeyHash> floor_;
   // When each (round, worker) last got an ERROR; pruned by the timer scan.
   std::map<ErrorKey, absl::Time> errors_sent_;
-  // Per (job incarnation, key): moving average of how long bounded rounds take to meet their
-  // bound, which sets the tail wait. Pruned with floor_.
-  std::unordered_map<FloorKey, double, FloorKeyHash> arm_ms_;
   std::vector<RoundKey> armed_;  // rounds waiting out their tail
   absl::Time next_tail_ = absl::InfiniteFuture();
   std::vector<float> zeros_;     // the result of a chunk nobody's contribution reached

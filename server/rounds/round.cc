@@ -70,6 +70,7 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
   }
   word |= bit;
   last_progress_ = now;
+  ++contributions_;
   if (bounded) bounded->OnContribution(rank, chunk);
   if (++contributors_[chunk] == job_->world) {
     --open_chunks_;

@@ -44,9 +44,7 @@ class Round {
   LossTracker& EnableBounded();
   bool sealed() const { return sealed_; }
   void Seal() { sealed_ = true; }
-  bool armed = false;      // the bound is met; waiting out the tail
-  absl::Time tail_deadline = absl::InfiniteFuture();
-  absl::Time armed_at;
+  bool armed = false;  // the bound is met; waiting out the tail
   // Delivered: every chunk complete (reliable), or sealed (bounded).
   bool Finished() const { return sealed_ || (open_chunks_ == 0 && bounded == nullptr); }
 
@@ -64,6 +62,7 @@ class Round {
   const wire::ChunkGeometry& geometry() const { return geometry_; }
   absl::Time created() const { return created_; }
   absl::Time last_progress() const { return last_progress_; }
+  uint64_t contributions() const { return contributions_; }
 
   // Repair pacing, owned by the data thread's timer scan.
   absl::Time next_repair;
@@ -84,6 +83,7 @@ class Round {
   std::vector<uint16_t> contributors_;
   uint32_t open_chunks_ = 0;   // touched but not complete
   bool sealed_ = false;
+  uint64_t contributions_ = 0;
   std::vector<bool> done_;
   uint32_t done_count_ = 0;
   absl::Time created_;

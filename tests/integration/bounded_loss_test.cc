@@ -8,6 +8,7 @@
 // the aggregators report in STOP match.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <thread>
@@ -204,6 +205,104 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"udp_w4_half_lost", TransportOptions::Kind::kUdp, 1, 4, 40000, 0.5, "1:0.5,2:0.5,3:0.5", "0:0.05", 4,
              false, true}),
     [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace dlcp::testing
+
+namespace dlcp::testing {
+namespace {
+
+// The bounded pull mode: with results dropped on the way back, each worker may finish without up
+// to ε_pull of the result chunks it classed droppable; those are zeroed and counted, never the
+// ones it classed 0. Broadcast then makes every replica identical again, exactly.
+TEST(BoundedPull, MissingResultsStayWithinTheBoundAndBroadcastResynchronises) {
+  TestAggregatorOptions ao{TransportOptions::Kind::kLoopback, 1, 0, 77};
+  ASSERT_TRUE(ParseClassDrops("2:0.3,3:0.3", &ao.inject_class.rate).ok());  // pushes and results
+  auto agg = TestAggregator::Start(ao);
+  ASSERT_NE(agg, nullptr);
+  constexpr int kWorkers = 3, kRounds = 5;
+  constexpr uint32_t kElems = 20000;
+  constexpr double kPull = 0.1;
+  const wire::ChunkGeometry g{kElems, kChunkBytes / 4};
+  std::vector<std::string> errors(kWorkers);
+  std::vector<uint64_t> missing(kWorkers);
+  std::vector<std::vector<float>> replicas(kWorkers, std::vector<float>(kElems));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorkers; ++r) {
+    threads.emplace_back([&, r] {
+      ClientOptions o;
+      o.aggregators = {agg->address()};
+      o.job_name = "bounded-pull";
+      o.world_size = kWorkers;
+      o.rank = r;
+      o.chunk_bytes = kChunkBytes;
+      o.transport.kind = TransportOptions::Kind::kLoopback;
+      o.tls.plaintext = true;
+      o.repair_timeout = absl::Milliseconds(5);
+      o.loss_bound = 0.3;
+      o.pull_mode = ClientOptions::PullMode::kBounded;
+      o.pull_loss_bound = kPull;
+      o.error_feedback = false;
+      o.compensation = ClientOptions::Compensation::kZeroFill;
+      auto client = Client::Connect(o);
+      if (!client.ok()) return void(errors[r] = client.status().ToString());
+      auto policy = CreateClassPolicy(ClassPolicyOptions{});
+      for (int k = 0; k < kRounds; ++k) {
+        std::vector<float> d(kElems);
+        for (uint32_t i = 0; i < kElems; ++i) d[i] = Value(r, k, i);
+        std::vector<uint8_t> cls(g.chunk_count());
+        (*policy)->Classify(d, g, TensorInfo{}, absl::MakeSpan(cls));
+        auto s = (*client)->AllReduce(1, absl::MakeSpan(d)).get();
+        if (!s.ok()) return void(errors[r] = s.status().ToString());
+        uint64_t zeroed = 0, droppable = 0;
+        for (uint32_t c = 0; c < g.chunk_count(); ++c) {
+          droppable += cls[c] != 0;
+          const bool zero = std::all_of(d.begin() + g.offset(c), d.begin() + g.offset(c) + g.elems(c),
+                                        [](float v) { return v == 0; });
+          if (zero && cls[c] == 0) return void(errors[r] = absl::StrCat("class-0 result ", c, " missing"));
+          zeroed += zero;
+        }
+        // A chunk can also be zero because every contribution to it was lost on the way in.
+        if (zeroed < s->pull_missing) {
+          return void(errors[r] = absl::StrCat("round ", k, ": ", zeroed, " zero chunks, ", s->pull_missing, " reported"));
+        }
+        if (s->pull_missing > static_cast<uint64_t>(kPull * droppable)) {
+          return void(errors[r] = absl::StrCat("round ", k, ": ", s->pull_missing, " of ", droppable, " missing"));
+        }
+        missing[r] += s->pull_missing;
+        replicas[r] = d;
+      }
+      // Resynchronise from rank 1's replica: every replica then holds exactly its bytes.
+      std::vector<float> expect = replicas[r];
+      auto b = (*client)->Broadcast(2, absl::MakeSpan(replicas[r]), 1).get();
+      if (!b.ok()) return void(errors[r] = b.status().ToString());
+      if (absl::Status s = (*client)->Close(); !s.ok()) errors[r] = s.ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorkers; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  for (int r = 0; r < kWorkers; ++r) EXPECT_EQ(replicas[r], replicas[1]) << "rank " << r << " after Broadcast";
+  uint64_t total = 0;
+  for (auto m : missing) total += m;
+  EXPECT_GT(total, 0u) << "no result was ever given up on: the test did not exercise the bounded pull";
+}
+
+TEST(BoundedPull, BroadcastRejectsARootOutsideTheJob) {
+  auto agg = TestAggregator::Start({TransportOptions::Kind::kLoopback});
+  ASSERT_NE(agg, nullptr);
+  ClientOptions o;
+  o.aggregators = {agg->address()};
+  o.job_name = "broadcast-root";
+  o.transport.kind = TransportOptions::Kind::kLoopback;
+  o.tls.plaintext = true;
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<float> d(10, 1.0f);
+  EXPECT_EQ((*client)->Broadcast(0, absl::MakeSpan(d), 1).get().status().code(), absl::StatusCode::kInvalidArgument);
+  auto ok = (*client)->Broadcast(0, absl::MakeSpan(d), 0).get();
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(d, std::vector<float>(10, 1.0f));
+}
 
 }  // namespace
 }  // namespace dlcp::testing

@@ -1,0 +1,131 @@
+// The bounded-loss half of TransferEngine: classes and error feedback before a round, the
+// manifest, STOP, and the bounded pull mode's tail. See docs/bounded-loss.md.
+#include <algorithm>
+#include <cstring>
+
+#include "client/transfer_engine.h"
+#include "common/base/log.h"
+#include "common/wire/bounded.h"
+#include "common/wire/ranges.h"
+
+namespace dlcp {
+
+void TransferEngine::Prepare(Op& op) {
+  const uint32_t chunks = op.geometry.chunk_count();
+  // Even a reliable round carries what earlier bounded rounds left out; a broadcast carries only
+  // the root's data.
+  if (op.broadcast_root >= 0) {
+    if (op.broadcast_root != options_.rank) std::fill(op.data, op.data + op.geometry.tensor_elems, 0.0f);
+  } else {
+    auto it = residuals_.find(op.key);
+    if (it != residuals_.end() && it->second.values.size() == op.geometry.tensor_elems) {
+      for (uint32_t c : it->second.chunks) {
+        float* keep = it->second.values.data() + op.geometry.offset(c);
+        float* data = op.data + op.geometry.offset(c);
+        for (uint32_t i = 0; i < op.geometry.elems(c); ++i) {
+          data[i] += keep[i];
+          keep[i] = 0;
+        }
+      }
+      it->second.chunks.clear();
+    }
+  }
+  op.classes.resize(chunks);
+  policy_->Classify(absl::MakeConstSpan(op.data, op.geometry.tensor_elems), op.geometry, op.tensor,
+                    absl::MakeSpan(op.classes));
+  for (uint8_t c : op.classes) ++op.stats.chunks_by_class[c];
+  op.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
+  op.droppable_chunks = chunks - op.class0_pending;
+  op.droppable_pending = op.droppable_chunks;
+}
+
+namespace {
+constexpr double kQuietGaps = 8;  // as at the aggregator (server/data/bounded_rounds.cc)
+constexpr absl::Duration kMinTail = absl::Microseconds(200);
+}  // namespace
+
+absl::Time TransferEngine::PullTailEnd(const Op& op) const {
+  const uint64_t received = op.geometry.chunk_count() - op.remaining;
+  const absl::Duration gap = (op.last_progress - op.start) / static_cast<double>(std::max<uint64_t>(1, received));
+  return op.last_progress + std::clamp(gap * kQuietGaps, kMinTail, options_.repair_timeout);
+}
+
+void TransferEngine::MaybeComplete(Op& op, absl::Time now) {
+  if (op.stops_pending > 0) return;
+  if (op.remaining == 0) return Complete(op, now);
+  if (op.pull_ppm == 0 || op.pull_armed) return;
+  const uint64_t allowed = static_cast<uint64_t>(op.pull_ppm) * op.droppable_chunks / wire::kPpm;
+  if (op.class0_pending > 0 || op.droppable_pending > allowed) return;
+  op.pull_armed = true;
+  next_tail_ = std::min(next_tail_, PullTailEnd(op));
+}
+
+void TransferEngine::CompletePartial(Op& op, absl::Time now) {
+  for (uint32_t c = 0; c < op.geometry.chunk_count(); ++c) {
+    if (op.state[c] == kHave) continue;
+    std::fill_n(op.data + op.geometry.offset(c), op.geometry.elems(c), 0.0f);
+    ++op.stats.pull_missing;
+  }
+  Complete(op, now);
+}
+
+std::vector<uint8_t> TransferEngine::WantedResults(const Op& op) const {
+  if (op.pull_ppm == 0 || op.stops_pending > 0) return {};
+  const uint64_t allowed = static_cast<uint64_t>(op.pull_ppm) * op.droppable_chunks / wire::kPpm;
+  std::vector<uint8_t> wanted(op.geometry.chunk_count(), 0);
+  std::vector<uint32_t> droppable;
+  for (uint32_t c = 0; c < op.geometry.chunk_count(); ++c) {
+    if (op.state[c] == kHave) continue;
+    if (op.classes[c] == 0) {
+      wanted[c] = 1;
+    } else {
+      droppable.push_back(c);
+    }
+  }
+  const size_t need = op.droppable_pending > allowed ? op.droppable_pending - allowed : 0;
+  std::stable_sort(droppable.begin(), droppable.end(),
+                   [&](uint32_t a, uint32_t b) { return op.classes[a] < op.classes[b]; });
+  for (size_t i = 0; i < need && i < droppable.size(); ++i) wanted[droppable[i]] = 1;
+  return wanted;
+}
+
+void TransferEngine::SendManifest(const Op& op, uint32_t dest) {
+  std::vector<uint8_t> classes(op.geometry.chunk_count(), wire::kNotHere);
+  for (uint32_t c : op.plan->chunks_by_dest[dest]) classes[c] = op.classes[c];
+  const size_t max_payload = wire::ControlPayloadLimit(transport_->max_datagram(), options_.chunk_bytes);
+  wire::Header h = BaseHeader(wire::MsgType::kManifest, dest, op.key, op.round, op.geometry.tensor_elems,
+                              op.geometry.chunk_count());
+  for (std::vector<uint8_t>& p : wire::EncodeManifest(op.loss_bound_ppm, classes, max_payload)) {
+    if (injector_.Drop(0)) continue;
+    h.payload_len = static_cast<uint32_t>(p.size());
+    absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_key_[dest]);
+    if (!s.ok()) DLCP_LOG(Warning) << "manifest: " << s;
+  }
+}
+
+void TransferEngine::HandleStop(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest,
+                                absl::Time now) {
+  absl::StatusOr<wire::StopInfo> stop =
+      wire::DecodeStop(absl::MakeConstSpan(payload, h.payload_len), op.geometry.chunk_count());
+  if (!stop.ok()) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (op.stopped[from_dest]) return;  // another part, or a repeat
+  op.stopped[from_dest] = true;
+  --op.stops_pending;
+  op.stats.droppable_total += stop->droppable_total;
+  op.stats.droppable_missing += stop->droppable_missing;
+  const uint64_t allowed = static_cast<uint64_t>(op.loss_bound_ppm) * stop->droppable_total / wire::kPpm;
+  if (stop->droppable_missing > allowed) {
+    ++op.stats.bound_violations;
+    DLCP_LOG(Error) << "aggregator " << dest_addr_[from_dest].ToString() << " sealed key " << op.key << " round "
+                    << op.round << " with " << stop->droppable_missing << " of " << stop->droppable_total
+                    << " droppable contributions missing, over the bound of " << allowed;
+  }
+  op.stats.time_to_stop = now - op.start;
+  op.last_progress = now;
+  MaybeComplete(op, now);
+}
+
+}  // namespace dlcp
