@@ -19,6 +19,7 @@ export STATE_DIR=${STATE_DIR:-/tmp/dlcp-netbed}
 ROUNDS=${ROUNDS:-10}
 TENSOR=${TENSOR:-$((20 << 20))}
 CROSS=${CROSS:-300M}  # per worker port
+WINDOW=${WINDOW:-131072}  # dlcp bytes in flight per aggregator endpoint
 N=4
 [[ $(id -u) == 0 ]] || { echo "netbed_compare: needs root" >&2; exit 1; }
 
@@ -56,7 +57,7 @@ run_dlcp() {  # name loss_bound
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers=$N \
       --rank=$((i - 1)) --job="$1" --data-host="$(ip_of $i)" --tensor-bytes="$TENSOR" --chunk-bytes=1400 \
-      --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes=$((1 << 20)) --json >"$work/$1.$i" 2>&1 &
+      --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes="$WINDOW" --json >"$work/$1.$i" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
@@ -65,8 +66,11 @@ run_dlcp() {  # name loss_bound
 import json, sys
 rows = []
 for i in range(1, 5):
-    ls = [l for l in open(f"{sys.argv[1]}.{i}") if l.startswith("{")]
+    text = open(f"{sys.argv[1]}.{i}").read().splitlines()
+    ls = [l for l in text if l.startswith("{")]
     rows.append(json.loads(ls[-1]) if ls else {})
+    if not ls:
+        print(f"{sys.argv[2]} worker {i} failed:", *text[-3:], sep="\n  ", file=sys.stderr)
 ok = all(r.get("exact") for r in rows)
 print(json.dumps({"system": sys.argv[2], "p50_ms": max(r.get("p50_ms", 0) for r in rows),
                   "p99_ms": max(r.get("p99_ms", 0) for r in rows),
@@ -90,10 +94,12 @@ run_gloo() {
   "$BUILD/bench/gloo_allreduce" --summarize --store "$store" --workers $N --tensor-bytes "$TENSOR" --rounds "$ROUNDS"
 }
 
+MODES=${MODES:-"bounded reliable gloo"}
 {
-  run_dlcp dlcp_bounded_eps0.01 0.01
-  run_dlcp dlcp_reliable 0
-  run_gloo
+  [[ $MODES == *bounded* ]] && run_dlcp dlcp_bounded_eps0.01 0.01
+  [[ $MODES == *reliable* ]] && run_dlcp dlcp_reliable 0
+  [[ $MODES == *gloo* ]] && run_gloo
+  true
 } | tee "$work/results.jsonl"
 "$CLUSTER" stats >"$work/stats.txt"
 

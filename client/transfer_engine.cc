@@ -133,10 +133,12 @@ std::shared_ptr<const TransferEngine::Plan> TransferEngine::PlanFor(uint32_t key
   const uint32_t chunks = g.chunk_count();
   plan->chunks_by_dest.resize(dest_addr_.size());
   plan->dest_of_chunk.resize(chunks);
+  plan->pos_in_dest.resize(chunks);
   for (uint32_t block = 0; block * kBlockChunks < chunks; ++block) {
     Topology::Owner o = topology_.OwnerOfBlock(options_.job, key, block);
     const uint32_t dest = dest_base_[o.aggregator] + o.endpoint;
     for (uint32_t c = block * kBlockChunks; c < std::min(chunks, (block + 1) * kBlockChunks); ++c) {
+      plan->pos_in_dest[c] = static_cast<uint32_t>(plan->chunks_by_dest[dest].size());
       plan->chunks_by_dest[dest].push_back(c);
       plan->dest_of_chunk[c] = static_cast<uint16_t>(dest);
     }
@@ -224,14 +226,15 @@ bool TransferEngine::PushSome(size_t budget) {
         ++op.stats.retransmits;
         --budget;
       }
-      while (dest.next < mine.size() && dest.outstanding < options_.window_chunks && budget > 0) {
+      while (dest.next < mine.size() && dest.next - dest.acked < options_.window_chunks && budget > 0) {
         uint32_t c = mine[dest.next++];
         op.state[c] = kSent;
-        ++dest.outstanding;
         push(c);
         --budget;
       }
-      if (!dest.resend.empty() || (dest.next < mine.size() && dest.outstanding < options_.window_chunks)) more = true;
+      if (!dest.resend.empty() || (dest.next < mine.size() && dest.next - dest.acked < options_.window_chunks)) {
+        more = true;
+      }
     }
   }
   return more;
@@ -379,7 +382,8 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
     const float scale = static_cast<float>(options_.world) / h.contributors;
     for (uint32_t i = 0; i < op.geometry.elems(c); ++i) out[i] *= scale;
   }
-  if (op.state[c] == kSent) --op.dests[dest].outstanding;
+  Dest& d = op.dests[dest];
+  d.acked = std::max<size_t>(d.acked, op.plan->pos_in_dest[c] + 1);
   op.state[c] = kHave;
   (op.classes[c] == 0 ? op.class0_pending : op.droppable_pending)--;
   op.stats.bytes_received += m.len;

@@ -74,10 +74,16 @@ class TransferEngine {
     uint32_t tensor_elems = 0;
     std::vector<std::vector<uint32_t>> chunks_by_dest;
     std::vector<uint16_t> dest_of_chunk;
+    std::vector<uint32_t> pos_in_dest;  // index of each chunk in chunks_by_dest[dest_of_chunk]
   };
   struct Dest {
     size_t next = 0;           // into plan->chunks_by_dest[d]
-    uint32_t outstanding = 0;  // pushed, result not yet here
+    // Positions in chunks_by_dest below this have been passed by a result: the aggregator got
+    // that far. Pushes beyond it are in flight; the window bounds them. A chunk below it whose
+    // result is still missing is stalled on some loss, and does not hold the window: the
+    // aggregator's repair or the bounded-loss seal resolves it (otherwise a few lost pushes
+    // could hold every window slot while the seal waits for the chunks behind them).
+    size_t acked = 0;
     std::vector<uint32_t> resend;
   };
   enum ChunkState : uint8_t { kUnsent = 0, kSent = 1, kHave = 2 };

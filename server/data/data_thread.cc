@@ -259,9 +259,12 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
       wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), h.chunk_count);
   if (!ranges.ok()) return Reject(wire::Reject::kBadPayload);
   if (round->bounded) {
-    // Before the seal the aggregator alone decides what to repair; after it, results and the
-    // STOP are sent again to whoever missed them.
-    if (!round->sealed()) return;
+    // Before the seal the aggregator alone decides what to repair, but learns from the request
+    // how far the worker has pushed; after it, results and the STOP go again to whoever missed them.
+    if (!round->sealed()) {
+      for (const wire::ChunkRange& r : *ranges) round->bounded->MarkSentThrough(h.rank, r.first + r.length - 1);
+      return;
+    }
     for (const wire::ChunkRange& r : *ranges) {
       for (uint32_t c = r.first; c < r.first + r.length; ++c) {
         if (!round->bounded->owned(c)) continue;

@@ -17,6 +17,7 @@ LossTracker::LossTracker(uint32_t world, uint32_t chunk_count)
       owned_(chunk_count, false),
       owned_total_(world, 0),
       owned_known_(world, 0),
+      frontier_(world, 0),
       manifests_missing_(world) {}
 
 uint32_t LossTracker::allowed_missing() const {
@@ -65,7 +66,12 @@ absl::Status LossTracker::AddManifest(uint32_t rank, const wire::ManifestPart& p
   return absl::OkStatus();
 }
 
+void LossTracker::MarkSentThrough(uint32_t rank, uint32_t chunk) {
+  frontier_[rank] = std::max(frontier_[rank], std::min(chunk + 1, chunks_));
+}
+
 void LossTracker::OnContribution(uint32_t rank, uint32_t chunk) {
+  frontier_[rank] = std::max(frontier_[rank], chunk + 1);
   uint8_t& x = cell(rank, chunk);
   if (x & kGot) return;
   x |= kGot;
@@ -88,7 +94,7 @@ std::vector<std::vector<uint32_t>> LossTracker::RepairPlan(uint32_t rotate) cons
   std::vector<std::tuple<uint8_t, uint32_t, uint32_t, uint32_t>> droppable;
   for (uint32_t w = 0; w < world_; ++w) {
     uint32_t turn[wire::kNumClasses] = {};
-    for (uint32_t c = 0; c < chunks_; ++c) {
+    for (uint32_t c = 0; c < frontier_[w]; ++c) {
       const uint8_t x = cell(w, c);
       const uint8_t cls = x & kClassMask;
       if ((x & kGot) || cls >= wire::kNumClasses) continue;

@@ -24,6 +24,8 @@ class LossTracker {
   absl::Status AddManifest(uint32_t rank, const wire::ManifestPart& part);
   // rank's contribution to chunk was summed (before or after its manifest arrived).
   void OnContribution(uint32_t rank, uint32_t chunk);
+  // rank has pushed every chunk up to and including `chunk` here (it asked for their results).
+  void MarkSentThrough(uint32_t rank, uint32_t chunk);
 
   bool manifests_complete() const { return manifests_missing_ == 0; }
   bool has_manifest(uint32_t rank) const { return owned_total_[rank] != 0 && owned_known_[rank] == owned_total_[rank]; }
@@ -39,7 +41,9 @@ class LossTracker {
 
   // What to NACK, per worker: every missing class-0 chunk, then only as many droppable chunks as
   // the bound requires, class 1 before 2 before 3. Within a class the picks go round the workers
-  // starting at `rotate`, so no worker is always the one cut.
+  // starting at `rotate`, so no worker is always the one cut. Only chunks the worker has pushed
+  // already count: workers push in chunk order, so that is everything below the highest chunk
+  // seen from it (or that it asked about); the rest is still on its way, not lost.
   std::vector<std::vector<uint32_t>> RepairPlan(uint32_t rotate) const;
 
   // The class rank declared for chunk, or wire::kNotHere (also when its manifest is missing).
@@ -61,6 +65,7 @@ class LossTracker {
   std::vector<uint8_t> cells_;  // per (rank, chunk): got bit | class (0..3, kNotHere & 0x7F, kUnknown)
   std::vector<bool> owned_;
   std::vector<uint32_t> owned_total_, owned_known_;
+  std::vector<uint32_t> frontier_;  // per rank: 1 + the highest chunk it is known to have pushed
   uint32_t manifests_missing_;
   uint32_t ppm_ = wire::kPpm;
   uint32_t droppable_total_ = 0, droppable_missing_ = 0, class0_missing_ = 0;

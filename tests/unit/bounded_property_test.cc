@@ -100,6 +100,8 @@ TEST(BoundedProperty, TenThousandLossyRoundsKeepTheGuarantee) {
         if (!t.has_manifest(w)) send_manifest(w);
       }
       if (!t.manifests_complete()) continue;
+      // Quiet: the workers ask for their missing results, which tells how far each has pushed.
+      for (uint32_t w = 0; w < world; ++w) t.MarkSentThrough(w, chunks - 1);
       const auto plan = t.RepairPlan(n);
       ++repairs;
       uint64_t class0 = 0, droppable = 0;

@@ -128,6 +128,27 @@ TEST(LossTracker, RepairsPreferImportantClassesAndRotateTheWorkersCut) {
   EXPECT_LE(*hi - *lo, 12u) << cut[0] << " " << cut[1] << " " << cut[2];
 }
 
+TEST(LossTracker, ChunksNotPushedYetAreNotAskedFor) {
+  LossTracker t(2, 10);
+  std::vector<uint8_t> cls(10, 1);
+  cls[8] = 0;
+  for (uint32_t w = 0; w < 2; ++w) ASSERT_TRUE(t.AddManifest(w, Part(0, 10, 0, cls)).ok());  // ε = 0
+  // Worker 0 has pushed chunks 0..5 and lost 2; worker 1 all but 9.
+  for (uint32_t c = 0; c < 6; ++c) {
+    if (c != 2) t.OnContribution(0, c);
+  }
+  for (uint32_t c = 0; c < 9; ++c) t.OnContribution(1, c);
+  auto plan = t.RepairPlan(0);
+  EXPECT_EQ(plan[0], std::vector<uint32_t>{2}) << "6..9 are still on their way";
+  EXPECT_TRUE(plan[1].empty()) << "9 may not have been pushed yet";
+  // Their result requests say they have pushed everything: now the tail is lost, not late.
+  t.MarkSentThrough(0, 9);
+  t.MarkSentThrough(1, 9);
+  plan = t.RepairPlan(0);
+  EXPECT_EQ(plan[0], (std::vector<uint32_t>{2, 6, 7, 8, 9}));
+  EXPECT_EQ(plan[1], std::vector<uint32_t>{9});
+}
+
 TEST(BoundedWire, ManifestRoundTripsAndSplits) {
   std::vector<uint8_t> cls(5000, wire::kNotHere);
   for (uint32_t c = 100; c < 4900; c += 3) cls[c] = c % 4;
