@@ -6,8 +6,9 @@
 #   - dlcp, reliable (ε = 0);
 #   - Gloo's ring all-reduce over TCP;
 # each on 20 MiB per round, dlcp with one aggregator on every worker host (so each link carries
-# what ring all-reduce carries). Also prints the physical floor: ring all-reduce's bytes per link,
-# 2 S (N-1) / N, over the link rate. Prints one JSON line per system, then a ratio table.
+# what ring all-reduce carries); and dlcp once more without cross traffic, for goodput against
+# the link rate. Also prints the physical floor: ring all-reduce's bytes per link, 2 S (N-1) / N,
+# over the link rate. Prints one JSON line per system, then a ratio table.
 # Needs root.
 #   bench/netbed_compare.sh [BUILD_DIR]
 set -Eeuo pipefail
@@ -51,8 +52,8 @@ cross_start() {
 }
 cross_stop() { pkill -f "iperf3 .*-p 53[0-9][0-9]" 2>/dev/null || true; sleep 1; }
 
-run_dlcp() {  # name loss_bound
-  cross_start 120
+run_dlcp() {  # name loss_bound [nocross]
+  [[ ${3:-} == nocross ]] || cross_start 120
   local pids=()
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers=$N \
@@ -94,8 +95,9 @@ run_gloo() {
   "$BUILD/bench/gloo_allreduce" --summarize --store "$store" --workers $N --tensor-bytes "$TENSOR" --rounds "$ROUNDS"
 }
 
-MODES=${MODES:-"bounded reliable gloo"}
+MODES=${MODES:-"bounded reliable gloo clean"}
 {
+  [[ $MODES == *clean* ]] && run_dlcp dlcp_bounded_no_congestion 0.01 nocross
   [[ $MODES == *bounded* ]] && run_dlcp dlcp_bounded_eps0.01 0.01
   [[ $MODES == *reliable* ]] && run_dlcp dlcp_reliable 0
   [[ $MODES == *gloo* ]] && run_gloo
@@ -119,10 +121,14 @@ print("| system | p50 ms | p99 ms | p50 / floor | p99 / gloo p99 | p99 / reliabl
 print("|---|---|---|---|---|---|---|---|")
 g = rows.get("gloo_ring_tcp", {}).get("p99_ms") or float("nan")
 rel = rows.get("dlcp_reliable", {}).get("p99_ms") or float("nan")
-for name in ("dlcp_bounded_eps0.01", "dlcp_reliable", "gloo_ring_tcp"):
+for name in ("dlcp_bounded_eps0.01", "dlcp_reliable", "gloo_ring_tcp", "dlcp_bounded_no_congestion"):
     r = rows.get(name)
     if not r:
         print(f"| {name} | - | - | - | - | - | - | failed |"); continue
     print(f"| {name} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / floor_ms:.2f} | {r['p99_ms'] / g:.2f} |"
           f" {r['p99_ms'] / rel:.2f} | {r.get('max_round_loss', 0):.4f} | {r['exact']} |")
+c = rows.get("dlcp_bounded_no_congestion")
+if c and c["p50_ms"] > 0:
+    print(f"\nWithout congestion dlcp reaches {floor_ms / c['p50_ms'] * 100:.0f}% of the link rate at p50"
+          " (ring all-reduce's bytes per link over the round time).")
 PY

@@ -185,6 +185,7 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
     Prepare(*op);
     if (op->loss_bound_ppm > 0) {
       op->stopped.assign(dest_addr_.size(), true);
+      op->heard.assign(dest_addr_.size(), false);
       for (uint32_t d = 0; d < dest_addr_.size(); ++d) {
         if (op->plan->chunks_by_dest[d].empty()) continue;
         op->stopped[d] = false;
@@ -308,7 +309,10 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   const uint8_t* payload = m.data + wire::kHeaderSize;
   switch (h.type) {
     case wire::MsgType::kResult:
-      if (op != nullptr) return HandleResult(*op, h, m, now);
+      if (op != nullptr) {
+        if (!op->heard.empty()) op->heard[from_dest] = true;
+        return HandleResult(*op, h, m, now);
+      }
       break;
     case wire::MsgType::kPushNack:
       if (op != nullptr) return HandleNack(*op, h, payload, from_dest);
@@ -416,6 +420,7 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
     return;
   }
   // An empty NACK: the aggregator lacks part of this worker's manifest.
+  if (op.loss_bound_ppm > 0) op.heard[from_dest] = true;
   if (ranges->empty() && op.loss_bound_ppm > 0) return SendManifest(op, from_dest);
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
@@ -482,8 +487,8 @@ void TransferEngine::ScanTimers(absl::Time now) {
     if (now >= op.next_repair && now - op.last_progress >= options_.repair_timeout) {
       const std::vector<uint8_t> wanted = WantedResults(op);
       for (uint32_t d = 0; d < op.dests.size(); ++d) {
-        // The aggregator may have lost the manifest, or never seen this round at all.
-        if (op.loss_bound_ppm > 0 && !op.stopped[d]) SendManifest(op, d);
+        // An aggregator that has never answered may have missed the whole manifest, or the round.
+        if (op.loss_bound_ppm > 0 && !op.stopped[d] && !op.heard[d]) SendManifest(op, d);
         SendResultReq(op, d, false, &wanted);
       }
       ++op.stats.result_requests;

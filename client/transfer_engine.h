@@ -100,6 +100,7 @@ class TransferEngine {
     TensorInfo tensor;
     uint32_t loss_bound_ppm = 0;  // 0: reliable round, no manifest and no STOP
     std::vector<bool> stopped;    // per dest: its STOP arrived
+    std::vector<bool> heard;      // per dest: it has answered this round (so it has the manifest or will ask)
     uint32_t stops_pending = 0;
     int64_t broadcast_root = -1;
     // Bounded pull: results still missing for chunks this worker classed 0, and for the others.

@@ -259,11 +259,19 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
       wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), h.chunk_count);
   if (!ranges.ok()) return Reject(wire::Reject::kBadPayload);
   if (round->bounded) {
-    // Before the seal the aggregator alone decides what to repair, but learns from the request
-    // how far the worker has pushed; after it, results and the STOP go again to whoever missed them.
+    // Before the seal: results of complete chunks go again, the request says how far the worker
+    // has pushed, and it gets its share of the repair the bound needs (never more). After it,
+    // results and the STOP go again to whoever missed them.
     if (!round->sealed()) {
-      for (const wire::ChunkRange& r : *ranges) round->bounded->MarkSentThrough(h.rank, r.first + r.length - 1);
-      return;
+      for (const wire::ChunkRange& r : *ranges) {
+        round->bounded->MarkSentThrough(h.rank, r.first + r.length - 1);
+        for (uint32_t c = r.first; c < r.first + r.length; ++c) {
+          if (!round->IsComplete(c)) continue;
+          results_resent_->Add();
+          SendResult(*round, c, h.rank, h.priority);
+        }
+      }
+      return RepairBounded(*round, h.rank);
     }
     for (const wire::ChunkRange& r : *ranges) {
       for (uint32_t c = r.first; c < r.first + r.length; ++c) {
