@@ -487,6 +487,11 @@ void TransferEngine::ScanTimers(absl::Time now) {
     if (now >= op.next_repair && now - op.last_progress >= options_.repair_timeout) {
       const std::vector<uint8_t> wanted = WantedResults(op);
       for (uint32_t d = 0; d < op.dests.size(); ++d) {
+        // Silence: whatever is in flight was lost or waits on someone else's loss. It no longer
+        // holds the window (like a retransmission timeout): the aggregator NACKs what it needs,
+        // and under bounded loss it may not need these at all, so waiting for them could stall
+        // the round for good.
+        op.dests[d].acked = op.dests[d].next;
         // An aggregator that has never answered may have missed the whole manifest, or the round.
         if (op.loss_bound_ppm > 0 && !op.stopped[d] && !op.heard[d]) SendManifest(op, d);
         SendResultReq(op, d, false, &wanted);

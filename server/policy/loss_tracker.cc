@@ -17,7 +17,8 @@ LossTracker::LossTracker(uint32_t world, uint32_t chunk_count)
       owned_(chunk_count, false),
       owned_total_(world, 0),
       owned_known_(world, 0),
-      frontier_(world, 0),
+      class_frontier_(world, std::array<uint32_t, wire::kNumClasses>{}),
+      sent_through_(world, 0),
       manifests_missing_(world) {}
 
 uint32_t LossTracker::allowed_missing() const {
@@ -51,6 +52,7 @@ absl::Status LossTracker::AddManifest(uint32_t rank, const wire::ManifestPart& p
     const uint8_t cls = part.classes[i] & kClassMask;
     x = static_cast<uint8_t>((x & kGot) | cls);
     if (cls == kNotHereCell) continue;
+    if (x & kGot) Advance(rank, c, cls);
     ++owned_known_[rank];
     owned_[c] = true;
     const bool missing = !(x & kGot);
@@ -67,12 +69,16 @@ absl::Status LossTracker::AddManifest(uint32_t rank, const wire::ManifestPart& p
 }
 
 void LossTracker::MarkSentThrough(uint32_t rank, uint32_t chunk) {
-  frontier_[rank] = std::max(frontier_[rank], std::min(chunk + 1, chunks_));
+  sent_through_[rank] = std::max(sent_through_[rank], std::min(chunk + 1, chunks_));
+}
+
+void LossTracker::Advance(uint32_t rank, uint32_t chunk, uint8_t cls) {
+  if (cls < wire::kNumClasses) class_frontier_[rank][cls] = std::max(class_frontier_[rank][cls], chunk + 1);
 }
 
 void LossTracker::OnContribution(uint32_t rank, uint32_t chunk) {
-  frontier_[rank] = std::max(frontier_[rank], chunk + 1);
   uint8_t& x = cell(rank, chunk);
+  Advance(rank, chunk, x & kClassMask);
   if (x & kGot) return;
   x |= kGot;
   const uint8_t cls = x & kClassMask;
@@ -94,10 +100,11 @@ std::vector<std::vector<uint32_t>> LossTracker::RepairPlan(uint32_t rotate) cons
   std::vector<std::tuple<uint8_t, uint32_t, uint32_t, uint32_t>> droppable;
   for (uint32_t w = 0; w < world_; ++w) {
     uint32_t turn[wire::kNumClasses] = {};
-    for (uint32_t c = 0; c < frontier_[w]; ++c) {
+    for (uint32_t c = 0; c < chunks_; ++c) {
       const uint8_t x = cell(w, c);
       const uint8_t cls = x & kClassMask;
       if ((x & kGot) || cls >= wire::kNumClasses) continue;
+      if (c >= class_frontier_[w][cls] && c >= sent_through_[w]) continue;  // may still be on its way
       if (cls == 0) {
         plan[w].push_back(c);
       } else {
@@ -106,8 +113,8 @@ std::vector<std::vector<uint32_t>> LossTracker::RepairPlan(uint32_t rotate) cons
     }
   }
   const uint32_t allowed = allowed_missing();
-  if (droppable_missing_ > allowed) {
-    const size_t need = droppable_missing_ - allowed;
+  if (droppable.size() > allowed) {
+    const size_t need = droppable.size() - allowed;
     std::partial_sort(droppable.begin(), droppable.begin() + std::min(need, droppable.size()), droppable.end());
     for (size_t i = 0; i < need && i < droppable.size(); ++i) {
       const auto& [cls, turn, offset, c] = droppable[i];

@@ -6,6 +6,7 @@
 // droppable contributions, so does the whole tensor. Owned by one data thread; no locking.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -41,9 +42,11 @@ class LossTracker {
 
   // What to NACK, per worker: every missing class-0 chunk, then only as many droppable chunks as
   // the bound requires, class 1 before 2 before 3. Within a class the picks go round the workers
-  // starting at `rotate`, so no worker is always the one cut. Only chunks the worker has pushed
-  // already count: workers push in chunk order, so that is everything below the highest chunk
-  // seen from it (or that it asked about); the rest is still on its way, not lost.
+  // starting at `rotate`, so no worker is always the one cut. Only chunks known lost count:
+  // workers push in chunk order and each class has its own FIFO queue at the switch (strict
+  // priority reorders across classes, never within one), so a chunk is lost once a later chunk
+  // of the same class from the same worker has arrived, or the worker has asked about it. The
+  // bound is applied to those: while no more are known lost than ε allows, nothing is asked for.
   std::vector<std::vector<uint32_t>> RepairPlan(uint32_t rotate) const;
 
   // The class rank declared for chunk, or wire::kNotHere (also when its manifest is missing).
@@ -65,7 +68,11 @@ class LossTracker {
   std::vector<uint8_t> cells_;  // per (rank, chunk): got bit | class (0..3, kNotHere & 0x7F, kUnknown)
   std::vector<bool> owned_;
   std::vector<uint32_t> owned_total_, owned_known_;
-  std::vector<uint32_t> frontier_;  // per rank: 1 + the highest chunk it is known to have pushed
+  // Per rank and class: 1 + the highest chunk of that class seen from it; and per rank, 1 + the
+  // highest chunk it said it has pushed.
+  std::vector<std::array<uint32_t, wire::kNumClasses>> class_frontier_;
+  std::vector<uint32_t> sent_through_;
+  void Advance(uint32_t rank, uint32_t chunk, uint8_t cls);
   uint32_t manifests_missing_;
   uint32_t ppm_ = wire::kPpm;
   uint32_t droppable_total_ = 0, droppable_missing_ = 0, class0_missing_ = 0;

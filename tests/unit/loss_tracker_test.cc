@@ -149,6 +149,18 @@ TEST(LossTracker, ChunksNotPushedYetAreNotAskedFor) {
   EXPECT_EQ(plan[1], std::vector<uint32_t>{9});
 }
 
+TEST(LossTracker, StrictPriorityReorderingIsNotLoss) {
+  // Chunks 0..5 alternate class 1 and 3. The switch serves class 1 first, so class-3 chunks
+  // arrive late: chunk 1 (class 3) missing behind chunk 4 (class 1) is not lost yet.
+  LossTracker t(1, 6);
+  ASSERT_TRUE(t.AddManifest(0, Part(0, 6, 0, {1, 3, 1, 3, 1, 3})).ok());
+  t.OnContribution(0, 0);
+  t.OnContribution(0, 4);
+  EXPECT_EQ(t.RepairPlan(0)[0], std::vector<uint32_t>{2}) << "class 1: 2 is lost, 4 came after it";
+  t.OnContribution(0, 3);
+  EXPECT_EQ(t.RepairPlan(0)[0], (std::vector<uint32_t>{1, 2})) << "class 3: 1 is lost, 3 came after it";
+}
+
 TEST(BoundedWire, ManifestRoundTripsAndSplits) {
   std::vector<uint8_t> cls(5000, wire::kNotHere);
   for (uint32_t c = 100; c < 4900; c += 3) cls[c] = c % 4;
