@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   so.rpc_timeout = options.rpc_timeout;
   so.heartbeat_interval = options.heartbeat_interval;
   so.tls = options.tls;
+  so.control_dscp = options.transport.dscp[0];
   absl::StatusOr<std::unique_ptr<Session>> session = Session::Join(so);
   if (!session.ok()) return session.status();
 

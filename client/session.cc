@@ -1,5 +1,7 @@
 #include "client/session.h"
 
+#include "common/rpc/socket_marks.h"
+
 #include <grpcpp/create_channel.h>
 
 #include <algorithm>
@@ -19,6 +21,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
   if (options.aggregators.empty()) return absl::InvalidArgumentError("no aggregators given");
   absl::StatusOr<ChannelSecurity> security = MakeChannelSecurity(options.tls);
   if (!security.ok()) return security.status();
+  MarkChannelDscp(&security->arguments, options.control_dscp);
   std::unique_ptr<Session> s(new Session());
   s->options_ = options;
   s->heartbeat_interval_ = options.heartbeat_interval;

@@ -41,6 +41,7 @@ struct SessionOptions {
   absl::Duration rpc_timeout = absl::Seconds(5);
   absl::Duration heartbeat_interval = absl::Seconds(1);
   TlsOptions tls;
+  uint8_t control_dscp = 46;  // gRPC sockets ride the top class (common/rpc/socket_marks.h)
 };
 
 class Session {

@@ -441,12 +441,18 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only, 
   }
   wire::Header h = BaseHeader(wire::MsgType::kResultReq, dest, op.key, op.round, op.geometry.tensor_elems,
                               op.geometry.chunk_count());
+  // The chunk field says how far this worker has pushed there: 1 + its highest chunk (0: none),
+  // so an aggregator can tell a lost tail from one still on its way.
+  const Dest& d = op.dests[dest];
+  h.chunk = d.next == 0 ? 0 : op.plan->chunks_by_dest[dest][d.next - 1] + 1;
+  // One datagram per repair turn: the lowest missing chunks first; the rest next turn. A long
+  // list in one burst would only add to the congestion that lost the results.
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(missing);
-  for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, wire::ControlPayloadLimit(transport_->max_datagram(), options_.chunk_bytes))) {
-    h.payload_len = static_cast<uint32_t>(p.size());
-    absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_key_[dest]);
-    if (!s.ok()) DLCP_LOG(Warning) << "result request: " << s;
-  }
+  std::vector<uint8_t> p =
+      std::move(wire::EncodeRanges(ranges, wire::ControlPayloadLimit(transport_->max_datagram(), options_.chunk_bytes))[0]);
+  h.payload_len = static_cast<uint32_t>(p.size());
+  absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_key_[dest]);
+  if (!s.ok()) DLCP_LOG(Warning) << "result request: " << s;
 }
 
 void TransferEngine::SendDone(uint32_t key, uint32_t round, uint32_t dest, uint32_t tensor_elems,
@@ -484,6 +490,7 @@ void TransferEngine::ScanTimers(absl::Time now) {
       continue;
     }
     if (op.pull_armed) next_tail_ = std::min(next_tail_, PullTailEnd(op));
+    ReleaseStalledWindows(op, now);
     if (now >= op.next_repair && now - op.last_progress >= options_.repair_timeout) {
       const std::vector<uint8_t> wanted = WantedResults(op);
       for (uint32_t d = 0; d < op.dests.size(); ++d) {

@@ -136,6 +136,11 @@ class TransferEngine {
   void SendResultReq(const Op& op, uint32_t dest, bool done_only, const std::vector<uint8_t>* wanted = nullptr);
   void SendDone(uint32_t key, uint32_t round, uint32_t dest, uint32_t tensor_elems, uint32_t chunk_count);
   void ScanTimers(absl::Time now);
+  // A full window whose results have stopped coming (for a few of the op's own result gaps) holds
+  // pushes that were lost or that wait on someone else's loss, which under bounded loss the
+  // aggregator may never repair. Treat them as gone, like a retransmission timeout, so the rest
+  // of the tensor can follow; the aggregator NACKs what it needs.
+  void ReleaseStalledWindows(Op& op, absl::Time now);
   void Finish(uint32_t key, absl::StatusOr<RoundStats> result);
   std::shared_ptr<const Plan> PlanFor(uint32_t key, uint32_t tensor_elems);
   wire::Header BaseHeader(wire::MsgType type, uint32_t dest, uint32_t key, uint32_t round, uint32_t elems,

@@ -216,7 +216,9 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
 
 void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now) {
   // Payloads sit 48 bytes into a 64-byte-aligned slot: 16-byte aligned, and SumInto needs no more.
-  switch (round->Add(h.rank, h.chunk, reinterpret_cast<const float*>(payload), now)) {
+  const Round::AddResult added = round->Add(h.rank, h.chunk, reinterpret_cast<const float*>(payload), now);
+  if (added == Round::AddResult::kAdded || added == Round::AddResult::kCompleted) round->NoteClass(h.chunk, h.priority);
+  switch (added) {
     case Round::AddResult::kAdded:
       if (round->bounded) CheckBound(round, now);
       return;
@@ -241,7 +243,7 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
                                      round->geometry().bytes(h.chunk));
       }
       for (uint32_t w = 0; w < round->job()->world; ++w) {
-        SendResult(*round, h.chunk, w, h.priority, key != nullptr ? &digest : nullptr);
+        SendResult(*round, h.chunk, w, key != nullptr ? &digest : nullptr);
       }
       if (round->bounded) CheckBound(round, now);
       return;
@@ -263,21 +265,26 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
     // has pushed, and it gets its share of the repair the bound needs (never more). After it,
     // results and the STOP go again to whoever missed them.
     if (!round->sealed()) {
+      // The request's chunk field: 1 + the highest chunk the worker has pushed here (0: none).
+      if (h.chunk > 0) round->bounded->MarkSentThrough(h.rank, std::min(h.chunk, h.chunk_count) - 1);
       for (const wire::ChunkRange& r : *ranges) {
-        round->bounded->MarkSentThrough(h.rank, r.first + r.length - 1);
         for (uint32_t c = r.first; c < r.first + r.length; ++c) {
           if (!round->IsComplete(c)) continue;
           results_resent_->Add();
-          SendResult(*round, c, h.rank, h.priority);
+          SendResult(*round, c, h.rank);
         }
       }
+      // Planning walks the whole round: once per half repair interval, however many ask.
+      const absl::Time now = absl::Now();
+      if (now - round->last_plan < options_.repair_timeout / 2) return;
+      round->last_plan = now;
       return RepairBounded(*round, h.rank);
     }
     for (const wire::ChunkRange& r : *ranges) {
       for (uint32_t c = r.first; c < r.first + r.length; ++c) {
         if (!round->bounded->owned(c)) continue;
         results_resent_->Add();
-        SendResult(*round, c, h.rank, h.priority);
+        SendResult(*round, c, h.rank);
       }
     }
     return SendStop(*round, h.rank);
@@ -287,7 +294,7 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
       if (round->IsComplete(c)) {
         results_resent_->Add();
-        SendResult(*round, c, h.rank, h.priority);
+        SendResult(*round, c, h.rank);
       } else if (!round->Has(h.rank, c)) {
         nack.push_back(c);
       }
@@ -309,11 +316,11 @@ wire::Header DataThread::RoundHeader(const Round& r, wire::MsgType type, uint32_
   return h;
 }
 
-void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority,
-                            const uint64_t* payload_digest) {
+void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, const uint64_t* payload_digest) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
+  const uint8_t priority = r.result_class(chunk);
   if (injector_.Drop(priority)) return inject_dropped_->Add();
   wire::Header h = RoundHeader(r, wire::MsgType::kResult, rank);
   h.priority = priority;

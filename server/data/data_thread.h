@@ -76,8 +76,8 @@ class DataThread {
   // Finds or creates the round for a validated header; nullptr when the packet is to be dropped.
   Round* RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now);
   // With kFlagLeftOut when rank's contribution is not in a sealed round's sum.
-  void SendResult(const Round& r, uint32_t chunk, uint32_t rank, uint8_t priority,
-                  const uint64_t* payload_digest = nullptr);
+  // It rides the chunk's result class (Round::result_class).
+  void SendResult(const Round& r, uint32_t chunk, uint32_t rank, const uint64_t* payload_digest = nullptr);
   const uint8_t* ResultBytes(const Round& r, uint32_t chunk);
   // A header addressed to `rank` about round `r`; callers fill in chunk, priority and payload.
   static wire::Header RoundHeader(const Round& r, wire::MsgType type, uint32_t rank);

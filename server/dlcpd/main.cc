@@ -9,6 +9,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
+#include "common/rpc/socket_marks.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/strings/str_join.h"
@@ -77,6 +78,8 @@ int Main(int argc, char** argv) {
   }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  // Control rides the top class, like the data plane's control messages.
+  if (auto marks = ServerDscpOption(opts->data.transport.dscp[0])) builder.SetOption(std::move(marks));
   int control_port = 0;
   builder.AddListeningPort(absl::StrCat(opts->host, ":", opts->control_port), *credentials, &control_port);
   AggregatorService service(opts->aggregator_id, opts->advertise_host, &jobs, data->get(), &metrics);

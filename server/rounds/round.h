@@ -3,6 +3,7 @@
 // Owned and touched by a single data thread; no locking.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -33,6 +34,10 @@ class Round {
   bool Has(uint32_t rank, uint32_t chunk) const;
   bool IsComplete(uint32_t chunk) const { return contributors_[chunk] == job_->world; }
   uint16_t contributors(uint32_t chunk) const { return contributors_[chunk]; }
+  // The class results of `chunk` ride: the most important class any contribution to it had.
+  uint8_t result_class(uint32_t chunk) const { return result_class_[chunk]; }
+  void NoteClass(uint32_t chunk, uint8_t cls) { result_class_[chunk] = std::min(result_class_[chunk], cls); }
+
   // The sum so far; nullptr while nobody has contributed to the chunk.
   const float* Result(uint32_t chunk) const;
 
@@ -45,6 +50,7 @@ class Round {
   bool sealed() const { return sealed_; }
   void Seal() { sealed_ = true; }
   bool armed = false;  // the bound is met; waiting out the tail
+  absl::Time last_plan;  // when a worker's result request last drew a repair plan
   // Delivered: every chunk complete (reliable), or sealed (bounded).
   bool Finished() const { return sealed_ || (open_chunks_ == 0 && bounded == nullptr); }
 
@@ -81,6 +87,7 @@ class Round {
   std::vector<float*> blocks_;
   std::vector<uint64_t> got_;  // chunk_count x words_ bits: who contributed
   std::vector<uint16_t> contributors_;
+  std::vector<uint8_t> result_class_;
   uint32_t open_chunks_ = 0;   // touched but not complete
   bool sealed_ = false;
   uint64_t contributions_ = 0;

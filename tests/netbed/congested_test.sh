@@ -57,6 +57,7 @@ for i in 1 2 3 4; do
   if ! wait "${pids[i-1]}"; then echo "netbed: worker $i failed:"; tail -5 "$work/w$i.err"; fail=1; fi
 done
 "$CLUSTER" stats >"$work/stats.txt"
+if [[ -n ${DUMP_STATS:-} ]]; then ip netns exec "$PREFIX-a1" "$BUILD/client/dlcpctl" stats --aggregators=$AGG:7400 --plaintext | grep -vE " 0$"; cat "$work"/w1.json | tail -1; fi
 python3 - "$work" "$EPS" "$fail" <<'PY'
 import json, re, sys
 work, eps, fail = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
