@@ -104,13 +104,13 @@ void DataThread::SendStop(const Round& r, uint32_t rank) {
   }
 }
 
-void DataThread::RepairBounded(const Round& r, int64_t only_rank) {
+void DataThread::RepairBounded(const Round& r, int64_t only_rank, bool ask_manifests) {
   const LossTracker& t = *r.bounded;
   std::vector<std::vector<uint32_t>> plan = t.RepairPlan(r.round());
   for (uint32_t w = 0; w < t.world(); ++w) {
     if (only_rank >= 0 && w != only_rank) continue;
     // An empty NACK asks a worker whose manifest is incomplete to send it again.
-    if (!t.has_manifest(w) || !plan[w].empty()) SendRanges(wire::MsgType::kPushNack, r, w, plan[w]);
+    if ((ask_manifests && !t.has_manifest(w)) || !plan[w].empty()) SendRanges(wire::MsgType::kPushNack, r, w, plan[w]);
   }
 }
 

@@ -444,8 +444,17 @@ void DataThread::ScanTimers(absl::Time now) {
       it = rounds_.erase(it);
       continue;
     }
+    // A bounded round knows which pushes are lost while others still arrive (a later chunk of
+    // the same class came in), so it repairs as soon as the bound needs it, not only once the
+    // round goes quiet: class-0 repairs overlap the transfer instead of adding to its tail.
+    if (r.bounded && !r.sealed() && now - r.last_plan >= options_.repair_timeout / 2 &&
+        now - r.last_progress() < options_.repair_timeout) {
+      r.last_plan = now;
+      RepairBounded(r, -1, /*ask_manifests=*/false);
+    }
     if (now >= r.next_repair && now - r.last_progress() >= options_.repair_timeout) {
       if (r.bounded && !r.sealed()) {
+        r.last_plan = now;
         RepairBounded(r);
       } else {
         for (uint32_t w = 0; w < r.job()->world; ++w) {

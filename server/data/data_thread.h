@@ -67,8 +67,9 @@ class DataThread {
   // Ends the round: final results for every owned chunk, and a STOP to each worker.
   void Seal(Round* round, absl::Time now);
   void SendStop(const Round& r, uint32_t rank);
-  // NACKs what the bound needs, to every worker or only to `only_rank`.
-  void RepairBounded(const Round& r, int64_t only_rank = -1);
+  // NACKs what the bound needs, to every worker or only to `only_rank`; with ask_manifests, an
+  // empty NACK to each worker whose manifest is incomplete.
+  void RepairBounded(const Round& r, int64_t only_rank = -1, bool ask_manifests = true);
   // Seals the armed rounds whose tail has passed; returns the earliest tail still pending.
   absl::Time FireTails(absl::Time now);
   // When an armed round's tail ends: a quiet spell after its latest contribution.
