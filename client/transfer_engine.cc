@@ -229,6 +229,9 @@ bool TransferEngine::PushSome(size_t budget) {
       }
       while (dest.next < mine.size() && dest.next - dest.acked < options_.window_chunks && budget > 0) {
         uint32_t c = mine[dest.next++];
+        // A bounded round may seal before this worker pushed everything; a chunk whose final
+        // result is already here is not pushed (and must not count as outstanding again).
+        if (op.state[c] == kHave) continue;
         op.state[c] = kSent;
         push(c);
         --budget;

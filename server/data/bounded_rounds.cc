@@ -105,8 +105,10 @@ void DataThread::SendStop(const Round& r, uint32_t rank) {
 }
 
 void DataThread::RepairBounded(const Round& r, int64_t only_rank, bool ask_manifests) {
-  const LossTracker& t = *r.bounded;
-  std::vector<std::vector<uint32_t>> plan = t.RepairPlan(r.round());
+  LossTracker& t = *r.bounded;
+  // While the transfer runs, chunks asked for once are not asked again: their resend may be
+  // on its way. Quiet (or a worker's own request) asks again for everything still needed.
+  std::vector<std::vector<uint32_t>> plan = t.RepairPlan(r.round(), /*fresh_only=*/!ask_manifests);
   for (uint32_t w = 0; w < t.world(); ++w) {
     if (only_rank >= 0 && w != only_rank) continue;
     // An empty NACK asks a worker whose manifest is incomplete to send it again.

@@ -7,7 +7,7 @@
 
 namespace dlcp::server {
 namespace {
-constexpr uint8_t kNotHereCell = wire::kNotHere & 0x7F;
+constexpr uint8_t kNotHereCell = 0x3E;
 }  // namespace
 
 LossTracker::LossTracker(uint32_t world, uint32_t chunk_count)
@@ -34,7 +34,7 @@ absl::Status LossTracker::AddManifest(uint32_t rank, const wire::ManifestPart& p
   uint32_t fresh = 0;
   for (size_t i = 0; i < part.classes.size(); ++i) {
     const uint8_t now = cell(rank, part.first + i) & kClassMask;
-    const uint8_t want = part.classes[i] & kClassMask;
+    const uint8_t want = part.classes[i] == wire::kNotHere ? kNotHereCell : part.classes[i];
     if (now != kUnknown && now != want) {
       return absl::InvalidArgumentError(absl::StrCat("manifest changes the class of chunk ", part.first + i));
     }
@@ -49,7 +49,7 @@ absl::Status LossTracker::AddManifest(uint32_t rank, const wire::ManifestPart& p
     const uint32_t c = part.first + static_cast<uint32_t>(i);
     uint8_t& x = cell(rank, c);
     if ((x & kClassMask) != kUnknown) continue;
-    const uint8_t cls = part.classes[i] & kClassMask;
+    const uint8_t cls = part.classes[i] == wire::kNotHere ? kNotHereCell : part.classes[i];
     x = static_cast<uint8_t>((x & kGot) | cls);
     if (cls == kNotHereCell) continue;
     if (x & kGot) Advance(rank, c, cls);
@@ -94,32 +94,42 @@ uint8_t LossTracker::class_of(uint32_t rank, uint32_t chunk) const {
   return cls < wire::kNumClasses ? cls : wire::kNotHere;
 }
 
-std::vector<std::vector<uint32_t>> LossTracker::RepairPlan(uint32_t rotate) const {
+std::vector<std::vector<uint32_t>> LossTracker::RepairPlan(uint32_t rotate, bool fresh_only) {
   std::vector<std::vector<uint32_t>> plan(world_);
   // (class, turn, worker offset, chunk): sorting gives class order, then round-robin over workers.
   std::vector<std::tuple<uint8_t, uint32_t, uint32_t, uint32_t>> droppable;
+  size_t known_lost = 0, already_asked = 0;
   for (uint32_t w = 0; w < world_; ++w) {
     uint32_t turn[wire::kNumClasses] = {};
     for (uint32_t c = 0; c < chunks_; ++c) {
-      const uint8_t x = cell(w, c);
+      uint8_t& x = cell(w, c);
       const uint8_t cls = x & kClassMask;
       if ((x & kGot) || cls >= wire::kNumClasses) continue;
       if (c >= class_frontier_[w][cls] && c >= sent_through_[w]) continue;  // may still be on its way
+      const bool asked = x & kAsked;
       if (cls == 0) {
-        plan[w].push_back(c);
-      } else {
-        droppable.emplace_back(cls, turn[cls]++, (w + world_ - rotate % world_) % world_, c);
+        if (!(fresh_only && asked)) {
+          plan[w].push_back(c);
+          x |= kAsked;
+        }
+        continue;
       }
+      ++known_lost;
+      if (fresh_only && asked) {
+        ++already_asked;
+        continue;
+      }
+      droppable.emplace_back(cls, turn[cls]++, (w + world_ - rotate % world_) % world_, c);
     }
   }
   const uint32_t allowed = allowed_missing();
-  if (droppable.size() > allowed) {
-    const size_t need = droppable.size() - allowed;
-    std::partial_sort(droppable.begin(), droppable.begin() + std::min(need, droppable.size()), droppable.end());
-    for (size_t i = 0; i < need && i < droppable.size(); ++i) {
-      const auto& [cls, turn, offset, c] = droppable[i];
-      plan[(offset + rotate) % world_].push_back(c);
-    }
+  const size_t need = known_lost > allowed + already_asked ? known_lost - allowed - already_asked : 0;
+  std::partial_sort(droppable.begin(), droppable.begin() + std::min(need, droppable.size()), droppable.end());
+  for (size_t i = 0; i < need && i < droppable.size(); ++i) {
+    const auto& [cls, turn, offset, c] = droppable[i];
+    const uint32_t w = (offset + rotate) % world_;
+    plan[w].push_back(c);
+    cell(w, c) |= kAsked;
   }
   for (auto& p : plan) std::sort(p.begin(), p.end());
   return plan;

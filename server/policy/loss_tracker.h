@@ -47,7 +47,9 @@ class LossTracker {
   // priority reorders across classes, never within one), so a chunk is lost once a later chunk
   // of the same class from the same worker has arrived, or the worker has asked about it. The
   // bound is applied to those: while no more are known lost than ε allows, nothing is asked for.
-  std::vector<std::vector<uint32_t>> RepairPlan(uint32_t rotate) const;
+  // With fresh_only, chunks asked for by an earlier plan are not asked again (they count as
+  // already requested): for repairs while the transfer runs, when a resend may still be coming.
+  std::vector<std::vector<uint32_t>> RepairPlan(uint32_t rotate, bool fresh_only = false);
 
   // The class rank declared for chunk, or wire::kNotHere (also when its manifest is missing).
   uint8_t class_of(uint32_t rank, uint32_t chunk) const;
@@ -59,13 +61,14 @@ class LossTracker {
 
  private:
   static constexpr uint8_t kGot = 0x80;
-  static constexpr uint8_t kUnknown = 0x7F;
-  static constexpr uint8_t kClassMask = 0x7F;
+  static constexpr uint8_t kAsked = 0x40;  // in an earlier repair plan
+  static constexpr uint8_t kUnknown = 0x3F;
+  static constexpr uint8_t kClassMask = 0x3F;
   uint8_t& cell(uint32_t rank, uint32_t chunk) { return cells_[static_cast<size_t>(rank) * chunks_ + chunk]; }
   uint8_t cell(uint32_t rank, uint32_t chunk) const { return cells_[static_cast<size_t>(rank) * chunks_ + chunk]; }
 
   uint32_t world_, chunks_;
-  std::vector<uint8_t> cells_;  // per (rank, chunk): got bit | class (0..3, kNotHere & 0x7F, kUnknown)
+  std::vector<uint8_t> cells_;  // per (rank, chunk): got | asked | class (0..3, kNotHereCell, kUnknown)
   std::vector<bool> owned_;
   std::vector<uint32_t> owned_total_, owned_known_;
   // Per rank and class: 1 + the highest chunk of that class seen from it; and per rank, 1 + the

@@ -209,7 +209,11 @@ INSTANTIATE_TEST_SUITE_P(
         // Bursts wipe out whole windows the bound lets the aggregator skip: the window must not
         // wait for their results, or the round never reaches its seal.
         Case{"loopback_w3_small_window_bursts", TransportOptions::Kind::kLoopback, 1, 3, 20000, 0.3,
-             "1:0.2,2:0.2,3:0.3", "", 16, false, true, 4, 8 * kChunkBytes}),
+             "1:0.2,2:0.2,3:0.3", "", 16, false, true, 4, 8 * kChunkBytes},
+        // Every class-3 push is lost and windows are one chunk: each round stalls on every lost
+        // push, and must still seal within ε = 0.5 and finish.
+        Case{"loopback_w2_sealed_before_pushed", TransportOptions::Kind::kLoopback, 1, 2, 6000, 0.5, "3:1", "", 1,
+             false, true, 4, kChunkBytes}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
