@@ -11,3 +11,6 @@ bash bench/compare_gloo/compare_gloo.sh "$BUILD"
 echo
 echo "== cost of data-packet authentication"
 bash bench/auth_cost.sh "$BUILD"
+echo
+echo "== under congestion on the emulated cluster (root only)"
+if [ "$(id -u)" = 0 ]; then bash bench/netbed_compare.sh "$BUILD"; else echo "skipped: needs root"; fi

@@ -28,6 +28,9 @@ absl::Status ValidateOptions(const ClientOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("loss_bound ", o.loss_bound, " is not in [0, 1]"));
   }
   if (absl::StatusOr<std::unique_ptr<ClassPolicy>> p = CreateClassPolicy(o.class_policy); !p.ok()) return p.status();
+  if (o.phase_aware.enabled && !(o.phase_aware.relax >= 1 && o.phase_aware.threshold > 0)) {
+    return absl::InvalidArgumentError("phase_aware: relax must be at least 1 and threshold positive");
+  }
   if (o.pull_loss_bound > 1) {
     return absl::InvalidArgumentError(absl::StrCat("pull_loss_bound ", o.pull_loss_bound, " is over 1"));
   }
@@ -73,6 +76,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   eo.num_layers = options.num_layers;
   eo.rescale = options.compensation == ClientOptions::Compensation::kRescale;
   eo.error_feedback = options.error_feedback;
+  eo.phase_aware = options.phase_aware;
   eo.inject = options.inject;
   eo.bounded_pull = options.pull_mode == ClientOptions::PullMode::kBounded;
   eo.pull_loss_bound = options.pull_loss_bound < 0 ? options.loss_bound : options.pull_loss_bound;

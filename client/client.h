@@ -19,6 +19,7 @@
 #include "absl/types/span.h"
 #include "common/policy/class_policy.h"
 #include "common/policy/drop_injector.h"
+#include "common/policy/phase_aware.h"
 #include "common/security/tls.h"
 #include "common/transport/transport.h"
 
@@ -62,6 +63,9 @@ struct ClientOptions {
   Compensation compensation = Compensation::kRescale;
   // Contributions of this worker left out of a round are added into its next round of the key.
   bool error_feedback = true;
+  // Optional: ε rises outside critical phases, detected from each tensor's gradient norm
+  // (common/policy/phase_aware.h). RoundStats::loss_bound says what each round ran under.
+  PhaseAwareOptions phase_aware;
   // How results come back. kConsistent: every worker receives the complete aggregate, so
   // replicas never diverge. kBounded (bounded-loss rounds only): once the round is sealed, a
   // worker stops waiting for results after its tail wait if every chunk it classed 0 has arrived

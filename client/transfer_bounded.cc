@@ -1,6 +1,7 @@
 // The bounded-loss half of TransferEngine: classes and error feedback before a round, the
 // manifest, STOP, and the bounded pull mode's tail. See docs/bounded-loss.md.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "client/transfer_engine.h"
@@ -29,6 +30,13 @@ void TransferEngine::Prepare(Op& op) {
       }
       it->second.chunks.clear();
     }
+  }
+  if (options_.phase_aware.enabled && op.loss_bound_ppm > 0 && op.broadcast_root < 0) {
+    double sum = 0;
+    for (uint32_t i = 0; i < op.geometry.tensor_elems; ++i) sum += static_cast<double>(op.data[i]) * op.data[i];
+    const double bound = phase_.Next(op.key, static_cast<double>(op.loss_bound_ppm) / wire::kPpm, std::sqrt(sum));
+    op.loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
+    op.stats.loss_bound = bound;
   }
   op.classes.resize(chunks);
   policy_->Classify(absl::MakeConstSpan(op.data, op.geometry.tensor_elems), op.geometry, op.tensor,

@@ -29,7 +29,8 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
       transport_(std::move(transport)),
       topology_(TopologyAggregators(options)),
       outbox_(transport_.get()),
-      injector_(options.inject) {
+      injector_(options.inject),
+      phase_(options.phase_aware) {
   // Client::Connect validated the options, so this cannot fail; uniform class 1 is the fallback.
   absl::StatusOr<std::unique_ptr<ClassPolicy>> policy = CreateClassPolicy(options_.class_policy);
   policy_ = policy.ok() ? std::move(*policy) : *CreateClassPolicy({ClassPolicyOptions::Kind::kUniform, 0, 1});

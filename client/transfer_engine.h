@@ -46,6 +46,7 @@ struct EngineOptions {
   uint32_t num_layers = 0;
   bool rescale = true;    // ClientOptions::Compensation::kRescale
   bool error_feedback = true;
+  PhaseAwareOptions phase_aware;
   DropInjectorOptions inject;
   bool bounded_pull = false;
   double pull_loss_bound = 0;
@@ -171,6 +172,7 @@ class TransferEngine {
   std::unordered_map<uint32_t, uint32_t> completed_round_;  // key -> last round finished here
   std::unique_ptr<ClassPolicy> policy_;
   DropInjector injector_;
+  PhaseAwareBound phase_;
   // Error feedback, per key: this worker's contributions left out of earlier rounds, added into
   // the next one. `chunks` lists the chunks that hold something.
   struct Residual {

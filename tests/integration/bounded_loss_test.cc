@@ -316,3 +316,49 @@ TEST(BoundedPull, BroadcastRejectsARootOutsideTheJob) {
 
 }  // namespace
 }  // namespace dlcp::testing
+
+namespace dlcp::testing {
+namespace {
+
+// Phase-aware tolerance end to end: ε relaxes while a tensor's norm is steady and snaps back when
+// it jumps; the aggregators enforce whatever each round ran under.
+TEST(PhaseAware, TheBoundFollowsTheGradientNorm) {
+  auto agg = TestAggregator::Start({TransportOptions::Kind::kLoopback});
+  ASSERT_NE(agg, nullptr);
+  std::vector<std::vector<double>> bounds(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ClientOptions o;
+      o.aggregators = {agg->address()};
+      o.job_name = "phase-aware";
+      o.world_size = 2;
+      o.rank = r;
+      o.chunk_bytes = kChunkBytes;
+      o.transport.kind = TransportOptions::Kind::kLoopback;
+      o.tls.plaintext = true;
+      o.loss_bound = 0.01;
+      o.phase_aware = {true, 4.0, 0.5, 2};
+      auto client = Client::Connect(o);
+      if (!client.ok()) return void(errors[r] = client.status().ToString());
+      const float scale[] = {1, 1, 1, 1, 3, 3, 3, 3};  // the norm triples at round 4
+      for (float s : scale) {
+        std::vector<float> d(4096, s);
+        auto st = (*client)->AllReduce(3, absl::MakeSpan(d)).get();
+        if (!st.ok()) return void(errors[r] = st.status().ToString());
+        bounds[r].push_back(st->loss_bound);
+        if (st->bound_violations != 0) errors[r] = "bound violated";
+      }
+      if (absl::Status s = (*client)->Close(); !s.ok()) errors[r] = s.ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "");
+    EXPECT_EQ(bounds[r], (std::vector<double>{0.01, 0.01, 0.04, 0.04, 0.01, 0.01, 0.04, 0.04})) << "rank " << r;
+  }
+}
+
+}  // namespace
+}  // namespace dlcp::testing

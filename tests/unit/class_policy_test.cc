@@ -5,6 +5,7 @@
 
 #include "common/policy/class_policy.h"
 #include "common/policy/drop_injector.h"
+#include "common/policy/phase_aware.h"
 
 namespace dlcp {
 namespace {
@@ -119,6 +120,28 @@ TEST(DropInjector, RatesPerClassAndBurstsAreDeterministic) {
   EXPECT_FALSE(ParseClassDrops("4:0.1", &r).ok());
   EXPECT_FALSE(ParseClassDrops("1:1.5", &r).ok());
   EXPECT_FALSE(ParseClassDrops("1-0.5", &r).ok());
+}
+
+}  // namespace
+}  // namespace dlcp
+
+namespace dlcp {
+namespace {
+
+TEST(PhaseAware, BoundRelaxesOutsideCriticalPhasesAndTightensWhenTheNormJumps) {
+  PhaseAwareBound b({true, 3.0, 0.5, 2});
+  EXPECT_DOUBLE_EQ(b.Next(1, 0.01, 10.0), 0.01);  // first round: critical
+  EXPECT_DOUBLE_EQ(b.Next(1, 0.01, 10.5), 0.01);  // still held
+  EXPECT_DOUBLE_EQ(b.Next(1, 0.01, 11.0), 0.03);  // calm: relaxed
+  EXPECT_FALSE(b.critical(1));
+  EXPECT_DOUBLE_EQ(b.Next(1, 0.01, 20.0), 0.01);  // +82%: critical again
+  EXPECT_TRUE(b.critical(1));
+  EXPECT_DOUBLE_EQ(b.Next(1, 0.01, 19.0), 0.01);
+  EXPECT_DOUBLE_EQ(b.Next(1, 0.01, 18.5), 0.03);
+  EXPECT_DOUBLE_EQ(b.Next(1, 0.01, 5.0), 0.01);   // a 73% drop counts too
+  EXPECT_DOUBLE_EQ(b.Next(2, 0.4, 1.0), 0.4);     // keys are independent
+  EXPECT_DOUBLE_EQ(b.Next(2, 0.4, 1.0), 0.4);
+  EXPECT_DOUBLE_EQ(b.Next(2, 0.4, 1.0), 1.0);     // never above 1
 }
 
 }  // namespace
