@@ -1,5 +1,7 @@
 #include "server/data/data_thread.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/log.h"
@@ -215,8 +217,16 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
 }
 
 void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now) {
-  // Payloads sit 48 bytes into a 64-byte-aligned slot: 16-byte aligned, and SumInto needs no more.
-  const Round::AddResult added = round->Add(h.rank, h.chunk, reinterpret_cast<const float*>(payload), now);
+  // Payloads normally sit 48 bytes into a 64-byte-aligned slot, or a multiple of 4 bytes into a
+  // GRO buffer. A sender batching odd-sized datagrams could break that; floats are never read
+  // from a misaligned address, so such a payload is copied first.
+  const float* values = reinterpret_cast<const float*>(payload);
+  if (reinterpret_cast<uintptr_t>(payload) % alignof(float) != 0) {
+    aligned_.resize(h.payload_len / sizeof(float));
+    std::memcpy(aligned_.data(), payload, h.payload_len);
+    values = aligned_.data();
+  }
+  const Round::AddResult added = round->Add(h.rank, h.chunk, values, now);
   if (added == Round::AddResult::kAdded || added == Round::AddResult::kCompleted) round->NoteClass(h.chunk, h.priority);
   switch (added) {
     case Round::AddResult::kAdded:

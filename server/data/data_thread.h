@@ -110,6 +110,7 @@ class DataThread {
   std::vector<RoundKey> armed_;  // rounds waiting out their tail
   absl::Time next_tail_ = absl::InfiniteFuture();
   std::vector<float> zeros_;     // the result of a chunk nobody's contribution reached
+  std::vector<float> aligned_;   // a misaligned push payload, copied
   DropInjector injector_;
   std::atomic<bool> stop_{false};
   std::mt19937_64 rng_;

@@ -157,7 +157,9 @@ class UdpTransport final : public Transport {
       const OutMessage& first = msgs[i];
       const size_t seg = first.size();
       size_t count = 1, total = seg;
-      while (gso && i + count < msgs.size() && count < kMaxGsoSegments) {
+      // Segments of a GSO send land back to back in the receiver's GRO buffer: only a size that
+      // is a multiple of 4 keeps the float payloads after it aligned.
+      while (gso && seg % 4 == 0 && i + count < msgs.size() && count < kMaxGsoSegments) {
         const OutMessage& m = msgs[i + count];
         const size_t len = m.size();
         if (!(m.to == first.to) || m.priority != first.priority || len > seg || total + len > kMaxGsoBytes) break;
