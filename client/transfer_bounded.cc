@@ -6,6 +6,7 @@
 
 #include "client/transfer_engine.h"
 #include "common/base/log.h"
+#include "common/policy/quiet_spell.h"
 #include "common/wire/bounded.h"
 #include "common/wire/ranges.h"
 
@@ -48,22 +49,21 @@ void TransferEngine::Prepare(Op& op) {
 }
 
 namespace {
-constexpr double kQuietGaps = 8;  // as at the aggregator (server/data/bounded_rounds.cc)
-constexpr absl::Duration kMinTail = absl::Microseconds(200);
+// A full window counts as stalled after 4 mean result gaps of silence, at least 1 ms.
 constexpr double kStallGaps = 4;
 constexpr absl::Duration kMinStall = absl::Milliseconds(1);
 }  // namespace
 
 absl::Time TransferEngine::PullTailEnd(const Op& op) const {
-  const uint64_t received = op.geometry.chunk_count() - op.remaining;
-  const absl::Duration gap = (op.last_progress - op.start) / static_cast<double>(std::max<uint64_t>(1, received));
-  return op.last_progress + std::clamp(gap * kQuietGaps, kMinTail, options_.repair_timeout);
+  return QuietSpellEnd(op.start, op.last_progress, op.geometry.chunk_count() - op.remaining, kTailGaps, kMinTail,
+                       options_.repair_timeout);
 }
 
 void TransferEngine::ReleaseStalledWindows(Op& op, absl::Time now) {
-  const uint64_t received = op.geometry.chunk_count() - op.remaining;
-  const absl::Duration gap = (op.last_progress - op.start) / static_cast<double>(std::max<uint64_t>(1, received));
-  if (now - op.last_progress < std::clamp(gap * kStallGaps, kMinStall, options_.repair_timeout)) return;
+  if (now < QuietSpellEnd(op.start, op.last_progress, op.geometry.chunk_count() - op.remaining, kStallGaps, kMinStall,
+                          options_.repair_timeout)) {
+    return;
+  }
   for (uint32_t d = 0; d < op.dests.size(); ++d) {
     Dest& dest = op.dests[d];
     if (dest.next < op.plan->chunks_by_dest[d].size() && dest.next - dest.acked >= options_.window_chunks) {

@@ -5,17 +5,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/check.h"
 #include "common/base/log.h"
+#include "common/policy/quiet_spell.h"
 #include "common/wire/bounded.h"
 #include "server/data/data_thread.h"
 
 namespace dlcp::server {
-namespace {
-// The tail ends once no contribution has arrived for this many times the round's own mean gap
-// between contributions: a straggler just behind the pack still makes it, a lost packet is not
-// waited for, and the wait follows the pace the round is actually getting.
-constexpr double kQuietGaps = 8;
-constexpr absl::Duration kMinTail = absl::Microseconds(200);
-}  // namespace
 
 void DataThread::HandleManifest(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now) {
   if (round->sealed()) return SendStop(*round, h.rank);  // the worker missed the STOP
@@ -30,8 +24,7 @@ void DataThread::HandleManifest(const wire::Header& h, const uint8_t* payload, R
 }
 
 absl::Time DataThread::TailEnd(const Round& r) const {
-  const absl::Duration gap = (r.last_progress() - r.created()) / static_cast<double>(std::max<uint64_t>(1, r.contributions()));
-  return r.last_progress() + std::clamp(gap * kQuietGaps, kMinTail, options_.repair_timeout);
+  return QuietSpellEnd(r.created(), r.last_progress(), r.contributions(), kTailGaps, kMinTail, options_.repair_timeout);
 }
 
 void DataThread::CheckBound(Round* round, absl::Time now) {

@@ -9,6 +9,8 @@
 #   - the switch's own counters show that packets were really dropped.
 # Needs root (namespaces, tc). Exits 77 (ctest: skipped) when it cannot run here.
 #   tests/netbed/congested_test.sh BUILD_DIR
+# Env: EPS (0.01), ROUNDS (4), RATE (1gbit), QLEN_PKTS (64); DUMP_STATS=1 also prints the
+# aggregator's counters and worker 1's JSON.
 set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)

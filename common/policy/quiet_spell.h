@@ -1,0 +1,27 @@
+// The one timing rule of the bounded-loss protocol, shared by aggregators (when a round's tail
+// ends) and clients (when the bounded pull's tail ends, and when a full window counts as
+// stalled): wait for a quiet spell of a few of the transfer's own mean gaps between arrivals.
+// The wait follows the pace the transfer is actually getting: no fixed sleeps, and no history
+// of other rounds that may have run under other load.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace dlcp {
+
+// `arrivals` arrived between `start` and `last`: the spell ends at last + gaps × their mean gap,
+// clamped to [floor, cap].
+inline absl::Time QuietSpellEnd(absl::Time start, absl::Time last, uint64_t arrivals, double gaps,
+                                absl::Duration floor, absl::Duration cap) {
+  const absl::Duration gap = (last - start) / static_cast<double>(std::max<uint64_t>(1, arrivals));
+  return last + std::clamp(gap * gaps, floor, std::max(floor, cap));
+}
+
+// A tail ends after 8 mean gaps of quiet, at least 200 µs.
+inline constexpr double kTailGaps = 8;
+inline constexpr absl::Duration kMinTail = absl::Microseconds(200);
+
+}  // namespace dlcp
