@@ -24,15 +24,8 @@ WINDOW=${WINDOW:-131072}  # dlcp bytes in flight per aggregator endpoint
 N=4
 [[ $(id -u) == 0 ]] || { echo "netbed_compare: needs root" >&2; exit 1; }
 
-work=$(mktemp -d /tmp/dlcp-netbed-bench.XXXXXX)
-cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null || true
-  wait 2>/dev/null || true
-  "$CLUSTER" down >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-"$CLUSTER" up >/dev/null
+source "$HERE/../scripts/netbed/session.sh"
+netbed_start dlcp-netbed-bench
 ip_of() { echo "198.18.0.$((10 + $1))"; }
 
 aggs=()
@@ -42,7 +35,7 @@ for i in 1 2 3 4; do
   aggs+=("$(ip_of $i):7400")
 done
 for i in 1 2 3 4; do
-  for _ in $(seq 1 100); do [[ -s $work/a$i.ready ]] && break; sleep 0.1; done
+  netbed_wait_ready "$work/a$i.ready" || { echo "netbed_compare: dlcpd on w$i did not start" >&2; exit 1; }
 done
 agg_list=$(IFS=,; echo "${aggs[*]}")
 

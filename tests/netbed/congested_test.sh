@@ -27,21 +27,13 @@ for t in ip tc iperf3 ethtool; do
 done
 ip netns add dlcp-probe 2>/dev/null && ip netns del dlcp-probe || { echo "netbed: cannot create namespaces; skipped"; exit 77; }
 
-work=$(mktemp -d /tmp/dlcp-netbed.XXXXXX)
-cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null || true
-  wait 2>/dev/null || true
-  "$CLUSTER" down >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-"$CLUSTER" up >/dev/null
+source "$HERE/../../scripts/netbed/session.sh"
+netbed_start dlcp-netbed
 AGG=198.18.0.101
 
 ip netns exec "$PREFIX-a1" "$BUILD/server/dlcpd" --host=$AGG --port=7400 --data-port=7500 --plaintext \
   --log-level=warning --ready-file="$work/a1.ready" 2>"$work/a1.log" &
-for _ in $(seq 1 100); do [[ -s $work/a1.ready ]] && break; sleep 0.1; done
-[[ -s $work/a1.ready ]] || { echo "netbed: dlcpd did not start"; cat "$work/a1.log"; exit 1; }
+netbed_wait_ready "$work/a1.ready" || { echo "netbed: dlcpd did not start"; cat "$work/a1.log"; exit 1; }
 
 # Best-effort cross traffic into the aggregator's port, for longer than the job runs.
 "$CLUSTER" cross w4 a1 300M 0 60 udp 5299 >"$work/cross.log" 2>&1 &
