@@ -270,45 +270,30 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
   absl::StatusOr<std::vector<wire::ChunkRange>> ranges =
       wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), h.chunk_count);
   if (!ranges.ok()) return Reject(wire::Reject::kBadPayload);
-  if (round->bounded) {
-    // Before the seal: results of complete chunks go again, the request says how far the worker
-    // has pushed, and it gets its share of the repair the bound needs (never more). After it,
-    // results and the STOP go again to whoever missed them.
-    if (!round->sealed()) {
-      // The request's chunk field: 1 + the highest chunk the worker has pushed here (0: none).
-      if (h.chunk > 0) round->bounded->MarkSentThrough(h.rank, std::min(h.chunk, h.chunk_count) - 1);
-      for (const wire::ChunkRange& r : *ranges) {
-        for (uint32_t c = r.first; c < r.first + r.length; ++c) {
-          if (!round->IsComplete(c)) continue;
-          results_resent_->Add();
-          SendResult(*round, c, h.rank);
-        }
-      }
-      // Planning walks the whole round: once per half repair interval, however many ask.
-      const absl::Time now = absl::Now();
-      if (now - round->last_plan < options_.repair_timeout / 2) return;
-      round->last_plan = now;
-      return RepairBounded(*round, h.rank);
-    }
-    for (const wire::ChunkRange& r : *ranges) {
-      for (uint32_t c = r.first; c < r.first + r.length; ++c) {
-        if (!round->bounded->owned(c)) continue;
-        results_resent_->Add();
-        SendResult(*round, c, h.rank);
-      }
-    }
-    return SendStop(*round, h.rank);
-  }
+  // Results that are final go again. A reliable round also NACKs what it lacks from this
+  // worker; a bounded one decides its repairs itself (never more than the bound needs).
   std::vector<uint32_t> nack;
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
-      if (round->IsComplete(c)) {
+      if (round->HasFinalResult(c)) {
         results_resent_->Add();
         SendResult(*round, c, h.rank);
-      } else if (!round->Has(h.rank, c)) {
+      } else if (!round->bounded && !round->Has(h.rank, c)) {
         nack.push_back(c);
       }
     }
+  }
+  if (round->bounded) {
+    // After the seal, the STOP goes again to whoever missed it. Before it, the request says how
+    // far the worker has pushed (its chunk field: 1 + the highest chunk pushed here; 0: none),
+    // and the worker gets its share of the repair the bound needs.
+    if (round->sealed()) return SendStop(*round, h.rank);
+    if (h.chunk > 0) round->bounded->MarkSentThrough(h.rank, std::min(h.chunk, h.chunk_count) - 1);
+    // Planning walks the whole round: once per half repair interval, however many ask.
+    const absl::Time now = absl::Now();
+    if (now - round->last_plan < options_.repair_timeout / 2) return;
+    round->last_plan = now;
+    return RepairBounded(*round, h.rank);
   }
   if (!nack.empty()) SendRanges(wire::MsgType::kPushNack, *round, h.rank, nack);
 }

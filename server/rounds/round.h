@@ -33,6 +33,10 @@ class Round {
 
   bool Has(uint32_t rank, uint32_t chunk) const;
   bool IsComplete(uint32_t chunk) const { return contributors_[chunk] == job_->world; }
+  // Its result will not change: every worker contributed, or the bounded round sealed with it.
+  bool HasFinalResult(uint32_t chunk) const {
+    return IsComplete(chunk) || (sealed_ && bounded != nullptr && bounded->owned(chunk));
+  }
   uint16_t contributors(uint32_t chunk) const { return contributors_[chunk]; }
   // The class results of `chunk` ride: the most important class any contribution to it had.
   uint8_t result_class(uint32_t chunk) const { return result_class_[chunk]; }
