@@ -100,21 +100,40 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
 
 Client::~Client() { Close().IgnoreError(); }
 
+namespace {
+// The future-returning calls are the callback ones with a promise behind them.
+std::pair<OpDone, std::future<absl::StatusOr<RoundStats>>> PromiseDone() {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<RoundStats>>>();
+  std::future<absl::StatusOr<RoundStats>> f = promise->get_future();
+  return {[promise](absl::StatusOr<RoundStats> r) { promise->set_value(std::move(r)); }, std::move(f)};
+}
+}  // namespace
+
 std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Span<float> data,
                                                           const AllReduceOptions& options) {
-  return engine_->Submit(key, data, options);
+  auto [done, f] = PromiseDone();
+  AllReduceAsync(key, data, options, std::move(done));
+  return std::move(f);
+}
+
+void Client::AllReduceAsync(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, OpDone done) {
+  engine_->Submit(key, data, options, -1, std::move(done));
 }
 
 std::future<absl::StatusOr<RoundStats>> Client::Broadcast(uint32_t key, absl::Span<float> data, uint32_t root) {
+  auto [done, f] = PromiseDone();
+  BroadcastAsync(key, data, root, std::move(done));
+  return std::move(f);
+}
+
+void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root, OpDone done) {
   if (root >= options_.world_size) {
-    std::promise<absl::StatusOr<RoundStats>> p;
-    p.set_value(absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " is not below the world size ",
-                                                        options_.world_size)));
-    return p.get_future();
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " is not below the world size ", options_.world_size)));
   }
   AllReduceOptions o;
   o.loss_bound = 0;
-  return engine_->Submit(key, data, o, static_cast<int64_t>(root));
+  engine_->Submit(key, data, o, static_cast<int64_t>(root), std::move(done));
 }
 
 absl::Status Client::Close() {

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -108,6 +109,11 @@ struct RoundStats {
   uint64_t pull_missing = 0;      // kBounded pull: result chunks not received, zeroed
 };
 
+// Completion of an op. Runs exactly once: on the client's I/O thread, or on the calling thread
+// when the op is refused at submission. It must not block (hand the result to another thread
+// for slow work); it may submit the next op, also for the same key.
+using OpDone = std::function<void(absl::StatusOr<RoundStats>)>;
+
 class TransferEngine;
 class Session;
 
@@ -124,10 +130,15 @@ class Client {
   std::future<absl::StatusOr<RoundStats>> AllReduce(uint32_t key, absl::Span<float> data,
                                                     const AllReduceOptions& options = {});
 
+  // The same, completing through `done` instead of a future (for bindings and schedulers that
+  // must not park a thread per op).
+  void AllReduceAsync(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, OpDone done);
+
   // Replaces `data` on every worker with root's `data` (exactly; reliable whatever ε is), e.g. to
   // resynchronise replicas every K rounds under the bounded pull mode. Uses `key` like AllReduce
   // does; error feedback is not applied to it.
   std::future<absl::StatusOr<RoundStats>> Broadcast(uint32_t key, absl::Span<float> data, uint32_t root);
+  void BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root, OpDone done);
 
   // Leaves the job on every aggregator and fails ops still pending. Idempotent.
   absl::Status Close();

@@ -48,15 +48,11 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
 
 TransferEngine::~TransferEngine() { Stop(absl::CancelledError("dlcp client closed")); }
 
-std::future<absl::StatusOr<RoundStats>> TransferEngine::Submit(uint32_t key, absl::Span<float> data,
-                                                               const AllReduceOptions& options,
-                                                               int64_t broadcast_root) {
+void TransferEngine::Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options,
+                            int64_t broadcast_root, OpDone done) {
   auto op = std::make_unique<Op>();
-  std::future<absl::StatusOr<RoundStats>> f = op->promise.get_future();
-  auto fail = [&](absl::Status s) {
-    op->promise.set_value(std::move(s));
-    return std::move(f);
-  };
+  op->done = std::move(done);
+  auto fail = [&](absl::Status s) { op->done(std::move(s)); };
   if (data.empty() || data.data() == nullptr) return fail(absl::InvalidArgumentError("AllReduce of an empty tensor"));
   if (data.size() > std::numeric_limits<uint32_t>::max()) {
     return fail(absl::InvalidArgumentError(absl::StrCat("tensor of ", data.size(), " elements exceeds 2^32 - 1")));
@@ -69,27 +65,30 @@ std::future<absl::StatusOr<RoundStats>> TransferEngine::Submit(uint32_t key, abs
   if (options_.bounded_pull && op->loss_bound_ppm > 0) {
     op->pull_ppm = static_cast<uint32_t>(std::lround(options_.pull_loss_bound * wire::kPpm));
   }
+  absl::Status refused;  // `done` runs outside the lock: it may submit again
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!error_.ok()) return fail(error_);
-    if (stopped_) return fail(absl::FailedPreconditionError("dlcp client is closed"));
-    if (active_keys_.count(key)) {
-      return fail(absl::FailedPreconditionError(absl::StrCat("key ", key, " already has an AllReduce in flight")));
+    if (!error_.ok()) {
+      refused = error_;
+    } else if (stopped_) {
+      refused = absl::FailedPreconditionError("dlcp client is closed");
+    } else if (active_keys_.count(key)) {
+      refused = absl::FailedPreconditionError(absl::StrCat("key ", key, " already has an AllReduce in flight"));
+    } else if (active_keys_.size() >= options_.max_inflight) {
+      refused = absl::ResourceExhaustedError(absl::StrCat(options_.max_inflight,
+                                                          " AllReduce ops already in flight (the aggregators' "
+                                                          "--max-rounds-in-flight); wait for one to finish"));
+    } else {
+      op->key = key;
+      op->round = next_round_[key]++;
+      op->data = data.data();
+      op->geometry = wire::ChunkGeometry{static_cast<uint32_t>(data.size()), options_.chunk_bytes / 4};
+      active_keys_.insert(key);
+      submitted_.push_back(std::move(op));
     }
-    if (active_keys_.size() >= options_.max_inflight) {
-      return fail(absl::ResourceExhaustedError(absl::StrCat(options_.max_inflight,
-                                                            " AllReduce ops already in flight (the aggregators' "
-                                                            "--max-rounds-in-flight); wait for one to finish")));
-    }
-    op->key = key;
-    op->round = next_round_[key]++;
-    op->data = data.data();
-    op->geometry = wire::ChunkGeometry{static_cast<uint32_t>(data.size()), options_.chunk_bytes / 4};
-    active_keys_.insert(key);
-    submitted_.push_back(std::move(op));
   }
+  if (!refused.ok()) return fail(std::move(refused));
   transport_->Wake();
-  return f;
 }
 
 void TransferEngine::FailFatal(const absl::Status& reason) {
@@ -120,8 +119,8 @@ void TransferEngine::FailAll(const absl::Status& reason) {
     pending.swap(submitted_);
     active_keys_.clear();
   }
-  for (auto& op : pending) op->promise.set_value(reason);
-  for (auto& [key, op] : ops_) op->promise.set_value(reason);
+  for (auto& op : pending) op->done(reason);
+  for (auto& [key, op] : ops_) op->done(reason);
   ops_.clear();
 }
 
@@ -525,7 +524,7 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
     std::lock_guard<std::mutex> lock(mu_);
     active_keys_.erase(key);
   }
-  op->promise.set_value(std::move(result));
+  op->done(std::move(result));
 }
 
 }  // namespace dlcp

@@ -2,7 +2,7 @@
 // flight: it pushes chunks to their aggregator endpoints under a per-endpoint window, places
 // result chunks into the caller's buffer, answers NACKs and probes, and asks for missing results
 // when an op goes quiet. Submit() is the only entry from other threads; completions run on the
-// I/O thread and only fulfil a promise.
+// I/O thread (OpDone's rules in client.h).
 #pragma once
 
 #include <atomic>
@@ -59,10 +59,11 @@ class TransferEngine {
   TransferEngine(const EngineOptions& options, std::unique_ptr<Transport> transport);
   ~TransferEngine();
 
-  // Any thread. Validates and enqueues; the future completes on the I/O thread.
-  // With broadcast_root >= 0 the op is a broadcast from that rank: other ranks contribute zeros.
-  std::future<absl::StatusOr<RoundStats>> Submit(uint32_t key, absl::Span<float> data,
-                                                 const AllReduceOptions& options = {}, int64_t broadcast_root = -1);
+  // Any thread. Validates and enqueues; `done` runs once, on the I/O thread (or on the caller's
+  // thread if the op is refused at once). With broadcast_root >= 0 the op is a broadcast from
+  // that rank: other ranks contribute zeros.
+  void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t broadcast_root,
+              OpDone done);
   // Fails every pending op with `reason` and joins the I/O thread. Idempotent.
   void Stop(const absl::Status& reason);
   // Any thread: the job can no longer make progress (e.g. this worker was dropped). Every pending
@@ -111,7 +112,7 @@ class TransferEngine {
     absl::Time start, deadline, last_progress, next_repair;
     int repair_attempts = 0;
     RoundStats stats;
-    std::promise<absl::StatusOr<RoundStats>> promise;
+    OpDone done;
   };
 
   void Run();
