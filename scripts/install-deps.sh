@@ -10,6 +10,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   clang libclang-rt-14-dev openssl
   python3
+  # The Python package (client/python) and its tests and demo: PyTorch 1.13 for /usr/bin/python3.
+  python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-matplotlib
+  python3-pytest python3-pytest-timeout
   iproute2 ethtool iperf3 iputils-ping  # the congested-cluster test bed (tests/netbed)
 )
 

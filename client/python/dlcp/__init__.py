@@ -1,0 +1,142 @@
+"""dlcp: gradient aggregation for data-parallel training.
+
+    client = dlcp.Client(aggregators="10.0.0.1:7070,10.0.0.2:7070", job="resnet",
+                         world_size=4, rank=0, loss_bound=0.01)
+    stats = client.allreduce(0, tensor)          # sums in place over the job's workers
+    handle = client.allreduce_async(1, other)    # returns at once; handle.wait() -> stats
+
+Tensors are float32 and contiguous: torch CPU tensors, numpy arrays, or anything with the
+buffer protocol. The data is used in place (no copy) and must be left alone until the op is
+done. CUDA tensors are staged through host memory for now (see README). Errors raise
+dlcp.Error with the reason; nothing here aborts the interpreter.
+"""
+import atexit
+import threading
+import weakref
+
+from . import _dlcp
+
+Error = _dlcp.Error
+
+__all__ = ["Client", "Error", "Handle"]
+
+_open_clients = weakref.WeakSet()
+_open_lock = threading.Lock()
+
+
+def _close_all():
+    with _open_lock:
+        clients = list(_open_clients)
+    for c in clients:
+        c.close()
+
+
+# Completion threads must be gone before the interpreter tears down.
+atexit.register(_close_all)
+
+
+def _as_buffer(tensor):
+    """A writable float32 buffer sharing the tensor's memory, and a function that puts the
+    result back where it belongs (a no-op when the buffer is the tensor itself)."""
+    numpy = getattr(tensor, "numpy", None)
+    if numpy is not None and hasattr(tensor, "is_cuda"):  # a torch tensor
+        import torch
+        if tensor.is_cuda or tensor.dtype != torch.float32 or not tensor.is_contiguous():
+            host = tensor.detach().to("cpu", torch.float32).contiguous()
+            return host.numpy(), lambda: tensor.copy_(host)
+        return tensor.detach().numpy(), None
+    return tensor, None
+
+
+class Handle:
+    """An op in flight. wait() blocks without holding the GIL; done() polls."""
+
+    def __init__(self, inner, finish=None):
+        self._inner = inner
+        self._finish = finish
+
+    def done(self):
+        return self._inner.done()
+
+    def wait(self, timeout=None):
+        stats = self._inner.wait(timeout)
+        if self._finish is not None:
+            self._finish()
+            self._finish = None
+        return stats
+
+
+class Client:
+    """A worker's connection to its job's aggregators.
+
+    Keyword options (all optional but aggregators, world_size and rank):
+      aggregators: "host:port,..." or a list; job; world_size; rank; chunk_bytes;
+      plaintext (must be chosen explicitly), tls_cert, tls_key, tls_ca, tls_server_name;
+      loss_bound (ε, default 0.01; 0 is fully reliable), reliable_fraction, class_policy,
+      num_layers, compensation ("rescale" | "zero-fill"), error_feedback, pull_mode
+      ("consistent" | "bounded"), pull_loss_bound, phase_aware; rpc_timeout_s, op_timeout_s,
+      repair_timeout_s, heartbeat_interval_s, window_bytes; data_host, bind_host, dscp,
+      busy_poll; inject_drop ("C:P,..."), inject_burst, inject_seed (for tests).
+    Methods may be called from any thread.
+    """
+
+    def __init__(self, **options):
+        self._inner = _dlcp.Client(**options)
+        with _open_lock:
+            _open_clients.add(self)
+
+    @property
+    def rank(self):
+        return self._inner.rank
+
+    @property
+    def world_size(self):
+        return self._inner.world_size
+
+    @property
+    def job_id(self):
+        return self._inner.job_id
+
+    def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None):
+        """Starts summing `tensor` over the job's workers, in place. `callback(stats, error)`
+        runs on the client's completion thread once the op is done (error is a str or None)."""
+        buf, finish = _as_buffer(tensor)
+        cb = _wrap_callback(callback, finish)
+        inner = self._inner.submit(key, buf, layer=layer, loss_bound=-1.0 if loss_bound is None else loss_bound,
+                                   callback=cb)
+        return Handle(inner, None if cb is not None else finish)
+
+    def allreduce(self, key, tensor, layer=0, loss_bound=None, timeout=None):
+        return self.allreduce_async(key, tensor, layer, loss_bound).wait(timeout)
+
+    def broadcast_async(self, key, tensor, root, callback=None):
+        """Replaces `tensor` on every worker with root's, exactly (reliable whatever ε is)."""
+        buf, finish = _as_buffer(tensor)
+        cb = _wrap_callback(callback, finish)
+        inner = self._inner.submit(key, buf, root=root, callback=cb)
+        return Handle(inner, None if cb is not None else finish)
+
+    def broadcast(self, key, tensor, root, timeout=None):
+        return self.broadcast_async(key, tensor, root).wait(timeout)
+
+    def close(self):
+        """Leaves the job; ops still pending fail. Idempotent."""
+        self._inner.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _wrap_callback(callback, finish):
+    if callback is None:
+        return None
+
+    def done(stats, error):
+        if error is None and finish is not None:
+            finish()
+        callback(stats, error)
+
+    return done

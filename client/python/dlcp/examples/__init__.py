@@ -1,0 +1,1 @@
+"""Runnable training examples (python3 -m dlcp.examples.digits --help)."""

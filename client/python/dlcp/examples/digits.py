@@ -1,0 +1,156 @@
+"""Data-parallel training of a small CNN on scikit-learn's bundled digits (8x8 images, no
+download), through dlcp or through DDP with Gloo, for the demo, the tests and the Kubernetes
+trainer examples.
+
+    python3 -m dlcp.examples.digits --mode=dlcp --rank=0 --world=4 --aggregators=h1:7070,h2:7070
+
+Every option also reads DLCP_<NAME> from the environment (e.g. DLCP_RANK, DLCP_AGGREGATORS),
+so a Kubernetes Job can set them per pod. Modes:
+  dlcp      DistributedOptimizer (DeAR schedule) over dlcp; no process group needed
+  dlcp-ddp  DistributedDataParallel with dlcp's comm hook (needs a Gloo group for DDP itself)
+  gloo      DistributedDataParallel with Gloo's ring all-reduce (the baseline)
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BATCH = 32
+
+
+def load(rank, world, seed=0):
+    """(train inputs, train labels) of this rank's shard, and the whole test split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
+    y = torch.tensor(y, dtype=torch.int64)
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
+    per = len(xtr) // world  # equal shards: every worker runs the same number of steps
+    return xtr[rank * per:(rank + 1) * per], ytr[rank * per:(rank + 1) * per], xte, yte
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def accuracy(model, x, y):
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item() * 100
+
+
+def make_optimizer(name, params, lr):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def train(mode, rank, world, aggregators="", epochs=10, lr=None, optimizer="sgd", loss_bound=0.0, inject_drop="",
+          client_options=None, gloo_init=None, seed=0, on_epoch=None, totals=None):
+    """Trains and returns [(seconds since start, test accuracy %)] after each epoch. In mode
+    dlcp, `totals` (a dict) receives DistributedOptimizer.totals."""
+    import dlcp
+    import dlcp.torch
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    xtr, ytr, xte, yte = load(rank, world, seed)
+    model = Net()
+    lr = lr if lr is not None else (0.05 if optimizer == "sgd" else 2e-3)
+    client = None
+    if mode in ("gloo", "dlcp-ddp") and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo", init_method=gloo_init, rank=rank, world_size=world)
+    if mode in ("dlcp", "dlcp-ddp"):
+        opts = dict(aggregators=aggregators, job=f"digits-{mode}", world_size=world, rank=rank,
+                    loss_bound=loss_bound, num_layers=dlcp.torch.num_layers(model))
+        if inject_drop:
+            opts.update(inject_drop=inject_drop, inject_seed=1000 + rank)
+        opts.update(client_options or {})
+        client = dlcp.Client(**opts)
+    if mode == "dlcp":
+        net = model
+        opt = dlcp.torch.DistributedOptimizer(make_optimizer(optimizer, model.parameters(), lr), model, client)
+    elif mode in ("gloo", "dlcp-ddp"):
+        net = nn.parallel.DistributedDataParallel(model)
+        if mode == "dlcp-ddp":
+            net.register_comm_hook(None, dlcp.torch.comm_hook(client, model))
+        opt = make_optimizer(optimizer, net.parameters(), lr)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    history = []
+    generator = torch.Generator().manual_seed(seed + 1)
+    start = time.perf_counter()
+    try:
+        for epoch in range(epochs):
+            order = torch.randperm(len(xtr), generator=generator)
+            for i in range(0, len(order) - BATCH + 1, BATCH):
+                idx = order[i:i + BATCH]
+                opt.zero_grad()
+                F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
+                opt.step()
+            if mode == "dlcp":
+                opt.synchronize()
+            history.append((time.perf_counter() - start, accuracy(model, xte, yte)))
+            if on_epoch is not None:
+                on_epoch(epoch, history[-1])
+        if mode == "dlcp" and totals is not None:
+            totals.update(opt.totals)
+    finally:
+        if client is not None:
+            client.close()
+    return history
+
+
+def main(argv=None):
+    env = os.environ.get
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", default=env("DLCP_MODE", "dlcp"), choices=["dlcp", "dlcp-ddp", "gloo"])
+    p.add_argument("--rank", type=int, default=int(env("DLCP_RANK", env("RANK", "0"))))
+    p.add_argument("--world", type=int, default=int(env("DLCP_WORLD", env("WORLD_SIZE", "1"))))
+    p.add_argument("--aggregators", default=env("DLCP_AGGREGATORS", ""))
+    p.add_argument("--epochs", type=int, default=int(env("DLCP_EPOCHS", "10")))
+    p.add_argument("--optimizer", default=env("DLCP_OPTIMIZER", "sgd"), choices=["sgd", "adam", "adamw"])
+    p.add_argument("--loss-bound", type=float, default=float(env("DLCP_LOSS_BOUND", "0.01")))
+    p.add_argument("--inject-drop", default=env("DLCP_INJECT_DROP", ""))
+    p.add_argument("--plaintext", action="store_true", default=env("DLCP_PLAINTEXT", "") == "1")
+    p.add_argument("--tls-ca", default=env("DLCP_TLS_CA", ""))
+    p.add_argument("--tls-cert", default=env("DLCP_TLS_CERT", ""))
+    p.add_argument("--tls-key", default=env("DLCP_TLS_KEY", ""))
+    p.add_argument("--gloo-init", default=env("DLCP_GLOO_INIT", None),
+                   help="init_method of the Gloo group (gloo and dlcp-ddp modes), e.g. tcp://host:port")
+    a = p.parse_args(argv)
+    if a.mode != "gloo" and not a.aggregators:
+        p.error("--aggregators (or DLCP_AGGREGATORS) is required")
+    tls = {k: v for k, v in (("tls_ca", a.tls_ca), ("tls_cert", a.tls_cert), ("tls_key", a.tls_key)) if v}
+    tls["plaintext"] = a.plaintext
+
+    def report(epoch, point):
+        if a.rank == 0:
+            print(f"epoch {epoch + 1}/{a.epochs}: {point[1]:.2f}% after {point[0]:.1f} s", flush=True)
+
+    history = train(a.mode, a.rank, a.world, a.aggregators, a.epochs, optimizer=a.optimizer, loss_bound=a.loss_bound,
+                    inject_drop=a.inject_drop, client_options=tls, gloo_init=a.gloo_init, on_epoch=report)
+    if a.rank == 0:
+        print(f"final accuracy {history[-1][1]:.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

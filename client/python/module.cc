@@ -1,0 +1,372 @@
+// dlcp._dlcp: the pybind11 binding of dlcp::Client (the Python package in dlcp/ wraps it).
+//
+// Threading: a Client's ops complete on its I/O thread, which must never wait for the GIL (a
+// busy interpreter would stall every transfer). OpDone only queues the result; one completion
+// thread per Client takes the GIL, fills the Handle, runs the Python callback and drops the
+// references the op held. Blocking calls (connect, wait, close) release the GIL. No failure
+// escapes as anything but a Python exception: a Status becomes dlcp.Error.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/policy/class_policy.h"
+#include "common/policy/drop_injector.h"
+
+namespace py = pybind11;
+
+namespace dlcp {
+namespace {
+
+PyObject* g_error = nullptr;  // dlcp.Error, created at import
+
+std::string StatusText(const absl::Status& s) {
+  return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
+}
+
+[[noreturn]] void Raise(const absl::Status& s) {
+  PyErr_SetString(g_error, StatusText(s).c_str());
+  throw py::error_already_set();
+}
+
+py::dict StatsDict(const RoundStats& s) {
+  py::dict d;
+  d["key"] = s.key;
+  d["round"] = s.round;
+  d["time_s"] = absl::ToDoubleSeconds(s.time);
+  d["chunks"] = s.chunks;
+  d["retransmits"] = s.retransmits;
+  d["result_requests"] = s.result_requests;
+  d["min_contributors"] = s.min_contributors;
+  d["bytes_sent"] = s.bytes_sent;
+  d["bytes_received"] = s.bytes_received;
+  d["loss_bound"] = s.loss_bound;
+  d["chunks_by_class"] = std::vector<uint64_t>(s.chunks_by_class.begin(), s.chunks_by_class.end());
+  d["left_out_by_class"] = std::vector<uint64_t>(s.left_out_by_class.begin(), s.left_out_by_class.end());
+  d["droppable_total"] = s.droppable_total;
+  d["droppable_missing"] = s.droppable_missing;
+  d["bound_violations"] = s.bound_violations;
+  d["time_to_stop_s"] = absl::ToDoubleSeconds(s.time_to_stop);
+  d["injected_drops"] = s.injected_drops;
+  d["pull_missing"] = s.pull_missing;
+  return d;
+}
+
+// What wait() sees. Holds no Python objects, so it may die on any thread.
+class Handle {
+ public:
+  void Set(absl::StatusOr<RoundStats> r) {
+    std::lock_guard<std::mutex> lock(mu_);
+    result_ = std::move(r);
+    cv_.notify_all();
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return result_.has_value();
+  }
+  // Caller holds the GIL; it is released while waiting.
+  py::dict Wait(std::optional<double> timeout_s) {
+    absl::StatusOr<RoundStats> r = absl::UnknownError("unset");
+    {
+      py::gil_scoped_release release;
+      std::unique_lock<std::mutex> lock(mu_);
+      auto ready = [&] { return result_.has_value(); };
+      if (timeout_s) {
+        if (!cv_.wait_for(lock, std::chrono::duration<double>(*timeout_s), ready)) {
+          r = absl::DeadlineExceededError(absl::StrCat("dlcp op still running after ", *timeout_s, " s"));
+        } else {
+          r = *result_;
+        }
+      } else {
+        cv_.wait(lock, ready);  // every op completes by the client's op_timeout
+        r = *result_;
+      }
+    }
+    if (!r.ok()) Raise(r.status());
+    return StatsDict(*r);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<absl::StatusOr<RoundStats>> result_;
+};
+
+// One op's Python side: created and destroyed with the GIL held.
+struct Pending {
+  std::shared_ptr<Handle> handle;
+  py::object buffer;    // keeps the memory the op writes into alive
+  py::object callback;  // None or callable(stats: dict | None, error: str | None)
+  absl::StatusOr<RoundStats> result = absl::UnknownError("unset");
+};
+
+class Completer {
+ public:
+  Completer() : thread_([this] { Run(); }) {}
+  ~Completer() { Stop(); }
+
+  void Push(Pending* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(p);
+    cv_.notify_one();
+  }
+  // Drains what is queued, then joins. Caller must not hold the GIL.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      cv_.notify_one();
+    }
+    if (std::this_thread::get_id() == thread_.get_id()) {
+      thread_.detach();  // closed from inside a callback: the loop ends by itself
+    } else if (thread_.joinable()) {
+      thread_.join();
+    }
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      Pending* p = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+        if (queue_.empty()) return;
+        p = queue_.front();
+        queue_.pop_front();
+      }
+      if (!Py_IsInitialized()) continue;  // interpreter gone: nothing left to tell
+      py::gil_scoped_acquire gil;
+      p->handle->Set(p->result);
+      if (!p->callback.is_none()) {
+        try {
+          if (p->result.ok()) {
+            p->callback(StatsDict(*p->result), py::none());
+          } else {
+            p->callback(py::none(), StatusText(p->result.status()));
+          }
+        } catch (py::error_already_set& e) {
+          e.discard_as_unraisable("dlcp completion callback");
+        }
+      }
+      delete p;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending*> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+absl::Span<float> FloatSpan(const py::buffer& buffer) {
+  py::buffer_info info;
+  try {
+    info = buffer.request(/*writable=*/true);
+  } catch (py::error_already_set&) {
+    Raise(absl::InvalidArgumentError("the tensor must be a writable buffer (e.g. tensor.detach().numpy())"));
+  }
+  if (info.itemsize != 4 || (info.format != "f" && info.format != "<f" && info.format != "=f")) {
+    Raise(absl::InvalidArgumentError(absl::StrCat("the tensor must hold float32, not format '", info.format, "'")));
+  }
+  py::ssize_t expect = info.itemsize;
+  for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+    if (info.shape[d] > 1 && info.strides[d] != expect) {
+      Raise(absl::InvalidArgumentError("the tensor must be contiguous (call .contiguous() first)"));
+    }
+    expect *= info.shape[d];
+  }
+  return absl::MakeSpan(static_cast<float*>(info.ptr), static_cast<size_t>(info.size));
+}
+
+class PyClient {
+ public:
+  explicit PyClient(const ClientOptions& options) {
+    absl::StatusOr<std::unique_ptr<Client>> c;
+    {
+      py::gil_scoped_release release;
+      c = Client::Connect(options);
+    }
+    if (!c.ok()) Raise(c.status());
+    client_ = std::move(*c);
+    completer_ = std::make_unique<Completer>();
+  }
+  ~PyClient() {
+    py::gil_scoped_release release;
+    CloseNoGil();
+  }
+
+  std::shared_ptr<Handle> Submit(uint32_t key, const py::buffer& buffer, uint32_t layer, double loss_bound,
+                                 int64_t root, py::object callback) {
+    if (!client_ || closed_) Raise(absl::FailedPreconditionError("dlcp client is closed"));
+    absl::Span<float> data = FloatSpan(buffer);
+    auto* p = new Pending{std::make_shared<Handle>(), buffer, std::move(callback)};
+    std::shared_ptr<Handle> handle = p->handle;
+    Completer* completer = completer_.get();
+    OpDone done = [p, completer](absl::StatusOr<RoundStats> r) {
+      p->result = std::move(r);
+      completer->Push(p);
+    };
+    if (root >= 0) {
+      client_->BroadcastAsync(key, data, static_cast<uint32_t>(root), std::move(done));
+    } else {
+      AllReduceOptions o;
+      o.layer = layer;
+      o.loss_bound = loss_bound;
+      client_->AllReduceAsync(key, data, o, std::move(done));
+    }
+    return handle;
+  }
+
+  void Close() {
+    closed_ = true;  // under the GIL, so no submit slips in behind the completer's end
+    py::gil_scoped_release release;
+    CloseNoGil();
+  }
+  uint32_t rank() const { return Get().rank(); }
+  uint32_t world_size() const { return Get().world_size(); }
+  uint32_t job_id() const { return Get().job_id(); }
+
+ private:
+  const Client& Get() const {
+    if (!client_) Raise(absl::FailedPreconditionError("dlcp client is closed"));
+    return *client_;
+  }
+  void CloseNoGil() {
+    if (client_) client_->Close().IgnoreError();  // fails what is pending; the completer delivers it
+    if (completer_) completer_->Stop();
+  }
+
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<Completer> completer_;
+  bool closed_ = false;
+};
+
+template <typename T>
+T Parsed(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *v;
+}
+
+ClientOptions MakeOptions(py::kwargs kw) {
+  ClientOptions o;
+  auto take = [&](const char* name) -> py::object {
+    if (!kw.contains(name)) return py::none();
+    py::object v = kw[name];
+    PyDict_DelItemString(kw.ptr(), name);
+    return v;
+  };
+  auto opt = [&](const char* name, auto& field) {
+    py::object v = take(name);
+    if (!v.is_none()) field = v.cast<std::remove_reference_t<decltype(field)>>();
+  };
+  auto seconds = [&](const char* name, absl::Duration& field) {
+    py::object v = take(name);
+    if (!v.is_none()) field = absl::Seconds(v.cast<double>());
+  };
+  py::object aggs = take("aggregators");
+  if (py::isinstance<py::str>(aggs)) {
+    o.aggregators = absl::StrSplit(aggs.cast<std::string>(), ',', absl::SkipEmpty());
+  } else if (!aggs.is_none()) {
+    o.aggregators = aggs.cast<std::vector<std::string>>();
+  }
+  opt("job", o.job_name);
+  opt("world_size", o.world_size);
+  opt("rank", o.rank);
+  opt("chunk_bytes", o.chunk_bytes);
+  opt("data_host", o.data_host);
+  opt("bind_host", o.transport.bind_host);
+  opt("busy_poll", o.transport.busy_poll);
+  py::object dscp = take("dscp");
+  if (!dscp.is_none()) o.transport.dscp = dscp.cast<std::array<uint8_t, 4>>();
+  opt("plaintext", o.tls.plaintext);
+  opt("tls_cert", o.tls.cert_file);
+  opt("tls_key", o.tls.key_file);
+  opt("tls_ca", o.tls.ca_file);
+  opt("tls_server_name", o.tls.server_name);
+  seconds("rpc_timeout_s", o.rpc_timeout);
+  seconds("op_timeout_s", o.op_timeout);
+  seconds("repair_timeout_s", o.repair_timeout);
+  seconds("heartbeat_interval_s", o.heartbeat_interval);
+  opt("window_bytes", o.window_bytes);
+  opt("loss_bound", o.loss_bound);
+  opt("reliable_fraction", o.class_policy.reliable_fraction);
+  py::object policy = take("class_policy");
+  if (!policy.is_none()) o.class_policy.kind = Parsed(ParseClassPolicyKind(policy.cast<std::string>()));
+  opt("num_layers", o.num_layers);
+  py::object comp = take("compensation");
+  if (!comp.is_none()) {
+    const std::string c = comp.cast<std::string>();
+    if (c == "rescale") {
+      o.compensation = ClientOptions::Compensation::kRescale;
+    } else if (c == "zero-fill") {
+      o.compensation = ClientOptions::Compensation::kZeroFill;
+    } else {
+      Raise(absl::InvalidArgumentError(absl::StrCat("compensation '", c, "' is not rescale or zero-fill")));
+    }
+  }
+  opt("error_feedback", o.error_feedback);
+  py::object pull = take("pull_mode");
+  if (!pull.is_none()) {
+    const std::string m = pull.cast<std::string>();
+    if (m == "consistent") {
+      o.pull_mode = ClientOptions::PullMode::kConsistent;
+    } else if (m == "bounded") {
+      o.pull_mode = ClientOptions::PullMode::kBounded;
+    } else {
+      Raise(absl::InvalidArgumentError(absl::StrCat("pull_mode '", m, "' is not consistent or bounded")));
+    }
+  }
+  opt("pull_loss_bound", o.pull_loss_bound);
+  opt("phase_aware", o.phase_aware.enabled);
+  py::object drops = take("inject_drop");
+  if (!drops.is_none()) {
+    if (absl::Status s = ParseClassDrops(drops.cast<std::string>(), &o.inject.rate); !s.ok()) Raise(s);
+  }
+  opt("inject_burst", o.inject.burst);
+  opt("inject_seed", o.inject.seed);
+  if (!kw.empty()) {
+    std::string names;
+    for (auto item : kw) absl::StrAppend(&names, names.empty() ? "" : ", ", py::str(item.first).cast<std::string>());
+    Raise(absl::InvalidArgumentError(absl::StrCat("unknown dlcp.Client option(s): ", names)));
+  }
+  return o;
+}
+
+}  // namespace
+}  // namespace dlcp
+
+PYBIND11_MODULE(_dlcp, m) {
+  using namespace dlcp;
+  m.doc() = "dlcp client binding; use the dlcp package, not this module";
+  static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
+  g_error = error.ptr();
+
+  py::class_<Handle, std::shared_ptr<Handle>>(m, "Handle")
+      .def("done", &Handle::done)
+      .def("wait", &Handle::Wait, py::arg("timeout") = py::none(),
+           "Blocks (without the GIL) until the op completes; returns its stats, or raises dlcp.Error.");
+
+  py::class_<PyClient>(m, "Client")
+      .def(py::init([](py::kwargs kw) { return std::make_unique<PyClient>(MakeOptions(kw)); }))
+      .def("submit", &PyClient::Submit, py::arg("key"), py::arg("buffer"), py::arg("layer") = 0,
+           py::arg("loss_bound") = -1.0, py::arg("root") = -1, py::arg("callback") = py::none())
+      .def("close", &PyClient::Close)
+      .def_property_readonly("rank", &PyClient::rank)
+      .def_property_readonly("world_size", &PyClient::world_size)
+      .def_property_readonly("job_id", &PyClient::job_id);
+}

@@ -1,0 +1,50 @@
+"""Fixtures for the Python binding tests: real dlcpd aggregators on loopback.
+
+ctest sets DLCP_BUILD_DIR (for dlcpd) and PYTHONPATH (the build tree's python/)."""
+import json
+import os
+import pathlib
+import subprocess
+import time
+
+import pytest
+
+BUILD = pathlib.Path(os.environ.get("DLCP_BUILD_DIR", pathlib.Path(__file__).resolve().parents[2] / "build"))
+
+
+def start_aggregators(workdir, count, extra=()):
+    dlcpd = BUILD / "server" / "dlcpd"
+    if not dlcpd.exists():
+        pytest.fail(f"{dlcpd} is missing; build first")
+    procs, addrs = [], []
+    for i in range(count):
+        ready = workdir / f"agg{i}.ready"
+        log = open(workdir / f"agg{i}.log", "w")
+        procs.append(subprocess.Popen([str(dlcpd), "--host=127.0.0.1", "--port=0", "--data-port=0", "--plaintext",
+                                       "--log-level=warning", f"--ready-file={ready}", *extra],
+                                      stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 10
+        while not (ready.exists() and ready.stat().st_size > 0):
+            if time.monotonic() > deadline or procs[-1].poll() is not None:
+                raise RuntimeError(f"dlcpd {i} did not start: {(workdir / f'agg{i}.log').read_text()}")
+            time.sleep(0.02)
+        addrs.append(f"127.0.0.1:{json.loads(ready.read_text())['control_port']}")
+    return procs, ",".join(addrs)
+
+
+def stop(procs):
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+@pytest.fixture(scope="session")
+def aggregators(tmp_path_factory):
+    """Two aggregators shared by the session's tests (each test uses its own job names)."""
+    procs, addrs = start_aggregators(tmp_path_factory.mktemp("dlcpd"), 2)
+    yield addrs
+    stop(procs)

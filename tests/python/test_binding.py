@@ -1,0 +1,163 @@
+"""The dlcp Python binding: exact sums, broadcast, completion callbacks and clear errors."""
+import threading
+
+import numpy as np
+import pytest
+
+import dlcp
+
+
+def connect_all(aggregators, job, world, **options):
+    clients = [None] * world
+    errors = []
+
+    def connect(rank):
+        try:
+            clients[rank] = dlcp.Client(aggregators=aggregators, job=job, world_size=world, rank=rank, plaintext=True,
+                                        **options)
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=connect, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return clients
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("elems", [1, 1000, 100_003])
+def test_allreduce_sums_exactly(aggregators, world, elems):
+    clients = connect_all(aggregators, f"sum-{world}-{elems}", world, loss_bound=0)
+    try:
+        rng = np.random.default_rng(elems)
+        inputs = [rng.integers(-1000, 1000, elems).astype(np.float32) for _ in range(world)]
+        expect = np.sum(inputs, axis=0, dtype=np.float64).astype(np.float32)  # integers: exact in fp32
+        for round_ in range(3):
+            bufs = [x.copy() for x in inputs]
+            handles = [c.allreduce_async(7, b) for c, b in zip(clients, bufs)]
+            stats = [h.wait(30) for h in handles]
+            for b in bufs:
+                assert np.array_equal(b, expect)
+            assert all(s["round"] == round_ and s["min_contributors"] == world for s in stats)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_torch_tensors_are_used_in_place(aggregators):
+    torch = pytest.importorskip("torch")
+    clients = connect_all(aggregators, "inplace", 2, loss_bound=0)
+    try:
+        a = torch.arange(5000, dtype=torch.float32)
+        b = torch.full((5000,), 2.0)
+        ptr = a.data_ptr()
+        ha, hb = clients[0].allreduce_async(1, a), clients[1].allreduce_async(1, b)
+        ha.wait(30), hb.wait(30)
+        assert a.data_ptr() == ptr
+        assert torch.equal(a, torch.arange(5000, dtype=torch.float32) + 2)
+        assert torch.equal(a, b)
+        # Other dtypes and non-contiguous tensors go through a float32 copy and come back.
+        c = torch.arange(12, dtype=torch.float64).view(3, 4).t()
+        d = torch.ones(4, 3, dtype=torch.float64)
+        hc, hd = clients[0].allreduce_async(2, c), clients[1].allreduce_async(2, d)
+        hc.wait(30), hd.wait(30)
+        assert torch.equal(c, torch.arange(12, dtype=torch.float64).view(3, 4).t() + 1)
+    finally:
+        for cl in clients:
+            cl.close()
+
+
+def test_broadcast_replaces_with_roots_data(aggregators):
+    clients = connect_all(aggregators, "bcast", 3, loss_bound=0.01)
+    try:
+        bufs = [np.full(30_000, float(r + 1), dtype=np.float32) for r in range(3)]
+        handles = [c.broadcast_async(3, b, root=2) for c, b in zip(clients, bufs)]
+        for h in handles:
+            h.wait(30)
+        for b in bufs:
+            assert np.all(b == 3.0)
+    finally:
+        for c in clients:
+            c.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_callback_runs_on_the_clients_thread_and_may_fail_harmlessly(aggregators):
+    clients = connect_all(aggregators, "callback", 2, loss_bound=0)
+    try:
+        seen = []
+        done = threading.Event()
+
+        def callback(stats, error):
+            seen.append((threading.get_ident(), stats, error))
+            done.set()
+            raise ValueError("a broken callback must not take the client down")
+
+        a, b = np.ones(100, np.float32), np.ones(100, np.float32)
+        h = clients[0].allreduce_async(1, a, callback=callback)
+        clients[1].allreduce(1, b, timeout=30)
+        assert done.wait(30)
+        h.wait(30)
+        ident, stats, error = seen[0]
+        assert ident != threading.get_ident() and error is None and stats["key"] == 1
+        assert np.all(a == 2)
+        # The client still works after the callback raised.
+        h = clients[0].allreduce_async(1, a)
+        clients[1].allreduce(1, b, timeout=30)
+        h.wait(30)
+        assert np.all(a == 4)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_errors_carry_the_reason(aggregators):
+    (client,) = connect_all(aggregators, "errors", 1, loss_bound=0)
+    with pytest.raises(dlcp.Error, match="float32"):
+        client.allreduce(1, np.zeros(4, dtype=np.float64))
+    with pytest.raises(dlcp.Error, match="contiguous"):
+        client.allreduce(1, np.zeros((4, 4), dtype=np.float32)[:, :2])
+    with pytest.raises(dlcp.Error, match="empty"):
+        client.allreduce(1, np.zeros(0, dtype=np.float32))
+    with pytest.raises(dlcp.Error, match="writable"):
+        ro = np.zeros(4, dtype=np.float32)
+        ro.flags.writeable = False
+        client.allreduce(1, ro)
+    with pytest.raises(dlcp.Error, match="root 5 is not below"):
+        client.broadcast(1, np.zeros(4, dtype=np.float32), root=5)
+    client.close()
+    client.close()  # idempotent
+    with pytest.raises(dlcp.Error, match="closed"):
+        client.allreduce(1, np.zeros(4, dtype=np.float32))
+
+
+def test_pending_op_fails_on_close_and_timeout(aggregators):
+    # Rank 0 of a two-worker job whose rank 1 never comes.
+    client = dlcp.Client(aggregators=aggregators, job="pending", world_size=2, rank=0, plaintext=True, loss_bound=0,
+                         op_timeout_s=1.0)
+    h = client.allreduce_async(1, np.zeros(4, dtype=np.float32))
+    with pytest.raises(dlcp.Error, match="DEADLINE_EXCEEDED: dlcp op still running"):
+        h.wait(0.1)
+    with pytest.raises(dlcp.Error, match="are all workers of the job running"):
+        h.wait(10)  # rank 1 never came: the op deadline fails it
+    h = client.allreduce_async(2, np.zeros(4, dtype=np.float32))
+    client.close()
+    with pytest.raises(dlcp.Error, match="CANCELLED: dlcp client closed"):
+        h.wait(10)
+
+
+def test_bad_options_and_unreachable_aggregators():
+    with pytest.raises(dlcp.Error, match="unknown dlcp.Client option.*bogus"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, bogus=1)
+    with pytest.raises(dlcp.Error, match="loss_bound 2 is not in"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, loss_bound=2)
+    with pytest.raises(dlcp.Error, match="pull_mode 'sometimes'"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, pull_mode="sometimes")
+    with pytest.raises(dlcp.Error, match="rank 3 is not below world_size 2"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=2, rank=3, plaintext=True)
+    with pytest.raises(dlcp.Error, match="UNAVAILABLE.*127.0.0.1:1"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, rpc_timeout_s=1)
