@@ -26,27 +26,11 @@ N=4
 
 source "$HERE/../scripts/netbed/session.sh"
 netbed_start dlcp-netbed-bench
-ip_of() { echo "198.18.0.$((10 + $1))"; }
-
-aggs=()
-for i in 1 2 3 4; do
-  ip netns exec "$PREFIX-w$i" "$BUILD/server/dlcpd" --host="$(ip_of $i)" --port=7400 --data-port=7500 --plaintext \
-    --log-level=warning --ready-file="$work/a$i.ready" 2>"$work/a$i.log" &
-  aggs+=("$(ip_of $i):7400")
-done
-for i in 1 2 3 4; do
-  netbed_wait_ready "$work/a$i.ready" || { echo "netbed_compare: dlcpd on w$i did not start" >&2; exit 1; }
-done
-agg_list=$(IFS=,; echo "${aggs[*]}")
-
-cross_start() {
-  for i in 1 2 3 4; do "$CLUSTER" cross a1 "w$i" "$CROSS" 0 "$1" udp $((5300 + i)) >/dev/null 2>&1 & done
-  sleep 1
-}
-cross_stop() { pkill -f "iperf3 .*-p 53[0-9][0-9]" 2>/dev/null || true; sleep 1; }
+ip_of() { netbed_ip_of "$@"; }
+netbed_worker_aggregators "$BUILD"
 
 run_dlcp() {  # name loss_bound [nocross]
-  [[ ${3:-} == nocross ]] || cross_start 120
+  [[ ${3:-} == nocross ]] || netbed_cross_start 120
   local pids=()
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers=$N \
@@ -55,7 +39,7 @@ run_dlcp() {  # name loss_bound [nocross]
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
-  cross_stop
+  netbed_cross_stop
   python3 - "$work/$1" "$1" <<'PY'
 import json, sys
 rows = []
@@ -75,7 +59,7 @@ PY
 }
 
 run_gloo() {
-  cross_start 180
+  netbed_cross_start 180
   local store="$work/gloo-store" pids=()
   mkdir -p "$store"
   for i in 1 2 3 4; do
@@ -84,7 +68,7 @@ run_gloo() {
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
-  cross_stop
+  netbed_cross_stop
   "$BUILD/bench/gloo_allreduce" --summarize --store "$store" --workers $N --tensor-bytes "$TENSOR" --rounds "$ROUNDS"
 }
 

@@ -14,3 +14,6 @@ bash bench/auth_cost.sh "$BUILD"
 echo
 echo "== under congestion on the emulated cluster (root only)"
 if [ "$(id -u)" = 0 ]; then bash bench/netbed_compare.sh "$BUILD"; else echo "skipped: needs root"; fi
+echo
+echo "== time to accuracy under congestion, PyTorch on the emulated cluster (root only)"
+if [ "$(id -u)" = 0 ]; then bash bench/netbed_tta.sh "$BUILD"; else echo "skipped: needs root"; fi

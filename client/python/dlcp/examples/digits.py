@@ -11,6 +11,7 @@ so a Kubernetes Job can set them per pod. Modes:
   gloo      DistributedDataParallel with Gloo's ring all-reduce (the baseline)
 """
 import argparse
+import json
 import os
 import sys
 import time
@@ -35,12 +36,16 @@ def load(rank, world, seed=0):
 
 
 class Net(nn.Module):
-    def __init__(self):
+    """Two convolutions and two linear layers: 38 k parameters by default. `hidden` widens the
+    first linear layer (4096: 2.1 M parameters, 8.4 MB of gradients per step) so that
+    communication, not compute, sets the pace, as in the congested-cluster benchmark."""
+
+    def __init__(self, hidden=64):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
         self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
+        self.fc1 = nn.Linear(32 * 4 * 4, hidden)
+        self.fc2 = nn.Linear(hidden, 10)
 
     def forward(self, x):
         x = F.relu(self.conv1(x))
@@ -64,7 +69,7 @@ def make_optimizer(name, params, lr):
 
 
 def train(mode, rank, world, aggregators="", epochs=10, lr=None, optimizer="sgd", loss_bound=0.0, inject_drop="",
-          client_options=None, gloo_init=None, seed=0, on_epoch=None, totals=None):
+          client_options=None, gloo_init=None, seed=0, on_epoch=None, totals=None, hidden=64):
     """Trains and returns [(seconds since start, test accuracy %)] after each epoch. In mode
     dlcp, `totals` (a dict) receives DistributedOptimizer.totals."""
     import dlcp
@@ -72,7 +77,7 @@ def train(mode, rank, world, aggregators="", epochs=10, lr=None, optimizer="sgd"
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     xtr, ytr, xte, yte = load(rank, world, seed)
-    model = Net()
+    model = Net(hidden)
     lr = lr if lr is not None else (0.05 if optimizer == "sgd" else 2e-3)
     client = None
     if mode in ("gloo", "dlcp-ddp") and not torch.distributed.is_initialized():
@@ -133,6 +138,11 @@ def main(argv=None):
     p.add_argument("--tls-ca", default=env("DLCP_TLS_CA", ""))
     p.add_argument("--tls-cert", default=env("DLCP_TLS_CERT", ""))
     p.add_argument("--tls-key", default=env("DLCP_TLS_KEY", ""))
+    p.add_argument("--hidden", type=int, default=int(env("DLCP_HIDDEN", "64")), help="width of the first linear layer")
+    p.add_argument("--data-host", default=env("DLCP_DATA_HOST", ""), help="address results are sent to")
+    p.add_argument("--chunk-bytes", type=int, default=int(env("DLCP_CHUNK_BYTES", "8192")))
+    p.add_argument("--window-bytes", type=int, default=int(env("DLCP_WINDOW_BYTES", str(4 << 20))))
+    p.add_argument("--json", action="store_true", help="print the history as one JSON line at the end")
     p.add_argument("--gloo-init", default=env("DLCP_GLOO_INIT", None),
                    help="init_method of the Gloo group (gloo and dlcp-ddp modes), e.g. tcp://host:port")
     a = p.parse_args(argv)
@@ -140,15 +150,21 @@ def main(argv=None):
         p.error("--aggregators (or DLCP_AGGREGATORS) is required")
     tls = {k: v for k, v in (("tls_ca", a.tls_ca), ("tls_cert", a.tls_cert), ("tls_key", a.tls_key)) if v}
     tls["plaintext"] = a.plaintext
+    options = dict(tls, chunk_bytes=a.chunk_bytes, window_bytes=a.window_bytes)
+    if a.data_host:
+        options["data_host"] = a.data_host
 
     def report(epoch, point):
         if a.rank == 0:
             print(f"epoch {epoch + 1}/{a.epochs}: {point[1]:.2f}% after {point[0]:.1f} s", flush=True)
 
     history = train(a.mode, a.rank, a.world, a.aggregators, a.epochs, optimizer=a.optimizer, loss_bound=a.loss_bound,
-                    inject_drop=a.inject_drop, client_options=tls, gloo_init=a.gloo_init, on_epoch=report)
+                    inject_drop=a.inject_drop, client_options=options, gloo_init=a.gloo_init, on_epoch=report,
+                    hidden=a.hidden)
     if a.rank == 0:
         print(f"final accuracy {history[-1][1]:.2f}%")
+    if a.json:
+        print(json.dumps({"mode": a.mode, "rank": a.rank, "history": history}), flush=True)
     return 0
 
 
