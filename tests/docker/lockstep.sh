@@ -4,7 +4,9 @@
 #  - every shared library the shipped binaries load comes from a package in
 #    deploy/docker/runtime-packages.txt, or from the base image (libc6, libgcc-s1, libstdc++6);
 #  - every listed package exists in Debian 12 and is needed by some binary;
-#  - both stages use the same pinned base image, and the runtime user is not root.
+#  - the trainer image's Python packages (trainer-packages.txt) are ones install-deps.sh installs,
+#    and it ships the Python package whose extension's libraries runtime-packages.txt covers;
+#  - every stage uses the same pinned base image, and the runtime user is not root.
 # Usage: tests/docker/lockstep.sh BUILD_DIR
 set -euo pipefail
 BUILD=$1
@@ -21,7 +23,17 @@ grep -qE '^USER [1-9][0-9]*(:[0-9]+)?$' "$DOCKERFILE" || fail "runtime USER is r
 for f in dlcpd dlcpctl libdlcp.so; do grep -q "$f" "$DOCKERFILE" || fail "image does not ship $f"; done
 
 listed=$(grep -v '^#' "$LIST" | sort -u)
-needed=$(for p in $(ldd "$BUILD/server/dlcpd" "$BUILD/client/dlcpctl" "$BUILD/client/libdlcp.so" | awk '/=>/{print $3}' | sort -u); do
+TRAINER="$ROOT/deploy/docker/trainer-packages.txt"
+grep -q 'AS trainer' "$DOCKERFILE" && grep -q 'COPY --from=build /out/python/dlcp/' "$DOCKERFILE" \
+  || fail "no trainer stage shipping the Python package"
+for pkg in $(grep -v '^#' "$TRAINER"); do
+  grep -qE "(^|[[:space:]])$pkg([[:space:]]|$)" "$ROOT/scripts/install-deps.sh" || fail "trainer package $pkg is not in install-deps.sh"
+  apt-cache show "$pkg" >/dev/null 2>&1 || fail "package $pkg does not exist in this Debian"
+done
+binaries=("$BUILD/server/dlcpd" "$BUILD/client/dlcpctl" "$BUILD/client/libdlcp.so")
+ext=$(ls "$BUILD"/python/dlcp/_dlcp*.so 2>/dev/null | head -1)
+[ -n "$ext" ] && binaries+=("$ext")
+needed=$(for p in $(ldd "${binaries[@]}" | awk '/=>/{print $3}' | sort -u); do
   dpkg -S "$p" 2>/dev/null || dpkg -S "/usr$p" 2>/dev/null || fail "no Debian package owns $p"
 done | cut -d: -f1 | sort -u | grep -vxE 'libc6|libgcc-s1|libstdc\+\+6')
 missing=$(comm -23 <(echo "$needed") <(echo "$listed"))

@@ -22,6 +22,18 @@ for overlay in udp rdma; do
   kubectl kustomize "$ROOT/deploy/k8s/overlays/$overlay" > "$WORK/$overlay.yaml"
   rendered+=("$WORK/$overlay.yaml")
 done
+# The trainer examples (an Indexed Job and a Kubeflow PyTorchJob running the digits training).
+kubectl kustomize "$ROOT/deploy/k8s/examples/trainer" > "$WORK/trainer.yaml"
+rendered+=("$WORK/trainer.yaml")
+for want in "kind: PyTorchJob" "completionMode: Indexed" "dlcp.io/trainer: \"true\"" "secretName: dlcp-trainer-tls" \
+            "DLCP_AGGREGATORS_SERVICE: dlcpd.dlcp.svc"; do
+  grep -qF "$want" "$WORK/trainer.yaml" || { echo "trainer examples lack: $want"; exit 1; }
+done
+# Every setting the trainer ConfigMap gives must be one the digits example reads.
+for key in $(sed -n 's/^  \(DLCP_[A-Z_]*\):.*/\1/p' "$ROOT/deploy/k8s/examples/trainer/configmap.yaml"); do
+  grep -q "env(\"$key\"" "$ROOT/client/python/dlcp/examples/digits.py" || {
+    echo "the trainer ConfigMap sets $key, which dlcp.examples.digits does not read"; exit 1; }
+done
 # The optional component, applied on top of the udp overlay.
 mkdir -p "$WORK/with-monitor"
 rel=$(realpath --relative-to="$WORK/with-monitor" "$ROOT/deploy/k8s")  # kustomize wants relative paths

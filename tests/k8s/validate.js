@@ -2,13 +2,17 @@
 // Every object must validate against the Kubernetes schema (kubernetes-models, offline), and every
 // workload must pass dlcp's policy: probes, requests and limits, a pinned image, non-root, a
 // read-only root filesystem, no privilege escalation, all capabilities dropped (IPC_LOCK may be
-// added back). CRDs (ServiceMonitor) get the policy's structural checks only.
+// added back). Batch workloads (Job, PyTorchJob) serve nothing, so they need no probes. CRDs
+// (ServiceMonitor, PyTorchJob) get structural checks, and the policy on their pod templates.
 const fs = require("fs");
 const YAML = require("yaml");
 const models = require("kubernetes-models");
 
 const camel = (g) => g.replace(/\.([a-z])/g, (_, c) => c.toUpperCase());
-const CRDS = { "monitoring.coreos.com/v1/ServiceMonitor": checkServiceMonitor };
+const CRDS = {
+  "monitoring.coreos.com/v1/ServiceMonitor": checkServiceMonitor,
+  "kubeflow.org/v1/PyTorchJob": checkPyTorchJob,
+};
 let bad = 0;
 const fail = (id, msg) => { bad++; console.log(`${id}: FAIL ${msg}`); };
 
@@ -18,13 +22,27 @@ function checkServiceMonitor(obj, id) {
   if (!eps.length || eps.some((e) => !e.port)) fail(id, "endpoints need a named port");
 }
 
-function checkPodSpec(spec, id) {
+function checkPyTorchJob(obj, id) {
+  const replicas = obj.spec?.pytorchReplicaSpecs ?? {};
+  if (!replicas.Master) fail(id, "no Master replica");
+  for (const [role, r] of Object.entries(replicas)) {
+    const spec = r.template?.spec;
+    if (!spec) { fail(id, `${role} has no pod template`); continue; }
+    if (!(spec.containers ?? []).some((c) => c.name === "pytorch")) fail(id, `${role} has no container named pytorch`);
+    // Validate the template as a Pod against the schema, then the policy.
+    try { new models.v1.Pod({ apiVersion: "v1", kind: "Pod", metadata: {}, spec }).validate(); }
+    catch (e) { fail(id, `${role} pod template: ${e.message}`); continue; }
+    checkPodSpec(spec, `${id} ${role}`, true);
+  }
+}
+
+function checkPodSpec(spec, id, batch = false) {
   const psc = spec.securityContext ?? {};
   for (const c of [...(spec.initContainers ?? []), ...(spec.containers ?? [])]) {
     const cid = `${id} container ${c.name}`;
     const sc = c.securityContext ?? {};
-    if (!c.readinessProbe) fail(cid, "no readinessProbe");
-    if (!c.livenessProbe) fail(cid, "no livenessProbe");
+    if (!batch && !c.readinessProbe) fail(cid, "no readinessProbe");
+    if (!batch && !c.livenessProbe) fail(cid, "no livenessProbe");
     for (const k of ["cpu", "memory"]) {
       if (!c.resources?.requests?.[k]) fail(cid, `no ${k} request`);
       if (!c.resources?.limits?.[k]) fail(cid, `no ${k} limit`);
@@ -51,14 +69,19 @@ for (const file of process.argv.slice(2)) {
     if (!obj) continue;
     const id = `${file}: ${obj.apiVersion}/${obj.kind} ${obj.metadata?.name}`;
     const crd = CRDS[`${obj.apiVersion}/${obj.kind}`];
-    if (crd) { crd(obj, id); console.log(`${id}: checked (CRD)`); continue; }
+    if (crd) {
+      const before = bad;
+      crd(obj, id);
+      if (bad === before) console.log(`${id}: checked (CRD)`);
+      continue;
+    }
     const [group, version] = obj.apiVersion.includes("/") ? obj.apiVersion.split("/") : [null, obj.apiVersion];
     const Cls = (group ? models[camel(group)] : models)?.[version]?.[obj.kind];
     if (!Cls) { fail(id, "unknown kind"); continue; }
     try { new Cls(obj).validate(); } catch (e) { fail(id, `schema: ${e.message}`); continue; }
     const before = bad;
     const pod = obj.spec?.template?.spec ?? (obj.kind === "Pod" ? obj.spec : null);
-    if (pod) checkPodSpec(pod, id);
+    if (pod) checkPodSpec(pod, id, ["Job", "CronJob"].includes(obj.kind));
     if (bad === before) console.log(`${id}: OK`);
   }
 }

@@ -161,3 +161,11 @@ def test_bad_options_and_unreachable_aggregators():
         dlcp.Client(aggregators="127.0.0.1:1", world_size=2, rank=3, plaintext=True)
     with pytest.raises(dlcp.Error, match="UNAVAILABLE.*127.0.0.1:1"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, rpc_timeout_s=1)
+
+
+def test_resolve_aggregators_lists_every_address_sorted():
+    assert dlcp.resolve_aggregators("localhost:7400") == "127.0.0.1:7400"
+    with pytest.raises(dlcp.Error, match="is not host:port"):
+        dlcp.resolve_aggregators("dlcpd.dlcp.svc")
+    with pytest.raises(dlcp.Error, match="UNAVAILABLE: cannot resolve"):
+        dlcp.resolve_aggregators("no-such-host.invalid:7400")

@@ -18,7 +18,7 @@ from . import _dlcp
 
 Error = _dlcp.Error
 
-__all__ = ["Client", "Error", "Handle"]
+__all__ = ["Client", "Error", "Handle", "resolve_aggregators"]
 
 _open_clients = weakref.WeakSet()
 _open_lock = threading.Lock()
@@ -33,6 +33,21 @@ def _close_all():
 
 # Completion threads must be gone before the interpreter tears down.
 atexit.register(_close_all)
+
+
+def resolve_aggregators(service):
+    """"host:port" of a headless Service (e.g. "dlcpd.dlcp.svc:7400") -> "ip:port,ip:port,...":
+    every aggregator behind the name, sorted, so that every worker builds the same list."""
+    import socket
+    host, sep, port = service.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise Error(f"INVALID_ARGUMENT: aggregator service '{service}' is not host:port")
+    try:
+        infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+    except OSError as e:
+        raise Error(f"UNAVAILABLE: cannot resolve aggregator service '{host}': {e}") from None
+    addrs = sorted({info[4][0] for info in infos}, key=lambda a: tuple(int(x) for x in a.split(".")))
+    return ",".join(f"{a}:{port}" for a in addrs)
 
 
 def _as_buffer(tensor):

@@ -5,7 +5,7 @@ trainer examples.
     python3 -m dlcp.examples.digits --mode=dlcp --rank=0 --world=4 --aggregators=h1:7070,h2:7070
 
 Every option also reads DLCP_<NAME> from the environment (e.g. DLCP_RANK, DLCP_AGGREGATORS),
-so a Kubernetes Job can set them per pod. Modes:
+so a Kubernetes Job can set them per pod (deploy/k8s/examples/). Modes:
   dlcp      DistributedOptimizer (DeAR schedule) over dlcp; no process group needed
   dlcp-ddp  DistributedDataParallel with dlcp's comm hook (needs a Gloo group for DDP itself)
   gloo      DistributedDataParallel with Gloo's ring all-reduce (the baseline)
@@ -127,9 +127,12 @@ def main(argv=None):
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", default=env("DLCP_MODE", "dlcp"), choices=["dlcp", "dlcp-ddp", "gloo"])
-    p.add_argument("--rank", type=int, default=int(env("DLCP_RANK", env("RANK", "0"))))
+    # Rank: ours, then PyTorchJob's (RANK), then an Indexed Job's completion index.
+    p.add_argument("--rank", type=int, default=int(env("DLCP_RANK", env("RANK", env("JOB_COMPLETION_INDEX", "0")))))
     p.add_argument("--world", type=int, default=int(env("DLCP_WORLD", env("WORLD_SIZE", "1"))))
     p.add_argument("--aggregators", default=env("DLCP_AGGREGATORS", ""))
+    p.add_argument("--aggregators-service", default=env("DLCP_AGGREGATORS_SERVICE", ""),
+                   help="host:port of a headless Service whose addresses are the aggregators (instead of --aggregators)")
     p.add_argument("--epochs", type=int, default=int(env("DLCP_EPOCHS", "10")))
     p.add_argument("--optimizer", default=env("DLCP_OPTIMIZER", "sgd"), choices=["sgd", "adam", "adamw"])
     p.add_argument("--loss-bound", type=float, default=float(env("DLCP_LOSS_BOUND", "0.01")))
@@ -147,7 +150,10 @@ def main(argv=None):
                    help="init_method of the Gloo group (gloo and dlcp-ddp modes), e.g. tcp://host:port")
     a = p.parse_args(argv)
     if a.mode != "gloo" and not a.aggregators:
-        p.error("--aggregators (or DLCP_AGGREGATORS) is required")
+        if not a.aggregators_service:
+            p.error("--aggregators or --aggregators-service (or DLCP_AGGREGATORS[_SERVICE]) is required")
+        import dlcp
+        a.aggregators = dlcp.resolve_aggregators(a.aggregators_service)
     tls = {k: v for k, v in (("tls_ca", a.tls_ca), ("tls_cert", a.tls_cert), ("tls_key", a.tls_key)) if v}
     tls["plaintext"] = a.plaintext
     options = dict(tls, chunk_bytes=a.chunk_bytes, window_bytes=a.window_bytes)
