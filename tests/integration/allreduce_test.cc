@@ -1,6 +1,8 @@
 // End-to-end all-reduce through the real client, gRPC control and data plane, in one process.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -180,6 +182,76 @@ TEST(AllReduceConcurrency, ManyThreadsShareOneClient) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(failures.load(), 0);
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+
+// AllReduceAsync: the callback runs once per op, on the I/O thread, and may submit the next round
+// of the same key from inside (a pipelined trainer does exactly that); a refused op calls back on
+// the caller's thread at once.
+TEST(AllReduceAsync, CallbacksChainRoundsOfTheSameKey) {
+  auto agg = TestAggregator::Start({TransportOptions::Kind::kUdp, 1});
+  ASSERT_NE(agg, nullptr);
+  constexpr int kWorkers = 2, kRounds = 12;
+  constexpr uint32_t kElems = 5003;
+  std::vector<std::unique_ptr<Client>> clients(kWorkers);
+  std::vector<std::thread> joiners;
+  std::vector<absl::Status> join_status(kWorkers);
+  for (int r = 0; r < kWorkers; ++r) {
+    joiners.emplace_back([&, r] {
+      Case c{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0};
+      auto cl = Client::Connect(Options(c, {agg->address()}, r, "async-chain"));
+      if (cl.ok()) clients[r] = std::move(*cl);
+      join_status[r] = cl.status();
+    });
+  }
+  for (auto& j : joiners) j.join();
+  for (auto& s : join_status) ASSERT_TRUE(s.ok()) << s;
+
+  struct Chain {
+    std::vector<float> data = std::vector<float>(kElems);
+    int round = 0;
+    int bad = 0;
+    std::thread::id caller;
+    std::promise<void> finished;
+  };
+  std::vector<Chain> chains(kWorkers);
+  std::function<void(int)> submit = [&](int r) {
+    Chain& ch = chains[r];
+    for (uint32_t i = 0; i < kElems; ++i) ch.data[i] = Value(r, ch.round, 0, i);
+    clients[r]->AllReduceAsync(7, absl::MakeSpan(ch.data), {}, [&, r](absl::StatusOr<RoundStats> s) {
+      Chain& c = chains[r];
+      if (std::this_thread::get_id() == c.caller) ++c.bad;  // must not run on the submitting thread
+      if (!s.ok() || s->round != static_cast<uint32_t>(c.round)) ++c.bad;
+      for (uint32_t i = 0; s.ok() && i < kElems; ++i) {
+        if (c.data[i] != Value(0, c.round, 0, i) + Value(1, c.round, 0, i)) {
+          ++c.bad;
+          break;
+        }
+      }
+      if (!s.ok() || ++c.round == kRounds) return c.finished.set_value();
+      submit(r);  // the next round of the same key, from inside the callback
+    });
+  };
+  for (int r = 0; r < kWorkers; ++r) {
+    chains[r].caller = std::this_thread::get_id();
+    submit(r);
+  }
+  for (int r = 0; r < kWorkers; ++r) {
+    ASSERT_EQ(chains[r].finished.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    EXPECT_EQ(chains[r].round, kRounds);
+    EXPECT_EQ(chains[r].bad, 0);
+  }
+
+  std::thread::id ran_on;
+  int calls = 0;
+  clients[0]->AllReduceAsync(8, {}, {}, [&](absl::StatusOr<RoundStats> s) {
+    ran_on = std::this_thread::get_id();
+    ++calls;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  });
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
 }
 
