@@ -51,11 +51,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddString("pull-mode", "consistent",
                "consistent: every worker receives the identical aggregate; bounded: up to ε of the droppable "
                "results may be given up on (zeroed)",
-               [](const std::string& v) {
-                 return v == "consistent" || v == "bounded"
-                            ? absl::OkStatus()
-                            : absl::InvalidArgumentError("expected 'consistent' or 'bounded'");
-               });
+               [](const std::string& v) { return ParsePullMode(v).status(); });
   c->AddString("inject-drop-class", "", "drop this worker's outgoing packets by class, C:P[,C:P] (tests)",
                [](const std::string& v) {
                  std::array<double, wire::kNumClasses> unused{};
@@ -88,7 +84,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.tls = TlsOptionsFromConfig(c, /*server=*/false);
   w.client.loss_bound = c.GetDouble("loss-bound");
   w.client.class_policy.reliable_fraction = c.GetDouble("reliable-fraction");
-  if (c.GetString("pull-mode") == "bounded") w.client.pull_mode = ClientOptions::PullMode::kBounded;
+  w.client.pull_mode = *ParsePullMode(c.GetString("pull-mode"));  // validated as a flag
   ParseClassDrops(c.GetString("inject-drop-class"), &w.client.inject.rate).IgnoreError();  // validated as a flag
   w.client.inject.burst = static_cast<uint32_t>(c.GetInt("inject-burst"));
   w.client.inject.seed = static_cast<uint64_t>(c.GetInt("inject-seed")) + w.client.rank;

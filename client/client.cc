@@ -45,6 +45,18 @@ absl::Status ValidateOptions(const ClientOptions& o) {
 }
 }  // namespace
 
+absl::StatusOr<ClientOptions::PullMode> ParsePullMode(const std::string& name) {
+  if (name == "consistent") return ClientOptions::PullMode::kConsistent;
+  if (name == "bounded") return ClientOptions::PullMode::kBounded;
+  return absl::InvalidArgumentError(absl::StrCat("pull mode '", name, "' is not 'consistent' or 'bounded'"));
+}
+
+absl::StatusOr<ClientOptions::Compensation> ParseCompensation(const std::string& name) {
+  if (name == "rescale") return ClientOptions::Compensation::kRescale;
+  if (name == "zero-fill") return ClientOptions::Compensation::kZeroFill;
+  return absl::InvalidArgumentError(absl::StrCat("compensation '", name, "' is not 'rescale' or 'zero-fill'"));
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(options.transport);

@@ -80,6 +80,10 @@ struct ClientOptions {
   DropInjectorOptions inject;
 };
 
+// "consistent" | "bounded" and "rescale" | "zero-fill", for flags and bindings.
+absl::StatusOr<ClientOptions::PullMode> ParsePullMode(const std::string& name);
+absl::StatusOr<ClientOptions::Compensation> ParseCompensation(const std::string& name);
+
 struct AllReduceOptions {
   uint32_t layer = 0;        // position from the input; see ClientOptions::num_layers
   double loss_bound = -1;    // ε for this tensor; negative: ClientOptions::loss_bound

@@ -309,28 +309,10 @@ ClientOptions MakeOptions(py::kwargs kw) {
   if (!policy.is_none()) o.class_policy.kind = Parsed(ParseClassPolicyKind(policy.cast<std::string>()));
   opt("num_layers", o.num_layers);
   py::object comp = take("compensation");
-  if (!comp.is_none()) {
-    const std::string c = comp.cast<std::string>();
-    if (c == "rescale") {
-      o.compensation = ClientOptions::Compensation::kRescale;
-    } else if (c == "zero-fill") {
-      o.compensation = ClientOptions::Compensation::kZeroFill;
-    } else {
-      Raise(absl::InvalidArgumentError(absl::StrCat("compensation '", c, "' is not rescale or zero-fill")));
-    }
-  }
+  if (!comp.is_none()) o.compensation = Parsed(ParseCompensation(comp.cast<std::string>()));
   opt("error_feedback", o.error_feedback);
   py::object pull = take("pull_mode");
-  if (!pull.is_none()) {
-    const std::string m = pull.cast<std::string>();
-    if (m == "consistent") {
-      o.pull_mode = ClientOptions::PullMode::kConsistent;
-    } else if (m == "bounded") {
-      o.pull_mode = ClientOptions::PullMode::kBounded;
-    } else {
-      Raise(absl::InvalidArgumentError(absl::StrCat("pull_mode '", m, "' is not consistent or bounded")));
-    }
-  }
+  if (!pull.is_none()) o.pull_mode = Parsed(ParsePullMode(pull.cast<std::string>()));
   opt("pull_loss_bound", o.pull_loss_bound);
   opt("phase_aware", o.phase_aware.enabled);
   py::object drops = take("inject_drop");

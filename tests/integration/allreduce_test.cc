@@ -136,6 +136,23 @@ INSTANTIATE_TEST_SUITE_P(
         Case{TransportOptions::Kind::kUdp, 2, 1, 4, 100003, 0.05, 4096, /*data_auth=*/false}),
     [](const auto& info) { return Name(info.param); });
 
+// Connects c.workers clients to one aggregator at once (joins wait for each other).
+void ConnectAll(TestAggregator& agg, const Case& c, const std::string& job,
+                std::vector<std::unique_ptr<Client>>* clients) {
+  clients->resize(c.workers);
+  std::vector<absl::Status> status(c.workers);
+  std::vector<std::thread> joiners;
+  for (int r = 0; r < c.workers; ++r) {
+    joiners.emplace_back([&, r] {
+      auto cl = Client::Connect(Options(c, {agg.address()}, r, job));
+      if (cl.ok()) (*clients)[r] = std::move(*cl);
+      status[r] = cl.status();
+    });
+  }
+  for (auto& j : joiners) j.join();
+  for (auto& s : status) ASSERT_TRUE(s.ok()) << s;
+}
+
 // The client is shared by several trainer threads, each with its own tensors; every op of every
 // thread must complete exactly.
 TEST(AllReduceConcurrency, ManyThreadsShareOneClient) {
@@ -144,19 +161,8 @@ TEST(AllReduceConcurrency, ManyThreadsShareOneClient) {
   constexpr int kWorkers = 2, kThreads = 6, kRounds = 8;
   constexpr uint32_t kElems = 30011;
   std::vector<std::unique_ptr<Client>> clients;
-  std::vector<std::thread> joiners;
-  clients.resize(kWorkers);
-  std::vector<absl::Status> join_status(kWorkers);
-  for (int r = 0; r < kWorkers; ++r) {
-    joiners.emplace_back([&, r] {
-      Case c{TransportOptions::Kind::kUdp, 1, 2, kWorkers, kElems, 0};
-      auto cl = Client::Connect(Options(c, {agg->address()}, r, "shared-client"));
-      if (cl.ok()) clients[r] = std::move(*cl);
-      join_status[r] = cl.status();
-    });
-  }
-  for (auto& j : joiners) j.join();
-  for (auto& s : join_status) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_NO_FATAL_FAILURE(ConnectAll(*agg, Case{TransportOptions::Kind::kUdp, 1, 2, kWorkers, kElems, 0},
+                                     "shared-client", &clients));
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (int r = 0; r < kWorkers; ++r) {
@@ -194,19 +200,9 @@ TEST(AllReduceAsync, CallbacksChainRoundsOfTheSameKey) {
   ASSERT_NE(agg, nullptr);
   constexpr int kWorkers = 2, kRounds = 12;
   constexpr uint32_t kElems = 5003;
-  std::vector<std::unique_ptr<Client>> clients(kWorkers);
-  std::vector<std::thread> joiners;
-  std::vector<absl::Status> join_status(kWorkers);
-  for (int r = 0; r < kWorkers; ++r) {
-    joiners.emplace_back([&, r] {
-      Case c{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0};
-      auto cl = Client::Connect(Options(c, {agg->address()}, r, "async-chain"));
-      if (cl.ok()) clients[r] = std::move(*cl);
-      join_status[r] = cl.status();
-    });
-  }
-  for (auto& j : joiners) j.join();
-  for (auto& s : join_status) ASSERT_TRUE(s.ok()) << s;
+  std::vector<std::unique_ptr<Client>> clients;
+  ASSERT_NO_FATAL_FAILURE(ConnectAll(*agg, Case{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0},
+                                     "async-chain", &clients));
 
   struct Chain {
     std::vector<float> data = std::vector<float>(kElems);
