@@ -431,6 +431,21 @@ void DataThread::ScanTimers(absl::Time now) {
       it = rounds_.erase(it);
       continue;
     }
+    if (Job& job = *r.job(); job.member_count.load(std::memory_order_relaxed) < job.world && !r.Finished() &&
+                               !r.sealed()) {
+      // A worker that left (its trainer failed and closed its client, say) while this round still
+      // needs its data: the round can never finish, so neither can the job. Fail it now, naming
+      // the rank, instead of letting every survivor wait for its op deadline.
+      for (uint32_t w = 0; w < job.world; ++w) {
+        if (!job.members[w].joined() && job.members[w].left_ns.load() != 0 && !r.MissingFrom(w).empty()) {
+          job.Fail(absl::StrCat("worker rank ", w, " left the job while key ", r.key(), " round ", r.round(),
+                                " still needed its data"));
+          DLCP_LOG(Warning) << "job " << job.name << " failed: " << job.failure_reason();
+          break;
+        }
+      }
+      if (job.failed.load()) continue;  // the branch above tells the survivors on the next pass
+    }
     if (now - r.created() > options_.round_timeout) {
       DLCP_LOG(Warning) << "job " << r.job()->name << " key " << r.key() << " round " << r.round()
                         << " expired after " << options_.round_timeout << " with " << r.open_chunks()

@@ -251,5 +251,28 @@ TEST(AllReduceAsync, CallbacksChainRoundsOfTheSameKey) {
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
 }
 
+// A worker that leaves (its trainer raised and closed the client) while a round still needs its
+// data fails the job at once for the others, naming it, rather than at their op deadline.
+TEST(AllReduceLeave, AWorkerLeavingMidRoundFailsTheOthersNamingIt) {
+  auto agg = TestAggregator::Start({TransportOptions::Kind::kUdp, 1});
+  ASSERT_NE(agg, nullptr);
+  std::vector<std::unique_ptr<Client>> clients;
+  ASSERT_NO_FATAL_FAILURE(ConnectAll(*agg, Case{TransportOptions::Kind::kUdp, 1, 1, 3, 1000, 0}, "leaver", &clients));
+  std::vector<std::vector<float>> data(3, std::vector<float>(1000, 1.0f));
+  std::vector<std::future<absl::StatusOr<RoundStats>>> first;
+  for (int r = 0; r < 3; ++r) first.push_back(clients[r]->AllReduce(1, absl::MakeSpan(data[r])));
+  for (auto& f : first) ASSERT_TRUE(f.get().ok());  // a whole round: leaving after it harms nobody
+  EXPECT_TRUE(clients[2]->Close().ok());
+  auto pending0 = clients[0]->AllReduce(1, absl::MakeSpan(data[0]));
+  auto pending1 = clients[1]->AllReduce(1, absl::MakeSpan(data[1]));
+  for (auto* f : {&pending0, &pending1}) {
+    ASSERT_EQ(f->wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    absl::StatusOr<RoundStats> s = f->get();
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kAborted) << s.status();
+    EXPECT_NE(s.status().message().find("worker rank 2 left the job"), std::string::npos) << s.status();
+  }
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(clients[r]->Close().ok());
+}
+
 }  // namespace
 }  // namespace dlcp::testing

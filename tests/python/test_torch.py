@@ -95,13 +95,19 @@ def test_bounded_loss_keeps_accuracy_within_a_point(aggregators):
     assert all(lossless[r]["left_out"] == 0 and lossless[r]["droppable_missing"] == 0 for r in range(world))
 
 
-def test_a_dead_worker_fails_the_others_with_its_rank(aggregators):
-    out = run_ranks(torch_workers.dies_mid_training, 3, aggregators, 2, 5)
-    assert out[2] == {"exitcode": 3}
+@pytest.mark.parametrize("how,within_s", [("crash", 15), ("raise", 5)])
+def test_a_failed_worker_fails_the_others_naming_its_rank(aggregators, how, within_s):
+    # A crash is noticed at the heartbeat deadline (3 s); a worker that raises and closes its
+    # client leaves, which fails the job at once.
+    out = run_ranks(torch_workers.dies_mid_training, 3, aggregators, 2, 5, how)
+    if how == "crash":
+        assert out[2] == {"exitcode": 3}
+    else:
+        assert out[2]["error"] == "a bug in the trainer"
     for r in (0, 1):
         assert out[r]["error"] is not None, f"rank {r} did not notice"
-        assert "rank 2" in out[r]["error"], out[r]["error"]
-        assert out[r]["after_s"] < 15
+        assert "rank 2" in out[r]["error"] and "ABORTED" in out[r]["error"], out[r]["error"]
+        assert out[r]["after_s"] < within_s
 
 
 def test_unreachable_aggregator_raises_at_construction():

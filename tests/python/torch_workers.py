@@ -70,25 +70,29 @@ def accuracy(rank, world, aggregators, loss_bound, inject_drop, epochs):
     return {"accuracy": history[-1][1], **totals}
 
 
-def dies_mid_training(rank, world, aggregators, die_rank, die_step):
-    """Rank `die_rank` vanishes at `die_step` without leaving; the others report what they see."""
+def dies_mid_training(rank, world, aggregators, die_rank, die_step, how):
+    """Rank `die_rank` stops at `die_step`: how="crash" vanishes without leaving; how="raise"
+    raises in its training loop, and its `finally` closes the client as well-kept code does. The
+    others report what they see."""
     torch.manual_seed(0)
     model = digits.Net()
-    client = dlcp.Client(aggregators=aggregators, job="dies", world_size=world, rank=rank, plaintext=True,
+    client = dlcp.Client(aggregators=aggregators, job=f"dies-{how}", world_size=world, rank=rank, plaintext=True,
                          loss_bound=0, heartbeat_interval_s=0.5)
     opt = dlcp.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model, client, timeout=60)
     start = None
     try:
         for step, (x, y) in enumerate(_batches(rank, world)):
             if rank == die_rank and step == die_step:
-                os._exit(3)  # a crash: no close, no goodbye
+                if how == "crash":
+                    os._exit(3)  # no close, no goodbye
+                raise RuntimeError("a bug in the trainer")
             if step == die_step:
                 start = time.monotonic()
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
         opt.synchronize()
-    except dlcp.Error as e:
+    except RuntimeError as e:  # dlcp.Error is one too
         return {"error": str(e), "after_s": time.monotonic() - (start or time.monotonic())}
     finally:
         client.close()
