@@ -206,9 +206,11 @@ bool TransferEngine::PushSome(size_t budget) {
                                   op.geometry.chunk_count());
       Dest& dest = op.dests[d];
       const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[d];
-      auto push = [&](uint32_t c) {
+      // A retransmission rides class 0: its chunk was lost once in its own class, and the
+      // aggregator asks only for what it must have (the bound, or a reliable round).
+      auto push = [&](uint32_t c, bool repair) {
         h.chunk = c;
-        h.priority = op.classes[c];
+        h.priority = repair ? 0 : op.classes[c];
         h.payload_len = op.geometry.bytes(c);
         op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
         if (injector_.Drop(h.priority)) {
@@ -223,7 +225,7 @@ bool TransferEngine::PushSome(size_t budget) {
         uint32_t c = dest.resend.back();
         dest.resend.pop_back();
         if (op.state[c] == kHave) continue;
-        push(c);
+        push(c, true);
         ++op.stats.retransmits;
         --budget;
       }
@@ -233,7 +235,7 @@ bool TransferEngine::PushSome(size_t budget) {
         // result is already here is not pushed (and must not count as outstanding again).
         if (op.state[c] == kHave) continue;
         op.state[c] = kSent;
-        push(c);
+        push(c, false);
         --budget;
       }
       if (!dest.resend.empty() || (dest.next < mine.size() && dest.next - dest.acked < options_.window_chunks)) {
