@@ -39,7 +39,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("chunk-bytes", 8192, 64, 65456, "payload bytes per chunk (datagram)");
   c->AddInt("window-bytes", 4 << 20, 64, int64_t{1} << 32, "bytes in flight per aggregator endpoint");
   c->AddInt("op-timeout-ms", 60000, 1, 3600000, "deadline of each AllReduce");
-  c->AddInt("repair-timeout-ms", 20, 1, 60000, "silence before asking for missing results");
+  c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence before asking for missing results");
   c->AddInt("timeout-s", 600, 1, 86400, "spawn mode: kill the workers after this long");
   c->AddString("data-host", "", "address aggregators send results to; empty: as they see us");
   c->AddInt("late-rank", -1, -1, 4095, "spawn mode: this rank starts late (tests late joins)");

@@ -50,7 +50,7 @@ struct EngineOptions {
   DropInjectorOptions inject;
   bool bounded_pull = false;
   double pull_loss_bound = 0;
-  absl::Duration repair_timeout = absl::Milliseconds(20);
+  absl::Duration repair_timeout = absl::Milliseconds(5);
   absl::Duration op_timeout = absl::Seconds(60);
 };
 

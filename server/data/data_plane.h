@@ -21,7 +21,7 @@ struct DataPlaneOptions {
   uint32_t threads = 1;
   absl::Duration tick = absl::Milliseconds(5);
   // Silence on a round for this long triggers NACKs (missing pushes) or probes (missing acks).
-  absl::Duration repair_timeout = absl::Milliseconds(20);
+  absl::Duration repair_timeout = absl::Milliseconds(5);
   // A round not finished after this long is dropped, so a vanished worker cannot pin memory.
   absl::Duration round_timeout = absl::Seconds(120);
   // Fraction of received pushes and of sent results to discard, for tests of the repair path.

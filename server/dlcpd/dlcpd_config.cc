@@ -35,7 +35,7 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("metrics-port", -1, -1, 65535, "Prometheus /metrics port on --host; -1 disables it, 0 picks a free one");
   c->AddString("ready-file", "", "write {\"control_port\":..,\"data_ports\":[..]} here once serving");
   c->AddInt("tick-ms", 5, 1, 1000, "data thread timer tick, also the longest receive wait");
-  c->AddInt("repair-timeout-ms", 20, 1, 60000, "silence on a round before missing chunks are NACKed");
+  c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence on a round before missing chunks are NACKed");
   c->AddInt("round-timeout-ms", 120000, 100, 3600000, "an unfinished round is dropped after this long");
   c->AddDouble("inject-drop", 0.0, 0.0, 0.9, "fraction of received pushes and sent results to discard (tests)");
   c->AddInt("inject-seed", 1, 0, INT64_MAX, "seed for --inject-drop and --inject-drop-class");

@@ -99,7 +99,7 @@ TEST(Binaries, DumpConfigShowsSources) {
   ProcessResult r = RunProcess({DLCPD_PATH, "--dump-config", "--port=1234", "--plaintext"}, absl::Seconds(10));
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("port=1234  # flag"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("repair-timeout-ms=20  # default"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("repair-timeout-ms=5  # default"), std::string::npos) << r.out;
 }
 
 TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {
