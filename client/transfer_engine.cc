@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/log.h"
+#include "common/policy/quiet_spell.h"
 #include "common/wire/bounded.h"
 #include "common/wire/ranges.h"
 
@@ -176,7 +177,7 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
     op->start = now;
     op->deadline = now + options_.op_timeout;
     op->last_progress = now;
-    op->next_repair = now + options_.repair_timeout;
+    op->next_repair = now;  // ScanTimers: a quiet spell of the op's own pace decides
     op->stats.key = op->key;
     op->stats.round = op->round;
     op->stats.chunks = op->remaining;
@@ -496,7 +497,14 @@ void TransferEngine::ScanTimers(absl::Time now) {
     }
     if (op.pull_armed) next_tail_ = std::min(next_tail_, PullTailEnd(op));
     ReleaseStalledWindows(op, now);
-    if (now >= op.next_repair && now - op.last_progress >= options_.repair_timeout) {
+    // Quiet for the op's own pace once results flow (as at the aggregator); before the first
+    // result there is no pace yet, and the configured timeout applies.
+    const uint32_t arrived = op.geometry.chunk_count() - op.remaining;
+    const absl::Duration quiet =
+        arrived == 0 ? options_.repair_timeout
+                     : QuietSpellEnd(op.start, op.last_progress, arrived, kRepairGaps, kMinRepair,
+                                     options_.repair_timeout) - op.last_progress;
+    if (now >= op.next_repair && now - op.last_progress >= quiet) {
       const std::vector<uint8_t> wanted = WantedResults(op);
       for (uint32_t d = 0; d < op.dests.size(); ++d) {
         // Silence: whatever is in flight was lost or waits on someone else's loss. It no longer
@@ -510,7 +518,7 @@ void TransferEngine::ScanTimers(absl::Time now) {
       }
       ++op.stats.result_requests;
       op.repair_attempts = std::min(op.repair_attempts + 1, kMaxRepairBackoff);
-      op.next_repair = now + options_.repair_timeout * op.repair_attempts;
+      op.next_repair = now + quiet * op.repair_attempts;
     }
   }
   for (auto& [key, status] : expired) Finish(key, std::move(status));

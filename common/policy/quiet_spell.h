@@ -1,6 +1,7 @@
-// The one timing rule of the bounded-loss protocol, shared by aggregators (when a round's tail
-// ends) and clients (when the bounded pull's tail ends, and when a full window counts as
-// stalled): wait for a quiet spell of a few of the transfer's own mean gaps between arrivals.
+// The one timing rule of the data plane, shared by aggregators (when a round's tail ends, and
+// when missing pushes are asked for) and clients (when the bounded pull's tail ends, and when a
+// full window counts as stalled): wait for a quiet spell of a few of the transfer's own mean
+// gaps between arrivals.
 // The wait follows the pace the transfer is actually getting: no fixed sleeps, and no history
 // of other rounds that may have run under other load.
 #pragma once
@@ -23,5 +24,11 @@ inline absl::Time QuietSpellEnd(absl::Time start, absl::Time last, uint64_t arri
 // A tail ends after 8 mean gaps of quiet, at least 200 µs.
 inline constexpr double kTailGaps = 8;
 inline constexpr absl::Duration kMinTail = absl::Microseconds(200);
+
+// An aggregator asks for missing pushes after 16 mean gaps of quiet, at least 1 ms (scheduling
+// jitter on a busy node) and at most the configured repair timeout. A fixed timeout was the
+// tail of congested rounds: at 20 ms, then still at 5 ms (docs/bounded-loss.md, "Measured").
+inline constexpr double kRepairGaps = 16;
+inline constexpr absl::Duration kMinRepair = absl::Milliseconds(1);
 
 }  // namespace dlcp

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/log.h"
+#include "common/policy/quiet_spell.h"
 #include "common/wire/geometry.h"
 #include "common/wire/ranges.h"
 
@@ -93,8 +94,10 @@ void DataThread::Reject(wire::Reject reason) { rejects_[static_cast<size_t>(reas
 void DataThread::Run() {
   std::vector<InMessage> batch;
   while (!stop_.load(std::memory_order_relaxed)) {
-    absl::Duration wait = options_.tick;
-    if (!armed_.empty()) wait = std::clamp(next_tail_ - absl::Now(), absl::ZeroDuration(), options_.tick);
+    // Sleep until the next tick, tail end or repair due, whichever comes first.
+    absl::Time wake = std::min(last_scan_ + options_.tick, next_repair_);
+    if (!armed_.empty()) wake = std::min(wake, next_tail_);
+    const absl::Duration wait = std::clamp(wake - absl::Now(), absl::ZeroDuration(), options_.tick);
     absl::Status s = transport_->Receive(&batch, wait);
     if (!s.ok()) {
       DLCP_LOG(Error) << "data thread " << index_ << " receive failed: " << s;
@@ -104,7 +107,7 @@ void DataThread::Run() {
     const absl::Time now = absl::Now();
     for (const InMessage& m : batch) HandleDatagram(m, now);
     if (!armed_.empty()) next_tail_ = FireTails(absl::Now());
-    if (now - last_scan_ >= options_.tick) {
+    if (now - last_scan_ >= options_.tick || now >= next_repair_) {
       ScanTimers(now);
       last_scan_ = now;
     }
@@ -210,7 +213,7 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
   }
   auto round = std::make_unique<Round>(job, h.key, h.round, wire::ChunkGeometry{h.tensor_elems, job->chunk_bytes / 4},
                                        &pool_, now);
-  round->next_repair = now + options_.repair_timeout;
+  round->next_repair = now;  // the quiet spell (ScanTimers) decides when a repair is due
   Round* raw = round.get();
   rounds_.emplace(RoundKey{h.job, h.epoch, h.key, h.round}, std::move(round));
   return raw;
@@ -409,6 +412,7 @@ void DataThread::ScanTimers(absl::Time now) {
   for (auto it = errors_sent_.begin(); it != errors_sent_.end();) {
     it = now - it->second > options_.repair_timeout * kMaxRepairBackoff ? errors_sent_.erase(it) : std::next(it);
   }
+  next_repair_ = absl::InfiniteFuture();
   for (auto it = rounds_.begin(); it != rounds_.end();) {
     Round& r = *it->second;
     if (r.job()->closed.load(std::memory_order_relaxed)) {
@@ -462,7 +466,9 @@ void DataThread::ScanTimers(absl::Time now) {
       r.last_plan = now;
       RepairBounded(r, -1, /*ask_manifests=*/false);
     }
-    if (now >= r.next_repair && now - r.last_progress() >= options_.repair_timeout) {
+    const absl::Time quiet_end = QuietSpellEnd(r.created(), r.last_progress(), r.contributions(), kRepairGaps,
+                                               kMinRepair, options_.repair_timeout);
+    if (now >= r.next_repair && now >= quiet_end) {
       if (r.bounded && !r.sealed()) {
         r.last_plan = now;
         RepairBounded(r);
@@ -477,10 +483,11 @@ void DataThread::ScanTimers(absl::Time now) {
         }
       }
       r.repair_attempts = std::min(r.repair_attempts + 1, kMaxRepairBackoff);
-      r.next_repair = now + options_.repair_timeout * r.repair_attempts;
-    } else if (now - r.last_progress() < options_.repair_timeout) {
+      r.next_repair = now + (quiet_end - r.last_progress()) * r.repair_attempts;
+    } else if (now < quiet_end) {
       r.repair_attempts = 0;
     }
+    next_repair_ = std::min(next_repair_, std::max(r.next_repair, quiet_end));
     ++it;
   }
 }

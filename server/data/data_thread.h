@@ -109,6 +109,9 @@ class DataThread {
   std::map<ErrorKey, absl::Time> errors_sent_;
   std::vector<RoundKey> armed_;  // rounds waiting out their tail
   absl::Time next_tail_ = absl::InfiniteFuture();
+  // The earliest time a round may need a repair (its quiet spell over, its backoff passed), so
+  // that repairs follow the rounds' own pace rather than the tick.
+  absl::Time next_repair_ = absl::InfiniteFuture();
   std::vector<float> zeros_;     // the result of a chunk nobody's contribution reached
   std::vector<float> aligned_;   // a misaligned push payload, copied
   DropInjector injector_;

@@ -274,5 +274,51 @@ TEST(AllReduceLeave, AWorkerLeavingMidRoundFailsTheOthersNamingIt) {
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(clients[r]->Close().ok());
 }
 
+// The aggregator asks for lost pushes (and probes for lost results) after a quiet spell of the
+// round's own pace, not after the configured repair timeout, which is only the ceiling: with a
+// 3 s timeout everywhere, rounds that lose packets still finish in a fraction of it.
+TEST(AllReduceRepair, LossIsRepairedAtTheRoundsOwnPace) {
+  TestAggregatorOptions ao{TransportOptions::Kind::kUdp, 1, /*inject_drop=*/0.05, 7};
+  ao.repair_timeout = absl::Seconds(3);
+  auto agg = TestAggregator::Start(ao);
+  ASSERT_NE(agg, nullptr);
+  constexpr int kWorkers = 2, kRounds = 4;
+  constexpr uint32_t kElems = 200000;
+  std::vector<std::unique_ptr<Client>> clients(kWorkers);
+  std::vector<std::thread> joiners;
+  std::vector<absl::Status> status(kWorkers);
+  for (int r = 0; r < kWorkers; ++r) {
+    joiners.emplace_back([&, r] {
+      ClientOptions o = Options(Case{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r,
+                                "own-pace");
+      o.repair_timeout = absl::Seconds(3);
+      auto cl = Client::Connect(o);
+      if (cl.ok()) clients[r] = std::move(*cl);
+      status[r] = cl.status();
+    });
+  }
+  for (auto& j : joiners) j.join();
+  for (auto& s : status) ASSERT_TRUE(s.ok()) << s;
+  uint64_t retransmits = 0;
+  for (int k = 0; k < kRounds; ++k) {
+    std::vector<std::vector<float>> data(kWorkers, std::vector<float>(kElems));
+    std::vector<std::future<absl::StatusOr<RoundStats>>> fs;
+    for (int r = 0; r < kWorkers; ++r) {
+      for (uint32_t i = 0; i < kElems; ++i) data[r][i] = Value(r, k, 0, i);
+      fs.push_back(clients[r]->AllReduce(1, absl::MakeSpan(data[r])));
+    }
+    for (auto& f : fs) {
+      absl::StatusOr<RoundStats> s = f.get();
+      ASSERT_TRUE(s.ok()) << s.status();
+      EXPECT_LT(s->time, absl::Milliseconds(1500)) << "round " << k << " waited for the 3 s repair timeout";
+      retransmits += s->retransmits;
+    }
+    for (uint32_t i = 0; i < kElems; ++i) ASSERT_EQ(data[0][i], Value(0, k, 0, i) + Value(1, k, 0, i));
+  }
+  EXPECT_GT(agg->Counter("dlcp_inject_dropped_total"), 0);
+  EXPECT_GT(retransmits, 0u);
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
 }  // namespace
 }  // namespace dlcp::testing

@@ -22,6 +22,7 @@ struct TestAggregatorOptions {
   uint64_t seed = 1;
   server::JobLimits limits;
   DropInjectorOptions inject_class;  // per-class drops at the aggregator
+  absl::Duration repair_timeout = absl::Milliseconds(10);
 };
 
 class TestAggregator {
@@ -38,7 +39,7 @@ class TestAggregator {
     d.inject_drop = o.inject_drop;
     d.inject_seed = o.seed;
     d.inject_class = o.inject_class;
-    d.repair_timeout = absl::Milliseconds(10);
+    d.repair_timeout = o.repair_timeout;
     auto plane = server::DataPlane::Create(d, a->jobs_.get(), &a->metrics_);
     if (!plane.ok()) return nullptr;
     a->data_ = std::move(*plane);
