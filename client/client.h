@@ -42,9 +42,9 @@ struct ClientOptions {
   std::string data_host;
   absl::Duration rpc_timeout = absl::Seconds(5);
   absl::Duration op_timeout = absl::Seconds(60);
-  // Silence on an op for this long makes the client ask for what is missing. A few queueing
-  // delays of a congested switch port, far above a data-center RTT: at 20 ms the repair timer
-  // itself was the round's tail under congestion (bench/netbed_compare.sh: rounds 1.2-1.4x longer).
+  // The longest silence on an op before the client asks for what is missing. Once results flow,
+  // it asks sooner: after 16 of the op's own mean result gaps, at least 1 ms (quiet_spell.h). A
+  // fixed 20 ms was the tail of congested rounds (docs/bounded-loss.md, "Measured").
   absl::Duration repair_timeout = absl::Milliseconds(5);
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // Bytes pushed to one aggregator endpoint whose results have not come back yet (flow control).
