@@ -12,7 +12,10 @@
 namespace dlcp::server {
 
 void DataThread::HandleManifest(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now) {
-  if (round->sealed()) return SendStop(*round, h.rank);  // the worker missed the STOP
+  if (round->sealed()) {  // the worker missed the STOP
+    stops_resent_->Add();
+    return SendStop(*round, h.rank);
+  }
   absl::StatusOr<wire::ManifestPart> part =
       wire::DecodeManifest(absl::MakeConstSpan(payload, h.payload_len), round->geometry().chunk_count());
   if (!part.ok()) return Reject(wire::Reject::kBadPayload);

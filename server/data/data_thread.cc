@@ -50,10 +50,11 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
     }
     tx_bytes_[c] = metrics->GetCounter("dlcp_tx_bytes_total", {{"class", cls}}, "Bytes of packets sent");
   }
-  const std::string repairs_help = "Repair actions: NACKs and probes sent, results sent again on request";
+  const std::string repairs_help = "Repair actions: NACKs and probes sent, results and STOPs sent again on request";
   push_nacks_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "push_nack"}}, repairs_help);
   probes_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "probe"}}, repairs_help);
   results_resent_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "result_resent"}}, repairs_help);
+  stops_resent_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "stop_resent"}}, repairs_help);
   push_duplicate_ = metrics->GetCounter("dlcp_push_duplicates_total", {}, "Pushes already summed, ignored");
   stale_ = metrics->GetCounter("dlcp_stale_packets_total", {}, "Packets for rounds already delivered and released");
   inject_dropped_ = metrics->GetCounter("dlcp_inject_dropped_total", {}, "Packets discarded by --inject-drop*");
@@ -290,7 +291,10 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
     // After the seal, the STOP goes again to whoever missed it. Before it, the request says how
     // far the worker has pushed (its chunk field: 1 + the highest chunk pushed here; 0: none),
     // and the worker gets its share of the repair the bound needs.
-    if (round->sealed()) return SendStop(*round, h.rank);
+    if (round->sealed()) {
+      stops_resent_->Add();
+      return SendStop(*round, h.rank);
+    }
     if (h.chunk > 0) round->bounded->MarkSentThrough(h.rank, std::min(h.chunk, h.chunk_count) - 1);
     // Planning walks the whole round: once per half repair interval, however many ask.
     const absl::Time now = absl::Now();

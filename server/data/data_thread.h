@@ -127,6 +127,7 @@ class DataThread {
   Counter* rx_bytes_[wire::kNumClasses] = {};
   Counter* tx_bytes_[wire::kNumClasses] = {};
   Counter* results_resent_;
+  Counter* stops_resent_;
   Counter* push_nacks_;
   Counter* probes_;
   Counter* push_duplicate_;
