@@ -14,8 +14,7 @@ set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 CLUSTER="$HERE/../scripts/netbed/cluster.sh"
-export PREFIX=${PREFIX:-dlcpt} NWORKERS=4 NAGGS=1 RATE=${RATE:-1gbit} QLEN_PKTS=${QLEN_PKTS:-64}
-export STATE_DIR=${STATE_DIR:-/tmp/dlcp-netbed-tta}
+export PREFIX=${PREFIX:-dlcpa}  # its namespaces; the cluster itself: scripts/netbed/session.sh
 EPOCHS=${EPOCHS:-8}
 HIDDEN=${HIDDEN:-2048}
 EPS=${EPS:-0.01}

@@ -1,6 +1,10 @@
-# Sourced by the test bed's users (tests/netbed/, bench/netbed_compare.sh): a work directory and
-# the emulated cluster, both removed on exit together with every background job they started.
-# Needs CLUSTER (the path of cluster.sh) and the cluster's settings in the environment.
+# Sourced by the test bed's users (tests/netbed/, bench/netbed_*.sh): a work directory and the
+# emulated cluster, both removed on exit together with every background job they started.
+# Needs CLUSTER (the path of cluster.sh) and PREFIX (namespace names, distinct per user).
+
+# The cluster they all use: 4 worker hosts and 1 more host behind a strict-priority switch,
+# 1 Gbit/s ports with 64-packet queues unless the environment says otherwise.
+export NWORKERS=4 NAGGS=1 RATE=${RATE:-1gbit} QLEN_PKTS=${QLEN_PKTS:-64}
 
 netbed_cleanup() {
   jobs -p | xargs -r kill 2>/dev/null || true
@@ -9,8 +13,10 @@ netbed_cleanup() {
   rm -rf "$work"
 }
 
-# netbed_start NAME: sets $work, brings the cluster up, and cleans both up on exit.
+# netbed_start NAME: sets $work, brings the cluster up (its state in /tmp/NAME unless STATE_DIR
+# says otherwise), and cleans both up on exit.
 netbed_start() {
+  export STATE_DIR=${STATE_DIR:-/tmp/$1}
   work=$(mktemp -d "/tmp/$1.XXXXXX")
   trap netbed_cleanup EXIT
   "$CLUSTER" up >/dev/null

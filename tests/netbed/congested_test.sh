@@ -15,8 +15,7 @@ set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 CLUSTER="$HERE/../../scripts/netbed/cluster.sh"
-export PREFIX=${PREFIX:-dlcpt} NWORKERS=4 NAGGS=1 RATE=${RATE:-1gbit} QLEN_PKTS=${QLEN_PKTS:-64}
-export STATE_DIR=${STATE_DIR:-/tmp/dlcp-netbed}
+export PREFIX=${PREFIX:-dlcpt}  # its namespaces; the cluster itself: scripts/netbed/session.sh
 ROUNDS=${ROUNDS:-4}
 EPS=${EPS:-0.01}
 TENSOR=$((20 << 20))
