@@ -37,7 +37,7 @@ test-asan: deps
 	  "-DCMAKE_EXE_LINKER_FLAGS=$(SAN_FLAGS)" "-DCMAKE_SHARED_LINKER_FLAGS=$(SAN_FLAGS)"
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --output-on-failure --timeout 600 -j 2 -E "^fuzz$$|k8s_manifests|docker_lockstep|Soak|Netbed|Python"
+	  ctest --output-on-failure --timeout 600 -j 2 -E "^fuzz$$|k8s_manifests|docker_lockstep|Soak|Netbed|Python|RdmaVm"
 
 # TSan over the reduction engine, the transports, the round state and the in-process client
 # tests. Debian's gRPC and Abseil are not built with TSan, so reports inside them are suppressed

@@ -98,7 +98,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
   auto value = [&](uint32_t r, uint32_t round, uint32_t t, uint64_t i) {
     return digits ? DigitValue(r, round, t, i) : BenchValue(r, round, t, i);
   };
-  const wire::ChunkGeometry geometry{static_cast<uint32_t>(elems), config.client.chunk_bytes / 4};
+  const wire::ChunkGeometry geometry{static_cast<uint32_t>(elems), (*client)->chunk_bytes() / 4};
   absl::StatusOr<std::unique_ptr<ClassPolicy>> policy = CreateClassPolicy(config.client.class_policy);
   if (!policy.ok()) return policy.status();
   std::vector<std::vector<uint8_t>> classes(config.tensors, std::vector<uint8_t>(geometry.chunk_count()));

@@ -22,6 +22,7 @@
 #include "common/config/registry.h"
 #include "common/policy/drop_injector.h"
 #include "common/security/tls_flags.h"
+#include "common/transport/transport_flags.h"
 
 namespace dlcp::bench {
 namespace {
@@ -36,7 +37,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("tensors", 1, 1, 4096, "tensors all-reduced concurrently each round");
   c->AddInt("rounds", 10, 1, 10000000, "timed rounds");
   c->AddInt("warmup", 1, 0, 1000, "untimed rounds first");
-  c->AddInt("chunk-bytes", 8192, 64, 65456, "payload bytes per chunk (datagram)");
+  c->AddInt("chunk-bytes", 0, 0, 65456, "payload bytes per chunk (datagram); 0: fit the transport, at most 8192");
   c->AddInt("window-bytes", 4 << 20, 64, int64_t{1} << 32, "bytes in flight per aggregator endpoint");
   c->AddInt("op-timeout-ms", 60000, 1, 3600000, "deadline of each AllReduce");
   c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence before asking for missing results");
@@ -45,7 +46,6 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("late-rank", -1, -1, 4095, "spawn mode: this rank starts late (tests late joins)");
   c->AddInt("late-ms", 0, 0, 600000, "spawn mode: how late --late-rank starts");
   c->AddInt("start-delay-ms", 0, 0, 600000, "sleep this long before joining");
-  c->AddBool("udp-offload", true, "UDP GSO on send and GRO on receive");
   c->AddDouble("loss-bound", 0.01, 0.0, 1.0, "ε: fraction of droppable contributions a round may lose; 0: reliable");
   c->AddDouble("reliable-fraction", 0.1, 0.0, 1.0, "chunks with the largest L2 norms that go to class 0");
   c->AddString("pull-mode", "consistent",
@@ -62,6 +62,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddBool("progress", false, "rank 0 draws a progress bar on stderr");
   c->AddBool("json", false, "print only the JSON line (no table)");
   DeclareTlsFlags(c, /*server=*/false);
+  DeclareTransportFlags(c);
   c->AddString("log-level", "warning", "debug, info, warning or error", [](const std::string& v) {
     LogLevel unused;
     return ParseLogLevel(v, &unused);
@@ -80,7 +81,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.repair_timeout = absl::Milliseconds(c.GetInt("repair-timeout-ms"));
   w.client.data_host = c.GetString("data-host");
   w.client.transport.bind_host = w.client.data_host.empty() ? "0.0.0.0" : w.client.data_host;
-  w.client.transport.gso = w.client.transport.gro = c.GetBool("udp-offload");
+  TransportOptionsFromConfig(c, &w.client.transport);
   w.client.tls = TlsOptionsFromConfig(c, /*server=*/false);
   w.client.loss_bound = c.GetDouble("loss-bound");
   w.client.class_policy.reliable_fraction = c.GetDouble("reliable-fraction");

@@ -15,15 +15,14 @@ absl::Status ValidateOptions(const ClientOptions& o) {
   if (o.rank >= o.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", o.rank, " is not below world_size ", o.world_size));
   }
-  if (o.chunk_bytes < 64 || o.chunk_bytes % 4 != 0 || o.chunk_bytes > wire::kMaxPayload) {
+  if (o.chunk_bytes != 0 && (o.chunk_bytes < 64 || o.chunk_bytes % 4 != 0 || o.chunk_bytes > wire::kMaxPayload)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunk_bytes ", o.chunk_bytes, " must be a multiple of 4 in [64, ", wire::kMaxPayload, "]"));
+        absl::StrCat("chunk_bytes ", o.chunk_bytes, " must be 0 (fit the transport) or a multiple of 4 in [64, ",
+                     wire::kMaxPayload, "]"));
   }
-  if (o.chunk_bytes + wire::kHeaderSize > o.transport.max_datagram) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk_bytes ", o.chunk_bytes, " + header exceeds the transport's ",
-                                                   o.transport.max_datagram, "-byte datagrams"));
+  if (o.window_bytes < std::max<uint64_t>(o.chunk_bytes, 64)) {
+    return absl::InvalidArgumentError("window_bytes must hold at least one chunk");
   }
-  if (o.window_bytes < o.chunk_bytes) return absl::InvalidArgumentError("window_bytes must hold at least one chunk");
   if (!(o.loss_bound >= 0 && o.loss_bound <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("loss_bound ", o.loss_bound, " is not in [0, 1]"));
   }
@@ -57,10 +56,33 @@ absl::StatusOr<ClientOptions::Compensation> ParseCompensation(const std::string&
   return absl::InvalidArgumentError(absl::StrCat("compensation '", name, "' is not 'rescale' or 'zero-fill'"));
 }
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
-  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(options.transport);
+// The chunk size once the transport is known: each chunk, with header and MAC, is one datagram.
+static absl::StatusOr<uint32_t> FitChunk(uint32_t chunk_bytes, const Transport& t) {
+  const size_t room = t.max_datagram() - std::min(t.max_datagram(), wire::kHeaderSize + wire::kMacSize);
+  if (chunk_bytes == 0) {
+    const uint32_t fit = static_cast<uint32_t>(std::min<size_t>(room, ClientOptions::kDefaultChunkBytes) & ~size_t{3});
+    if (fit < 64) return absl::InvalidArgumentError(absl::StrCat("the transport's ", t.max_datagram(), "-byte datagrams leave no room for a chunk"));
+    return fit;
+  }
+  if (chunk_bytes > room) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk_bytes ", chunk_bytes, " + header and MAC exceeds the ", TransportKindName(t.kind()), " transport's ",
+        t.max_datagram(), "-byte datagrams", t.kind() == TransportOptions::Kind::kRdma ? " (the port's MTU)" : "",
+        ": use at most ", room & ~size_t{3}, ", or 0 to fit"));
+  }
+  return chunk_bytes;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& given) {
+  if (absl::Status s = ValidateOptions(given); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(given.transport);
   if (!transport.ok()) return transport.status();
+  ClientOptions options = given;
+  absl::StatusOr<uint32_t> chunk = FitChunk(given.chunk_bytes, **transport);
+  if (!chunk.ok()) return chunk.status();
+  options.chunk_bytes = *chunk;
+  if (options.window_bytes < options.chunk_bytes) return absl::InvalidArgumentError("window_bytes must hold at least one chunk");
+  const Address local = (*transport)->local_address();
 
   SessionOptions so;
   so.aggregators = options.aggregators;
@@ -69,7 +91,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   so.rank = options.rank;
   so.chunk_bytes = options.chunk_bytes;
   so.data_host = options.data_host;
-  so.data_port = (*transport)->local_address().port;
+  so.data_port = local.port;
+  if (local.qpn != 0) {
+    // RDMA peers are reached at our GID's address, not at the address gRPC sees.
+    so.data_host = local.HostString();
+    so.data_qpn = local.qpn;
+    so.data_qkey = options.transport.rdma.qkey;
+  }
   so.rpc_timeout = options.rpc_timeout;
   so.heartbeat_interval = options.heartbeat_interval;
   so.tls = options.tls;
@@ -104,6 +132,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   std::unique_ptr<Client> c(new Client());
   c->options_ = options;
+  c->transport_kind_ = (*transport)->kind();
   c->session_ = std::move(*session);
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
   c->session_->set_fatal_handler([engine = c->engine_.get()](const absl::Status& s) { engine->FailFatal(s); });

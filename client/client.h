@@ -32,9 +32,12 @@ struct ClientOptions {
   std::string job_name = "default";
   uint32_t world_size = 1;
   uint32_t rank = 0;
-  // Payload bytes per chunk (one datagram). 8192 fits a 9000-byte jumbo frame; use about 1400 on
-  // a 1500-byte MTU. All workers of a job must agree.
-  uint32_t chunk_bytes = 8192;
+  // Payload bytes per chunk (one datagram). 0: the largest that fits the transport's datagram
+  // with header and MAC, at most kDefaultChunkBytes (RDMA: the port's MTU less 56 bytes). Over
+  // UDP, 8192 fits a 9000-byte jumbo frame; use about 1400 on a 1500-byte MTU. All workers of a
+  // job must agree.
+  static constexpr uint32_t kDefaultChunkBytes = 8192;
+  uint32_t chunk_bytes = 0;
   TransportOptions transport;
   // gRPC security. TLS with the system's roots unless configured; plaintext must be chosen.
   TlsOptions tls;
@@ -127,6 +130,10 @@ class Client {
  public:
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();
+  // The payload bytes per chunk this client uses (ClientOptions::chunk_bytes, resolved if 0).
+  uint32_t chunk_bytes() const { return options_.chunk_bytes; }
+  // The data plane it chose (kUdp or kRdma when ClientOptions asked for kAuto).
+  TransportOptions::Kind transport_kind() const { return transport_kind_; }
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
@@ -156,6 +163,7 @@ class Client {
  private:
   Client() = default;
   ClientOptions options_;
+  TransportOptions::Kind transport_kind_ = TransportOptions::Kind::kUdp;
   std::unique_ptr<Session> session_;
   std::unique_ptr<TransferEngine> engine_;
 };

@@ -37,6 +37,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
     req.set_chunk_bytes(options.chunk_bytes);
     req.set_data_host(options.data_host);
     req.set_data_port(options.data_port);
+    req.set_data_qpn(options.data_qpn);
+    req.set_data_qkey(options.data_qkey);
     v1::JoinResponse resp;
     grpc::Status st = CallWithDeadline(
         [&](grpc::ClientContext* ctx, const v1::JoinRequest* rq, v1::JoinResponse* rs, auto cb) {
@@ -74,6 +76,14 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
       absl::StatusOr<Address> a =
           ResolveAddress(e.host().empty() ? control_host : e.host(), static_cast<uint16_t>(e.port()));
       if (!a.ok()) return a.status();
+      if ((e.qpn() != 0) != (options.data_qpn != 0) || e.qkey() != options.data_qkey) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "aggregator ", control, " offers a data endpoint over ", e.qpn() != 0 ? "RDMA" : "UDP",
+            e.qpn() != 0 ? absl::StrCat(" (Q_Key 0x", absl::Hex(e.qkey()), ")") : "", ", which this client's ",
+            options.data_qpn != 0 ? absl::StrCat("RDMA (Q_Key 0x", absl::Hex(options.data_qkey), ")") : "UDP",
+            " transport cannot reach"));
+      }
+      a->qpn = e.qpn();
       info.data_endpoints.push_back(*a);
     }
     s->aggregators_.push_back(std::move(info));

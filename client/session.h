@@ -38,6 +38,8 @@ struct SessionOptions {
   uint32_t chunk_bytes = 0;
   std::string data_host;
   uint16_t data_port = 0;
+  uint32_t data_qpn = 0;   // RDMA: our UD queue pair (data_host is then our GID's address)
+  uint32_t data_qkey = 0;  // RDMA: the Q_Key it accepts
   absl::Duration rpc_timeout = absl::Seconds(5);
   absl::Duration heartbeat_interval = absl::Seconds(1);
   TlsOptions tls;

@@ -38,7 +38,7 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
   for (size_t a = 0; a < options_.endpoints.size(); ++a) {
     dest_base_.push_back(static_cast<uint32_t>(dest_addr_.size()));
     for (const Address& ep : options_.endpoints[a]) {
-      dest_by_addr_[static_cast<uint64_t>(ep.ipv4) << 16 | ep.port] = static_cast<uint32_t>(dest_addr_.size());
+      dest_by_addr_[ep.Pack()] = static_cast<uint32_t>(dest_addr_.size());
       dest_addr_.push_back(ep);
       dest_epoch_.push_back(options_.epochs[a]);
       dest_key_.push_back(options_.keys[a] ? &*options_.keys[a] : nullptr);
@@ -293,7 +293,7 @@ void TransferEngine::Run() {
 
 void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   wire::Header h;
-  auto src = dest_by_addr_.find(static_cast<uint64_t>(m.from.ipv4) << 16 | m.from.port);
+  auto src = dest_by_addr_.find(m.from.Pack());
   if (wire::ParseHeader(absl::MakeConstSpan(m.data, m.len), &h) != wire::Reject::kNone || h.job != options_.job ||
       h.rank != options_.rank || src == dest_by_addr_.end() || h.epoch != dest_epoch_[src->second]) {
     rejected_.fetch_add(1, std::memory_order_relaxed);

@@ -155,7 +155,7 @@ class TransferEngine {
   std::vector<Address> dest_addr_;
   std::vector<uint32_t> dest_epoch_;
   std::vector<const wire::MacKey*> dest_key_;  // into options_.keys; nullptr: no authentication
-  std::unordered_map<uint64_t, uint32_t> dest_by_addr_;  // (ipv4 << 16 | port) -> dest
+  std::unordered_map<uint64_t, uint32_t> dest_by_addr_;  // Address::Pack() -> dest
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
   Outbox outbox_;
 

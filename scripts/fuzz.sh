@@ -19,17 +19,23 @@ FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 LIBS=$(pkg-config --libs grpc++ protobuf absl_status absl_statusor absl_strings absl_str_format absl_time \
        absl_synchronization)
 WIRE=(common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc common/wire/bounded.cc)
+# The RDMA transport when the build has it (build_config.h); libibverbs itself is dlopen()ed.
+RDMA=()
+if grep -q 'DLCP_WITH_RDMA 1' "$BUILD/generated/common/base/build_config.h"; then
+  RDMA=(common/transport/rdma/grh.cc common/transport/rdma/verbs_loader.cc common/transport/rdma/rdma_device.cc
+        common/transport/rdma/rdma_transport.cc)
+fi
 
-clang++ "${FLAGS[@]}" tests/fuzz/wire_fuzz.cc "${WIRE[@]}" $LIBS -lhighwayhash -o "$OUT/wire_fuzz" &
+clang++ "${FLAGS[@]}" tests/fuzz/wire_fuzz.cc "${WIRE[@]}" "${RDMA[@]:0:1}" $LIBS -lhighwayhash -o "$OUT/wire_fuzz" &
 clang++ "${FLAGS[@]}" tests/fuzz/control_fuzz.cc "${WIRE[@]}" \
   common/base/log.cc common/base/check.cc common/base/syscall.cc common/base/host_port.cc common/metrics/registry.cc \
   common/topology/topology.cc common/transport/address.cc common/transport/factory.cc \
-  common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc \
+  common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc "${RDMA[@]}" \
   common/datapath/outbox.cc server/engine/reduce.cc server/rounds/round.cc server/rounds/block_pool.cc \
   server/jobs/job_registry.cc server/data/data_plane.cc server/data/data_thread.cc server/data/bounded_rounds.cc \
   server/policy/loss_tracker.cc common/policy/drop_injector.cc \
   server/control/aggregator_service.cc "$BUILD/proto/gen/dlcp/v1/control.pb.cc" \
-  "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" $LIBS -lhighwayhash -lpthread -o "$OUT/control_fuzz" &
+  "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" $LIBS -lhighwayhash -lpthread -ldl -o "$OUT/control_fuzz" &
 wait %1 && wait %2
 
 status=0

@@ -291,6 +291,11 @@ ClientOptions MakeOptions(py::kwargs kw) {
   opt("data_host", o.data_host);
   opt("bind_host", o.transport.bind_host);
   opt("busy_poll", o.transport.busy_poll);
+  py::object transport = take("transport");
+  if (!transport.is_none()) o.transport.kind = Parsed(ParseTransportKind(transport.cast<std::string>()));
+  opt("rdma_device", o.transport.rdma.device);
+  opt("rdma_gid_index", o.transport.rdma.gid_index);
+  opt("rdma_qkey", o.transport.rdma.qkey);
   py::object dscp = take("dscp");
   if (!dscp.is_none()) o.transport.dscp = dscp.cast<std::array<uint8_t, 4>>();
   opt("plaintext", o.tls.plaintext);

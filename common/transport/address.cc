@@ -14,7 +14,27 @@ std::string Address::HostString() const {
   return absl::StrCat((ipv4 >> 24) & 0xff, ".", (ipv4 >> 16) & 0xff, ".", (ipv4 >> 8) & 0xff, ".", ipv4 & 0xff);
 }
 
-std::string Address::ToString() const { return absl::StrCat(HostString(), ":", port); }
+std::string Address::ToString() const {
+  return qpn != 0 ? absl::StrCat(HostString(), "/qp", qpn) : absl::StrCat(HostString(), ":", port);
+}
+
+// IPv4 in the high half; in the low half, bit 30 marks a packed address (so none packs to 0)
+// and bit 31 tells a queue pair from a port.
+uint64_t Address::Pack() const {
+  const uint64_t low = qpn != 0 ? (uint64_t{1} << 31 | (qpn & 0xffffff)) : port;
+  return static_cast<uint64_t>(ipv4) << 32 | uint64_t{1} << 30 | low;
+}
+
+Address Address::Unpack(uint64_t packed) {
+  Address a;
+  a.ipv4 = static_cast<uint32_t>(packed >> 32);
+  if (packed & (uint64_t{1} << 31)) {
+    a.qpn = static_cast<uint32_t>(packed & 0xffffff);
+  } else {
+    a.port = static_cast<uint16_t>(packed & 0xffff);
+  }
+  return a;
+}
 
 sockaddr_in Address::ToSockaddr() const {
   sockaddr_in sa;

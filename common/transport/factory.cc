@@ -2,19 +2,49 @@
 #include "common/transport/transport.h"
 #include "common/transport/udp/udp_transport.h"
 
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
+#include "common/base/build_config.h"
+#include "common/base/log.h"
+#if DLCP_WITH_RDMA
+#include "common/transport/rdma/rdma_transport.h"
+#endif
 
 namespace dlcp {
 
 absl::StatusOr<TransportOptions::Kind> ParseTransportKind(const std::string& name) {
+  if (name == "auto") return TransportOptions::Kind::kAuto;
   if (name == "udp") return TransportOptions::Kind::kUdp;
+  if (name == "rdma") return TransportOptions::Kind::kRdma;
   if (name == "loopback") return TransportOptions::Kind::kLoopback;
-  return absl::InvalidArgumentError(absl::StrCat("unknown transport '", name, "' (udp|loopback)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown transport '", name, "' (auto|udp|rdma|loopback)"));
 }
 
 const char* TransportKindName(TransportOptions::Kind kind) {
-  return kind == TransportOptions::Kind::kUdp ? "udp" : "loopback";
+  switch (kind) {
+    case TransportOptions::Kind::kAuto:
+      return "auto";
+    case TransportOptions::Kind::kUdp:
+      return "udp";
+    case TransportOptions::Kind::kRdma:
+      return "rdma";
+    case TransportOptions::Kind::kLoopback:
+      return "loopback";
+  }
+  return "?";
 }
+
+namespace {
+absl::StatusOr<std::unique_ptr<Transport>> CreateRdma(const TransportOptions& options) {
+#if DLCP_WITH_RDMA
+  return CreateRdmaTransport(options);
+#else
+  return absl::UnimplementedError("this build has no RDMA transport (configure with -DDLCP_WITH_RDMA=ON and "
+                                  "libibverbs-dev installed)");
+#endif
+}
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options) {
   if (options.max_datagram < 64 || options.max_datagram > 65507) {
@@ -31,6 +61,16 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOption
       return CreateUdpTransport(options);
     case TransportOptions::Kind::kLoopback:
       return CreateLoopbackTransport(options);
+    case TransportOptions::Kind::kRdma:
+      return CreateRdma(options);
+    case TransportOptions::Kind::kAuto: {
+      absl::StatusOr<std::unique_ptr<Transport>> rdma = CreateRdma(options);
+      if (rdma.ok()) return rdma;
+      // Logged once per process: every endpoint would say the same.
+      static std::once_flag logged;
+      std::call_once(logged, [&] { DLCP_LOG(Info) << "transport auto: using UDP, because " << rdma.status().message(); });
+      return CreateUdpTransport(options);
+    }
   }
   return absl::InvalidArgumentError("unknown transport kind");
 }

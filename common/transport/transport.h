@@ -41,6 +41,9 @@ struct InMessage {
   Address from;
   const uint8_t* data = nullptr;
   size_t len = 0;
+  // The DSCP code point the datagram arrived with, where the transport sees it (RDMA reads it
+  // from the GRH of every receive); -1 where it does not.
+  int dscp = -1;
 };
 
 struct TransportCounters {
@@ -53,9 +56,23 @@ struct TransportCounters {
   std::atomic<uint64_t> gso_sends{0};         // super-datagrams sent through UDP GSO
 };
 
+// RDMA (RoCEv2, unreliable datagram) settings; common/transport/rdma/rdma_transport.h.
+struct RdmaOptions {
+  std::string device;   // e.g. "mlx5_0" or "rxe0"; empty: the first with an active RoCEv2 port
+  uint8_t port_num = 1;
+  int gid_index = -1;   // -1: search the GID table for the port's RoCEv2 IPv4 GID
+  // Every dlcp queue pair of a deployment uses the same Q_Key; it is checked at join. Keys with
+  // the top bit set are privileged, so they are refused.
+  uint32_t qkey = 0x0d1c0001;
+  uint32_t recv_slots = 4096;  // receive buffers on the shared receive queue
+  uint32_t send_slots = 1024;  // registered send buffers (and send queue depth)
+  uint32_t signal_every = 16;  // one signalled send per this many; divides send_slots
+};
+
 struct TransportOptions {
-  enum class Kind { kUdp, kLoopback };
-  Kind kind = Kind::kUdp;
+  // kAuto: RDMA where a device is usable, otherwise UDP (CreateTransport logs why).
+  enum class Kind { kAuto, kUdp, kLoopback, kRdma };
+  Kind kind = Kind::kAuto;
   std::string bind_host = "0.0.0.0";
   uint16_t port = 0;  // 0 picks a free port
   size_t max_datagram = 65507;
@@ -70,6 +87,7 @@ struct TransportOptions {
   // (GRO) receives. Both fall back silently where the kernel or path does not support them.
   bool gso = true;
   bool gro = true;
+  RdmaOptions rdma;
 };
 
 absl::StatusOr<TransportOptions::Kind> ParseTransportKind(const std::string& name);
@@ -79,8 +97,12 @@ class Transport {
  public:
   virtual ~Transport() = default;
 
+  // UDP: the bound address. RDMA: the IPv4 address of the RoCEv2 GID and the queue pair number.
   virtual Address local_address() const = 0;
+  // The largest datagram Send accepts: options.max_datagram, or less (RDMA: the port's MTU).
   virtual size_t max_datagram() const = 0;
+  // What this transport is (never kAuto).
+  virtual TransportOptions::Kind kind() const = 0;
 
   // Hands every message to the network, in order, or fails. Waits for local buffer space until
   // `deadline` at most; never waits for the peer. A datagram the network drops later is not an

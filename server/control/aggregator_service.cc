@@ -33,20 +33,49 @@ AggregatorService::AggregatorService(std::string aggregator_id, std::string adve
 void AggregatorService::FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const {
   for (const Address& a : data_->endpoints()) {
     v1::Endpoint* e = out->Add();
-    e->set_host(advertise_host_);  // empty: the client uses the host it dialled
-    e->set_port(a.port);
+    if (a.qpn != 0) {
+      // An RDMA peer is addressed by the GID's IPv4 address, whatever host the client dialled.
+      e->set_host(a.HostString());
+      e->set_qpn(a.qpn);
+      e->set_qkey(data_->rdma_qkey());
+    } else {
+      e->set_host(advertise_host_);  // empty: the client uses the host it dialled
+      e->set_port(a.port);
+    }
   }
+}
+
+absl::Status AggregatorService::CheckDataTransport(const v1::JoinRequest& req) const {
+  const bool rdma = data_->kind() == TransportOptions::Kind::kRdma;
+  if (rdma != (req.data_qpn() != 0)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "aggregator ", id(), " serves data over ", rdma ? "RDMA" : "UDP", " but the worker joined with ",
+        rdma ? "UDP" : "RDMA", ": use the same --transport on workers and aggregators (auto picks RDMA wherever a "
+        "device is usable)"));
+  }
+  if (rdma) {
+    if (req.data_qpn() > 0xffffff) {
+      return absl::InvalidArgumentError(absl::StrCat("data_qpn ", req.data_qpn(), " is over 24 bits"));
+    }
+    if (req.data_qkey() != data_->rdma_qkey()) {
+      return absl::FailedPreconditionError(absl::StrCat("the worker's RDMA Q_Key 0x", absl::Hex(req.data_qkey()),
+                                                        " is not this aggregator's 0x", absl::Hex(data_->rdma_qkey()),
+                                                        ": set the same --rdma-qkey everywhere"));
+    }
+  } else if (req.data_port() == 0 || req.data_port() > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("data_port ", req.data_port(), " outside [1, 65535]"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::JoinRequest& req,
                                            v1::JoinResponse* resp) {
-  if (req.data_port() == 0 || req.data_port() > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("data_port ", req.data_port(), " outside [1, 65535]"));
-  }
+  if (absl::Status s = CheckDataTransport(req); !s.ok()) return s;
   std::string host = req.data_host().empty() ? PeerHost(peer) : req.data_host();
   if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("no data_host given and peer '", peer, "' is not IPv4"));
   absl::StatusOr<Address> addr = ResolveAddress(host, static_cast<uint16_t>(req.data_port()));
   if (!addr.ok()) return addr.status();
+  addr->qpn = req.data_qpn();
   JoinSpec spec{req.job_name(), req.world_size(), req.rank(), req.chunk_bytes(), *addr};
   absl::StatusOr<std::shared_ptr<Job>> job = jobs_->Join(spec);
   if (!job.ok()) return job.status();
@@ -112,6 +141,7 @@ absl::Status AggregatorService::HandleGetTopology(const v1::GetTopologyRequest& 
     Address a = m.address();
     out->mutable_data()->set_host(a.HostString());
     out->mutable_data()->set_port(a.port);
+    out->mutable_data()->set_qpn(a.qpn);
     out->set_last_heartbeat_ms_ago((now - m.last_heartbeat_ns.load()) / 1000000);
   }
   return absl::OkStatus();

@@ -41,6 +41,8 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   // The handlers proper, behind the gRPC reactors above (and driven directly by the control-plane
   // fuzz target). `peer` is gRPC's peer string ("ipv4:10.0.0.7:51234").
   absl::Status HandleJoin(const std::string& peer, const v1::JoinRequest& req, v1::JoinResponse* resp);
+  // The worker's data plane must be this aggregator's: both UDP, or both RDMA with the same Q_Key.
+  absl::Status CheckDataTransport(const v1::JoinRequest& req) const;
   absl::Status HandleLeave(const v1::LeaveRequest& req);
   absl::Status HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
   absl::Status HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp);

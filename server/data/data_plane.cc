@@ -19,8 +19,14 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
       return absl::Status(transport.status().code(),
                           absl::StrCat("data endpoint ", i, ": ", transport.status().message()));
     }
+    if (i > 0 && (*transport)->kind() != plane->kind_) {
+      return absl::FailedPreconditionError(absl::StrCat("data endpoint ", i, " is ", TransportKindName((*transport)->kind()),
+                                                        " but endpoint 0 is ", TransportKindName(plane->kind_)));
+    }
+    plane->kind_ = (*transport)->kind();
     plane->threads_.push_back(std::make_unique<DataThread>(i, std::move(*transport), options, jobs, metrics));
   }
+  plane->rdma_qkey_ = plane->kind_ == TransportOptions::Kind::kRdma ? options.transport.rdma.qkey : 0;
   DataPlane* raw_plane = plane.get();
   auto transport_sum = [raw_plane](std::atomic<uint64_t> TransportCounters::*field) {
     return [raw_plane, field] {

@@ -43,6 +43,10 @@ class DataPlane {
 
   // One per data thread; clients spread chunks over them.
   std::vector<Address> endpoints() const;
+  // What the endpoints are (kUdp or kRdma; kAuto was resolved when they were made), and for
+  // RDMA the Q_Key their queue pairs accept. Clients must match both.
+  TransportOptions::Kind kind() const { return kind_; }
+  uint32_t rdma_qkey() const { return rdma_qkey_; }
   // Stops and joins the threads. Idempotent.
   void Stop();
 
@@ -50,6 +54,8 @@ class DataPlane {
   DataPlane() = default;
   std::vector<std::unique_ptr<DataThread>> threads_;
   std::vector<std::thread> running_;
+  TransportOptions::Kind kind_ = TransportOptions::Kind::kUdp;
+  uint32_t rdma_qkey_ = 0;
 };
 
 }  // namespace dlcp::server

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/security/tls_flags.h"
+#include "common/transport/transport_flags.h"
 
 namespace dlcp::server {
 
@@ -25,9 +26,6 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("port", 7400, 0, 65535, "gRPC control port (0 picks a free one)");
   c->AddInt("data-port", 7401, 0, 65535, "first UDP data port; data thread i uses data-port + i (0 picks free ones)");
   c->AddInt("data-threads", 1, 1, 64, "data threads, each with its own data port and share of the rounds");
-  c->AddString("transport", "udp", "data-plane transport: udp, or auto (udp until RDMA lands)", [](const std::string& v) {
-    return v == "udp" || v == "auto" ? absl::OkStatus() : absl::InvalidArgumentError("must be udp or auto");
-  });
   c->AddString("advertise-host", "", "host clients should send data to; empty means the host they dialled");
   c->AddString("id", "", "aggregator id reported in stats; empty means host:port");
   c->AddInt("health-port", -1, -1, 65535,
@@ -61,7 +59,6 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
                  return ParseDscpMap(v, &unused);
                });
   c->AddBool("data-auth", true, "give each job a key and require a MAC on every data packet (docs/security.md)");
-  c->AddBool("udp-offload", true, "UDP GSO on send and GRO on receive, where the kernel supports them");
   c->AddBool("busy-poll", false, "spin on the data socket instead of sleeping (dedicated cores only)");
   c->AddString("log-level", "info", "debug, info, warning or error", [](const std::string& v) {
     LogLevel unused;
@@ -69,6 +66,7 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   });
   c->AddBool("log-json", false, "write logs as one JSON object per line");
   DeclareTlsFlags(c, /*server=*/true);
+  DeclareTransportFlags(c);
 }
 
 absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
@@ -80,12 +78,11 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.metrics_port = static_cast<int>(c.GetInt("metrics-port"));
   o.health_port = static_cast<int>(c.GetInt("health-port"));
   o.aggregator_id = c.GetString("id");
-  o.data.transport.kind = TransportOptions::Kind::kUdp;
+  TransportOptionsFromConfig(c, &o.data.transport);
   o.data.transport.bind_host = o.host;
   o.data.transport.port = static_cast<uint16_t>(c.GetInt("data-port"));
   o.data.transport.socket_buffer_bytes = static_cast<size_t>(c.GetInt("socket-buffer-bytes"));
   o.data.transport.busy_poll = c.GetBool("busy-poll");
-  o.data.transport.gso = o.data.transport.gro = c.GetBool("udp-offload");
   if (absl::Status s = ParseDscpMap(c.GetString("dscp"), &o.data.transport.dscp); !s.ok()) return s;
   o.data.threads = static_cast<uint32_t>(c.GetInt("data-threads"));
   if (o.data.transport.port != 0 && o.data.transport.port + o.data.threads - 1 > 65535) {

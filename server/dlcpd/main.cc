@@ -25,7 +25,7 @@ namespace {
 
 absl::Status WriteReadyFile(const std::string& path, int control_port, int metrics_port, int health_port,
                             const std::vector<Address>& data) {
-  std::vector<int> ports;
+  std::vector<int> ports;  // 0 for RDMA endpoints, which have queue pairs instead
   for (const Address& a : data) ports.push_back(a.port);
   std::string tmp = path + ".tmp";
   {
@@ -121,11 +121,12 @@ int Main(int argc, char** argv) {
     DLCP_LOG(Info) << "Prometheus metrics on http://" << opts->host << ":" << exporter->port() << "/metrics";
   }
   if (opts->aggregator_id.empty()) service.set_aggregator_id(absl::StrCat(opts->host, ":", control_port));
-  std::vector<std::string> ports;
-  for (const Address& a : (*data)->endpoints()) ports.push_back(absl::StrCat(a.port));
+  std::vector<std::string> endpoints;
+  for (const Address& a : (*data)->endpoints()) endpoints.push_back(a.qpn != 0 ? a.ToString() : absl::StrCat(a.port));
+  const bool rdma = (*data)->kind() == TransportOptions::Kind::kRdma;
   DLCP_LOG(Info) << "dlcpd " << DLCP_VERSION << " serving control " << opts->host << ":" << control_port
                  << (opts->tls.plaintext ? " (plaintext)" : opts->tls.ca_file.empty() ? " (TLS)" : " (mutual TLS)")
-                 << ", data UDP ports " << absl::StrJoin(ports, ",");
+                 << (rdma ? ", data RDMA queue pairs " : ", data UDP ports ") << absl::StrJoin(endpoints, ",");
   if (!opts->ready_file.empty()) {
     if (absl::Status s = WriteReadyFile(opts->ready_file, control_port, exporter ? exporter->port() : -1, health_port,
                                     (*data)->endpoints()); !s.ok()) {

@@ -37,7 +37,9 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk_bytes ", s.chunk_bytes, " must be a multiple of 4 in [64, ", wire::kMaxPayload, "]"));
   }
-  if (s.data_address.port == 0) return absl::InvalidArgumentError("data_port must be 1..65535");
+  if (s.data_address.port == 0 && s.data_address.qpn == 0) {
+    return absl::InvalidArgumentError("data_port must be 1..65535 (or data_qpn set, for RDMA)");
+  }
 
   const uint32_t id = JobIdForName(s.job_name);
   std::shared_ptr<Job> job;
@@ -87,7 +89,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
         absl::StrCat("job '", s.job_name, "' uses chunk_bytes ", job->chunk_bytes, ", not ", s.chunk_bytes));
   }
   Member& m = job->members[s.rank];
-  uint64_t packed = ((static_cast<uint64_t>(s.data_address.ipv4) << 16) | s.data_address.port) + 1;
+  const uint64_t packed = s.data_address.Pack();
   uint64_t old = m.packed_address.exchange(packed, std::memory_order_acq_rel);
   if (old == 0) {
     job->member_count.fetch_add(1);

@@ -34,15 +34,12 @@ struct JobLimits {
 };
 
 struct Member {
-  std::atomic<uint64_t> packed_address{0};  // (ipv4 << 16 | port) + 1; 0 = not joined
+  std::atomic<uint64_t> packed_address{0};  // Address::Pack(); 0 = not joined
   std::atomic<int64_t> last_heartbeat_ns{0};
   std::atomic<int64_t> left_ns{0};  // when it last left; its stragglers after that are late, not invalid
 
   bool joined() const { return packed_address.load(std::memory_order_acquire) != 0; }
-  Address address() const {
-    uint64_t p = packed_address.load(std::memory_order_acquire) - 1;
-    return Address{static_cast<uint32_t>(p >> 16), static_cast<uint16_t>(p & 0xffff)};
-  }
+  Address address() const { return Address::Unpack(packed_address.load(std::memory_order_acquire)); }
 };
 
 struct Job {

@@ -22,7 +22,7 @@ mapfile -t bases < <(grep -E '^FROM ' "$DOCKERFILE" | awk '{print $2}' | sort -u
 grep -qE '^USER [1-9][0-9]*(:[0-9]+)?$' "$DOCKERFILE" || fail "runtime USER is root or missing"
 for f in dlcpd dlcpctl libdlcp.so; do grep -q "$f" "$DOCKERFILE" || fail "image does not ship $f"; done
 
-listed=$(grep -v '^#' "$LIST" | sort -u)
+listed=$(awk '!/^#/ && NF {print $1}' "$LIST" | sort -u)
 TRAINER="$ROOT/deploy/docker/trainer-packages.txt"
 grep -q 'AS trainer' "$DOCKERFILE" && grep -q 'COPY --from=build /out/python/dlcp/' "$DOCKERFILE" \
   || fail "no trainer stage shipping the Python package"
@@ -36,6 +36,20 @@ ext=$(ls "$BUILD"/python/dlcp/_dlcp*.so 2>/dev/null | head -1)
 needed=$(for p in $(ldd "${binaries[@]}" | awk '/=>/{print $3}' | sort -u); do
   dpkg -S "$p" 2>/dev/null || dpkg -S "/usr$p" 2>/dev/null || fail "no Debian package owns $p"
 done | cut -d: -f1 | sort -u | grep -vxE 'libc6|libgcc-s1|libstdc\+\+6')
+# What ldd cannot see: libraries the binaries dlopen(), and those libraries' plugins.
+while read -r pkg _ kind a b; do
+  case "$kind" in
+    dlopen)
+      grep -qaF "$a" "$BUILD/server/dlcpd" || fail "$pkg is listed for $a, which dlcpd does not load"
+      dpkg -L "$pkg" 2>/dev/null | grep -q "/$a\$" || fail "$pkg does not ship $a"
+      ;;
+    plugins)
+      [ "$a" = of ] && grep -qx "$b" <<< "$listed" || fail "$pkg is listed as plugins of $b, which is not listed"
+      ;;
+    *) fail "runtime-packages.txt: cannot read the note on $pkg" ;;
+  esac
+  needed=$(printf '%s\n%s' "$needed" "$pkg" | sort -u)
+done < <(grep -E '^[a-z0-9.+-]+[[:space:]]+#' "$LIST")
 missing=$(comm -23 <(echo "$needed") <(echo "$listed"))
 unused=$(comm -13 <(echo "$needed") <(echo "$listed"))
 [ -z "$missing" ] || fail "runtime-packages.txt lacks: $missing"

@@ -4,9 +4,16 @@
 //  - re-encoding an accepted header reproduces the input's 48 bytes exactly (nothing is ignored);
 //  - an accepted range list stays inside the tensor and re-encodes to the same bytes;
 //  - MAC verification of any accepted datagram is memory-safe and rejects forged tags;
-//  - an accepted manifest part or STOP stays inside the tensor and re-encodes to the same bytes.
+//  - an accepted manifest part or STOP stays inside the tensor and re-encodes to the same bytes;
+//  - with RDMA built in, the GRH before each RDMA datagram parses safely, and an accepted source
+//    is one IPv4 address with a DSCP in [0, 63].
 #include <cstdint>
 #include <cstring>
+
+#include "common/base/build_config.h"
+#if DLCP_WITH_RDMA
+#include "common/transport/rdma/grh.h"
+#endif
 
 #include "common/wire/bounded.h"
 #include "common/wire/header.h"
@@ -15,6 +22,12 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace dlcp::wire;
+#if DLCP_WITH_RDMA
+  if (size >= dlcp::rdma::kGrhBytes) {
+    std::optional<dlcp::rdma::GrhSource> src = dlcp::rdma::ParseGrh(data);
+    if (src && (src->dscp < 0 || src->dscp > 63)) __builtin_trap();
+  }
+#endif
   Header h;
   if (ParseHeader(absl::MakeConstSpan(data, size), &h) != Reject::kNone) return 0;
   const size_t trailer = (h.flags & kFlagMac) ? kMacSize : 0;

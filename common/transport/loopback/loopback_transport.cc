@@ -79,6 +79,7 @@ class LoopbackTransport final : public Transport {
   ~LoopbackTransport() override { Hub::Get().Unregister(port_); }
 
   Address local_address() const override { return Address{kLoopbackIp, port_}; }
+  TransportOptions::Kind kind() const override { return TransportOptions::Kind::kLoopback; }
   size_t max_datagram() const override { return options_.max_datagram; }
 
   absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) override {

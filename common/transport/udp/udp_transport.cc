@@ -75,6 +75,7 @@ class UdpTransport final : public Transport {
   }
 
   Address local_address() const override { return local_; }
+  TransportOptions::Kind kind() const override { return TransportOptions::Kind::kUdp; }
   size_t max_datagram() const override { return options_.max_datagram; }
 
   absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) override {

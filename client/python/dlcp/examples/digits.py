@@ -143,7 +143,10 @@ def main(argv=None):
     p.add_argument("--tls-key", default=env("DLCP_TLS_KEY", ""))
     p.add_argument("--hidden", type=int, default=int(env("DLCP_HIDDEN", "64")), help="width of the first linear layer")
     p.add_argument("--data-host", default=env("DLCP_DATA_HOST", ""), help="address results are sent to")
-    p.add_argument("--chunk-bytes", type=int, default=int(env("DLCP_CHUNK_BYTES", "8192")))
+    p.add_argument("--chunk-bytes", type=int, default=int(env("DLCP_CHUNK_BYTES", "0")),
+                   help="payload bytes per datagram; 0 fits the transport (at most 8192)")
+    p.add_argument("--transport", default=env("DLCP_TRANSPORT", "auto"), choices=("auto", "udp", "rdma"),
+                   help="data plane; auto picks RDMA where a device is usable")
     p.add_argument("--window-bytes", type=int, default=int(env("DLCP_WINDOW_BYTES", str(4 << 20))))
     p.add_argument("--json", action="store_true", help="print the history as one JSON line at the end")
     p.add_argument("--gloo-init", default=env("DLCP_GLOO_INIT", None),
@@ -156,7 +159,7 @@ def main(argv=None):
         a.aggregators = dlcp.resolve_aggregators(a.aggregators_service)
     tls = {k: v for k, v in (("tls_ca", a.tls_ca), ("tls_cert", a.tls_cert), ("tls_key", a.tls_key)) if v}
     tls["plaintext"] = a.plaintext
-    options = dict(tls, chunk_bytes=a.chunk_bytes, window_bytes=a.window_bytes)
+    options = dict(tls, chunk_bytes=a.chunk_bytes, window_bytes=a.window_bytes, transport=a.transport)
     if a.data_host:
         options["data_host"] = a.data_host
 

@@ -1,0 +1,457 @@
+#include "common/transport/rdma/rdma_transport.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/log.h"
+#include "common/base/syscall.h"
+#include "common/transport/rdma/grh.h"
+#include "common/transport/rdma/rdma_device.h"
+#include "common/transport/rdma/verbs_loader.h"
+
+namespace dlcp {
+namespace {
+
+using rdma::kGrhBytes;
+
+constexpr size_t kPage = 4096;
+constexpr size_t kPostBatch = 32;  // work requests per ibv_post_send / ibv_post_srq_recv
+// A receive buffer's datagram starts 64 bytes in (the GRH sits just before it), so payloads
+// after the 48-byte dlcp header are 16-byte aligned for the SIMD reduction, as with UDP.
+constexpr size_t kRecvDataOffset = 64;
+
+int PollTimeoutMs(absl::Duration left) {
+  if (left <= absl::ZeroDuration()) return 0;
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 1000));
+}
+
+std::string MemlockAdvice(size_t bytes, int err) {
+  rlimit r{};
+  getrlimit(RLIMIT_MEMLOCK, &r);
+  std::string limit = r.rlim_cur == RLIM_INFINITY ? "unlimited" : absl::StrCat(r.rlim_cur / 1024, " KiB");
+  return absl::StrCat("cannot register ", bytes / 1024, " KiB of buffers with the RDMA device (", std::strerror(err),
+                      "); the locked-memory limit is ", limit,
+                      ": raise it (ulimit -l unlimited; systemd LimitMEMLOCK=infinity; in Kubernetes the IPC_LOCK "
+                      "capability), or lower recv_slots/send_slots");
+}
+
+class RdmaTransport final : public Transport {
+ public:
+  RdmaTransport(const rdma::Verbs& verbs, const TransportOptions& options) : v_(verbs), options_(options) {}
+
+  ~RdmaTransport() override {
+    for (auto& [key, ah] : ahs_) v_.destroy_ah(ah);
+    if (qp_ != nullptr) v_.destroy_qp(qp_);
+    if (srq_ != nullptr) v_.destroy_srq(srq_);
+    if (recv_cq_ != nullptr) v_.destroy_cq(recv_cq_);
+    if (send_cq_ != nullptr) v_.destroy_cq(send_cq_);
+    if (recv_channel_ != nullptr) v_.destroy_comp_channel(recv_channel_);
+    if (send_channel_ != nullptr) v_.destroy_comp_channel(send_channel_);
+    if (recv_mr_ != nullptr) v_.dereg_mr(recv_mr_);
+    if (send_mr_ != nullptr) v_.dereg_mr(send_mr_);
+    if (pd_ != nullptr) v_.dealloc_pd(pd_);
+    if (dev_.context != nullptr) v_.close_device(dev_.context);
+    std::free(recv_pool_);
+    std::free(send_pool_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+
+  absl::Status Init() {
+    const RdmaOptions& ro = options_.rdma;
+    if (ro.qkey & 0x80000000u) {
+      return absl::InvalidArgumentError(absl::StrCat("RDMA Q_Key 0x", absl::Hex(ro.qkey), " has the top bit set (privileged)"));
+    }
+    if (ro.signal_every == 0 || ro.send_slots % ro.signal_every != 0 || ro.recv_slots < 2 * kPostBatch) {
+      return absl::InvalidArgumentError(absl::StrCat("RDMA slots: signal_every must divide send_slots (",
+                                                     ro.send_slots, "/", ro.signal_every, ") and recv_slots be at least ",
+                                                     2 * kPostBatch));
+    }
+    uint32_t want_ipv4 = 0;
+    if (options_.bind_host != "0.0.0.0" && !options_.bind_host.empty()) {
+      absl::StatusOr<Address> a = ResolveAddress(options_.bind_host, 0);
+      if (!a.ok()) return a.status();
+      want_ipv4 = a->ipv4;
+    }
+    absl::StatusOr<rdma::DevicePort> dev = rdma::OpenDevicePort(v_, ro, want_ipv4);
+    if (!dev.ok()) return dev.status();
+    dev_ = *dev;
+    max_datagram_ = std::min(options_.max_datagram, dev_.mtu);
+    wake_fd_ = DLCP_SYSCALL(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+
+    pd_ = v_.alloc_pd(dev_.context);
+    if (pd_ == nullptr) return absl::InternalError(absl::StrCat("ibv_alloc_pd on ", dev_.name));
+    recv_channel_ = v_.create_comp_channel(dev_.context);
+    send_channel_ = v_.create_comp_channel(dev_.context);
+    if (recv_channel_ == nullptr || send_channel_ == nullptr) return absl::InternalError("ibv_create_comp_channel");
+    for (ibv_comp_channel* ch : {recv_channel_, send_channel_}) {
+      int flags = DLCP_SYSCALL(::fcntl(ch->fd, F_GETFL));
+      DLCP_SYSCALL(::fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK));
+    }
+
+    recv_slots_ = std::min<uint32_t>(ro.recv_slots, static_cast<uint32_t>(dev_.attr.max_srq_wr));
+    send_slots_ = std::min<uint32_t>(ro.send_slots, static_cast<uint32_t>(dev_.attr.max_qp_wr));
+    send_slots_ -= send_slots_ % ro.signal_every;
+    if (dev_.attr.max_srq == 0 || recv_slots_ < 2 * kPostBatch || send_slots_ == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(dev_.name, " lacks shared receive queues or queue depth"));
+    }
+    recv_cq_ = v_.create_cq(dev_.context, static_cast<int>(recv_slots_), nullptr, recv_channel_, 0);
+    send_cq_ = v_.create_cq(dev_.context, static_cast<int>(send_slots_), nullptr, send_channel_, 0);
+    if (recv_cq_ == nullptr || send_cq_ == nullptr) return absl::InternalError(absl::StrCat("ibv_create_cq on ", dev_.name));
+
+    if (absl::Status s = RegisterPools(); !s.ok()) return s;
+
+    ibv_srq_init_attr sa{};
+    sa.attr.max_wr = recv_slots_;
+    sa.attr.max_sge = 1;
+    srq_ = v_.create_srq(pd_, &sa);
+    if (srq_ == nullptr) return absl::InternalError(absl::StrCat("ibv_create_srq on ", dev_.name, " (errno ", errno, ")"));
+
+    ibv_qp_init_attr qa{};
+    qa.send_cq = send_cq_;
+    qa.recv_cq = recv_cq_;
+    qa.srq = srq_;
+    qa.qp_type = IBV_QPT_UD;
+    qa.sq_sig_all = 0;
+    qa.cap.max_send_wr = send_slots_;
+    qa.cap.max_send_sge = 1;
+    qa.cap.max_inline_data = 128;
+    qp_ = v_.create_qp(pd_, &qa);
+    if (qp_ == nullptr) {
+      qa.cap.max_inline_data = 0;  // some devices have no inline sends for UD
+      qp_ = v_.create_qp(pd_, &qa);
+    }
+    if (qp_ == nullptr) return absl::InternalError(absl::StrCat("ibv_create_qp (UD) on ", dev_.name, " (errno ", errno, ")"));
+    max_inline_ = qa.cap.max_inline_data;
+    if (absl::Status s = ToReadyToSend(); !s.ok()) return s;
+
+    std::vector<uint32_t> all(recv_slots_);
+    for (uint32_t i = 0; i < recv_slots_; ++i) all[i] = i;
+    if (absl::Status s = PostReceives(all); !s.ok()) return s;
+    recv_wc_.resize(options_.recv_batch);
+    local_ = Address{dev_.ipv4, 0, qp_->qp_num};
+    DLCP_LOG(Info) << "RDMA endpoint " << local_.ToString() << " on " << dev_.name << " port "
+                   << static_cast<int>(dev_.port_num) << " GID index " << dev_.gid_index << ", MTU " << dev_.mtu
+                   << ", " << recv_slots_ << " receive and " << send_slots_ << " send buffers, inline up to "
+                   << max_inline_;
+    return absl::OkStatus();
+  }
+
+  Address local_address() const override { return local_; }
+  size_t max_datagram() const override { return max_datagram_; }
+  TransportOptions::Kind kind() const override { return TransportOptions::Kind::kRdma; }
+
+  absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) override {
+    for (const OutMessage& m : messages) {
+      if (m.size() > max_datagram_) {
+        return absl::InvalidArgumentError(absl::StrCat("datagram of ", m.size(), " bytes exceeds the RDMA MTU ",
+                                                       max_datagram_));
+      }
+    }
+    std::lock_guard<std::mutex> lock(send_mu_);
+    size_t done = 0;
+    while (done < messages.size()) {
+      const size_t n = std::min(kPostBatch, messages.size() - done);
+      if (absl::Status s = WaitForSendSlots(n, deadline); !s.ok()) return s;
+      ibv_send_wr wrs[kPostBatch];
+      ibv_sge sges[kPostBatch];
+      for (size_t i = 0; i < n; ++i) {
+        const OutMessage& m = messages[done + i];
+        absl::StatusOr<ibv_ah*> ah = AddressHandle(m.to, m.priority);
+        if (!ah.ok()) return ah.status();
+        const uint64_t seq = posted_++;
+        uint8_t* slot = send_pool_ + (seq % send_slots_) * send_slot_size_;
+        uint8_t* p = slot;
+        if (m.header_len) p = static_cast<uint8_t*>(std::memcpy(p, m.header, m.header_len)) + m.header_len;
+        if (m.payload_len) p = static_cast<uint8_t*>(std::memcpy(p, m.payload, m.payload_len)) + m.payload_len;
+        if (m.trailer_len) std::memcpy(p, m.trailer, m.trailer_len);
+        sges[i] = ibv_sge{reinterpret_cast<uint64_t>(slot), static_cast<uint32_t>(m.size()), send_mr_->lkey};
+        ibv_send_wr& w = wrs[i];
+        w = ibv_send_wr{};
+        w.wr_id = seq;
+        w.sg_list = &sges[i];
+        w.num_sge = 1;
+        w.opcode = IBV_WR_SEND;
+        // One completion per signal_every sends frees that many slots: UD sends complete in order.
+        if (seq % options_.rdma.signal_every == options_.rdma.signal_every - 1) w.send_flags |= IBV_SEND_SIGNALED;
+        if (m.size() <= max_inline_) w.send_flags |= IBV_SEND_INLINE;
+        w.wr.ud.ah = *ah;
+        w.wr.ud.remote_qpn = m.to.qpn;
+        w.wr.ud.remote_qkey = options_.rdma.qkey;
+        w.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+      }
+      ibv_send_wr* bad = nullptr;
+      if (int rc = ibv_post_send(qp_, wrs, &bad); rc != 0) {
+        posted_ = bad->wr_id;  // those before `bad` went out and hold their slots
+        return ErrnoToStatus(rc, absl::StrCat("ibv_post_send on ", dev_.name));
+      }
+      for (size_t i = 0; i < n; ++i) {
+        counters_.sent_packets.fetch_add(1, std::memory_order_relaxed);
+        counters_.sent_bytes.fetch_add(messages[done + i].size(), std::memory_order_relaxed);
+      }
+      done += n;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Receive(std::vector<InMessage>* out, absl::Duration timeout) override {
+    out->clear();
+    // The buffers handed out by the previous call are the caller's no longer.
+    if (!returned_.empty()) {
+      if (absl::Status s = PostReceives(returned_); !s.ok()) return s;
+      returned_.clear();
+    }
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      absl::StatusOr<int> got = PollReceives(out);
+      if (!got.ok()) return got.status();
+      if (*got > 0) return absl::OkStatus();
+      if (woken_.exchange(false)) return absl::OkStatus();
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return absl::OkStatus();
+      if (options_.busy_poll) continue;
+      // Arm, then look once more, so a completion between the poll and the arm is not missed.
+      if (int rc = ibv_req_notify_cq(recv_cq_, 0); rc != 0) return ErrnoToStatus(rc, "ibv_req_notify_cq");
+      got = PollReceives(out);
+      if (!got.ok()) return got.status();
+      if (*got > 0) return absl::OkStatus();
+      pollfd p[2] = {{recv_channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+      int rc = DLCP_RETRY_EINTR(::poll(p, 2, PollTimeoutMs(left)));
+      if (rc < 0) return ErrnoToStatus(errno, "poll");
+      if (p[0].revents & POLLIN) DrainEvent(recv_channel_);
+      if (p[1].revents & POLLIN) {
+        uint64_t v;
+        ssize_t unused = ::read(wake_fd_, &v, sizeof(v));
+        (void)unused;
+        woken_.store(false);
+        if (!(p[0].revents & POLLIN)) return absl::OkStatus();
+      }
+      if (rc == 0) return absl::OkStatus();
+    }
+  }
+
+  void Wake() override {
+    woken_.store(true);
+    uint64_t one = 1;
+    ssize_t unused = ::write(wake_fd_, &one, sizeof(one));
+    (void)unused;
+  }
+
+ private:
+  absl::Status RegisterPools() {
+    recv_slot_size_ = (kRecvDataOffset + dev_.mtu + 63) & ~size_t{63};
+    send_slot_size_ = (dev_.mtu + 63) & ~size_t{63};
+    const size_t recv_bytes = (recv_slot_size_ * recv_slots_ + kPage - 1) & ~(kPage - 1);
+    const size_t send_bytes = (send_slot_size_ * send_slots_ + kPage - 1) & ~(kPage - 1);
+    recv_pool_ = static_cast<uint8_t*>(std::aligned_alloc(kPage, recv_bytes));
+    send_pool_ = static_cast<uint8_t*>(std::aligned_alloc(kPage, send_bytes));
+    if (recv_pool_ == nullptr || send_pool_ == nullptr) return absl::ResourceExhaustedError("RDMA buffer pools");
+    recv_mr_ = v_.reg_mr(pd_, recv_pool_, recv_bytes, IBV_ACCESS_LOCAL_WRITE);
+    if (recv_mr_ == nullptr) return absl::ResourceExhaustedError(MemlockAdvice(recv_bytes + send_bytes, errno));
+    send_mr_ = v_.reg_mr(pd_, send_pool_, send_bytes, 0);
+    if (send_mr_ == nullptr) return absl::ResourceExhaustedError(MemlockAdvice(recv_bytes + send_bytes, errno));
+    return absl::OkStatus();
+  }
+
+  absl::Status ToReadyToSend() {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = dev_.port_num;
+    a.qkey = options_.rdma.qkey;
+    if (int rc = v_.modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY); rc != 0) {
+      return ErrnoToStatus(rc, "ibv_modify_qp to INIT");
+    }
+    a = ibv_qp_attr{};
+    a.qp_state = IBV_QPS_RTR;
+    if (int rc = v_.modify_qp(qp_, &a, IBV_QP_STATE); rc != 0) return ErrnoToStatus(rc, "ibv_modify_qp to RTR");
+    a = ibv_qp_attr{};
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 0;
+    if (int rc = v_.modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_SQ_PSN); rc != 0) {
+      return ErrnoToStatus(rc, "ibv_modify_qp to RTS");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PostReceives(absl::Span<const uint32_t> slots) {
+    ibv_recv_wr wrs[kPostBatch];
+    ibv_sge sges[kPostBatch];
+    for (size_t done = 0; done < slots.size();) {
+      const size_t n = std::min(kPostBatch, slots.size() - done);
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t slot = slots[done + i];
+        uint8_t* buf = recv_pool_ + slot * recv_slot_size_ + kRecvDataOffset - kGrhBytes;
+        sges[i] = ibv_sge{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(kGrhBytes + dev_.mtu), recv_mr_->lkey};
+        wrs[i] = ibv_recv_wr{};
+        wrs[i].wr_id = slot;
+        wrs[i].sg_list = &sges[i];
+        wrs[i].num_sge = 1;
+        wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
+      }
+      ibv_recv_wr* bad = nullptr;
+      if (int rc = ibv_post_srq_recv(srq_, wrs, &bad); rc != 0) return ErrnoToStatus(rc, "ibv_post_srq_recv");
+      done += n;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int> PollReceives(std::vector<InMessage>* out) {
+    const int n = ibv_poll_cq(recv_cq_, static_cast<int>(recv_wc_.size()), recv_wc_.data());
+    if (n < 0) return absl::InternalError(absl::StrCat("ibv_poll_cq on ", dev_.name, " failed"));
+    int delivered = 0;
+    for (int i = 0; i < n; ++i) {
+      const ibv_wc& wc = recv_wc_[i];
+      const uint32_t slot = static_cast<uint32_t>(wc.wr_id);
+      returned_.push_back(slot);
+      if (wc.status != IBV_WC_SUCCESS || wc.byte_len < kGrhBytes) {
+        if (counters_.dropped.fetch_add(1, std::memory_order_relaxed) == 0) {
+          DLCP_LOG(Warning) << "RDMA receive on " << dev_.name << " failed: " << v_.wc_status_str(wc.status) << ", "
+                            << wc.byte_len << " bytes (further drops are only counted)";
+        }
+        continue;
+      }
+      const uint8_t* data = recv_pool_ + slot * recv_slot_size_ + kRecvDataOffset;
+      std::optional<rdma::GrhSource> src = rdma::ParseGrh(data - kGrhBytes);
+      if (!src) {  // a peer outside dlcp's IPv4-addressed RoCEv2
+        if (counters_.dropped.fetch_add(1, std::memory_order_relaxed) == 0) {
+          DLCP_LOG(Warning) << "RDMA datagram on " << dev_.name << " from qp " << wc.src_qp
+                            << " has no IPv4 source in its GRH (GRH starts " << absl::BytesToHexString(absl::string_view(
+                                   reinterpret_cast<const char*>(data - kGrhBytes), kGrhBytes))
+                            << "); further drops are only counted";
+        }
+        continue;
+      }
+      const size_t len = wc.byte_len - kGrhBytes;
+      out->push_back(InMessage{Address{src->ipv4, 0, wc.src_qp}, data, len, src->dscp});
+      counters_.recv_packets.fetch_add(1, std::memory_order_relaxed);
+      counters_.recv_bytes.fetch_add(len, std::memory_order_relaxed);
+      ++delivered;
+    }
+    // All were errors: hand the buffers back now rather than wait for the next call.
+    if (n > 0 && delivered == 0) {
+      if (absl::Status s = PostReceives(returned_); !s.ok()) return s;
+      returned_.clear();
+      return 0;
+    }
+    return delivered;
+  }
+
+  // Reaps send completions until `n` slots are free, blocking on the send channel by deadline.
+  absl::Status WaitForSendSlots(size_t n, absl::Time deadline) {
+    bool counted = false;
+    for (;;) {
+      ibv_wc wc[16];
+      const int got = ibv_poll_cq(send_cq_, 16, wc);
+      if (got < 0) return absl::InternalError("ibv_poll_cq (send)");
+      for (int i = 0; i < got; ++i) {
+        if (wc[i].status != IBV_WC_SUCCESS) {
+          DLCP_LOG(Warning) << "RDMA send on " << dev_.name << " failed: " << v_.wc_status_str(wc[i].status);
+        }
+        completed_ = std::max(completed_, wc[i].wr_id + 1);
+      }
+      if (posted_ - completed_ + n <= send_slots_) return absl::OkStatus();
+      if (!counted) {
+        counters_.send_would_block.fetch_add(1, std::memory_order_relaxed);
+        counted = true;
+      }
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(absl::StrCat("no RDMA send buffer freed on ", dev_.name, " by the deadline"));
+      }
+      if (options_.busy_poll || got > 0) continue;
+      if (int rc = ibv_req_notify_cq(send_cq_, 0); rc != 0) return ErrnoToStatus(rc, "ibv_req_notify_cq (send)");
+      if (ibv_poll_cq(send_cq_, 0, wc) < 0) return absl::InternalError("ibv_poll_cq (send)");
+      pollfd p{send_channel_->fd, POLLIN, 0};
+      if (DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(left)))) > 0) DrainEvent(send_channel_);
+    }
+  }
+
+  void DrainEvent(ibv_comp_channel* channel) {
+    ibv_cq* cq = nullptr;
+    void* ctx = nullptr;
+    while (v_.get_cq_event(channel, &cq, &ctx) == 0) v_.ack_cq_events(cq, 1);
+  }
+
+  absl::StatusOr<ibv_ah*> AddressHandle(const Address& to, uint8_t priority) {
+    if (to.qpn == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("RDMA destination ", to.ToString(), " has no queue pair number"));
+    }
+    const uint64_t key = static_cast<uint64_t>(to.ipv4) << 8 | (priority & 3);
+    if (auto it = ahs_.find(key); it != ahs_.end()) return it->second;
+    ibv_ah_attr a{};
+    a.is_global = 1;
+    rdma::Ipv4ToGid(to.ipv4, a.grh.dgid.raw);
+    a.grh.sgid_index = static_cast<uint8_t>(dev_.gid_index);
+    a.grh.hop_limit = 64;
+    a.grh.traffic_class = static_cast<uint8_t>(options_.dscp[priority & 3] << 2);
+    a.port_num = dev_.port_num;
+    ibv_ah* ah = v_.create_ah(pd_, &a);
+    if (ah == nullptr) {
+      return absl::UnavailableError(absl::StrCat("cannot create an RDMA address handle for ", to.HostString(), " on ",
+                                                 dev_.name, " (", std::strerror(errno),
+                                                 "): is it reachable from the GID's interface?"));
+    }
+    ahs_.emplace(key, ah);
+    return ah;
+  }
+
+  const rdma::Verbs& v_;
+  TransportOptions options_;
+  rdma::DevicePort dev_;
+  Address local_;
+  size_t max_datagram_ = 0;
+  uint32_t max_inline_ = 0;
+  int wake_fd_ = -1;
+  std::atomic<bool> woken_{false};
+
+  ibv_pd* pd_ = nullptr;
+  ibv_comp_channel* recv_channel_ = nullptr;
+  ibv_comp_channel* send_channel_ = nullptr;
+  ibv_cq* recv_cq_ = nullptr;
+  ibv_cq* send_cq_ = nullptr;
+  ibv_srq* srq_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  ibv_mr* recv_mr_ = nullptr;
+  ibv_mr* send_mr_ = nullptr;
+  uint8_t* recv_pool_ = nullptr;
+  uint8_t* send_pool_ = nullptr;
+  size_t recv_slot_size_ = 0;
+  size_t send_slot_size_ = 0;
+  uint32_t recv_slots_ = 0;
+  uint32_t send_slots_ = 0;
+
+  // Receive side (the I/O thread only).
+  std::vector<ibv_wc> recv_wc_;
+  std::vector<uint32_t> returned_;  // slots handed out by the last Receive, re-posted by the next
+
+  // Send side.
+  std::mutex send_mu_;
+  uint64_t posted_ = 0;     // sends posted (the next one's sequence number)
+  uint64_t completed_ = 0;  // sends known complete: their slots are free
+  std::unordered_map<uint64_t, ibv_ah*> ahs_;  // (ipv4, class) -> handle with that class's DSCP
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateRdmaTransport(const TransportOptions& options) {
+  absl::StatusOr<const rdma::Verbs*> verbs = rdma::LoadVerbs();
+  if (!verbs.ok()) return verbs.status();
+  auto t = std::make_unique<RdmaTransport>(**verbs, options);
+  if (absl::Status s = t->Init(); !s.ok()) return s;
+  return t;
+}
+
+}  // namespace dlcp

@@ -1,0 +1,77 @@
+# Runs inside the Soft-RoCE VM (tests/rdma-vm/rxevm.sh) under busybox `sh -e`, with DLCP_BUILD
+# set by run.sh: the RDMA transport's unit tests, then real jobs through dlcpd and dlcp-bench
+# over verbs. Logs go to /rxevm/out, which comes back to the host; the exit status is the
+# number of failed checks.
+B=$DLCP_BUILD
+OUT=/rxevm/out
+failed=0
+say() { echo "[guest] $*" | tee -a $OUT/summary.txt; }
+pass() { say "PASS $1"; }
+fail() { say "FAIL $1: $2"; failed=$((failed + 1)); }
+
+# dlcpd in the background; prints its control port once it is serving (10 s at most).
+start_dlcpd() {
+  name=$1; shift
+  rm -f /tmp/$name.ready
+  $B/server/dlcpd --plaintext --port=0 --data-port=0 --ready-file=/tmp/$name.ready "$@" > $OUT/$name.log 2>&1 &
+  echo $! > /tmp/$name.pid
+  i=0
+  while [ ! -s /tmp/$name.ready ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+  sed -n 's/.*"control_port":\([0-9]*\).*/\1/p' /tmp/$name.ready
+}
+stop_dlcpd() { kill "$(cat /tmp/$1.pid)" 2>/dev/null || true; wait "$(cat /tmp/$1.pid)" 2>/dev/null || true; }
+field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" "$2" | tail -1; }
+
+# 1. Unit tests: none may skip here, there is a device.
+if $B/tests/rdma_test --gtest_output=xml:$OUT/rdma_test.xml > $OUT/rdma_test.log 2>&1; then
+  if grep -q '\[  SKIPPED \]' $OUT/rdma_test.log; then fail unit "tests skipped on rxe0"; else pass "unit ($(grep -c '\[       OK \]' $OUT/rdma_test.log) tests)"; fi
+else
+  fail unit "$(grep -E '^\[  FAILED  \]' $OUT/rdma_test.log | head -5 | tr '\n' ' ')"
+fi
+
+# 2. An exact job: two aggregators with two data threads each (one on --transport=auto, which
+#    must choose RDMA here), two workers, ε = 0.
+p1=$(start_dlcpd agg1 --transport=rdma --data-threads=2)
+p2=$(start_dlcpd agg2 --transport=auto --data-threads=2)
+if [ -z "$p1" ] || [ -z "$p2" ]; then
+  fail exact "dlcpd did not start: $(tail -3 $OUT/agg1.log $OUT/agg2.log | tr '\n' ' ')"
+else
+  if ! grep -q 'data RDMA queue pairs' $OUT/agg2.log; then fail auto "--transport=auto did not choose RDMA"; else pass "auto chose RDMA"; fi
+  $B/bench/dlcp-bench --aggregators=127.0.0.1:$p1,127.0.0.1:$p2 --plaintext --transport=rdma --workers=2 \
+    --loss-bound=0 --tensor-bytes=400000 --tensors=2 --rounds=5 --timeout-s=120 > $OUT/exact.txt 2>&1 || true
+  if grep -q '"exact":true' $OUT/exact.txt && grep -q 'results exact: yes' $OUT/exact.txt; then
+    pass "exact job over RDMA (p50 $(field p50_ms $OUT/exact.txt) ms)"
+  else
+    fail exact "$(tail -5 $OUT/exact.txt | tr '\n' ' ')"
+  fi
+  # A worker on the other data plane is refused at join, by name.
+  $B/bench/dlcp-bench --aggregators=127.0.0.1:$p1 --plaintext --transport=udp --workers=1 --rounds=1 \
+    --timeout-s=30 > $OUT/mismatch.txt 2>&1 && rc=0 || rc=$?
+  if [ $rc -ne 0 ] && grep -q 'serves data over RDMA but the worker joined with UDP' $OUT/mismatch.txt; then
+    pass "a UDP worker is refused by an RDMA aggregator"
+  else
+    fail mismatch "exit $rc: $(tail -3 $OUT/mismatch.txt | tr '\n' ' ')"
+  fi
+fi
+stop_dlcpd agg1
+stop_dlcpd agg2
+
+# 3. A bounded-loss job with drops injected at the workers and the aggregator: the bound holds,
+#    class 0 arrives, every partial sum is exact over the contributions it reports.
+p=$(start_dlcpd agg3 --transport=rdma --inject-drop-class=1:0.1,2:0.1,3:0.2 --inject-seed=3)
+if [ -z "$p" ]; then
+  fail bounded "dlcpd did not start: $(tail -3 $OUT/agg3.log | tr '\n' ' ')"
+else
+  $B/bench/dlcp-bench --aggregators=127.0.0.1:$p --plaintext --transport=rdma --workers=2 --loss-bound=0.05 \
+    --inject-drop-class=1:0.05,2:0.1,3:0.2 --tensor-bytes=400000 --rounds=8 --timeout-s=120 > $OUT/bounded.txt 2>&1 || true
+  v=$(field bound_violations $OUT/bounded.txt)
+  loss=$(field max_round_loss $OUT/bounded.txt)
+  if [ "$v" = 0 ] && grep -q '"checked":true' $OUT/bounded.txt && grep -q '"exact":true' $OUT/bounded.txt; then
+    pass "bounded job over RDMA: worst round lost $loss of droppable contributions (ε = 0.05), $(field retransmits $OUT/bounded.txt) chunks repaired"
+  else
+    fail bounded "$(tail -5 $OUT/bounded.txt | tr '\n' ' ')"
+  fi
+fi
+stop_dlcpd agg3
+say "$failed check(s) failed"
+exit $failed

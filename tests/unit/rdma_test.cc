@@ -1,0 +1,291 @@
+// The RDMA transport. The GRH and address tests run everywhere; the rest need an RDMA device and
+// skip with "no RDMA device" without one. tests/rdma-vm/ runs them against real verbs on
+// Soft-RoCE (rdma_rxe) inside a VM.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/transport/rdma/grh.h"
+#include "common/transport/transport.h"
+
+namespace dlcp {
+namespace {
+
+// ---- GRH parsing and addresses: no device needed.
+
+std::array<uint8_t, 40> Ipv4Grh(uint32_t src, uint32_t dst, uint8_t tos) {
+  std::array<uint8_t, 40> g{};
+  std::fill(g.begin(), g.begin() + 20, 0xab);  // unspecified bytes: must not matter
+  uint8_t* h = g.data() + 20;
+  h[0] = 0x45;
+  h[1] = tos;
+  h[2] = 0, h[3] = 100;  // total length
+  h[8] = 64;             // TTL
+  h[9] = 17;             // UDP
+  for (int i = 0; i < 4; ++i) {
+    h[12 + i] = static_cast<uint8_t>(src >> (24 - 8 * i));
+    h[16 + i] = static_cast<uint8_t>(dst >> (24 - 8 * i));
+  }
+  uint32_t sum = 0;
+  for (int i = 0; i < 20; i += 2) sum += static_cast<uint32_t>(h[i]) << 8 | h[i + 1];
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  const uint16_t check = static_cast<uint16_t>(~sum);
+  h[10] = static_cast<uint8_t>(check >> 8);
+  h[11] = static_cast<uint8_t>(check);
+  return g;
+}
+
+TEST(RdmaGrh, ReadsSourceAndDscpFromAnIpv4Header) {
+  auto g = Ipv4Grh(0x0a000001, 0x0a000002, 34 << 2);
+  std::optional<rdma::GrhSource> s = rdma::ParseGrh(g.data());
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->ipv4, 0x0a000001u);
+  EXPECT_EQ(s->dscp, 34);
+}
+
+TEST(RdmaGrh, AcceptsAnUnchecksummedIpv4HeaderAfterZeroedBytes) {
+  // What Soft-RoCE delivers for a packet whose checksum was left to offload.
+  auto g = Ipv4Grh(0x0a000001, 0x0a000001, 46 << 2);
+  std::fill(g.begin(), g.begin() + 20, 0);
+  g[30] = g[31] = 0;
+  std::optional<rdma::GrhSource> s = rdma::ParseGrh(g.data());
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->ipv4, 0x0a000001u);
+  EXPECT_EQ(s->dscp, 46);
+}
+
+TEST(RdmaGrh, RejectsAnIpv4HeaderWithABadChecksum) {
+  auto g = Ipv4Grh(0x0a000001, 0x0a000002, 46 << 2);
+  g[20 + 10] ^= 1;
+  g[0] = 0;  // and not an IPv6 header either
+  EXPECT_FALSE(rdma::ParseGrh(g.data()).has_value());
+}
+
+TEST(RdmaGrh, ReadsAnIpv6HeaderFromAnIpv4MappedGid) {
+  std::array<uint8_t, 40> g{};
+  const int tclass = 18 << 2;
+  g[0] = static_cast<uint8_t>(0x60 | tclass >> 4);
+  g[1] = static_cast<uint8_t>((tclass & 0xf) << 4);
+  rdma::Ipv4ToGid(0xc0a80107, g.data() + 8);
+  rdma::Ipv4ToGid(0xc0a80108, g.data() + 24);
+  std::optional<rdma::GrhSource> s = rdma::ParseGrh(g.data());
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->ipv4, 0xc0a80107u);
+  EXPECT_EQ(s->dscp, 18);
+  g[8] = 0xfe;  // a link-local IPv6 GID: not a dlcp peer
+  EXPECT_FALSE(rdma::ParseGrh(g.data()).has_value());
+}
+
+TEST(RdmaGrh, GidsMapIpv4BothWays) {
+  uint8_t gid[16];
+  rdma::Ipv4ToGid(0x01020304, gid);
+  const uint8_t want[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 1, 2, 3, 4};
+  EXPECT_EQ(std::memcmp(gid, want, 16), 0);
+  EXPECT_EQ(rdma::GidToIpv4(gid), 0x01020304u);
+  gid[0] = 0xfe;
+  EXPECT_FALSE(rdma::GidToIpv4(gid).has_value());
+}
+
+TEST(RdmaAddress, PacksUdpAndQueuePairAddressesApart) {
+  const Address udp{0xffffffff, 65535};
+  const Address qp{0xffffffff, 0, 0xffffff};
+  const Address zero{};
+  for (const Address& a : {udp, qp, zero, Address{0x0a000001, 7}, Address{0x0a000001, 0, 7}}) {
+    EXPECT_NE(a.Pack(), 0u) << a.ToString();
+    EXPECT_EQ(Address::Unpack(a.Pack()), a) << a.ToString();
+  }
+  EXPECT_NE((Address{0x0a000001, 7}.Pack()), (Address{0x0a000001, 0, 7}.Pack()));
+  EXPECT_EQ((Address{0x0a000001, 0, 17}.ToString()), "10.0.0.1/qp17");
+}
+
+// ---- Availability: what auto does follows from what RDMA can do here.
+
+TEST(RdmaAvailability, AutoPicksRdmaExactlyWhenADeviceIsUsable) {
+  TransportOptions o;
+  o.kind = TransportOptions::Kind::kRdma;
+  absl::StatusOr<std::unique_ptr<Transport>> rdma = CreateTransport(o);
+  o.kind = TransportOptions::Kind::kAuto;
+  absl::StatusOr<std::unique_ptr<Transport>> any = CreateTransport(o);
+  ASSERT_TRUE(any.ok()) << any.status();
+  if (rdma.ok()) {
+    EXPECT_EQ((*any)->kind(), TransportOptions::Kind::kRdma);
+  } else {
+    EXPECT_EQ((*any)->kind(), TransportOptions::Kind::kUdp);
+    // The reason names what is missing.
+    const std::string why(rdma.status().message());
+    EXPECT_TRUE(why.find("no RDMA device") != std::string::npos || why.find("libibverbs") != std::string::npos ||
+                why.find("not active") != std::string::npos || why.find("RoCEv2") != std::string::npos)
+        << why;
+  }
+}
+
+// ---- On a device.
+
+class RdmaTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Transport>> probe = Make();
+    if (!probe.ok()) GTEST_SKIP() << "no RDMA device usable here: " << probe.status().message();
+  }
+
+  static absl::StatusOr<std::unique_ptr<Transport>> Make(RdmaOptions r = {}) {
+    TransportOptions o;
+    o.kind = TransportOptions::Kind::kRdma;
+    o.rdma = r;
+    return CreateTransport(o);
+  }
+
+  static std::vector<std::vector<uint8_t>> Collect(Transport* t, size_t want, std::vector<InMessage>* meta = nullptr) {
+    std::vector<std::vector<uint8_t>> got;
+    std::vector<InMessage> batch;
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (got.size() < want && absl::Now() < deadline) {
+      EXPECT_TRUE(t->Receive(&batch, absl::Milliseconds(200)).ok());
+      for (const InMessage& m : batch) {
+        got.emplace_back(m.data, m.data + m.len);
+        if (meta) meta->push_back(InMessage{m.from, nullptr, m.len, m.dscp});
+      }
+    }
+    return got;
+  }
+};
+
+TEST_F(RdmaTransportTest, GathersAndDeliversExactBytesInOrderWithTheSendersAddress) {
+  auto a = *Make();
+  auto b = *Make();
+  const size_t mtu = a->max_datagram();
+  ASSERT_GE(mtu, 256u);
+  EXPECT_EQ(a->kind(), TransportOptions::Kind::kRdma);
+  EXPECT_NE(a->local_address().qpn, 0u);
+  EXPECT_NE(a->local_address().qpn, b->local_address().qpn);
+  std::vector<uint8_t> header = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<uint8_t> trailer = {9, 9, 9};
+  std::vector<std::vector<uint8_t>> payloads;
+  for (size_t i = 0; i < 300; ++i) {
+    std::vector<uint8_t> p(i * 37 % (mtu - header.size() - trailer.size() + 1));
+    for (size_t j = 0; j < p.size(); ++j) p[j] = static_cast<uint8_t>(i * 7 + j);
+    payloads.push_back(std::move(p));
+  }
+  std::vector<OutMessage> msgs;
+  for (auto& p : payloads) {
+    msgs.push_back({b->local_address(), 1, header.data(), header.size(), p.data(), p.size(), trailer.data(),
+                    trailer.size()});
+  }
+  ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  std::vector<InMessage> meta;
+  auto got = Collect(b.get(), msgs.size(), &meta);
+  ASSERT_EQ(got.size(), msgs.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    std::vector<uint8_t> want = header;
+    want.insert(want.end(), payloads[i].begin(), payloads[i].end());
+    want.insert(want.end(), trailer.begin(), trailer.end());
+    ASSERT_EQ(got[i], want) << "message " << i;
+    ASSERT_EQ(meta[i].from, a->local_address());
+  }
+  EXPECT_EQ(a->counters().sent_packets.load(), msgs.size());
+  EXPECT_EQ(b->counters().recv_packets.load(), msgs.size());
+}
+
+TEST_F(RdmaTransportTest, WrapsTheSendRingAndRepostsReceivesInBatches) {
+  RdmaOptions small;
+  small.send_slots = 64;
+  small.signal_every = 16;
+  small.recv_slots = 256;
+  auto a = *Make(small);
+  auto b = *Make(small);
+  // 20 bursts of 200: each burst wraps the 64-slot send ring three times and needs most of the
+  // 256 receive buffers, which only come back if every burst's buffers are re-posted.
+  uint32_t next = 0;
+  for (int burst = 0; burst < 20; ++burst) {
+    std::vector<uint32_t> seq(200);
+    std::vector<OutMessage> msgs;
+    for (uint32_t& s : seq) {
+      s = next++;
+      msgs.push_back({b->local_address(), 2, reinterpret_cast<const uint8_t*>(&s), sizeof(s)});
+    }
+    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+    auto got = Collect(b.get(), msgs.size());
+    ASSERT_EQ(got.size(), msgs.size()) << "burst " << burst;
+    for (size_t i = 0; i < got.size(); ++i) {
+      uint32_t v;
+      std::memcpy(&v, got[i].data(), sizeof(v));
+      ASSERT_EQ(v, seq[i]);
+    }
+  }
+  EXPECT_EQ(b->counters().dropped.load(), 0u);
+}
+
+TEST_F(RdmaTransportTest, EachClassArrivesWithItsDscpInTheGrh) {
+  auto a = *Make();
+  auto b = *Make();
+  const std::array<uint8_t, 4> dscp = TransportOptions{}.dscp;
+  std::vector<OutMessage> msgs;
+  const uint8_t body[4] = {0, 1, 2, 3};
+  for (uint8_t c = 0; c < 4; ++c) msgs.push_back({b->local_address(), c, &body[c], 1});
+  ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  std::vector<InMessage> meta;
+  auto got = Collect(b.get(), 4, &meta);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const uint8_t c = got[i][0];
+    EXPECT_EQ(meta[i].dscp, dscp[c]) << "class " << int{c};
+  }
+}
+
+TEST_F(RdmaTransportTest, RefusesDatagramsOverTheMtu) {
+  auto a = *Make();
+  std::vector<uint8_t> big(a->max_datagram() + 1);
+  OutMessage m{a->local_address(), 0, big.data(), big.size()};
+  absl::Status s = a->Send({&m, 1}, absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("MTU"), std::string_view::npos) << s;
+}
+
+TEST_F(RdmaTransportTest, ReceiveBlocksUntilItsTimeoutOrAWake) {
+  auto a = *Make();
+  std::vector<InMessage> out;
+  absl::Time t0 = absl::Now();
+  ASSERT_TRUE(a->Receive(&out, absl::Milliseconds(100)).ok());
+  EXPECT_TRUE(out.empty());
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(90));
+  std::thread waker([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    a->Wake();
+  });
+  t0 = absl::Now();
+  ASSERT_TRUE(a->Receive(&out, absl::Seconds(10)).ok());
+  waker.join();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+}
+
+TEST_F(RdmaTransportTest, BadSettingsGiveErrorsThatNameTheFix) {
+  RdmaOptions o;
+  o.device = "no-such-device";
+  absl::StatusOr<std::unique_ptr<Transport>> t = Make(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("no RDMA device named 'no-such-device'"), std::string_view::npos) << t.status();
+
+  o = RdmaOptions{};
+  o.gid_index = 4000;
+  t = Make(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("GID index 4000"), std::string_view::npos) << t.status();
+
+  o = RdmaOptions{};
+  o.qkey = 0x80000001;
+  t = Make(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("privileged"), std::string_view::npos) << t.status();
+
+  o = RdmaOptions{};
+  o.signal_every = 7;
+  t = Make(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("signal_every"), std::string_view::npos) << t.status();
+}
+
+}  // namespace
+}  // namespace dlcp
