@@ -19,7 +19,7 @@ typedef struct {
   const char* job_name;
   uint32_t world_size;
   uint32_t rank;
-  uint32_t chunk_bytes;    /* 0: default (8192) */
+  uint32_t chunk_bytes;    /* 0: fit the data plane (8192 over UDP, MTU - 56 over RDMA) */
   uint32_t op_timeout_ms;  /* 0: default (60000) */
   /* gRPC security: TLS unless plaintext is nonzero. NULL or "" for unset files. */
   int plaintext;

@@ -73,5 +73,24 @@ else
   fi
 fi
 stop_dlcpd agg3
+
+# 4. A port that is down: --transport=rdma refuses to start and says so; auto falls back to UDP
+#    and says why.
+ip link set dummy0 down
+i=0
+while ! grep -q DOWN /sys/class/infiniband/rxe0/ports/1/state && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+$B/server/dlcpd --plaintext --port=0 --data-port=0 --transport=rdma > $OUT/down.log 2>&1 && rc=0 || rc=$?
+if [ $rc -ne 0 ] && grep -q 'rxe0 port 1 is not active' $OUT/down.log; then
+  pass "port down: dlcpd --transport=rdma refuses to start, naming it"
+else
+  fail down "exit $rc: $(tail -2 $OUT/down.log | tr '\n' ' ')"
+fi
+p=$(start_dlcpd agg4 --transport=auto)
+if [ -n "$p" ] && grep -q 'using UDP, because rxe0 port 1 is not active' $OUT/agg4.log && grep -q 'data UDP ports' $OUT/agg4.log; then
+  pass "port down: --transport=auto falls back to UDP, saying why"
+else
+  fail fallback "$(tail -2 $OUT/agg4.log | tr '\n' ' ')"
+fi
+stop_dlcpd agg4
 say "$failed check(s) failed"
 exit $failed
