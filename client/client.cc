@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   eo.max_inflight = UINT32_MAX;
   for (const AggregatorInfo& a : (*session)->aggregators()) {
     eo.endpoints.push_back(a.data_endpoints);
+    eo.sources.push_back(a.data_sources);
     eo.epochs.push_back(a.epoch);
     eo.keys.push_back(a.data_key);
     eo.aggregator_ids.push_back(a.control);

@@ -84,6 +84,14 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
             " transport cannot reach"));
       }
       a->qpn = e.qpn();
+      std::vector<Address> sources;
+      for (uint32_t p : e.spray_ports()) {
+        if (p == 0 || p > 65535) {
+          return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " sent spray port ", p));
+        }
+        sources.push_back(Address{a->ipv4, static_cast<uint16_t>(p)});
+      }
+      info.data_sources.push_back(std::move(sources));
       info.data_endpoints.push_back(*a);
     }
     s->aggregators_.push_back(std::move(info));

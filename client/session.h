@@ -25,6 +25,7 @@ namespace dlcp {
 struct AggregatorInfo {
   std::string control;                 // host:port as given
   std::vector<Address> data_endpoints; // resolved
+  std::vector<std::vector<Address>> data_sources;  // per endpoint: its other (spraying) source addresses
   uint32_t max_rounds_in_flight = 0;
   uint32_t epoch = 0;                   // of this job's incarnation at this aggregator
   std::optional<wire::MacKey> data_key; // the job's data-plane key there, if it authenticates

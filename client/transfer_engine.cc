@@ -37,8 +37,12 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
   policy_ = policy.ok() ? std::move(*policy) : *CreateClassPolicy({ClassPolicyOptions::Kind::kUniform, 0, 1});
   for (size_t a = 0; a < options_.endpoints.size(); ++a) {
     dest_base_.push_back(static_cast<uint32_t>(dest_addr_.size()));
-    for (const Address& ep : options_.endpoints[a]) {
+    for (size_t e = 0; e < options_.endpoints[a].size(); ++e) {
+      const Address& ep = options_.endpoints[a][e];
       dest_by_addr_[ep.Pack()] = static_cast<uint32_t>(dest_addr_.size());
+      if (a < options_.sources.size() && e < options_.sources[a].size()) {
+        for (const Address& s : options_.sources[a][e]) dest_by_addr_[s.Pack()] = static_cast<uint32_t>(dest_addr_.size());
+      }
       dest_addr_.push_back(ep);
       dest_epoch_.push_back(options_.epochs[a]);
       dest_key_.push_back(options_.keys[a] ? &*options_.keys[a] : nullptr);
@@ -364,7 +368,8 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  if (!(m.from == dest_addr_[dest])) {
+  auto from = dest_by_addr_.find(m.from.Pack());
+  if (from == dest_by_addr_.end() || from->second != dest) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
     if (!warned_source_) {
       warned_source_ = true;

@@ -37,6 +37,9 @@ struct EngineOptions {
   uint32_t chunk_bytes = 0;
   // Data endpoints of each aggregator, in the order of the topology's aggregators.
   std::vector<std::vector<Address>> endpoints;
+  // Per aggregator and endpoint, the other addresses that endpoint's datagrams come from (UDP
+  // path spraying); may be empty.
+  std::vector<std::vector<std::vector<Address>>> sources;
   std::vector<std::string> aggregator_ids;
   uint32_t window_chunks = 512;
   uint32_t max_inflight = 64;

@@ -293,6 +293,8 @@ ClientOptions MakeOptions(py::kwargs kw) {
   opt("busy_poll", o.transport.busy_poll);
   py::object transport = take("transport");
   if (!transport.is_none()) o.transport.kind = Parsed(ParseTransportKind(transport.cast<std::string>()));
+  opt("spray_ports", o.transport.spray_ports);
+  opt("spray_burst", o.transport.spray_burst);
   opt("rdma_device", o.transport.rdma.device);
   opt("rdma_gid_index", o.transport.rdma.gid_index);
   opt("rdma_qkey", o.transport.rdma.qkey);

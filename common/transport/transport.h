@@ -54,6 +54,7 @@ struct TransportCounters {
   std::atomic<uint64_t> send_would_block{0};  // times a send waited for buffer space
   std::atomic<uint64_t> dropped{0};           // known drops (loopback queue full, oversize)
   std::atomic<uint64_t> gso_sends{0};         // super-datagrams sent through UDP GSO
+  std::atomic<uint64_t> spray_bursts{0};      // runs of datagrams sent from one source port
 };
 
 // RDMA (RoCEv2, unreliable datagram) settings; common/transport/rdma/rdma_transport.h.
@@ -87,6 +88,12 @@ struct TransportOptions {
   // (GRO) receives. Both fall back silently where the kernel or path does not support them.
   bool gso = true;
   bool gro = true;
+  // UDP path spraying (docs/path-spraying.md): datagrams leave from this many source ports in
+  // turn, so switches that hash the 5-tuple (ECMP) spread one endpoint's traffic over every
+  // path. Each port carries a burst of up to spray_burst datagrams before the next takes over.
+  // 1 turns spraying off. One extra socket per port serves every peer.
+  uint32_t spray_ports = 16;
+  uint32_t spray_burst = 8;
   RdmaOptions rdma;
 };
 
@@ -103,6 +110,9 @@ class Transport {
   virtual size_t max_datagram() const = 0;
   // What this transport is (never kAuto).
   virtual TransportOptions::Kind kind() const = 0;
+  // The other ports datagrams leave from when spraying (UDP), for peers that check sources;
+  // they receive nothing. Empty when every datagram leaves from local_address().
+  virtual std::vector<uint16_t> spray_ports() const { return {}; }
 
   // Hands every message to the network, in order, or fails. Waits for local buffer space until
   // `deadline` at most; never waits for the peer. A datagram the network drops later is not an

@@ -16,6 +16,9 @@ void DeclareTransportFlags(ConfigRegistry* c) {
                  return absl::OkStatus();
                });
   c->AddBool("udp-offload", true, "UDP GSO on send and GRO on receive, where the kernel supports them");
+  c->AddInt("spray-ports", 16, 1, 64,
+            "UDP source ports each endpoint sends from in turn, so ECMP spreads it over every path; 1: off");
+  c->AddInt("spray-burst", 8, 1, 64, "datagrams sent from one source port before the next takes over");
   c->AddString("rdma-device", "", "RDMA device (e.g. mlx5_0, rxe0); empty: the first with an active RoCEv2 port");
   c->AddInt("rdma-port", 1, 1, 255, "RDMA device port");
   c->AddInt("rdma-gid-index", -1, -1, 65535, "RoCEv2 GID index; -1 searches the GID table for the IPv4 RoCEv2 GID");
@@ -25,6 +28,8 @@ void DeclareTransportFlags(ConfigRegistry* c) {
 void TransportOptionsFromConfig(const ConfigRegistry& c, TransportOptions* o) {
   o->kind = *ParseTransportKind(c.GetString("transport"));  // validated as a flag
   o->gso = o->gro = c.GetBool("udp-offload");
+  o->spray_ports = static_cast<uint32_t>(c.GetInt("spray-ports"));
+  o->spray_burst = static_cast<uint32_t>(c.GetInt("spray-burst"));
   o->rdma.device = c.GetString("rdma-device");
   o->rdma.port_num = static_cast<uint8_t>(c.GetInt("rdma-port"));
   o->rdma.gid_index = static_cast<int>(c.GetInt("rdma-gid-index"));

@@ -1,5 +1,5 @@
 // The data-plane transport settings of the binaries, declared once for dlcpd and dlcp-bench:
-// --transport, --udp-offload and the --rdma-* settings (and their DLCP_* variables).
+// --transport, --udp-offload, --spray-ports, --spray-burst and the --rdma-* settings (and their DLCP_* variables).
 #pragma once
 
 #include "common/config/registry.h"

@@ -47,6 +47,15 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
   metrics->AddComputed("dlcp_transport_dropped_total", {}, K::kCounter,
                        "Datagrams the transport knew it lost (truncated, unreachable peer)",
                        transport_sum(&TransportCounters::dropped));
+  // How datagrams are sprayed over paths: the source ports per endpoint, labelled with the burst
+  // (datagrams per port choice; 1 would be per packet), and how many bursts went out.
+  const double ports = static_cast<double>(plane->threads_[0]->transport()->spray_ports().size() + 1);
+  metrics->AddComputed("dlcp_transport_spray_ports", {{"burst", absl::StrCat(options.transport.spray_burst)}},
+                       K::kGauge, "Source ports each data endpoint sprays its datagrams over (1: no spraying)",
+                       [ports] { return ports; });
+  metrics->AddComputed("dlcp_transport_spray_bursts_total", {}, K::kCounter,
+                       "Bursts of datagrams sent from one spraying source port",
+                       transport_sum(&TransportCounters::spray_bursts));
   for (auto& t : plane->threads_) plane->running_.emplace_back([raw = t.get()] { raw->Run(); });
   return plane;
 }
@@ -56,6 +65,12 @@ DataPlane::~DataPlane() { Stop(); }
 std::vector<Address> DataPlane::endpoints() const {
   std::vector<Address> out;
   for (const auto& t : threads_) out.push_back(t->transport()->local_address());
+  return out;
+}
+
+std::vector<std::vector<uint16_t>> DataPlane::spray_ports() const {
+  std::vector<std::vector<uint16_t>> out;
+  for (const auto& t : threads_) out.push_back(t->transport()->spray_ports());
   return out;
 }
 

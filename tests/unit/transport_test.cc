@@ -4,6 +4,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <map>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -62,7 +64,11 @@ TEST_P(TransportTest, GathersHeaderAndPayloadAndPreservesOrder) {
   Address from;
   auto got = Collect(b.get(), msgs.size(), &from);
   ASSERT_EQ(got.size(), msgs.size());
-  EXPECT_EQ(from, a->local_address());
+  // From the sender's address, or (UDP path spraying) one of its other source ports.
+  std::vector<uint16_t> sources = a->spray_ports();
+  sources.push_back(a->local_address().port);
+  EXPECT_EQ(from.ipv4, a->local_address().ipv4);
+  EXPECT_NE(std::find(sources.begin(), sources.end(), from.port), sources.end()) << from.ToString();
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].size(), 4 + payloads[i].size());
     EXPECT_EQ(got[i][3], 4);
@@ -206,6 +212,14 @@ TEST(TransportFactory, ValidatesOptions) {
   o.bind_host = "no.such.host.invalid";
   EXPECT_FALSE(CreateTransport(o).ok());
   EXPECT_FALSE(ParseTransportKind("carrier-pigeon").ok());
+  for (auto [ports, burst] : {std::pair{0u, 8u}, {65u, 8u}, {16u, 0u}, {16u, 65u}}) {
+    o = TransportOptions();
+    o.spray_ports = ports;
+    o.spray_burst = burst;
+    absl::Status s = CreateTransport(o).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << ports << "/" << burst;
+    EXPECT_NE(s.message().find("spray_ports"), std::string_view::npos) << s;
+  }
 }
 
 // Each message's class must leave the host as its DSCP code point, including runs sent as one
@@ -258,6 +272,80 @@ TEST(UdpTransport, MarksEveryDatagramWithItsClassDscp) {
     EXPECT_EQ(tos >> 2, o.dscp[cls]) << "class " << int(cls);
   }
   close(rx);
+}
+
+// Path spraying: bursts of spray_burst datagrams leave from each of spray_ports source ports in
+// turn, and the ports are the ones the transport reports (peers map them to the endpoint).
+TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
+  for (bool gso : {false, true}) {
+    TransportOptions o;
+    o.kind = TransportOptions::Kind::kUdp;
+    o.bind_host = "127.0.0.1";
+    o.gso = o.gro = gso;
+    o.spray_ports = 4;
+    o.spray_burst = 3;
+    auto a = CreateTransport(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    o.spray_ports = 1;
+    o.gro = false;  // count datagrams one by one
+    auto b = CreateTransport(o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    std::vector<uint16_t> ports = (*a)->spray_ports();
+    ASSERT_EQ(ports.size(), 3u);
+    ports.push_back((*a)->local_address().port);
+    EXPECT_TRUE((*b)->spray_ports().empty());
+
+    std::vector<uint8_t> payload(1000, 7);
+    std::vector<OutMessage> msgs(60, OutMessage{(*b)->local_address(), 1, payload.data(), payload.size()});
+    ASSERT_TRUE((*a)->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+    std::map<uint16_t, int> per_port;
+    std::vector<uint16_t> order;
+    std::vector<InMessage> batch;
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (order.size() < msgs.size() && absl::Now() < deadline) {
+      ASSERT_TRUE((*b)->Receive(&batch, absl::Milliseconds(100)).ok());
+      for (const InMessage& m : batch) {
+        EXPECT_EQ(m.from.ipv4, (*a)->local_address().ipv4);
+        ++per_port[m.from.port];
+        order.push_back(m.from.port);
+      }
+    }
+    ASSERT_EQ(order.size(), msgs.size()) << "gso " << gso;
+    ASSERT_EQ(per_port.size(), 4u) << "gso " << gso;
+    for (uint16_t p : ports) EXPECT_EQ(per_port[p], 15) << "port " << p << ", gso " << gso;
+    // No run from one port is longer than a burst.
+    size_t run = 1;
+    for (size_t i = 1; i < order.size(); ++i) {
+      run = order[i] == order[i - 1] ? run + 1 : 1;
+      ASSERT_LE(run, 3u) << "at datagram " << i << ", gso " << gso;
+    }
+    EXPECT_EQ((*a)->counters().spray_bursts.load(), 20u);
+  }
+}
+
+TEST(UdpTransport, OneSprayPortSendsEverythingFromTheBoundPort) {
+  TransportOptions o;
+  o.kind = TransportOptions::Kind::kUdp;
+  o.bind_host = "127.0.0.1";
+  o.spray_ports = 1;
+  auto a = CreateTransport(o);
+  auto b = CreateTransport(o);
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<uint8_t> payload(100, 1);
+  std::vector<OutMessage> msgs(40, OutMessage{(*b)->local_address(), 2, payload.data(), payload.size()});
+  ASSERT_TRUE((*a)->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  size_t got = 0;
+  std::vector<InMessage> batch;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (got < msgs.size() && absl::Now() < deadline) {
+    ASSERT_TRUE((*b)->Receive(&batch, absl::Milliseconds(100)).ok());
+    for (const InMessage& m : batch) {
+      EXPECT_EQ(m.from, (*a)->local_address());
+      ++got;
+    }
+  }
+  EXPECT_EQ(got, msgs.size());
+  EXPECT_EQ((*a)->counters().spray_bursts.load(), 0u);
 }
 
 }  // namespace

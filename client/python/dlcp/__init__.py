@@ -91,7 +91,8 @@ class Client:
       num_layers, compensation ("rescale" | "zero-fill"), error_feedback, pull_mode
       ("consistent" | "bounded"), pull_loss_bound, phase_aware; rpc_timeout_s, op_timeout_s,
       repair_timeout_s, heartbeat_interval_s, window_bytes; data_host, bind_host, dscp,
-      busy_poll; transport ("auto" | "udp" | "rdma"), rdma_device, rdma_gid_index, rdma_qkey;
+      busy_poll; transport ("auto" | "udp" | "rdma"), spray_ports, spray_burst, rdma_device,
+      rdma_gid_index, rdma_qkey;
       inject_drop ("C:P,..."), inject_burst, inject_seed (for tests).
     Methods may be called from any thread.
     """

@@ -38,6 +38,7 @@ class UdpTransport final : public Transport {
   ~UdpTransport() override {
     if (fd_ >= 0) ::close(fd_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
+    for (int fd : spray_fds_) ::close(fd);
     std::free(recv_pool_);
   }
 
@@ -46,8 +47,8 @@ class UdpTransport final : public Transport {
     wake_fd_ = DLCP_SYSCALL(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     absl::StatusOr<Address> bind_addr = ResolveAddress(options_.bind_host, options_.port);
     if (!bind_addr.ok()) return bind_addr.status();
-    SetBuffer(SO_RCVBUFFORCE, SO_RCVBUF, "receive");
-    SetBuffer(SO_SNDBUFFORCE, SO_SNDBUF, "send");
+    SetBuffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF, "receive");
+    SetBuffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF, "send");
     sockaddr_in sa = bind_addr->ToSockaddr();
     if (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
       return ErrnoToStatus(errno, absl::StrCat("bind UDP ", bind_addr->ToString()));
@@ -57,6 +58,24 @@ class UdpTransport final : public Transport {
     local_ = Address::FromSockaddr(sa);
     // A wildcard bind reports 0.0.0.0; peers on this host reach it through 127.0.0.1.
     if (local_.ipv4 == 0) local_.ipv4 = 0x7f000001;
+    send_fds_.push_back(fd_);
+    for (uint32_t i = 1; i < options_.spray_ports; ++i) {
+      // Send-only sockets on free ports of the same address. Nobody is told to send to them;
+      // a minimal receive buffer bounds what strays could queue there.
+      int fd = DLCP_SYSCALL(::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+      spray_fds_.push_back(fd);
+      sockaddr_in any = Address{bind_addr->ipv4, 0}.ToSockaddr();
+      if (::bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof(any)) != 0) {
+        return ErrnoToStatus(errno, absl::StrCat("bind UDP spray port on ", bind_addr->HostString()));
+      }
+      socklen_t alen = sizeof(any);
+      DLCP_SYSCALL(::getsockname(fd, reinterpret_cast<sockaddr*>(&any), &alen));
+      spray_ports_.push_back(ntohs(any.sin_port));
+      SetBuffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, "send");
+      int tiny = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &tiny, sizeof(tiny));
+      send_fds_.push_back(fd);
+    }
 
     // Each receive slot holds one datagram; 64-byte alignment keeps payloads (after the 48-byte
     // header) 16-byte aligned for the SIMD reduction.
@@ -76,6 +95,7 @@ class UdpTransport final : public Transport {
 
   Address local_address() const override { return local_; }
   TransportOptions::Kind kind() const override { return TransportOptions::Kind::kUdp; }
+  std::vector<uint16_t> spray_ports() const override { return spray_ports_; }
   size_t max_datagram() const override { return options_.max_datagram; }
 
   absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) override {
@@ -128,15 +148,15 @@ class UdpTransport final : public Transport {
   }
 
  private:
-  void SetBuffer(int force_opt, int opt, const char* what) {
+  void SetBuffer(int fd, int force_opt, int opt, const char* what) {
     int v = static_cast<int>(options_.socket_buffer_bytes);
-    if (::setsockopt(fd_, SOL_SOCKET, force_opt, &v, sizeof(v)) == 0) return;
+    if (::setsockopt(fd, SOL_SOCKET, force_opt, &v, sizeof(v)) == 0) return;
     // Without CAP_NET_ADMIN the kernel caps the size at net.core.{r,w}mem_max.
-    ::setsockopt(fd_, SOL_SOCKET, opt, &v, sizeof(v));
+    ::setsockopt(fd, SOL_SOCKET, opt, &v, sizeof(v));
     int actual = 0;
     socklen_t len = sizeof(actual);
-    ::getsockopt(fd_, SOL_SOCKET, opt, &actual, &len);
-    if (static_cast<size_t>(actual) < options_.socket_buffer_bytes) {
+    ::getsockopt(fd, SOL_SOCKET, opt, &actual, &len);
+    if (fd == fd_ && static_cast<size_t>(actual) < options_.socket_buffer_bytes) {
       DLCP_LOG(Warning) << "UDP " << what << " buffer is " << actual << " bytes, asked for "
                         << options_.socket_buffer_bytes << "; raise net.core." << (opt == SO_RCVBUF ? "r" : "w")
                         << "mem_max or run with CAP_NET_ADMIN to avoid drops under bursts";
@@ -146,21 +166,31 @@ class UdpTransport final : public Transport {
   // Sends up to kSendBatch messages. Consecutive messages to the same peer, class and length are
   // sent as one UDP GSO super-datagram (the kernel cuts it into datagrams), which saves a trip
   // through the stack per datagram. Returns false if the kernel refused GSO, which is then off.
+  // When spraying, each burst of up to spray_burst datagrams leaves from the next source port.
   absl::StatusOr<bool> SendWindow(absl::Span<const OutMessage> msgs, absl::Time deadline) {
     mmsghdr hdrs[kSendBatch];
     iovec iovs[kSendBatch * 3];
     sockaddr_in addrs[kSendBatch];
     uint32_t segments[kSendBatch];
+    int unit_fd[kSendBatch];
     alignas(cmsghdr) uint8_t cmsgs[kSendBatch][kCmsgSpace];
     const bool gso = options_.gso && !gso_off_.load(std::memory_order_relaxed);
+    const size_t ports = send_fds_.size();
+    const size_t burst = ports > 1 ? options_.spray_burst : SIZE_MAX;
+    size_t port = ports > 1 ? next_port_.fetch_add(1, std::memory_order_relaxed) % ports : 0;
+    size_t burst_used = 0;
     size_t units = 0, iov_used = 0;
     for (size_t i = 0; i < msgs.size();) {
       const OutMessage& first = msgs[i];
       const size_t seg = first.size();
       size_t count = 1, total = seg;
+      if (burst_used >= burst) {
+        port = (port + 1) % ports;
+        burst_used = 0;
+      }
       // Segments of a GSO send land back to back in the receiver's GRO buffer: only a size that
       // is a multiple of 4 keeps the float payloads after it aligned.
-      while (gso && seg % 4 == 0 && i + count < msgs.size() && count < kMaxGsoSegments) {
+      while (gso && seg % 4 == 0 && i + count < msgs.size() && count < kMaxGsoSegments && burst_used + count < burst) {
         const OutMessage& m = msgs[i + count];
         const size_t len = m.size();
         if (!(m.to == first.to) || m.priority != first.priority || len > seg || total + len > kMaxGsoBytes) break;
@@ -198,12 +228,18 @@ class UdpTransport final : public Transport {
         uint16_t gso_size = static_cast<uint16_t>(seg);
         std::memcpy(CMSG_DATA(c), &gso_size, sizeof(gso_size));
       }
+      unit_fd[units] = send_fds_[port];
+      if (ports > 1 && burst_used == 0) counters_.spray_bursts.fetch_add(1, std::memory_order_relaxed);
+      burst_used += count;
       segments[units++] = static_cast<uint32_t>(count);
       i += count;
     }
     size_t sent = 0;
     while (sent < units) {
-      int rc = ::sendmmsg(fd_, hdrs + sent, static_cast<unsigned>(units - sent), MSG_DONTWAIT);
+      size_t run = 1;  // units that leave from the same socket go in one call
+      while (sent + run < units && unit_fd[sent + run] == unit_fd[sent]) ++run;
+      const int fd = unit_fd[sent];
+      int rc = ::sendmmsg(fd, hdrs + sent, static_cast<unsigned>(run), MSG_DONTWAIT);
       if (rc > 0) {
         for (int k = 0; k < rc; ++k) {
           counters_.sent_bytes.fetch_add(hdrs[sent + k].msg_len, std::memory_order_relaxed);
@@ -217,7 +253,7 @@ class UdpTransport final : public Transport {
       if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) {
         counters_.send_would_block.fetch_add(1, std::memory_order_relaxed);
         if (absl::Now() >= deadline) return absl::DeadlineExceededError("UDP send: no buffer space before deadline");
-        pollfd p{fd_, POLLOUT, 0};
+        pollfd p{fd, POLLOUT, 0};
         DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(deadline))));
         continue;
       }
@@ -294,6 +330,10 @@ class UdpTransport final : public Transport {
 
   TransportOptions options_;
   int fd_ = -1;
+  std::vector<int> spray_fds_;        // owned; the sockets of the other source ports
+  std::vector<int> send_fds_;         // fd_ first, then spray_fds_
+  std::vector<uint16_t> spray_ports_;
+  std::atomic<size_t> next_port_{0};  // where the next Send call starts its bursts
   int wake_fd_ = -1;
   std::atomic<bool> woken_{false};
   std::atomic<bool> gso_off_{false};
