@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Path spraying on the multipath test bed (scripts/netbed/multipath.sh): a worker rack and an
+# aggregator rack joined by two equal spines, the leaves hashing flows onto them by L4 ports.
+# Real dlcpd and dlcp-bench processes in namespaces, over UDP. Asserts:
+#   1. spraying off (--spray-ports=1), one worker and one aggregator: each direction's single
+#      flow pins to one path (at least 95% of its bytes on one spine);
+#   2. spraying on, the same job: both spines carry each direction's traffic (16 ports, the
+#      default: each 10-90%; 64 ports: each 25-75%);
+#   3. spraying on, 4 workers and 2 aggregators: results exact with ε = 0, and with ε = 0.05 and
+#      drops injected the bound holds and every partial sum is exact over its contributions.
+# Needs root. Exits 77 (ctest: skipped) when it cannot run here.
+#   tests/netbed/multipath_test.sh BUILD_DIR
+set -Eeuo pipefail
+BUILD=$(cd "${1:-build}" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+MP="$HERE/../../scripts/netbed/multipath.sh"
+export PREFIX=${PREFIX:-dlcpm} STATE_DIR=${STATE_DIR:-/tmp/dlcp-multipath} NWORKERS=4 NAGGS=2 PATHS=2
+export RATES=${RATES:-1gbit}
+
+if [[ $(id -u) != 0 ]]; then echo "multipath: needs root; skipped"; exit 77; fi
+for t in ip tc ethtool; do
+  command -v "$t" >/dev/null || { echo "multipath: $t missing (scripts/install-deps.sh installs it); skipped"; exit 77; }
+done
+ip netns add dlcp-probe 2>/dev/null && ip netns del dlcp-probe || { echo "multipath: cannot create namespaces; skipped"; exit 77; }
+
+work=$(mktemp -d /tmp/dlcp-multipath.XXXXXX)
+cleanup() {
+  jobs -p | xargs -r kill 2>/dev/null || true
+  wait 2>/dev/null || true
+  "$MP" down >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+"$MP" up
+ip_of() { "$MP" ip "$1"; }
+fail=0
+check() { if [[ $1 == 1 ]]; then echo "PASS: $2"; else echo "FAIL: $2"; fail=1; fi; }
+
+# aggregators N SPRAY [flags...]: dlcpd on a1..aN; sets aggs (host:port,...).
+aggregators() {
+  local n=$1 spray=$2 i list=()
+  shift 2
+  for ((i = 1; i <= n; i++)); do
+    rm -f "$work/a$i.ready"
+    ip netns exec "$PREFIX-a$i" "$BUILD/server/dlcpd" --host="$(ip_of a$i)" --port=7400 --data-port=7500 --plaintext \
+      --transport=udp --spray-ports="$spray" --log-level=warning --ready-file="$work/a$i.ready" "$@" \
+      2>"$work/a$i.log" &
+    list+=("$(ip_of a$i):7400")
+  done
+  for ((i = 1; i <= n; i++)); do
+    for _ in $(seq 1 100); do [[ -s $work/a$i.ready ]] && break; sleep 0.1; done
+    [[ -s $work/a$i.ready ]] || { echo "multipath: dlcpd on a$i did not start"; cat "$work/a$i.log"; exit 1; }
+  done
+  aggs=$(IFS=,; echo "${list[*]}")
+}
+stop_aggregators() { pkill -f "$BUILD/server/dlcpd --host=$(ip_of a1| cut -d. -f1-2)" 2>/dev/null || true; sleep 0.5; }
+
+# job NAME WORKERS SPRAY [flags...]: one dlcp-bench rank per worker host; JSON in $work/NAME-wI.json.
+job() {
+  local name=$1 workers=$2 spray=$3 i pids=() ok=1
+  shift 3
+  for ((i = 1; i <= workers; i++)); do
+    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$aggs" --workers="$workers" \
+      --rank=$((i - 1)) --job="$name" --data-host="$(ip_of w$i)" --transport=udp --spray-ports="$spray" \
+      --chunk-bytes=1400 --window-bytes=$((1 << 20)) --timeout-s=120 --json "$@" \
+      >"$work/$name-w$i.json" 2>"$work/$name-w$i.err" &
+    pids+=($!)
+  done
+  for ((i = 1; i <= workers; i++)); do
+    if ! wait "${pids[i - 1]}"; then echo "multipath: $name worker $i failed:"; tail -3 "$work/$name-w$i.err"; ok=0; fi
+  done
+  [[ $ok == 1 ]]
+}
+
+# Spine byte counters before and after a job; prints each direction's share on spine 1.
+bytes() { "$MP" bytes | tr '=' ' ' | awk '{print $3, $5}' | paste -sd' '; }
+shares() {  # BEFORE AFTER -> "to_aggregators_share to_workers_share" (spine 1's part)
+  python3 - "$1" "$2" <<'PY'
+import sys
+b = list(map(int, sys.argv[1].split())); a = list(map(int, sys.argv[2].split()))
+d = [x - y for x, y in zip(a, b)]  # s1 to_aggs, s1 to_workers, s2 to_aggs, s2 to_workers
+up, down = d[0] + d[2], d[1] + d[3]
+print(f"{d[0] / max(up, 1):.3f} {d[1] / max(down, 1):.3f} {up} {down}")
+PY
+}
+one_to_one() {  # SPRAY: a 1-worker, 1-aggregator job; spine 1's shares in $work/shares-SPRAY
+  aggregators 1 "$1" >/dev/null
+  local before after
+  before=$(bytes)
+  job "one-$1" 1 "$1" --tensor-bytes=$((8 << 20)) --rounds=4 --warmup=1 --loss-bound=0 || fail=1
+  grep -q '"exact":true' "$work/one-$1-w1.json" || { echo "multipath: one-$1 not exact"; fail=1; }
+  after=$(bytes)
+  stop_aggregators
+  shares "$before" "$after" > "$work/shares-$1"
+}
+
+one_to_one 1
+read -r off_up off_down off_up_bytes off_down_bytes < "$work/shares-1"
+echo "multipath: spraying off, 1 worker -> 1 aggregator: spine 1 carried $off_up of $off_up_bytes bytes towards the aggregator and $off_down of $off_down_bytes back"
+pinned() { python3 -c "import sys; s=float(sys.argv[1]); sys.exit(0 if s <= 0.05 or s >= 0.95 else 1)" "$1"; }
+pinned "$off_up" && pinned "$off_down" && r=1 || r=0
+check $r "spraying off: each direction's flow stays on one path"
+
+# Which path a source port takes is the switch's hash: P ports split over 2 paths like P coin
+# flips. With the default 16 both paths always carry traffic (each side's share is at least 10%
+# unless 15 of 16 ports hash alike: p = 0.05%); 64 ports bring each share within 25-75% (4
+# standard deviations).
+within() { python3 -c "import sys; s=float(sys.argv[1]); sys.exit(0 if $2 <= s <= $3 else 1)" "$1"; }
+for spray in 16 64; do
+  one_to_one $spray
+  read -r on_up on_down on_up_bytes on_down_bytes < "$work/shares-$spray"
+  echo "multipath: spraying over $spray ports, 1 worker -> 1 aggregator: spine 1 carried $on_up of $on_up_bytes bytes towards the aggregator and $on_down of $on_down_bytes back"
+  if [[ $spray == 16 ]]; then lo=0.1 hi=0.9; else lo=0.25 hi=0.75; fi
+  within "$on_up" $lo $hi && within "$on_down" $lo $hi && r=1 || r=0
+  check $r "spraying over $spray ports: each path carries $lo-$hi of each direction"
+done
+
+aggregators 2 16 --inject-drop-class=1:0.05,2:0.1,3:0.2 --inject-seed=5
+job exact 4 16 --tensor-bytes=$((4 << 20)) --rounds=4 --loss-bound=0 && r=1 || r=0
+for i in 1 2 3 4; do grep -q '"exact":true' "$work/exact-w$i.json" || r=0; done
+check $r "spraying on, 4 workers x 2 aggregators, ε = 0: every result exact"
+job bounded 4 16 --tensor-bytes=$((4 << 20)) --rounds=4 --loss-bound=0.05 && r=1 || r=0
+for i in 1 2 3 4; do
+  f="$work/bounded-w$i.json"
+  grep -q '"exact":true' "$f" && grep -q '"checked":true' "$f" && grep -q '"bound_violations":0' "$f" || r=0
+done
+echo "multipath: bounded job, worker 1: $(grep -o '"max_round_loss":[0-9.e-]*' "$work/bounded-w1.json" || echo none)"
+check $r "spraying on, ε = 0.05 with drops: bound held, partial sums exact"
+stop_aggregators
+exit $fail
