@@ -17,3 +17,6 @@ if [ "$(id -u)" = 0 ]; then bash bench/netbed_compare.sh "$BUILD"; else echo "sk
 echo
 echo "== time to accuracy under congestion, PyTorch on the emulated cluster (root only)"
 if [ "$(id -u)" = 0 ]; then bash bench/netbed_tta.sh "$BUILD"; else echo "skipped: needs root"; fi
+echo
+echo "== path spraying on the two-spine multipath test bed (root only)"
+if [ "$(id -u)" = 0 ]; then bash bench/netbed_spray.sh "$BUILD"; else echo "skipped: needs root"; fi
