@@ -91,6 +91,12 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
         }
         sources.push_back(Address{a->ipv4, static_cast<uint16_t>(p)});
       }
+      for (uint32_t q : e.spray_qpns()) {
+        if (q == 0 || q > 0xffffff) {
+          return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " sent spray queue pair ", q));
+        }
+        sources.push_back(Address{a->ipv4, 0, q});
+      }
       info.data_sources.push_back(std::move(sources));
       info.data_endpoints.push_back(*a);
     }

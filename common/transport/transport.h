@@ -110,9 +110,10 @@ class Transport {
   virtual size_t max_datagram() const = 0;
   // What this transport is (never kAuto).
   virtual TransportOptions::Kind kind() const = 0;
-  // The other ports datagrams leave from when spraying (UDP), for peers that check sources;
-  // they receive nothing. Empty when every datagram leaves from local_address().
-  virtual std::vector<uint16_t> spray_ports() const { return {}; }
+  // The other addresses datagrams leave from when spraying (UDP: ports, RDMA: queue pairs), for
+  // peers that check sources; nobody sends to them. Empty when every datagram leaves from
+  // local_address().
+  virtual std::vector<Address> spray_sources() const { return {}; }
 
   // Hands every message to the network, in order, or fails. Waits for local buffer space until
   // `deadline` at most; never waits for the peer. A datagram the network drops later is not an

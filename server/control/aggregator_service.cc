@@ -31,12 +31,18 @@ AggregatorService::AggregatorService(std::string aggregator_id, std::string adve
       bad_requests_(metrics->GetCounter("dlcp_control_rejected_requests_total", {}, "Control RPCs refused")) {}
 
 void AggregatorService::FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const {
-  const std::vector<std::vector<uint16_t>> spray = data_->spray_ports();
+  const std::vector<std::vector<Address>> spray = data_->spray_sources();
   const std::vector<Address> endpoints = data_->endpoints();
   for (size_t i = 0; i < endpoints.size(); ++i) {
     const Address& a = endpoints[i];
     v1::Endpoint* e = out->Add();
-    for (uint16_t p : spray[i]) e->add_spray_ports(p);
+    for (const Address& s : spray[i]) {
+      if (s.qpn != 0) {
+        e->add_spray_qpns(s.qpn);
+      } else {
+        e->add_spray_ports(s.port);
+      }
+    }
     if (a.qpn != 0) {
       // An RDMA peer is addressed by the GID's IPv4 address, whatever host the client dialled.
       e->set_host(a.HostString());

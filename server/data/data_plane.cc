@@ -49,7 +49,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
                        transport_sum(&TransportCounters::dropped));
   // How datagrams are sprayed over paths: the source ports per endpoint, labelled with the burst
   // (datagrams per port choice; 1 would be per packet), and how many bursts went out.
-  const double ports = static_cast<double>(plane->threads_[0]->transport()->spray_ports().size() + 1);
+  const double ports = static_cast<double>(plane->threads_[0]->transport()->spray_sources().size() + 1);
   metrics->AddComputed("dlcp_transport_spray_ports", {{"burst", absl::StrCat(options.transport.spray_burst)}},
                        K::kGauge, "Source ports each data endpoint sprays its datagrams over (1: no spraying)",
                        [ports] { return ports; });
@@ -68,9 +68,9 @@ std::vector<Address> DataPlane::endpoints() const {
   return out;
 }
 
-std::vector<std::vector<uint16_t>> DataPlane::spray_ports() const {
-  std::vector<std::vector<uint16_t>> out;
-  for (const auto& t : threads_) out.push_back(t->transport()->spray_ports());
+std::vector<std::vector<Address>> DataPlane::spray_sources() const {
+  std::vector<std::vector<Address>> out;
+  for (const auto& t : threads_) out.push_back(t->transport()->spray_sources());
   return out;
 }
 

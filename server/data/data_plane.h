@@ -46,8 +46,8 @@ class DataPlane {
   // What the endpoints are (kUdp or kRdma; kAuto was resolved when they were made), and for
   // RDMA the Q_Key their queue pairs accept. Clients must match both.
   TransportOptions::Kind kind() const { return kind_; }
-  // Per endpoint, the other source ports it sprays its datagrams from (UDP).
-  std::vector<std::vector<uint16_t>> spray_ports() const;
+  // Per endpoint, the other sources it sprays its datagrams from (UDP ports, RDMA queue pairs).
+  std::vector<std::vector<Address>> spray_sources() const;
   uint32_t rdma_qkey() const { return rdma_qkey_; }
   // Stops and joins the threads. Idempotent.
   void Stop();

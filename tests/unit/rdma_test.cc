@@ -3,7 +3,9 @@
 // Soft-RoCE (rdma_rxe) inside a VM.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -131,10 +133,13 @@ class RdmaTransportTest : public ::testing::Test {
     if (!probe.ok()) GTEST_SKIP() << "no RDMA device usable here: " << probe.status().message();
   }
 
-  static absl::StatusOr<std::unique_ptr<Transport>> Make(RdmaOptions r = {}) {
+  static absl::StatusOr<std::unique_ptr<Transport>> Make(RdmaOptions r = {}, uint32_t spray_ports = 16,
+                                                        uint32_t spray_burst = 8) {
     TransportOptions o;
     o.kind = TransportOptions::Kind::kRdma;
     o.rdma = r;
+    o.spray_ports = spray_ports;
+    o.spray_burst = spray_burst;
     return CreateTransport(o);
   }
 
@@ -153,9 +158,10 @@ class RdmaTransportTest : public ::testing::Test {
   }
 };
 
+// One queue pair: a UD queue pair delivers in order (with several, order holds per queue pair).
 TEST_F(RdmaTransportTest, GathersAndDeliversExactBytesInOrderWithTheSendersAddress) {
-  auto a = *Make();
-  auto b = *Make();
+  auto a = *Make({}, 1);
+  auto b = *Make({}, 1);
   const size_t mtu = a->max_datagram();
   ASSERT_GE(mtu, 256u);
   EXPECT_EQ(a->kind(), TransportOptions::Kind::kRdma);
@@ -216,6 +222,44 @@ TEST_F(RdmaTransportTest, WrapsTheSendRingAndRepostsReceivesInBatches) {
     }
   }
   EXPECT_EQ(b->counters().dropped.load(), 0u);
+}
+
+// Path spraying over queue pairs: bursts leave from each queue pair in turn (the NIC derives the
+// RoCEv2 source port from it), the receiver sees them as the transport reports them, and the
+// shared send ring keeps working when completions come back per queue pair.
+TEST_F(RdmaTransportTest, SpraysBurstsOverQueuePairs) {
+  RdmaOptions small;
+  small.send_slots = 64;
+  small.signal_every = 16;
+  auto a = *Make(small, 4, 3);
+  auto b = *Make({}, 1);
+  EXPECT_TRUE(b->spray_sources().empty());
+  std::vector<uint32_t> qpns = {a->local_address().qpn};
+  for (const Address& s : a->spray_sources()) {
+    EXPECT_EQ(s.ipv4, a->local_address().ipv4);
+    qpns.push_back(s.qpn);
+  }
+  ASSERT_EQ(qpns.size(), 4u);
+  for (int round = 0; round < 5; ++round) {  // 5 x 60 sends through a 64-slot ring
+    std::vector<uint32_t> body(60);
+    std::vector<OutMessage> msgs;
+    for (uint32_t i = 0; i < body.size(); ++i) {
+      body[i] = i;
+      msgs.push_back({b->local_address(), 1, reinterpret_cast<const uint8_t*>(&body[i]), sizeof(uint32_t)});
+    }
+    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok()) << "round " << round;
+    std::vector<InMessage> meta;
+    auto got = Collect(b.get(), msgs.size(), &meta);
+    ASSERT_EQ(got.size(), msgs.size()) << "round " << round;
+    std::map<uint32_t, int> per_qp;
+    for (const InMessage& m : meta) {
+      ASSERT_NE(std::find(qpns.begin(), qpns.end(), m.from.qpn), qpns.end()) << m.from.ToString();
+      ++per_qp[m.from.qpn];
+    }
+    EXPECT_EQ(per_qp.size(), 4u) << "round " << round;
+    for (auto [qpn, n] : per_qp) EXPECT_EQ(n, 15) << "qp " << qpn << ", round " << round;
+  }
+  EXPECT_EQ(a->counters().spray_bursts.load(), 100u);
 }
 
 TEST_F(RdmaTransportTest, EachClassArrivesWithItsDscpInTheGrh) {

@@ -65,7 +65,8 @@ TEST_P(TransportTest, GathersHeaderAndPayloadAndPreservesOrder) {
   auto got = Collect(b.get(), msgs.size(), &from);
   ASSERT_EQ(got.size(), msgs.size());
   // From the sender's address, or (UDP path spraying) one of its other source ports.
-  std::vector<uint16_t> sources = a->spray_ports();
+  std::vector<uint16_t> sources;
+  for (const Address& s : a->spray_sources()) sources.push_back(s.port);
   sources.push_back(a->local_address().port);
   EXPECT_EQ(from.ipv4, a->local_address().ipv4);
   EXPECT_NE(std::find(sources.begin(), sources.end(), from.port), sources.end()) << from.ToString();
@@ -290,10 +291,14 @@ TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
     o.gro = false;  // count datagrams one by one
     auto b = CreateTransport(o);
     ASSERT_TRUE(b.ok()) << b.status();
-    std::vector<uint16_t> ports = (*a)->spray_ports();
+    std::vector<uint16_t> ports;
+    for (const Address& s : (*a)->spray_sources()) {
+      EXPECT_EQ(s.ipv4, (*a)->local_address().ipv4);
+      ports.push_back(s.port);
+    }
     ASSERT_EQ(ports.size(), 3u);
     ports.push_back((*a)->local_address().port);
-    EXPECT_TRUE((*b)->spray_ports().empty());
+    EXPECT_TRUE((*b)->spray_sources().empty());
 
     std::vector<uint8_t> payload(1000, 7);
     std::vector<OutMessage> msgs(60, OutMessage{(*b)->local_address(), 1, payload.data(), payload.size()});

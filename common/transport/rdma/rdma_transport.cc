@@ -54,7 +54,7 @@ class RdmaTransport final : public Transport {
 
   ~RdmaTransport() override {
     for (auto& [key, ah] : ahs_) v_.destroy_ah(ah);
-    if (qp_ != nullptr) v_.destroy_qp(qp_);
+    for (ibv_qp* qp : qps_) v_.destroy_qp(qp);
     if (srq_ != nullptr) v_.destroy_srq(srq_);
     if (recv_cq_ != nullptr) v_.destroy_cq(recv_cq_);
     if (send_cq_ != nullptr) v_.destroy_cq(send_cq_);
@@ -128,30 +128,46 @@ class RdmaTransport final : public Transport {
     qa.cap.max_send_wr = send_slots_;
     qa.cap.max_send_sge = 1;
     qa.cap.max_inline_data = 128;
-    qp_ = v_.create_qp(pd_, &qa);
-    if (qp_ == nullptr) {
-      qa.cap.max_inline_data = 0;  // some devices have no inline sends for UD
-      qp_ = v_.create_qp(pd_, &qa);
+    // Path spraying: one queue pair per "port". The NIC derives each RoCEv2 packet's UDP source
+    // port from its queue pair, so bursts rotating over them spread over ECMP paths. They share
+    // the CQs, the SRQ and the send ring; peers send only to the first.
+    for (uint32_t i = 0; i < options_.spray_ports; ++i) {
+      ibv_qp* qp = v_.create_qp(pd_, &qa);
+      if (qp == nullptr && i == 0) {
+        qa.cap.max_inline_data = 0;  // some devices have no inline sends for UD
+        qp = v_.create_qp(pd_, &qa);
+      }
+      if (qp == nullptr) {
+        return absl::InternalError(absl::StrCat("ibv_create_qp (UD) ", i + 1, " of ", options_.spray_ports, " on ",
+                                                dev_.name, " (errno ", errno, ")"));
+      }
+      qps_.push_back(qp);
+      if (absl::Status s = ToReadyToSend(qp); !s.ok()) return s;
     }
-    if (qp_ == nullptr) return absl::InternalError(absl::StrCat("ibv_create_qp (UD) on ", dev_.name, " (errno ", errno, ")"));
     max_inline_ = qa.cap.max_inline_data;
-    if (absl::Status s = ToReadyToSend(); !s.ok()) return s;
+    slot_qp_.assign(send_slots_, 0);
+    completed_upto_.assign(qps_.size(), 0);
 
     std::vector<uint32_t> all(recv_slots_);
     for (uint32_t i = 0; i < recv_slots_; ++i) all[i] = i;
     if (absl::Status s = PostReceives(all); !s.ok()) return s;
     recv_wc_.resize(options_.recv_batch);
-    local_ = Address{dev_.ipv4, 0, qp_->qp_num};
+    local_ = Address{dev_.ipv4, 0, qps_[0]->qp_num};
     DLCP_LOG(Info) << "RDMA endpoint " << local_.ToString() << " on " << dev_.name << " port "
                    << static_cast<int>(dev_.port_num) << " GID index " << dev_.gid_index << ", MTU " << dev_.mtu
                    << ", " << recv_slots_ << " receive and " << send_slots_ << " send buffers, inline up to "
-                   << max_inline_;
+                   << max_inline_ << ", " << qps_.size() << " queue pair(s) for path spraying";
     return absl::OkStatus();
   }
 
   Address local_address() const override { return local_; }
   size_t max_datagram() const override { return max_datagram_; }
   TransportOptions::Kind kind() const override { return TransportOptions::Kind::kRdma; }
+  std::vector<Address> spray_sources() const override {
+    std::vector<Address> out;
+    for (size_t i = 1; i < qps_.size(); ++i) out.push_back(Address{dev_.ipv4, 0, qps_[i]->qp_num});
+    return out;
+  }
 
   absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) override {
     for (const OutMessage& m : messages) {
@@ -161,10 +177,14 @@ class RdmaTransport final : public Transport {
       }
     }
     std::lock_guard<std::mutex> lock(send_mu_);
+    const bool spraying = qps_.size() > 1;
     size_t done = 0;
     while (done < messages.size()) {
-      const size_t n = std::min(kPostBatch, messages.size() - done);
+      // One list per queue pair: while spraying, the rest of the current burst.
+      const size_t room = spraying ? options_.spray_burst - burst_used_ : kPostBatch;
+      const size_t n = std::min({kPostBatch, messages.size() - done, room});
       if (absl::Status s = WaitForSendSlots(n, deadline); !s.ok()) return s;
+      if (spraying && burst_used_ == 0) counters_.spray_bursts.fetch_add(1, std::memory_order_relaxed);
       ibv_send_wr wrs[kPostBatch];
       ibv_sge sges[kPostBatch];
       for (size_t i = 0; i < n; ++i) {
@@ -172,6 +192,7 @@ class RdmaTransport final : public Transport {
         absl::StatusOr<ibv_ah*> ah = AddressHandle(m.to, m.priority);
         if (!ah.ok()) return ah.status();
         const uint64_t seq = posted_++;
+        slot_qp_[seq % send_slots_] = static_cast<uint16_t>(qp_index_);
         uint8_t* slot = send_pool_ + (seq % send_slots_) * send_slot_size_;
         uint8_t* p = slot;
         if (m.header_len) p = static_cast<uint8_t*>(std::memcpy(p, m.header, m.header_len)) + m.header_len;
@@ -184,8 +205,12 @@ class RdmaTransport final : public Transport {
         w.sg_list = &sges[i];
         w.num_sge = 1;
         w.opcode = IBV_WR_SEND;
-        // One completion per signal_every sends frees that many slots: UD sends complete in order.
-        if (seq % options_.rdma.signal_every == options_.rdma.signal_every - 1) w.send_flags |= IBV_SEND_SIGNALED;
+        // A completion frees every earlier slot of its queue pair (a UD queue pair completes in
+        // order): one per signal_every sends, and while spraying the last of each list too, so
+        // every queue pair's sends are covered before it goes quiet.
+        if (seq % options_.rdma.signal_every == options_.rdma.signal_every - 1 || (spraying && i + 1 == n)) {
+          w.send_flags |= IBV_SEND_SIGNALED;
+        }
         if (m.size() <= max_inline_) w.send_flags |= IBV_SEND_INLINE;
         w.wr.ud.ah = *ah;
         w.wr.ud.remote_qpn = m.to.qpn;
@@ -193,9 +218,13 @@ class RdmaTransport final : public Transport {
         w.next = i + 1 < n ? &wrs[i + 1] : nullptr;
       }
       ibv_send_wr* bad = nullptr;
-      if (int rc = ibv_post_send(qp_, wrs, &bad); rc != 0) {
+      if (int rc = ibv_post_send(qps_[qp_index_], wrs, &bad); rc != 0) {
         posted_ = bad->wr_id;  // those before `bad` went out and hold their slots
         return ErrnoToStatus(rc, absl::StrCat("ibv_post_send on ", dev_.name));
+      }
+      if (spraying && (burst_used_ += n) >= options_.spray_burst) {
+        burst_used_ = 0;
+        qp_index_ = (qp_index_ + 1) % qps_.size();
       }
       for (size_t i = 0; i < n; ++i) {
         counters_.sent_packets.fetch_add(1, std::memory_order_relaxed);
@@ -265,22 +294,22 @@ class RdmaTransport final : public Transport {
     return absl::OkStatus();
   }
 
-  absl::Status ToReadyToSend() {
+  absl::Status ToReadyToSend(ibv_qp* qp) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
     a.pkey_index = 0;
     a.port_num = dev_.port_num;
     a.qkey = options_.rdma.qkey;
-    if (int rc = v_.modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY); rc != 0) {
+    if (int rc = v_.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY); rc != 0) {
       return ErrnoToStatus(rc, "ibv_modify_qp to INIT");
     }
     a = ibv_qp_attr{};
     a.qp_state = IBV_QPS_RTR;
-    if (int rc = v_.modify_qp(qp_, &a, IBV_QP_STATE); rc != 0) return ErrnoToStatus(rc, "ibv_modify_qp to RTR");
+    if (int rc = v_.modify_qp(qp, &a, IBV_QP_STATE); rc != 0) return ErrnoToStatus(rc, "ibv_modify_qp to RTR");
     a = ibv_qp_attr{};
     a.qp_state = IBV_QPS_RTS;
     a.sq_psn = 0;
-    if (int rc = v_.modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_SQ_PSN); rc != 0) {
+    if (int rc = v_.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN); rc != 0) {
       return ErrnoToStatus(rc, "ibv_modify_qp to RTS");
     }
     return absl::OkStatus();
@@ -351,7 +380,7 @@ class RdmaTransport final : public Transport {
 
   // Reaps send completions until `n` slots are free, blocking on the send channel by deadline.
   absl::Status WaitForSendSlots(size_t n, absl::Time deadline) {
-    bool counted = false;
+    bool counted = false, armed = false;
     for (;;) {
       ibv_wc wc[16];
       const int got = ibv_poll_cq(send_cq_, 16, wc);
@@ -360,8 +389,12 @@ class RdmaTransport final : public Transport {
         if (wc[i].status != IBV_WC_SUCCESS) {
           DLCP_LOG(Warning) << "RDMA send on " << dev_.name << " failed: " << v_.wc_status_str(wc[i].status);
         }
-        completed_ = std::max(completed_, wc[i].wr_id + 1);
+        for (size_t q = 0; q < qps_.size(); ++q) {
+          if (qps_[q]->qp_num == wc[i].qp_num) completed_upto_[q] = std::max(completed_upto_[q], wc[i].wr_id + 1);
+        }
       }
+      // Slots free up in ring order, as far as every queue pair's completions reach.
+      while (completed_ < posted_ && completed_upto_[slot_qp_[completed_ % send_slots_]] > completed_) ++completed_;
       if (posted_ - completed_ + n <= send_slots_) return absl::OkStatus();
       if (!counted) {
         counters_.send_would_block.fetch_add(1, std::memory_order_relaxed);
@@ -371,11 +404,19 @@ class RdmaTransport final : public Transport {
       if (left <= absl::ZeroDuration()) {
         return absl::DeadlineExceededError(absl::StrCat("no RDMA send buffer freed on ", dev_.name, " by the deadline"));
       }
-      if (options_.busy_poll || got > 0) continue;
-      if (int rc = ibv_req_notify_cq(send_cq_, 0); rc != 0) return ErrnoToStatus(rc, "ibv_req_notify_cq (send)");
-      if (ibv_poll_cq(send_cq_, 0, wc) < 0) return absl::InternalError("ibv_poll_cq (send)");
+      if (options_.busy_poll || got > 0) {
+        armed = false;
+        continue;
+      }
+      if (!armed) {
+        // Arm, then look once more, so a completion between the poll and the arm is not missed.
+        if (int rc = ibv_req_notify_cq(send_cq_, 0); rc != 0) return ErrnoToStatus(rc, "ibv_req_notify_cq (send)");
+        armed = true;
+        continue;
+      }
       pollfd p{send_channel_->fd, POLLIN, 0};
       if (DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(left)))) > 0) DrainEvent(send_channel_);
+      armed = false;
     }
   }
 
@@ -423,7 +464,7 @@ class RdmaTransport final : public Transport {
   ibv_cq* recv_cq_ = nullptr;
   ibv_cq* send_cq_ = nullptr;
   ibv_srq* srq_ = nullptr;
-  ibv_qp* qp_ = nullptr;
+  std::vector<ibv_qp*> qps_;  // the first is the endpoint's address; the rest only send
   ibv_mr* recv_mr_ = nullptr;
   ibv_mr* send_mr_ = nullptr;
   uint8_t* recv_pool_ = nullptr;
@@ -441,6 +482,10 @@ class RdmaTransport final : public Transport {
   std::mutex send_mu_;
   uint64_t posted_ = 0;     // sends posted (the next one's sequence number)
   uint64_t completed_ = 0;  // sends known complete: their slots are free
+  std::vector<uint16_t> slot_qp_;         // per slot: the queue pair its send went out on
+  std::vector<uint64_t> completed_upto_;  // per queue pair: its sends below this are complete
+  size_t qp_index_ = 0;                   // the queue pair of the current burst
+  size_t burst_used_ = 0;                 // sends in the current burst
   std::unordered_map<uint64_t, ibv_ah*> ahs_;  // (ipv4, class) -> handle with that class's DSCP
 };
 

@@ -95,7 +95,11 @@ class UdpTransport final : public Transport {
 
   Address local_address() const override { return local_; }
   TransportOptions::Kind kind() const override { return TransportOptions::Kind::kUdp; }
-  std::vector<uint16_t> spray_ports() const override { return spray_ports_; }
+  std::vector<Address> spray_sources() const override {
+    std::vector<Address> out;
+    for (uint16_t p : spray_ports_) out.push_back(Address{local_.ipv4, p});
+    return out;
+  }
   size_t max_datagram() const override { return options_.max_datagram; }
 
   absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) override {
