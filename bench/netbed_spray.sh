@@ -12,7 +12,7 @@ set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 MP="$HERE/../scripts/netbed/multipath.sh"
-export PREFIX=${PREFIX:-dlcps} STATE_DIR=${STATE_DIR:-/tmp/dlcp-spray-bench} NWORKERS=4 NAGGS=2 PATHS=2
+export PREFIX=${PREFIX:-dlcps}  # its namespaces
 RATE=${RATE:-400} # Mbit/s of path 1
 ROUNDS=${ROUNDS:-20}
 TENSOR=${TENSOR:-$((8 << 20))}
@@ -20,14 +20,10 @@ SPRAY=${SPRAY:-16}
 WINDOW=${WINDOW:-262144}
 [[ $(id -u) == 0 ]] || { echo "netbed_spray: needs root" >&2; exit 1; }
 
-work=$(mktemp -d /tmp/dlcp-spray-bench.XXXXXX)
-cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null || true
-  wait 2>/dev/null || true
-  "$MP" down >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+CLUSTER="$MP"
+source "$HERE/../scripts/netbed/session.sh"
+export NAGGS=2 PATHS=2 RATES="${RATE}mbit $((RATE / 2))mbit"
+netbed_start dlcp-spray-bench  # the "half" scenario first
 
 run() {  # SCENARIO SPRAY: 2 aggregators and 4 workers, one JSON line into results.jsonl
   local scenario=$1 spray=$2 i aggs=() pids=()
@@ -38,7 +34,7 @@ run() {  # SCENARIO SPRAY: 2 aggregators and 4 workers, one JSON line into resul
       2>"$work/a$i.log" &
     aggs+=("$("$MP" ip a$i):7400")
   done
-  for i in 1 2; do for _ in $(seq 1 100); do [[ -s $work/a$i.ready ]] && break; sleep 0.1; done; done
+  for i in 1 2; do netbed_wait_ready "$work/a$i.ready" || echo "netbed_spray: dlcpd on a$i did not start" >&2; done
   local list; list=$(IFS=,; echo "${aggs[*]}")
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$list" --workers=4 \
@@ -68,11 +64,12 @@ PY
 }
 
 for scenario in half equal; do
-  if [[ $scenario == half ]]; then export RATES="${RATE}mbit $((RATE / 2))mbit"; else export RATES="${RATE}mbit ${RATE}mbit"; fi
-  "$MP" up >/dev/null
+  if [[ $scenario == equal ]]; then
+    export RATES="${RATE}mbit ${RATE}mbit"
+    "$MP" up >/dev/null
+  fi
   run "$scenario" 1
   run "$scenario" "$SPRAY"
-  "$MP" down >/dev/null
 done
 
 python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$SPRAY" <<'PY'

@@ -29,7 +29,7 @@ fi
 clang++ "${FLAGS[@]}" tests/fuzz/wire_fuzz.cc "${WIRE[@]}" "${RDMA[@]:0:1}" $LIBS -lhighwayhash -o "$OUT/wire_fuzz" &
 clang++ "${FLAGS[@]}" tests/fuzz/control_fuzz.cc "${WIRE[@]}" \
   common/base/log.cc common/base/check.cc common/base/syscall.cc common/base/host_port.cc common/metrics/registry.cc \
-  common/topology/topology.cc common/transport/address.cc common/transport/factory.cc \
+  common/topology/topology.cc common/transport/address.cc common/transport/factory.cc common/transport/waker.cc \
   common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc "${RDMA[@]}" \
   common/datapath/outbox.cc server/engine/reduce.cc server/rounds/round.cc server/rounds/block_pool.cc \
   server/jobs/job_registry.cc server/data/data_plane.cc server/data/data_thread.cc server/data/bounded_rounds.cc \

@@ -1,6 +1,7 @@
 # Sourced by the test bed's users (tests/netbed/, bench/netbed_*.sh): a work directory and the
 # emulated cluster, both removed on exit together with every background job they started.
-# Needs CLUSTER (the path of cluster.sh) and PREFIX (namespace names, distinct per user).
+# Needs CLUSTER (the path of cluster.sh, or of multipath.sh for the two-rack bed) and PREFIX
+# (namespace names, distinct per user).
 
 # The cluster they all use: 4 worker hosts and 1 more host behind a strict-priority switch,
 # 1 Gbit/s ports with 64-packet queues unless the environment says otherwise.

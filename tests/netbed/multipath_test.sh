@@ -14,8 +14,7 @@ set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 MP="$HERE/../../scripts/netbed/multipath.sh"
-export PREFIX=${PREFIX:-dlcpm} STATE_DIR=${STATE_DIR:-/tmp/dlcp-multipath} NWORKERS=4 NAGGS=2 PATHS=2
-export RATES=${RATES:-1gbit}
+export PREFIX=${PREFIX:-dlcpm}  # its namespaces
 
 if [[ $(id -u) != 0 ]]; then echo "multipath: needs root; skipped"; exit 77; fi
 for t in ip tc ethtool; do
@@ -23,15 +22,10 @@ for t in ip tc ethtool; do
 done
 ip netns add dlcp-probe 2>/dev/null && ip netns del dlcp-probe || { echo "multipath: cannot create namespaces; skipped"; exit 77; }
 
-work=$(mktemp -d /tmp/dlcp-multipath.XXXXXX)
-cleanup() {
-  jobs -p | xargs -r kill 2>/dev/null || true
-  wait 2>/dev/null || true
-  "$MP" down >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-"$MP" up
+CLUSTER="$MP"
+source "$HERE/../../scripts/netbed/session.sh"
+export NAGGS=2 PATHS=2 RATES=${RATES:-1gbit}
+netbed_start dlcp-multipath
 ip_of() { "$MP" ip "$1"; }
 fail=0
 check() { if [[ $1 == 1 ]]; then echo "PASS: $2"; else echo "FAIL: $2"; fail=1; fi; }
@@ -48,8 +42,7 @@ aggregators() {
     list+=("$(ip_of a$i):7400")
   done
   for ((i = 1; i <= n; i++)); do
-    for _ in $(seq 1 100); do [[ -s $work/a$i.ready ]] && break; sleep 0.1; done
-    [[ -s $work/a$i.ready ]] || { echo "multipath: dlcpd on a$i did not start"; cat "$work/a$i.log"; exit 1; }
+    netbed_wait_ready "$work/a$i.ready" || { echo "multipath: dlcpd on a$i did not start"; cat "$work/a$i.log"; exit 1; }
   done
   aggs=$(IFS=,; echo "${list[*]}")
 }

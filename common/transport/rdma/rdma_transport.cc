@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -21,6 +20,7 @@
 #include "common/transport/rdma/grh.h"
 #include "common/transport/rdma/rdma_device.h"
 #include "common/transport/rdma/verbs_loader.h"
+#include "common/transport/waker.h"
 
 namespace dlcp {
 namespace {
@@ -32,11 +32,6 @@ constexpr size_t kPostBatch = 32;  // work requests per ibv_post_send / ibv_post
 // A receive buffer's datagram starts 64 bytes in (the GRH sits just before it), so payloads
 // after the 48-byte dlcp header are 16-byte aligned for the SIMD reduction, as with UDP.
 constexpr size_t kRecvDataOffset = 64;
-
-int PollTimeoutMs(absl::Duration left) {
-  if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 1000));
-}
 
 std::string MemlockAdvice(size_t bytes, int err) {
   rlimit r{};
@@ -66,7 +61,6 @@ class RdmaTransport final : public Transport {
     if (dev_.context != nullptr) v_.close_device(dev_.context);
     std::free(recv_pool_);
     std::free(send_pool_);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
   }
 
   absl::Status Init() {
@@ -89,7 +83,7 @@ class RdmaTransport final : public Transport {
     if (!dev.ok()) return dev.status();
     dev_ = *dev;
     max_datagram_ = std::min(options_.max_datagram, dev_.mtu);
-    wake_fd_ = DLCP_SYSCALL(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (absl::Status s = waker_.Init(); !s.ok()) return s;
 
     pd_ = v_.alloc_pd(dev_.context);
     if (pd_ == nullptr) return absl::InternalError(absl::StrCat("ibv_alloc_pd on ", dev_.name));
@@ -247,36 +241,22 @@ class RdmaTransport final : public Transport {
       absl::StatusOr<int> got = PollReceives(out);
       if (!got.ok()) return got.status();
       if (*got > 0) return absl::OkStatus();
-      if (woken_.exchange(false)) return absl::OkStatus();
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) return absl::OkStatus();
+      if (waker_.TakeWoken()) return absl::OkStatus();
+      if (absl::Now() >= deadline) return absl::OkStatus();
       if (options_.busy_poll) continue;
       // Arm, then look once more, so a completion between the poll and the arm is not missed.
       if (int rc = ibv_req_notify_cq(recv_cq_, 0); rc != 0) return ErrnoToStatus(rc, "ibv_req_notify_cq");
       got = PollReceives(out);
       if (!got.ok()) return got.status();
       if (*got > 0) return absl::OkStatus();
-      pollfd p[2] = {{recv_channel_->fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      int rc = DLCP_RETRY_EINTR(::poll(p, 2, PollTimeoutMs(left)));
-      if (rc < 0) return ErrnoToStatus(errno, "poll");
-      if (p[0].revents & POLLIN) DrainEvent(recv_channel_);
-      if (p[1].revents & POLLIN) {
-        uint64_t v;
-        ssize_t unused = ::read(wake_fd_, &v, sizeof(v));
-        (void)unused;
-        woken_.store(false);
-        if (!(p[0].revents & POLLIN)) return absl::OkStatus();
-      }
-      if (rc == 0) return absl::OkStatus();
+      absl::StatusOr<Waker::Result> w = waker_.Wait(recv_channel_->fd, deadline);
+      if (!w.ok()) return w.status();
+      if (!w->readable) return absl::OkStatus();  // woken, or the timeout passed
+      DrainEvent(recv_channel_);
     }
   }
 
-  void Wake() override {
-    woken_.store(true);
-    uint64_t one = 1;
-    ssize_t unused = ::write(wake_fd_, &one, sizeof(one));
-    (void)unused;
-  }
+  void Wake() override { waker_.Wake(); }
 
  private:
   absl::Status RegisterPools() {
@@ -400,8 +380,7 @@ class RdmaTransport final : public Transport {
         counters_.send_would_block.fetch_add(1, std::memory_order_relaxed);
         counted = true;
       }
-      const absl::Duration left = deadline - absl::Now();
-      if (left <= absl::ZeroDuration()) {
+      if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat("no RDMA send buffer freed on ", dev_.name, " by the deadline"));
       }
       if (options_.busy_poll || got > 0) {
@@ -415,7 +394,7 @@ class RdmaTransport final : public Transport {
         continue;
       }
       pollfd p{send_channel_->fd, POLLIN, 0};
-      if (DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(left)))) > 0) DrainEvent(send_channel_);
+      if (DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(deadline)))) > 0) DrainEvent(send_channel_);
       armed = false;
     }
   }
@@ -455,8 +434,7 @@ class RdmaTransport final : public Transport {
   Address local_;
   size_t max_datagram_ = 0;
   uint32_t max_inline_ = 0;
-  int wake_fd_ = -1;
-  std::atomic<bool> woken_{false};
+  Waker waker_;
 
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* recv_channel_ = nullptr;

@@ -3,7 +3,6 @@
 #include <netinet/ip.h>
 #include <netinet/udp.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/base/log.h"
 #include "common/base/syscall.h"
+#include "common/transport/waker.h"
 
 namespace dlcp {
 namespace {
@@ -25,26 +25,19 @@ constexpr size_t kMaxGsoBytes = 65000;    // a GSO super-datagram must fit one I
 constexpr size_t kCmsgSpace = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t));  // IP_TOS + UDP_SEGMENT
 constexpr size_t kGroCmsgSpace = CMSG_SPACE(sizeof(int));
 
-int PollTimeoutMs(absl::Time deadline) {
-  absl::Duration left = deadline - absl::Now();
-  if (left <= absl::ZeroDuration()) return 0;
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 1000));
-}
-
 class UdpTransport final : public Transport {
  public:
   explicit UdpTransport(const TransportOptions& options) : options_(options) {}
 
   ~UdpTransport() override {
     if (fd_ >= 0) ::close(fd_);
-    if (wake_fd_ >= 0) ::close(wake_fd_);
     for (int fd : spray_fds_) ::close(fd);
     std::free(recv_pool_);
   }
 
   absl::Status Init() {
     fd_ = DLCP_SYSCALL(::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    wake_fd_ = DLCP_SYSCALL(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (absl::Status s = waker_.Init(); !s.ok()) return s;
     absl::StatusOr<Address> bind_addr = ResolveAddress(options_.bind_host, options_.port);
     if (!bind_addr.ok()) return bind_addr.status();
     SetBuffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF, "receive");
@@ -127,29 +120,16 @@ class UdpTransport final : public Transport {
       absl::StatusOr<int> got = RecvBatch(out);
       if (!got.ok()) return got.status();
       if (*got > 0) return absl::OkStatus();
-      if (woken_.exchange(false)) return absl::OkStatus();
+      if (waker_.TakeWoken()) return absl::OkStatus();
       if (absl::Now() >= deadline) return absl::OkStatus();
       if (options_.busy_poll) continue;
-      pollfd p[2] = {{fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-      int rc = DLCP_RETRY_EINTR(::poll(p, 2, PollTimeoutMs(deadline)));
-      if (rc < 0) return ErrnoToStatus(errno, "poll");
-      if (p[1].revents & POLLIN) {
-        uint64_t v;
-        ssize_t unused = ::read(wake_fd_, &v, sizeof(v));
-        (void)unused;
-        woken_.store(false);
-        if (!(p[0].revents & POLLIN)) return absl::OkStatus();
-      }
-      if (rc == 0) return absl::OkStatus();
+      absl::StatusOr<Waker::Result> w = waker_.Wait(fd_, deadline);
+      if (!w.ok()) return w.status();
+      if (!w->readable) return absl::OkStatus();  // woken, or the timeout passed
     }
   }
 
-  void Wake() override {
-    woken_.store(true);
-    uint64_t one = 1;
-    ssize_t unused = ::write(wake_fd_, &one, sizeof(one));
-    (void)unused;
-  }
+  void Wake() override { waker_.Wake(); }
 
  private:
   void SetBuffer(int fd, int force_opt, int opt, const char* what) {
@@ -338,8 +318,7 @@ class UdpTransport final : public Transport {
   std::vector<int> send_fds_;         // fd_ first, then spray_fds_
   std::vector<uint16_t> spray_ports_;
   std::atomic<size_t> next_port_{0};  // where the next Send call starts its bursts
-  int wake_fd_ = -1;
-  std::atomic<bool> woken_{false};
+  Waker waker_;
   std::atomic<bool> gso_off_{false};
   bool gro_ = false;
   std::vector<std::array<uint8_t, kGroCmsgSpace>> recv_cmsg_;
