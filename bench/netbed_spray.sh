@@ -4,8 +4,8 @@
 # scenario runs dlcp with spraying off (--spray-ports=1) and on (SPRAY ports), reliable (ε = 0):
 #   - "half": path 2 at half the rate of path 1 (RATE and RATE/2): round time p50 and p99;
 #   - "equal": both paths at RATE, no other traffic: rack-to-rack throughput against the sum of
-#     the path rates (each worker pushes and pulls its tensor once per round, so a round moves
-#     4 x TENSOR bytes each way).
+#     the path rates (each worker pushes and pulls its tensors once per round, so a round moves
+#     4 x TENSORS x TENSOR bytes each way).
 # Prints one JSON line per run, then a ratio table. Needs root.
 #   bench/netbed_spray.sh [BUILD_DIR]
 set -Eeuo pipefail
@@ -18,6 +18,7 @@ ROUNDS=${ROUNDS:-20}
 TENSOR=${TENSOR:-$((8 << 20))}
 SPRAY=${SPRAY:-16}
 WINDOW=${WINDOW:-262144}
+TENSORS=${TENSORS:-1}  # all-reduced concurrently each round
 [[ $(id -u) == 0 ]] || { echo "netbed_spray: needs root" >&2; exit 1; }
 
 CLUSTER="$MP"
@@ -39,7 +40,7 @@ run() {  # SCENARIO SPRAY: 2 aggregators and 4 workers, one JSON line into resul
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$list" --workers=4 \
       --rank=$((i - 1)) --job="$scenario-$spray" --data-host="$("$MP" ip w$i)" --transport=udp --spray-ports="$spray" \
-      --tensor-bytes="$TENSOR" --chunk-bytes=1400 --rounds="$ROUNDS" --warmup=1 --loss-bound=0 \
+      --tensor-bytes="$TENSOR" --tensors="$TENSORS" --chunk-bytes=1400 --rounds="$ROUNDS" --warmup=1 --loss-bound=0 \
       --window-bytes="$WINDOW" --timeout-s=600 --json >"$work/$scenario-$spray.$i" 2>&1 &
     pids+=($!)
   done
@@ -72,11 +73,11 @@ for scenario in half equal; do
   run "$scenario" "$SPRAY"
 done
 
-python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$SPRAY" <<'PY'
+python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$SPRAY" "$TENSORS" <<'PY'
 import json, sys
 rows = {(r["scenario"], r["spray_ports"]): r for r in map(json.loads, open(sys.argv[1]))}
-size, rate, spray = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-print(f"\n4 workers -> 2 aggregators over 2 ECMP paths, {size >> 20} MiB per round, reliable;"
+size, rate, spray, tensors = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+print(f"\n4 workers -> 2 aggregators over 2 ECMP paths, {tensors} x {size >> 20} MiB per round, reliable;"
       f" half: {rate} + {rate // 2} Mbit/s, equal: {rate} + {rate} Mbit/s")
 print("| scenario | spraying | p50 ms | p99 ms | p99 / p99 off | rack throughput / sum of path rates | exact |")
 print("|---|---|---|---|---|---|---|")
@@ -88,7 +89,7 @@ for scenario in ("half", "equal"):
         if not r:
             print(f"| {scenario} | {ports} ports | - | - | - | - | failed |"); continue
         ratio = f"{r['p99_ms'] / off['p99_ms']:.2f}" if off else "-"
-        tput = 4 * size * 8 / (r["p50_ms"] / 1000) / path_sum
+        tput = 4 * tensors * size * 8 / (r["p50_ms"] / 1000) / path_sum
         label = "off" if ports == 1 else f"{ports} ports"
         print(f"| {scenario} | {label} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {ratio} | {tput:.2f} | {r['exact']} |")
 PY
