@@ -1,6 +1,9 @@
 // Bad calls and unreachable peers give clear errors within their deadlines; nothing hangs.
 #include <gtest/gtest.h>
 
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
 #include <random>
 #include <thread>
 
@@ -10,6 +13,7 @@
 #include "common/datapath/outbox.h"
 #include "common/wire/header.h"
 #include "common/wire/mac.h"
+#include "dlcp/v1/control.grpc.pb.h"
 #include "server/jobs/job_registry.h"
 #include "tests/integration/test_aggregator.h"
 
@@ -97,6 +101,47 @@ TEST(ClientErrors, JoinConflictsAreRefused) {
   EXPECT_NE(c1.status().message().find("chunk_bytes"), std::string::npos);
   auto c2 = Client::Connect(Opts(agg->address(), "shape", 3, 1));
   EXPECT_EQ(c2.status().code(), absl::StatusCode::kFailedPrecondition) << c2.status();
+}
+
+// chunk_bytes 0 fits the transport; a chunk too large for its datagrams is refused with the
+// largest that fits; a worker on another data plane (here: a queue pair number sent to a UDP
+// aggregator) is refused at join, naming both.
+TEST(ClientErrors, ChunksFitTheDataPlaneAndJoinsMatchIt) {
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  ClientOptions o = Opts(agg->address(), "fit");
+  o.chunk_bytes = 0;
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->chunk_bytes(), ClientOptions::kDefaultChunkBytes);
+  EXPECT_EQ((*c)->transport_kind(), TransportOptions::Kind::kUdp);
+  std::vector<float> v = {1, 2, 3};
+  ASSERT_TRUE((*c)->AllReduce(1, absl::MakeSpan(v)).get().ok());
+  EXPECT_EQ(v, (std::vector<float>{1, 2, 3}));
+
+  o = Opts(agg->address(), "fit-large");
+  o.transport.max_datagram = 2048;
+  o.chunk_bytes = 2000;
+  auto big = Client::Connect(o);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument) << big.status();
+  EXPECT_NE(big.status().message().find("use at most 1992, or 0 to fit"), std::string::npos) << big.status();
+
+  auto channel = grpc::CreateChannel(agg->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Aggregator::NewStub(channel);
+  v1::JoinRequest req;
+  req.set_job_name("rdma-worker");
+  req.set_world_size(1);
+  req.set_chunk_bytes(968);
+  req.set_data_host("127.0.0.1");
+  req.set_data_qpn(17);
+  req.set_data_qkey(0x0d1c0001);
+  v1::JoinResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Status st = stub->Join(&ctx, req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_NE(st.error_message().find("serves data over UDP but the worker joined with RDMA"), std::string::npos)
+      << st.error_message();
 }
 
 TEST(ClientErrors, RoundsInFlightCapGivesResourceExhausted) {

@@ -52,6 +52,14 @@ else
   else
     fail mismatch "exit $rc: $(tail -3 $OUT/mismatch.txt | tr '\n' ' ')"
   fi
+  # So is an RDMA worker with another Q_Key.
+  $B/bench/dlcp-bench --aggregators=127.0.0.1:$p1 --plaintext --transport=rdma --rdma-qkey=5 --workers=1 --rounds=1 \
+    --timeout-s=30 > $OUT/qkey.txt 2>&1 && rc=0 || rc=$?
+  if [ $rc -ne 0 ] && grep -q "RDMA Q_Key 0x5 is not this aggregator's 0xd1c0001" $OUT/qkey.txt; then
+    pass "an RDMA worker with another Q_Key is refused"
+  else
+    fail qkey "exit $rc: $(tail -3 $OUT/qkey.txt | tr '\n' ' ')"
+  fi
 fi
 stop_dlcpd agg1
 stop_dlcpd agg2
