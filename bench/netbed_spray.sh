@@ -5,8 +5,12 @@
 #   - "half": path 2 at half the rate of path 1 (RATE and RATE/2): round time p50 and p99;
 #   - "equal": both paths at RATE, no other traffic: rack-to-rack throughput against the sum of
 #     the path rates (each worker pushes and pulls its tensors once per round, so a round moves
-#     4 x TENSORS x TENSOR bytes each way).
-# Prints one JSON line per run, then a ratio table. Needs root.
+#     4 x TENSORS x TENSOR bytes each way), and against what TCP moves both ways at once over the
+#     same fabric (iperf3, 8 streams each way, w1 <-> a1): on a small machine the emulated
+#     fabric's forwarding, not the shaped rate, can be the limit.
+# Which path each unsprayed flow takes depends on its ephemeral ports, so each configuration runs
+# TRIALS times with fresh processes (fresh ports); the table gives the medians. Prints one JSON
+# line per run, then a ratio table. Needs root.
 #   bench/netbed_spray.sh [BUILD_DIR]
 set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
@@ -19,6 +23,7 @@ TENSOR=${TENSOR:-$((8 << 20))}
 SPRAY=${SPRAY:-16}
 WINDOW=${WINDOW:-262144}
 TENSORS=${TENSORS:-1}  # all-reduced concurrently each round
+TRIALS=${TRIALS:-3}
 [[ $(id -u) == 0 ]] || { echo "netbed_spray: needs root" >&2; exit 1; }
 
 CLUSTER="$MP"
@@ -26,8 +31,8 @@ source "$HERE/../scripts/netbed/session.sh"
 export NAGGS=2 PATHS=2 RATES="${RATE}mbit $((RATE / 2))mbit"
 netbed_start dlcp-spray-bench  # the "half" scenario first
 
-run() {  # SCENARIO SPRAY: 2 aggregators and 4 workers, one JSON line into results.jsonl
-  local scenario=$1 spray=$2 i aggs=() pids=()
+run() {  # SCENARIO SPRAY TRIAL: 2 aggregators and 4 workers, one JSON line into results.jsonl
+  local scenario=$1 spray=$2 trial=$3 i aggs=() pids=()
   for i in 1 2; do
     rm -f "$work/a$i.ready"
     ip netns exec "$PREFIX-a$i" "$BUILD/server/dlcpd" --host="$("$MP" ip a$i)" --port=7400 --data-port=7500 \
@@ -39,7 +44,7 @@ run() {  # SCENARIO SPRAY: 2 aggregators and 4 workers, one JSON line into resul
   local list; list=$(IFS=,; echo "${aggs[*]}")
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$list" --workers=4 \
-      --rank=$((i - 1)) --job="$scenario-$spray" --data-host="$("$MP" ip w$i)" --transport=udp --spray-ports="$spray" \
+      --rank=$((i - 1)) --job="$scenario-$spray-$trial" --data-host="$("$MP" ip w$i)" --transport=udp --spray-ports="$spray" \
       --tensor-bytes="$TENSOR" --tensors="$TENSORS" --chunk-bytes=1400 --rounds="$ROUNDS" --warmup=1 --loss-bound=0 \
       --window-bytes="$WINDOW" --timeout-s=600 --json >"$work/$scenario-$spray.$i" 2>&1 &
     pids+=($!)
@@ -47,7 +52,7 @@ run() {  # SCENARIO SPRAY: 2 aggregators and 4 workers, one JSON line into resul
   for p in "${pids[@]}"; do wait "$p" || true; done
   pkill -f "$BUILD/server/dlcpd --host=$("$MP" ip a1 | cut -d. -f1-2)" 2>/dev/null || true
   sleep 0.5
-  python3 - "$work/$scenario-$spray" "$scenario" "$spray" >>"$work/results.jsonl" <<'PY'
+  python3 - "$work/$scenario-$spray" "$scenario" "$spray" "$trial" >>"$work/results.jsonl" <<'PY'
 import json, sys
 rows = []
 for i in range(1, 5):
@@ -57,7 +62,7 @@ for i in range(1, 5):
         print(f"{sys.argv[2]} spray {sys.argv[3]} worker {i} failed:", *text[-3:], sep="\n  ", file=sys.stderr)
         sys.exit(0)
     rows.append(json.loads(js[-1]))
-print(json.dumps({"scenario": sys.argv[2], "spray_ports": int(sys.argv[3]),
+print(json.dumps({"scenario": sys.argv[2], "spray_ports": int(sys.argv[3]), "trial": int(sys.argv[4]),
                   "p50_ms": max(r["p50_ms"] for r in rows), "p99_ms": max(r["p99_ms"] for r in rows),
                   "retransmits": sum(r["retransmits"] for r in rows), "exact": all(r["exact"] for r in rows)}))
 PY
@@ -69,27 +74,52 @@ for scenario in half equal; do
     export RATES="${RATE}mbit ${RATE}mbit"
     "$MP" up >/dev/null
   fi
-  run "$scenario" 1
-  run "$scenario" "$SPRAY"
+  for ((t = 1; t <= TRIALS; t++)); do
+    run "$scenario" 1 "$t"
+    run "$scenario" "$SPRAY" "$t"
+  done
 done
 
-python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$SPRAY" "$TENSORS" <<'PY'
+# TCP both ways at once over the equal fabric: the mean of the two directions' goodput.
+ip netns exec "$PREFIX-a1" iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
+sleep 0.5
+ip netns exec "$PREFIX-w1" iperf3 -c "$("$MP" ip a1)" -p 5299 -t 5 -P 8 --bidir -J >"$work/iperf.json" 2>/dev/null || true
+tcp_bps=$(python3 -c '
 import json, sys
-rows = {(r["scenario"], r["spray_ports"]): r for r in map(json.loads, open(sys.argv[1]))}
+try:
+    e = json.load(open(sys.argv[1]))["end"]
+    print((e["sum_received"]["bits_per_second"] + e["sum_received_bidir_reverse"]["bits_per_second"]) / 2)
+except Exception:
+    print(0)' "$work/iperf.json")
+echo "{\"scenario\": \"equal\", \"tcp_bidir_mbps\": $(python3 -c "print(round($tcp_bps / 1e6, 1))")}"
+
+python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$SPRAY" "$TENSORS" "$tcp_bps" <<'PY'
+import json, statistics, sys
+runs = {}
+for r in map(json.loads, open(sys.argv[1])):
+    runs.setdefault((r["scenario"], r["spray_ports"]), []).append(r)
+rows = {k: {"p50_ms": statistics.median(r["p50_ms"] for r in v), "p99_ms": statistics.median(r["p99_ms"] for r in v),
+            "exact": all(r["exact"] for r in v), "trials": len(v)} for k, v in runs.items()}
 size, rate, spray, tensors = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-print(f"\n4 workers -> 2 aggregators over 2 ECMP paths, {tensors} x {size >> 20} MiB per round, reliable;"
+tcp = float(sys.argv[6])
+print(f"\n4 workers -> 2 aggregators over 2 ECMP paths, {tensors} x {size >> 20} MiB per round, reliable,"
+      f" medians of {max(r['trials'] for r in rows.values())} trials;"
       f" half: {rate} + {rate // 2} Mbit/s, equal: {rate} + {rate} Mbit/s")
-print("| scenario | spraying | p50 ms | p99 ms | p99 / p99 off | rack throughput / sum of path rates | exact |")
-print("|---|---|---|---|---|---|---|")
+print("| scenario | spraying | p50 ms | p99 ms | p99 / p99 off | rack throughput / sum of path rates | / TCP both ways | exact |")
+print("|---|---|---|---|---|---|---|---|")
 for scenario in ("half", "equal"):
     off = rows.get((scenario, 1))
     path_sum = rate * (1.5 if scenario == "half" else 2) * 1e6
     for ports in (1, spray):
         r = rows.get((scenario, ports))
         if not r:
-            print(f"| {scenario} | {ports} ports | - | - | - | - | failed |"); continue
+            print(f"| {scenario} | {ports} ports | - | - | - | - | - | failed |"); continue
         ratio = f"{r['p99_ms'] / off['p99_ms']:.2f}" if off else "-"
         tput = 4 * tensors * size * 8 / (r["p50_ms"] / 1000) / path_sum
         label = "off" if ports == 1 else f"{ports} ports"
-        print(f"| {scenario} | {label} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {ratio} | {tput:.2f} | {r['exact']} |")
+        vs_tcp = f"{tput * path_sum / tcp:.2f}" if scenario == "equal" and tcp > 0 else "-"
+        print(f"| {scenario} | {label} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {ratio} | {tput:.2f} | {vs_tcp} | {r['exact']} |")
+if tcp > 0:
+    print(f"TCP, 8 streams each way at once over the equal fabric: {tcp / 1e6:.0f} Mbit/s per direction"
+          f" ({tcp / (2 * rate * 1e6):.2f} of the path sum)")
 PY
