@@ -93,7 +93,7 @@ build_base() {
   for m in crc32_generic rdma_rxe ib_uverbs dummy; do add_mod "$m"; done
   cp /bin/busybox "$root/usr/bin/busybox"
   stage_with_deps /usr/bin/rdma "$root"
-  stage_with_deps /usr/bin/ibv_devinfo "$root"  # brings libibverbs.so.1
+  stage_with_deps "/usr/lib/$MA/libibverbs.so.1" "$root"  # what dlcp dlopen()s
   stage_with_deps "$(ls /usr/lib/$MA/libibverbs/librxe-rdmav*.so | head -1)" "$root"
   stage_file "/usr/lib/$MA/libgcc_s.so.1" "$root"  # glibc dlopen()s it to unwind threads
   cp /etc/libibverbs.d/rxe.driver "$root/etc/libibverbs.d/"
