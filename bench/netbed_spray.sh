@@ -10,7 +10,9 @@
 #     fabric's forwarding, not the shaped rate, can be the limit.
 # Which path each unsprayed flow takes depends on its ephemeral ports, so each configuration runs
 # TRIALS times with fresh processes (fresh ports); the table gives the medians. Prints one JSON
-# line per run, then a ratio table. Needs root.
+# line per run, then a ratio table. Env: RATE (Mbit/s of path 1, 400), TENSOR, TENSORS, ROUNDS,
+# WINDOW, SPRAY (16), TRIALS (3), MTU (1500) with CHUNK (1400; 8192 with MTU=9000), BENCH_FLAGS
+# (more dlcp-bench flags, e.g. --reliable-fraction=1.0). Needs root.
 #   bench/netbed_spray.sh [BUILD_DIR]
 set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
@@ -24,6 +26,7 @@ SPRAY=${SPRAY:-16}
 WINDOW=${WINDOW:-262144}
 TENSORS=${TENSORS:-1}  # all-reduced concurrently each round
 TRIALS=${TRIALS:-3}
+CHUNK=${CHUNK:-1400}  # payload bytes per datagram: 1400 fits MTU 1500; with MTU=9000, 8192
 [[ $(id -u) == 0 ]] || { echo "netbed_spray: needs root" >&2; exit 1; }
 
 CLUSTER="$MP"
@@ -45,8 +48,8 @@ run() {  # SCENARIO SPRAY TRIAL: 2 aggregators and 4 workers, one JSON line into
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$list" --workers=4 \
       --rank=$((i - 1)) --job="$scenario-$spray-$trial" --data-host="$("$MP" ip w$i)" --transport=udp --spray-ports="$spray" \
-      --tensor-bytes="$TENSOR" --tensors="$TENSORS" --chunk-bytes=1400 --rounds="$ROUNDS" --warmup=1 --loss-bound=0 \
-      --window-bytes="$WINDOW" --timeout-s=600 --json >"$work/$scenario-$spray.$i" 2>&1 &
+      --tensor-bytes="$TENSOR" --tensors="$TENSORS" --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound=0 \
+      --window-bytes="$WINDOW" --timeout-s=600 --json ${BENCH_FLAGS:-} >"$work/$scenario-$spray.$i" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
