@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Path spraying on the multipath test bed (scripts/netbed/multipath.sh), in one run: 4 workers in
-# one rack, 2 aggregators in the other, 2 spines between them hashed by L4 ports (ECMP). Each
+# Path spraying on the multipath test bed (scripts/netbed/multipath.sh), in one run: WORKERS (4)
+# in one rack, AGGS (2) aggregators in the other, 2 spines between them hashed by L4 ports. Each
 # scenario runs dlcp with spraying off (--spray-ports=1) and on (SPRAY ports), reliable (ε = 0):
 #   - "half": path 2 at half the rate of path 1 (RATE and RATE/2): round time p50 and p99;
 #   - "equal": both paths at RATE, no other traffic: rack-to-rack throughput against the sum of
 #     the path rates (each worker pushes and pulls its tensors once per round, so a round moves
-#     4 x TENSORS x TENSOR bytes each way), and against what TCP moves both ways at once over the
+#     WORKERS x TENSORS x TENSOR bytes each way), and against what TCP moves both ways at once over the
 #     same fabric (iperf3, 8 streams each way, w1 <-> a1): on a small machine the emulated
 #     fabric's forwarding, not the shaped rate, can be the limit.
 # Which path each unsprayed flow takes depends on its ephemeral ports, so each configuration runs
@@ -31,22 +31,24 @@ CHUNK=${CHUNK:-1400}  # payload bytes per datagram: 1400 fits MTU 1500; with MTU
 
 CLUSTER="$MP"
 source "$HERE/../scripts/netbed/session.sh"
-export NAGGS=2 PATHS=2 RATES="${RATE}mbit $((RATE / 2))mbit"
+WORKERS=${WORKERS:-4}
+AGGS=${AGGS:-2}
+export NAGGS=$AGGS PATHS=2 RATES="${RATE}mbit $((RATE / 2))mbit"
 netbed_start dlcp-spray-bench  # the "half" scenario first
 
-run() {  # SCENARIO SPRAY TRIAL: 2 aggregators and 4 workers, one JSON line into results.jsonl
+run() {  # SCENARIO SPRAY TRIAL: AGGS aggregators and WORKERS workers, one JSON line into results.jsonl
   local scenario=$1 spray=$2 trial=$3 i aggs=() pids=()
-  for i in 1 2; do
+  for ((i = 1; i <= AGGS; i++)); do
     rm -f "$work/a$i.ready"
     ip netns exec "$PREFIX-a$i" "$BUILD/server/dlcpd" --host="$("$MP" ip a$i)" --port=7400 --data-port=7500 \
       --plaintext --transport=udp --spray-ports="$spray" --log-level=warning --ready-file="$work/a$i.ready" \
       2>"$work/a$i.log" &
     aggs+=("$("$MP" ip a$i):7400")
   done
-  for i in 1 2; do netbed_wait_ready "$work/a$i.ready" || echo "netbed_spray: dlcpd on a$i did not start" >&2; done
+  for ((i = 1; i <= AGGS; i++)); do netbed_wait_ready "$work/a$i.ready" || echo "netbed_spray: dlcpd on a$i did not start" >&2; done
   local list; list=$(IFS=,; echo "${aggs[*]}")
-  for i in 1 2 3 4; do
-    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$list" --workers=4 \
+  for ((i = 1; i <= WORKERS; i++)); do
+    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$list" --workers="$WORKERS" \
       --rank=$((i - 1)) --job="$scenario-$spray-$trial" --data-host="$("$MP" ip w$i)" --transport=udp --spray-ports="$spray" \
       --tensor-bytes="$TENSOR" --tensors="$TENSORS" --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound=0 \
       --window-bytes="$WINDOW" --timeout-s=600 --json ${BENCH_FLAGS:-} >"$work/$scenario-$spray.$i" 2>&1 &
@@ -55,10 +57,10 @@ run() {  # SCENARIO SPRAY TRIAL: 2 aggregators and 4 workers, one JSON line into
   for p in "${pids[@]}"; do wait "$p" || true; done
   pkill -f "$BUILD/server/dlcpd --host=$("$MP" ip a1 | cut -d. -f1-2)" 2>/dev/null || true
   sleep 0.5
-  python3 - "$work/$scenario-$spray" "$scenario" "$spray" "$trial" >>"$work/results.jsonl" <<'PY'
+  python3 - "$work/$scenario-$spray" "$scenario" "$spray" "$trial" "$WORKERS" >>"$work/results.jsonl" <<'PY'
 import json, sys
 rows = []
-for i in range(1, 5):
+for i in range(1, int(sys.argv[5]) + 1):
     text = open(f"{sys.argv[1]}.{i}").read().splitlines()
     js = [l for l in text if l.startswith("{")]
     if not js:
@@ -96,7 +98,7 @@ except Exception:
     print(0)' "$work/iperf.json")
 echo "{\"scenario\": \"equal\", \"tcp_bidir_mbps\": $(python3 -c "print(round($tcp_bps / 1e6, 1))")}"
 
-python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$SPRAY" "$TENSORS" "$tcp_bps" <<'PY'
+python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$SPRAY" "$TENSORS" "$tcp_bps" "$WORKERS" "$AGGS" <<'PY'
 import json, statistics, sys
 runs = {}
 for r in map(json.loads, open(sys.argv[1])):
@@ -105,7 +107,8 @@ rows = {k: {"p50_ms": statistics.median(r["p50_ms"] for r in v), "p99_ms": stati
             "exact": all(r["exact"] for r in v), "trials": len(v)} for k, v in runs.items()}
 size, rate, spray, tensors = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 tcp = float(sys.argv[6])
-print(f"\n4 workers -> 2 aggregators over 2 ECMP paths, {tensors} x {size >> 20} MiB per round, reliable,"
+workers, aggs = int(sys.argv[7]), int(sys.argv[8])
+print(f"\n{workers} workers -> {aggs} aggregators over 2 ECMP paths, {tensors} x {size >> 20} MiB per round, reliable,"
       f" medians of {max(r['trials'] for r in rows.values())} trials;"
       f" half: {rate} + {rate // 2} Mbit/s, equal: {rate} + {rate} Mbit/s")
 print("| scenario | spraying | p50 ms | p99 ms | p99 / p99 off | rack throughput / sum of path rates | / TCP both ways | exact |")
@@ -118,7 +121,7 @@ for scenario in ("half", "equal"):
         if not r:
             print(f"| {scenario} | {ports} ports | - | - | - | - | - | failed |"); continue
         ratio = f"{r['p99_ms'] / off['p99_ms']:.2f}" if off else "-"
-        tput = 4 * tensors * size * 8 / (r["p50_ms"] / 1000) / path_sum
+        tput = workers * tensors * size * 8 / (r["p50_ms"] / 1000) / path_sum
         label = "off" if ports == 1 else f"{ports} ports"
         vs_tcp = f"{tput * path_sum / tcp:.2f}" if scenario == "equal" and tcp > 0 else "-"
         print(f"| {scenario} | {label} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {ratio} | {tput:.2f} | {vs_tcp} | {r['exact']} |")
