@@ -39,15 +39,11 @@ run_dlcp() {  # name loss_bound [nocross]
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
   netbed_cross_stop
-  python3 - "$work/$1" "$1" <<'PY'
+  local rows
+  rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/$1" 4 "$1")
+  python3 - "$rows" "$1" <<'PY'
 import json, sys
-rows = []
-for i in range(1, 5):
-    text = open(f"{sys.argv[1]}.{i}").read().splitlines()
-    ls = [l for l in text if l.startswith("{")]
-    rows.append(json.loads(ls[-1]) if ls else {})
-    if not ls:
-        print(f"{sys.argv[2]} worker {i} failed:", *text[-3:], sep="\n  ", file=sys.stderr)
+rows = [r or {} for r in json.loads(sys.argv[1])]  # a failed worker counts as not exact
 ok = all(r.get("exact") for r in rows)
 print(json.dumps({"system": sys.argv[2], "p50_ms": max(r.get("p50_ms", 0) for r in rows),
                   "p99_ms": max(r.get("p99_ms", 0) for r in rows),

@@ -57,16 +57,13 @@ run() {  # SCENARIO SPRAY TRIAL: AGGS aggregators and WORKERS workers, one JSON 
   for p in "${pids[@]}"; do wait "$p" || true; done
   pkill -f "$BUILD/server/dlcpd --host=$("$MP" ip a1 | cut -d. -f1-2)" 2>/dev/null || true
   sleep 0.5
-  python3 - "$work/$scenario-$spray" "$scenario" "$spray" "$trial" "$WORKERS" >>"$work/results.jsonl" <<'PY'
+  local rows
+  rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/$scenario-$spray" "$WORKERS" "$scenario spray $spray")
+  python3 - "$rows" "$scenario" "$spray" "$trial" >>"$work/results.jsonl" <<'PY'
 import json, sys
-rows = []
-for i in range(1, int(sys.argv[5]) + 1):
-    text = open(f"{sys.argv[1]}.{i}").read().splitlines()
-    js = [l for l in text if l.startswith("{")]
-    if not js:
-        print(f"{sys.argv[2]} spray {sys.argv[3]} worker {i} failed:", *text[-3:], sep="\n  ", file=sys.stderr)
-        sys.exit(0)
-    rows.append(json.loads(js[-1]))
+rows = json.loads(sys.argv[1])
+if None in rows:
+    sys.exit(0)
 print(json.dumps({"scenario": sys.argv[2], "spray_ports": int(sys.argv[3]), "trial": int(sys.argv[4]),
                   "p50_ms": max(r["p50_ms"] for r in rows), "p99_ms": max(r["p99_ms"] for r in rows),
                   "retransmits": sum(r["retransmits"] for r in rows), "exact": all(r["exact"] for r in rows)}))

@@ -43,16 +43,13 @@ run() {  # name mode loss_bound
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
   netbed_cross_stop
-  "$PYTHON" - "$work/$1" "$1" <<'PY'
+  local rows
+  rows=$("$PYTHON" "$HERE/../scripts/netbed/worker_rows.py" "$work/$1" 4 "$1")
+  "$PYTHON" - "$rows" "$1" <<'PY'
 import json, sys
-rows = []
-for i in range(1, 5):
-    text = open(f"{sys.argv[1]}.{i}").read().splitlines()
-    js = [l for l in text if l.startswith("{")]
-    if not js:
-        print(f"{sys.argv[2]} worker {i} failed:", *text[-4:], sep="\n  ", file=sys.stderr)
-        sys.exit(0)
-    rows.append(json.loads(js[-1]))
+rows = json.loads(sys.argv[1])
+if None in rows:
+    sys.exit(0)
 print(json.dumps({"run": sys.argv[2], "history": rows[0]["history"]}))
 PY
 }
