@@ -152,6 +152,7 @@ void Session::Fatal(const absl::Status& status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     handler = fatal_;
+    if (fatal_status_.ok()) fatal_status_ = status;
   }
   if (handler) handler(status);
 }
@@ -171,10 +172,22 @@ absl::Status Session::Leave() {
   cv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
   absl::Status result;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fatal_status_.ok()) reason = fatal_status_.ToString();
+  }
+  if (reason.size() > 512) {
+    // Cut at a character boundary: a proto string must stay valid UTF-8.
+    size_t cut = 512;
+    while (cut > 0 && (static_cast<uint8_t>(reason[cut]) & 0xC0) == 0x80) --cut;
+    reason.resize(cut);
+  }
   for (size_t i = 0; i < stubs_.size(); ++i) {
     v1::LeaveRequest req;
     req.set_job_id(job_id_);
     req.set_rank(options_.rank);
+    req.set_reason(reason);
     v1::LeaveResponse resp;
     grpc::Status st = CallWithDeadline(
         [&](grpc::ClientContext* ctx, const v1::LeaveRequest* rq, v1::LeaveResponse* rs, auto cb) {

@@ -72,6 +72,7 @@ class Session {
   absl::Duration heartbeat_timeout_ = absl::InfiniteDuration();  // the aggregators' deadline
   std::vector<absl::Time> last_ok_;  // per aggregator: last successful heartbeat (heartbeat thread)
   std::function<void(const absl::Status&)> fatal_;  // under mu_
+  absl::Status fatal_status_;  // the first Fatal, under mu_: told to the aggregators at Leave
   std::vector<AggregatorInfo> aggregators_;
   std::vector<std::unique_ptr<v1::Aggregator::Stub>> stubs_;
   std::mutex mu_;

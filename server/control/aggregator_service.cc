@@ -162,7 +162,12 @@ grpc::ServerUnaryReactor* AggregatorService::GetStats(grpc::CallbackServerContex
   DLCP_UNARY(ctx, HandleGetStats(resp));
 }
 
-absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req) { return jobs_->Leave(req.job_id(), req.rank()); }
+absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req) {
+  if (req.reason().size() > 512) {
+    return absl::InvalidArgumentError(absl::StrCat("leave reason of ", req.reason().size(), " bytes exceeds 512"));
+  }
+  return jobs_->Leave(req.job_id(), req.rank(), req.reason());
+}
 
 absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
   if (std::shared_ptr<Job> job = jobs_->Find(req.job_id())) resp->set_epoch(job->epoch);

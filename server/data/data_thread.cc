@@ -446,7 +446,11 @@ void DataThread::ScanTimers(absl::Time now) {
       // the rank, instead of letting every survivor wait for its op deadline.
       for (uint32_t w = 0; w < job.world; ++w) {
         if (!job.members[w].joined() && job.members[w].left_ns.load() != 0 && !r.MissingFrom(w).empty()) {
-          job.Fail(absl::StrCat("worker rank ", w, " left the job while key ", r.key(), " round ", r.round(),
+          // Its own reason, when it gave one, is usually the root cause the others want to see
+          // (e.g. it lost an aggregator they have not noticed yet).
+          const std::string because = job.LeftBecause(w);
+          job.Fail(absl::StrCat("worker rank ", w, " left the job", because.empty() ? "" : " (", because,
+                                because.empty() ? "" : ")", " while key ", r.key(), " round ", r.round(),
                                 " still needed its data"));
           DLCP_LOG(Warning) << "job " << job.name << " failed: " << job.failure_reason();
           break;

@@ -102,12 +102,13 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
   return job;
 }
 
-absl::Status JobRegistry::Leave(uint32_t job_id, uint32_t rank) {
+absl::Status JobRegistry::Leave(uint32_t job_id, uint32_t rank, const std::string& reason) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   Job& job = *it->second;
   if (rank >= job.world) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside job"));
+  job.NoteLeft(rank, reason);
   job.members[rank].left_ns.store(absl::GetCurrentTimeNanos());
   if (job.members[rank].packed_address.exchange(0) != 0 && job.member_count.fetch_sub(1) == 1) {
     job.left_gracefully.store(true);

@@ -80,10 +80,21 @@ struct Job {
     std::lock_guard<std::mutex> lock(failure_mu);
     return failure;
   }
+  // Why `rank` last left, as it said in its Leave; empty if it gave no reason.
+  void NoteLeft(uint32_t rank, const std::string& reason) {
+    std::lock_guard<std::mutex> lock(failure_mu);
+    left_because.resize(world);
+    left_because[rank] = reason;
+  }
+  std::string LeftBecause(uint32_t rank) const {
+    std::lock_guard<std::mutex> lock(failure_mu);
+    return rank < left_because.size() ? left_because[rank] : "";
+  }
 
  private:
   mutable std::mutex failure_mu;
   std::string failure;
+  std::vector<std::string> left_because;
 };
 
 struct JoinSpec {
@@ -105,7 +116,8 @@ class JobRegistry {
   // Validates the request and adds (or re-adds) the member. InvalidArgument names the bad field;
   // FailedPrecondition when it contradicts the job's existing shape; ResourceExhausted past limits.
   absl::StatusOr<std::shared_ptr<Job>> Join(const JoinSpec& spec);
-  absl::Status Leave(uint32_t job_id, uint32_t rank);
+  // `reason`: why the worker left, if on an error; kept for the failure it may cause (Job::LeftBecause).
+  absl::Status Leave(uint32_t job_id, uint32_t rank, const std::string& reason = "");
   absl::Status Heartbeat(uint32_t job_id, uint32_t rank);
 
   // Fails every job with a member whose last heartbeat (or join) is older than `timeout`, and

@@ -42,6 +42,19 @@ TEST(JobRegistry, ValidatesJoinsAndEnforcesLimits) {
   EXPECT_TRUE(jobs.Join({"k", 2, 0, 1024, addr}).ok());
 }
 
+TEST(JobRegistry, KeepsTheReasonAWorkerGaveForLeaving) {
+  JobRegistry jobs(JobLimits{});
+  Address a0{0x7f000001, 5000}, a1{0x7f000001, 5001};
+  auto job = jobs.Join({"why", 2, 0, 1024, a0});
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(jobs.Join({"why", 2, 1, 1024, a1}).ok());
+  EXPECT_EQ((*job)->LeftBecause(1), "");
+  ASSERT_TRUE(jobs.Leave((*job)->id, 1, "UNAVAILABLE: aggregator 10.0.0.9:7000 unreachable").ok());
+  EXPECT_EQ((*job)->LeftBecause(1), "UNAVAILABLE: aggregator 10.0.0.9:7000 unreachable");
+  EXPECT_EQ((*job)->LeftBecause(0), "");
+  EXPECT_EQ((*job)->LeftBecause(7), "");  // outside the job: nothing, not a crash
+}
+
 TEST(JobRegistry, ASilentMemberFailsItsJobUntilEveryoneHasLeft) {
   JobRegistry jobs(JobLimits{});
   Address a0{0x7f000001, 5000}, a1{0x7f000001, 5001};
