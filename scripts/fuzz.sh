@@ -2,7 +2,8 @@
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded time over its
 # seed corpus in tests/fuzz/corpus/:
 #   wire_fuzz     the data-plane packet parser, range lists and MAC check
-#   control_fuzz  the control-plane request handlers (Join, Leave, Heartbeat, GetTopology, GetStats)
+#   control_fuzz  the control-plane request handlers (Join, Leave, Heartbeat, GetTopology, GetStats,
+#                 Regroup)
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [OUT_DIR] [BUILD_DIR]
 # BUILD_DIR is a configured and built tree (for the generated protobuf code). Exits non-zero on any
 # crash or sanitizer report; prints the inputs each target ran.
@@ -32,7 +33,7 @@ clang++ "${FLAGS[@]}" tests/fuzz/control_fuzz.cc "${WIRE[@]}" \
   common/topology/topology.cc common/transport/address.cc common/transport/factory.cc common/transport/waker.cc \
   common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc "${RDMA[@]}" \
   common/datapath/outbox.cc server/engine/reduce.cc server/rounds/round.cc server/rounds/block_pool.cc \
-  server/jobs/job_registry.cc server/data/data_plane.cc server/data/data_thread.cc server/data/bounded_rounds.cc \
+  server/jobs/job_registry.cc server/jobs/regroup_barrier.cc server/data/data_plane.cc server/data/data_thread.cc server/data/bounded_rounds.cc \
   server/policy/loss_tracker.cc common/policy/drop_injector.cc \
   server/control/aggregator_service.cc "$BUILD/proto/gen/dlcp/v1/control.pb.cc" \
   "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" $LIBS -lhighwayhash -lpthread -ldl -o "$OUT/control_fuzz" &

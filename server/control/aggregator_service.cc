@@ -90,7 +90,7 @@ absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::Jo
   absl::StatusOr<std::shared_ptr<Job>> job = jobs_->Join(spec);
   if (!job.ok()) return job.status();
   resp->set_job_id((*job)->id);
-  resp->set_epoch((*job)->epoch);
+  resp->set_epoch((*job)->epoch.load());
   // A round holds a slot on every data thread its chunks reach, and lingers until the slowest
   // worker confirms it, while faster workers start new ones: tell clients a share that cannot
   // overrun the aggregator's limit.
@@ -139,7 +139,7 @@ absl::Status AggregatorService::HandleGetTopology(const v1::GetTopologyRequest& 
   std::shared_ptr<Job> job = jobs_->Find(req.job_id());
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", req.job_id(), " at aggregator ", id()));
   resp->set_aggregator_id(id());
-  resp->set_epoch(job->epoch);
+  resp->set_epoch(job->epoch.load());
   resp->set_world_size(job->world);
   FillEndpoints(resp->mutable_data_endpoints());
   const int64_t now = absl::GetCurrentTimeNanos();
@@ -170,8 +170,62 @@ absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req) {
 }
 
 absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
-  if (std::shared_ptr<Job> job = jobs_->Find(req.job_id())) resp->set_epoch(job->epoch);
+  if (std::shared_ptr<Job> job = jobs_->Find(req.job_id())) resp->set_epoch(job->epoch.load());
   return jobs_->Heartbeat(req.job_id(), req.rank());
+}
+
+grpc::ServerUnaryReactor* AggregatorService::Regroup(grpc::CallbackServerContext* ctx, const v1::RegroupRequest* req,
+                                                     v1::RegroupResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  absl::Status status = HandleRegroup(*req, resp, [this, reactor](absl::Status s) {
+    if (!s.ok()) bad_requests_->Add();
+    reactor->Finish(ToGrpcStatus(s));
+  });
+  if (!status.ok()) {
+    bad_requests_->Add();
+    reactor->Finish(ToGrpcStatus(status));
+  }
+  return reactor;
+}
+
+absl::Status AggregatorService::HandleRegroup(const v1::RegroupRequest& req, v1::RegroupResponse* resp,
+                                              std::function<void(absl::Status)> done) {
+  constexpr int kMaxLost = 64;
+  constexpr int kMaxKeys = 1 << 16;
+  constexpr uint32_t kMaxWaitMs = 120000;
+  if (req.generation() == 0) return absl::InvalidArgumentError("regroup generation must be at least 1");
+  if (req.lost().empty() || req.lost_size() > kMaxLost) {
+    return absl::InvalidArgumentError(absl::StrCat("regroup must name 1 to ", kMaxLost, " lost aggregators"));
+  }
+  for (const std::string& l : req.lost()) {
+    if (l.empty() || l.size() > 256) return absl::InvalidArgumentError("a lost aggregator's address is empty or over 256 bytes");
+  }
+  if (req.keys_size() > kMaxKeys) {
+    return absl::InvalidArgumentError(absl::StrCat("regroup reports ", req.keys_size(), " keys, over ", kMaxKeys));
+  }
+  if (req.coordinate() && (req.wait_ms() == 0 || req.wait_ms() > kMaxWaitMs)) {
+    return absl::InvalidArgumentError(absl::StrCat("regroup wait_ms ", req.wait_ms(), " is not in [1, ", kMaxWaitMs, "]"));
+  }
+  RegroupArrival a;
+  a.rank = req.rank();
+  a.generation = req.generation();
+  a.lost.assign(req.lost().begin(), req.lost().end());
+  std::sort(a.lost.begin(), a.lost.end());
+  a.coordinate = req.coordinate();
+  for (const v1::KeyRounds& k : req.keys()) a.done.emplace_back(k.key(), k.done());
+  a.deadline = absl::Now() + absl::Milliseconds(req.wait_ms());
+  return jobs_->Regroup(req.job_id(), std::move(a),
+                        [resp, done = std::move(done)](absl::StatusOr<RegroupOutcome> outcome) {
+                          if (!outcome.ok()) return done(outcome.status());
+                          resp->set_epoch(outcome->epoch);
+                          for (const KeySpan& s : outcome->spans) {
+                            v1::KeyRounds* k = resp->add_keys();
+                            k->set_key(s.key);
+                            k->set_done(s.min);
+                            k->set_done_max(s.max);
+                          }
+                          done(absl::OkStatus());
+                        });
 }
 
 absl::Status AggregatorService::HandleGetStats(v1::Stats* resp) {

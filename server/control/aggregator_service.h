@@ -2,6 +2,7 @@
 // only touch the JobRegistry (its own locking) and read-only data-plane facts, so none blocks.
 #pragma once
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -37,6 +38,10 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
                                         v1::Topology* resp) override;
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest* req,
                                      v1::Stats* resp) override;
+  // The coordinator's reply waits for every worker: it is the one handler that does not finish at
+  // once (RegroupBarrier, bounded by the request's wait_ms).
+  grpc::ServerUnaryReactor* Regroup(grpc::CallbackServerContext* ctx, const v1::RegroupRequest* req,
+                                    v1::RegroupResponse* resp) override;
 
   // The handlers proper, behind the gRPC reactors above (and driven directly by the control-plane
   // fuzz target). `peer` is gRPC's peer string ("ipv4:10.0.0.7:51234").
@@ -47,6 +52,9 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   absl::Status HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
   absl::Status HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp);
   absl::Status HandleGetStats(v1::Stats* resp);
+  // Validates; then `done` gets the outcome, at once or when the coordination ends.
+  absl::Status HandleRegroup(const v1::RegroupRequest& req, v1::RegroupResponse* resp,
+                             std::function<void(absl::Status)> done);
 
  private:
   void FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const;

@@ -36,7 +36,7 @@ void DataThread::CheckBound(Round* round, absl::Time now) {
   if (t.AllIn()) return Seal(round, now);
   if (round->armed || !t.BoundMet()) return;
   round->armed = true;
-  armed_.push_back(RoundKey{round->job()->id, round->job()->epoch, round->key(), round->round()});
+  armed_.push_back(RoundKey{round->job()->id, round->epoch(), round->key(), round->round()});
   next_tail_ = std::min(next_tail_, TailEnd(*round));
 }
 

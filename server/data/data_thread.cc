@@ -143,7 +143,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
     }
     return Reject(wire::Reject::kNotMember);
   }
-  if (h.epoch != job->epoch) return Reject(wire::Reject::kStaleEpoch);
+  if (h.epoch != job->epoch.load(std::memory_order_relaxed)) return Reject(wire::Reject::kStaleEpoch);
   if (job->failed.load(std::memory_order_relaxed)) {
     SendError(*job, h, job->members[h.rank].address(), absl::StatusCode::kAborted, JobFailedMessage(*job));
     return Reject(wire::Reject::kJobFailed);
@@ -213,7 +213,7 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
     return nullptr;
   }
   auto round = std::make_unique<Round>(job, h.key, h.round, wire::ChunkGeometry{h.tensor_elems, job->chunk_bytes / 4},
-                                       &pool_, now);
+                                       &pool_, now, h.epoch);
   round->next_repair = now;  // the quiet spell (ScanTimers) decides when a repair is due
   Round* raw = round.get();
   rounds_.emplace(RoundKey{h.job, h.epoch, h.key, h.round}, std::move(round));
@@ -314,7 +314,7 @@ wire::Header DataThread::RoundHeader(const Round& r, wire::MsgType type, uint32_
   h.chunk_count = r.geometry().chunk_count();
   h.tensor_elems = r.geometry().tensor_elems;
   h.rank = static_cast<uint16_t>(rank);
-  h.epoch = r.job()->epoch;
+  h.epoch = r.epoch();
   return h;
 }
 
@@ -391,7 +391,7 @@ void DataThread::SendOwned(const Job& job, const Address& to, const wire::Header
 void DataThread::MaybeFree(RoundMap::iterator it) {
   if (it == rounds_.end() || !it->second->AllDone()) return;
   Round& r = *it->second;
-  uint32_t& floor = floor_[FloorKey{r.job()->id, r.job()->epoch, r.key()}];
+  uint32_t& floor = floor_[FloorKey{r.job()->id, r.epoch(), r.key()}];
   floor = std::max(floor, r.round() + 1);
   CountCompleted(r);
   rounds_.erase(it);
@@ -409,7 +409,7 @@ void DataThread::ScanTimers(absl::Time now) {
     last_floor_prune_ = now;
     for (auto it = floor_.begin(); it != floor_.end();) {
       std::shared_ptr<Job> job = jobs_->Find(it->first.job);
-      it = (!job || job->epoch != it->first.epoch) ? floor_.erase(it) : std::next(it);
+      it = (!job || job->epoch.load() != it->first.epoch) ? floor_.erase(it) : std::next(it);
     }
 
   }
@@ -425,6 +425,13 @@ void DataThread::ScanTimers(absl::Time now) {
       } else {
         rounds_aborted_->Add();
       }
+      it = rounds_.erase(it);
+      continue;
+    }
+    if (r.Superseded()) {
+      // The job regrouped (it lost an aggregator): its workers run this round again in the new
+      // layout, and tell nobody here about the old one.
+      rounds_aborted_->Add();
       it = rounds_.erase(it);
       continue;
     }

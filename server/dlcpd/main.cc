@@ -144,6 +144,7 @@ int Main(int argc, char** argv) {
     for (const std::string& line : jobs.FailSilentMembers(absl::GetCurrentTimeNanos(), opts->limits.heartbeat_timeout)) {
       DLCP_LOG(Warning) << line;
     }
+    for (const std::string& line : jobs.ExpireRegroups(absl::Now())) DLCP_LOG(Warning) << line;
     for (const std::string& name : jobs.ReapIdle(absl::GetCurrentTimeNanos(), opts->job_idle_timeout)) {
       DLCP_LOG(Warning) << "job " << name << " removed: no heartbeat from any member for "
                         << absl::FormatDuration(opts->job_idle_timeout);

@@ -66,8 +66,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
         return absl::ResourceExhaustedError(
             absl::StrCat("aggregator serves its limit of ", limits_.max_jobs, " jobs (dlcpd --max-jobs)"));
       }
-      ++epoch_seed_;
-      const uint32_t epoch = static_cast<uint32_t>(StableHash64(epoch_seed_, id)) | 1;  // never 0
+      const uint32_t epoch = NextEpoch(id);
       std::optional<wire::MacKey> key;
       if (limits_.data_auth) {
         absl::StatusOr<wire::MacKey> k = wire::NewMacKey();
@@ -118,6 +117,48 @@ absl::Status JobRegistry::Leave(uint32_t job_id, uint32_t rank, const std::strin
     jobs_.erase(it);
   }
   return absl::OkStatus();
+}
+
+uint32_t JobRegistry::NextEpoch(uint32_t job_id) {
+  return static_cast<uint32_t>(StableHash64(epoch_seed_.fetch_add(1) + 1, job_id)) | 1;  // never 0
+}
+
+absl::Status JobRegistry::Regroup(uint32_t job_id, RegroupArrival arrival, RegroupBarrier::Reply reply) {
+  std::shared_ptr<Job> job = Find(job_id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  if (arrival.rank >= job->world || !job->members[arrival.rank].joined()) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", arrival.rank, " is not a member of job ", job->name));
+  }
+  if (job->failed.load()) {
+    return absl::AbortedError(absl::StrCat("job '", job->name, "' failed: ", job->failure_reason()));
+  }
+  Job* raw = job.get();
+  std::optional<std::string> failure = job->regroup.Arrive(
+      std::move(arrival),
+      [this, raw] {
+        const uint32_t epoch = NextEpoch(raw->id);
+        // From here on the data threads refuse the old layout's packets and drop its rounds.
+        raw->epoch.store(epoch);
+        DLCP_LOG(Warning) << "job " << raw->name << " regroups after losing an aggregator: epoch " << epoch;
+        return epoch;
+      },
+      std::move(reply));
+  if (failure) {
+    job->Fail(*failure);
+    DLCP_LOG(Warning) << "job " << job->name << " failed: " << *failure;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> JobRegistry::ExpireRegroups(absl::Time now) {
+  std::vector<std::string> lines;
+  for (const std::shared_ptr<Job>& job : List()) {
+    if (std::optional<std::string> failure = job->regroup.Expire(now)) {
+      job->Fail(*failure);
+      lines.push_back(absl::StrCat("job ", job->name, " failed: ", *failure));
+    }
+  }
+  return lines;
 }
 
 absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank) {

@@ -19,6 +19,7 @@
 #include "common/metrics/registry.h"
 #include "common/transport/address.h"
 #include "common/wire/mac.h"
+#include "server/jobs/regroup_barrier.h"
 
 namespace dlcp::server {
 
@@ -46,15 +47,16 @@ struct Job {
   Job(uint32_t id, std::string name, uint32_t world, uint32_t chunk_bytes, uint64_t max_bytes, uint32_t epoch,
       std::optional<wire::MacKey> mac_key = std::nullopt)
       : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes), epoch(epoch),
-        mac_key(mac_key), members(world) {}
+        mac_key(mac_key), members(world), regroup(world) {}
 
   const uint32_t id;
   const std::string name;
   const uint32_t world;
   const uint32_t chunk_bytes;
   const uint64_t max_bytes;  // accumulator budget across all of the job's rounds
-  // Random per incarnation of a job name, so packets of an earlier incarnation never match.
-  const uint32_t epoch;
+  // Random per incarnation of a job name, so packets of an earlier incarnation never match, and
+  // new again at each regroup (aggregator fail-over), so no round of the old layout mixes in.
+  std::atomic<uint32_t> epoch;
   // The job's data-plane key here; absent when data authentication is off.
   const std::optional<wire::MacKey> mac_key;
   const wire::MacKey* key() const { return mac_key ? &*mac_key : nullptr; }
@@ -67,6 +69,7 @@ struct Job {
   std::atomic<uint32_t> rounds_in_flight{0};
   std::atomic<uint64_t> bytes_in_use{0};
   std::atomic<uint64_t> rounds_completed{0};
+  RegroupBarrier regroup;
 
   // A member died (no heartbeat within the deadline): the job cannot complete another round, and
   // every survivor is told why. Sticky until every member has left.
@@ -128,6 +131,12 @@ class JobRegistry {
   // workers that died without leaving must not hold a job slot forever. Returns their names.
   std::vector<std::string> ReapIdle(int64_t now_ns, absl::Duration idle);
 
+  // Aggregator fail-over: see RegroupBarrier. NotFound / FailedPrecondition for a job or rank that
+  // is not here; `reply` runs once, possibly before this returns. Disagreeing workers fail the job.
+  absl::Status Regroup(uint32_t job_id, RegroupArrival arrival, RegroupBarrier::Reply reply);
+  // Ends regroups whose deadline passed, failing their jobs; one line per failure, for the log.
+  std::vector<std::string> ExpireRegroups(absl::Time now);
+
   std::shared_ptr<Job> Find(uint32_t job_id) const;
   std::vector<std::shared_ptr<Job>> List() const;
   // True for a job that ended within the last minute: its stragglers are late, not invalid.
@@ -138,9 +147,10 @@ class JobRegistry {
 
  private:
   void RememberClosed(uint32_t job_id);  // with mu_ held
+  uint32_t NextEpoch(uint32_t job_id);  // lock-free: a regroup calls it under its barrier's lock
 
   JobLimits limits_;
-  uint64_t epoch_seed_;
+  std::atomic<uint64_t> epoch_seed_;
   std::deque<std::pair<uint32_t, int64_t>> closed_;  // (job id, when), oldest first
   mutable std::shared_mutex mu_;
   std::unordered_map<uint32_t, std::shared_ptr<Job>> jobs_;

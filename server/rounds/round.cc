@@ -8,10 +8,11 @@
 namespace dlcp::server {
 
 Round::Round(std::shared_ptr<Job> job, uint32_t key, uint32_t round, wire::ChunkGeometry geometry, BlockPool* pool,
-             absl::Time now)
+             absl::Time now, uint32_t epoch)
     : job_(std::move(job)),
       key_(key),
       round_(round),
+      epoch_(epoch != 0 ? epoch : job_->epoch.load()),
       geometry_(geometry),
       pool_(pool),
       block_bytes_(static_cast<size_t>(kBlockChunks) * geometry.chunk_elems * sizeof(float)),

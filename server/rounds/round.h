@@ -20,8 +20,9 @@ class Round {
  public:
   enum class AddResult { kAdded, kCompleted, kDuplicate, kNoMemory, kSealed };
 
+  // `epoch`: the job's epoch the round's packets carry; 0 means the job's current one.
   Round(std::shared_ptr<Job> job, uint32_t key, uint32_t round, wire::ChunkGeometry geometry, BlockPool* pool,
-        absl::Time now);
+        absl::Time now, uint32_t epoch = 0);
   ~Round();
   Round(const Round&) = delete;
   Round& operator=(const Round&) = delete;
@@ -69,6 +70,9 @@ class Round {
   const std::shared_ptr<Job>& job() const { return job_; }
   uint32_t key() const { return key_; }
   uint32_t round() const { return round_; }
+  uint32_t epoch() const { return epoch_; }
+  // The job has regrouped since this round began: nothing of it can complete any more.
+  bool Superseded() const { return epoch_ != job_->epoch.load(std::memory_order_relaxed); }
   const wire::ChunkGeometry& geometry() const { return geometry_; }
   absl::Time created() const { return created_; }
   absl::Time last_progress() const { return last_progress_; }
@@ -84,6 +88,7 @@ class Round {
   std::shared_ptr<Job> job_;
   uint32_t key_;
   uint32_t round_;
+  uint32_t epoch_;
   wire::ChunkGeometry geometry_;
   BlockPool* pool_;
   size_t block_bytes_;

@@ -1,9 +1,11 @@
 // libFuzzer target for the control-plane request handlers: the first byte picks the handler
-// (Join, Leave, Heartbeat, GetTopology, GetStats) and the peer string, the rest is the request as
+// (Join, Leave, Heartbeat, GetTopology, GetStats, Regroup) and the peer string, the rest is the request as
 // protobuf bytes. The handlers run against a real JobRegistry and data plane (loopback
 // transport). Properties, beyond "no crash, no sanitizer report": every job's member count equals
-// its joined members, limits hold, and a refused Join changes nothing.
+// its joined members, limits hold, a refused Join changes nothing, and a Regroup is answered
+// exactly once (at once, or when its deadline passes).
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <google/protobuf/stubs/logging.h>
@@ -60,7 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string peer = kPeers[(data[0] >> 4) % 5];
   const char* body = reinterpret_cast<const char*>(data + 1);
   const int len = static_cast<int>(size - 1);
-  switch (data[0] % 5) {
+  switch (data[0] % 6) {
     case 0: {
       dlcp::v1::JoinRequest req;
       dlcp::v1::JoinResponse resp;
@@ -89,6 +91,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       dlcp::v1::Topology resp;
       if (!req.ParseFromArray(body, len)) return 0;
       w->service->HandleGetTopology(req, &resp).IgnoreError();
+      break;
+    }
+    case 4: {
+      dlcp::v1::RegroupRequest req;
+      if (!req.ParseFromArray(body, len)) return 0;
+      // A coordinating arrival answers later: the response lives until its answer.
+      auto* resp = new dlcp::v1::RegroupResponse();
+      auto answers = std::make_shared<int>(0);
+      absl::Status s = w->service->HandleRegroup(req, resp, [resp, answers](absl::Status) {
+        if (++*answers > 1) __builtin_trap();
+        delete resp;
+      });
+      if (!s.ok()) {
+        if (*answers != 0) __builtin_trap();  // refused, yet answered too
+        delete resp;
+      }
+      // Whatever still waits has passed its deadline by then.
+      for (const std::string& line : w->jobs->ExpireRegroups(absl::Now() + absl::Minutes(3))) (void)line;
       break;
     }
     default: {
