@@ -52,6 +52,10 @@ void DeclareFlags(ConfigRegistry* c) {
                "consistent: every worker receives the identical aggregate; bounded: up to ε of the droppable "
                "results may be given up on (zeroed)",
                [](const std::string& v) { return ParsePullMode(v).status(); });
+  c->AddString("on-aggregator-loss", "fail",
+               "fail: ops fail when an aggregator dies; remap: its share moves to the others and unfinished "
+               "rounds run again",
+               [](const std::string& v) { return ParseAggregatorLoss(v).status(); });
   c->AddString("inject-drop-class", "", "drop this worker's outgoing packets by class, C:P[,C:P] (tests)",
                [](const std::string& v) {
                  std::array<double, wire::kNumClasses> unused{};
@@ -86,6 +90,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.loss_bound = c.GetDouble("loss-bound");
   w.client.class_policy.reliable_fraction = c.GetDouble("reliable-fraction");
   w.client.pull_mode = *ParsePullMode(c.GetString("pull-mode"));  // validated as a flag
+  w.client.on_aggregator_loss = *ParseAggregatorLoss(c.GetString("on-aggregator-loss"));
   ParseClassDrops(c.GetString("inject-drop-class"), &w.client.inject.rate).IgnoreError();  // validated as a flag
   w.client.inject.burst = static_cast<uint32_t>(c.GetInt("inject-burst"));
   w.client.inject.seed = static_cast<uint64_t>(c.GetInt("inject-seed")) + w.client.rank;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/session.h"
 #include "client/transfer_engine.h"
+#include "common/base/log.h"
 #include "common/wire/header.h"
 
 namespace dlcp {
@@ -54,6 +55,12 @@ absl::StatusOr<ClientOptions::Compensation> ParseCompensation(const std::string&
   if (name == "rescale") return ClientOptions::Compensation::kRescale;
   if (name == "zero-fill") return ClientOptions::Compensation::kZeroFill;
   return absl::InvalidArgumentError(absl::StrCat("compensation '", name, "' is not 'rescale' or 'zero-fill'"));
+}
+
+absl::StatusOr<ClientOptions::AggregatorLoss> ParseAggregatorLoss(const std::string& name) {
+  if (name == "fail") return ClientOptions::AggregatorLoss::kFail;
+  if (name == "remap") return ClientOptions::AggregatorLoss::kRemap;
+  return absl::InvalidArgumentError(absl::StrCat("on_aggregator_loss '", name, "' is not 'fail' or 'remap'"));
 }
 
 // The chunk size once the transport is known: each chunk, with header and MAC, is one datagram.
@@ -123,6 +130,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   eo.repair_timeout = options.repair_timeout;
   eo.op_timeout = options.op_timeout;
   eo.max_inflight = UINT32_MAX;
+  eo.retain_inputs = options.on_aggregator_loss == ClientOptions::AggregatorLoss::kRemap;
   for (const AggregatorInfo& a : (*session)->aggregators()) {
     eo.endpoints.push_back(a.data_endpoints);
     eo.sources.push_back(a.data_sources);
@@ -137,6 +145,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   c->session_ = std::move(*session);
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
   c->session_->set_fatal_handler([engine = c->engine_.get()](const absl::Status& s) { engine->FailFatal(s); });
+  if (eo.retain_inputs && eo.endpoints.size() > 1) {
+    c->session_->set_loss_handler(
+        [raw = c.get()](const std::vector<size_t>& lost, const absl::Status& why) { raw->OnAggregatorsLost(lost, why); });
+  }
   return c;
 }
 
@@ -178,9 +190,67 @@ void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root,
   engine_->Submit(key, data, o, static_cast<int64_t>(root), std::move(done));
 }
 
+void Client::OnAggregatorsLost(const std::vector<size_t>& lost, const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(regroup_mu_);
+  if (closing_) return;
+  if (regrouping_) {
+    // One regroup at a time: a loss in the middle of one is more than this job can take.
+    return engine_->FailFatal(absl::Status(why.code(), absl::StrCat(why.message(), " during a regroup")));
+  }
+  std::string names;
+  for (size_t i : lost) absl::StrAppend(&names, names.empty() ? "" : ", ", options_.aggregators[i]);
+  DLCP_LOG(Warning) << "rank " << options_.rank << " lost aggregator(s) " << names << " (" << why
+                    << "); moving their share to the others";
+  regrouping_ = true;
+  if (regroup_.joinable()) regroup_.join();  // the previous one, which has ended
+  regroup_ = std::thread([this, g = ++generation_, why] { Regroup(g, why); });
+}
+
+void Client::Regroup(uint32_t generation, absl::Status why) {
+  const absl::Time start = absl::Now();
+  // Workers notice the loss up to a heartbeat interval apart, each within the deadline.
+  const absl::Duration wait = 2 * session_->heartbeat_timeout() + absl::Seconds(2);
+  absl::Status failed;
+  absl::StatusOr<std::vector<KeyProgress>> progress = engine_->PauseForRegroup(absl::Seconds(5));
+  if (!progress.ok()) {
+    failed = progress.status();
+  } else if (absl::StatusOr<Session::RegroupResult> r = session_->Regroup(generation, *progress, wait); !r.ok()) {
+    failed = r.status();
+  } else {
+    EngineLayout layout;
+    const std::vector<AggregatorInfo>& all = session_->aggregators();
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (r->epochs[i] == 0) continue;
+      layout.epochs.push_back(r->epochs[i]);
+      layout.keys.push_back(all[i].data_key);
+      layout.endpoints.push_back(all[i].data_endpoints);
+      layout.sources.push_back(all[i].data_sources);
+      layout.aggregator_ids.push_back(all[i].control);
+    }
+    const size_t survivors = layout.epochs.size();
+    engine_->Resume(std::move(layout), std::move(r->agreed));
+    DLCP_LOG(Warning) << "rank " << options_.rank << " regrouped on " << survivors
+                      << " aggregator(s) in " << absl::FormatDuration(absl::Now() - start);
+  }
+  if (!failed.ok()) {
+    engine_->FailFatal(absl::Status(why.code(), absl::StrCat(why.message(), "; moving its share to the other "
+                                                             "aggregators failed: ", failed.ToString())));
+  }
+  std::lock_guard<std::mutex> lock(regroup_mu_);
+  regrouping_ = false;
+}
+
 absl::Status Client::Close() {
-  if (session_) session_->set_fatal_handler(nullptr);  // the engine is going away
+  {
+    std::lock_guard<std::mutex> lock(regroup_mu_);
+    closing_ = true;
+  }
+  if (session_) {
+    session_->set_fatal_handler(nullptr);  // the engine is going away
+    session_->set_loss_handler(nullptr);
+  }
   if (engine_) engine_->Stop(absl::CancelledError("dlcp client closed"));
+  if (regroup_.joinable()) regroup_.join();  // its waits end with the engine stopped, or by deadline
   return session_ ? session_->Leave() : absl::OkStatus();
 }
 

@@ -12,7 +12,9 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -83,11 +85,20 @@ struct ClientOptions {
   double pull_loss_bound = -1;  // ε_pull; negative: loss_bound
   // Loss injected into this worker's outgoing packets, for tests and benchmarks.
   DropInjectorOptions inject;
+  // When an aggregator stops answering for longer than its heartbeat deadline. kFail: every op
+  // fails with UNAVAILABLE naming it. kRemap: the workers move its share of every tensor to the
+  // surviving aggregators and run the unfinished rounds again there (docs/failure-modes.md);
+  // each op keeps a copy of its input for that, so memory for tensors in flight doubles.
+  // Every worker of a job must choose the same.
+  enum class AggregatorLoss { kFail, kRemap };
+  AggregatorLoss on_aggregator_loss = AggregatorLoss::kFail;
 };
 
 // "consistent" | "bounded" and "rescale" | "zero-fill", for flags and bindings.
 absl::StatusOr<ClientOptions::PullMode> ParsePullMode(const std::string& name);
 absl::StatusOr<ClientOptions::Compensation> ParseCompensation(const std::string& name);
+// "fail" | "remap".
+absl::StatusOr<ClientOptions::AggregatorLoss> ParseAggregatorLoss(const std::string& name);
 
 struct AllReduceOptions {
   uint32_t layer = 0;        // position from the input; see ClientOptions::num_layers
@@ -162,10 +173,20 @@ class Client {
 
  private:
   Client() = default;
+  // On the session's heartbeat thread: starts the fail-over on its own thread.
+  void OnAggregatorsLost(const std::vector<size_t>& lost, const absl::Status& why);
+  // Pause the data path, regroup with the survivors, resume in the new layout (or fail).
+  void Regroup(uint32_t generation, absl::Status why);
+
   ClientOptions options_;
   TransportOptions::Kind transport_kind_ = TransportOptions::Kind::kUdp;
   std::unique_ptr<Session> session_;
   std::unique_ptr<TransferEngine> engine_;
+  std::mutex regroup_mu_;
+  std::thread regroup_;
+  bool regrouping_ = false;  // under regroup_mu_
+  bool closing_ = false;     // under regroup_mu_
+  uint32_t generation_ = 0;  // under regroup_mu_
 };
 
 }  // namespace dlcp

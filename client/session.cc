@@ -104,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
     s->stubs_.push_back(std::move(stub));
   }
   s->last_ok_.assign(s->aggregators_.size(), absl::Now());
+  s->lost_.assign(s->aggregators_.size(), false);
   s->heartbeat_ = std::thread([raw = s.get()] { raw->HeartbeatLoop(); });
   return s;
 }
@@ -113,8 +114,13 @@ Session::~Session() { Leave().IgnoreError(); }
 void Session::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, absl::ToChronoMilliseconds(heartbeat_interval_), [this] { return stopping_; })) {
+    const std::vector<bool> lost = lost_;
+    LossHandler on_loss = lost_handler_;
     lock.unlock();
+    std::vector<size_t> newly_lost;
+    absl::Status why;
     for (size_t i = 0; i < stubs_.size(); ++i) {
+      if (lost[i]) continue;
       v1::HeartbeatRequest req;
       req.set_job_id(job_id_);
       req.set_rank(options_.rank);
@@ -135,16 +141,101 @@ void Session::HeartbeatLoop() {
                                               " dropped this worker: ", st.error_message())));
       } else if (absl::Now() - last_ok_[i] > heartbeat_timeout_) {
         // No answer for longer than the deadline: the aggregator that owns part of every tensor
-        // is gone, and no op can complete. Fail now rather than at each op's deadline.
-        Fatal(absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " unreachable for ",
-                                                  absl::FormatDuration(absl::Now() - last_ok_[i]), ": ",
-                                                  st.error_message())));
+        // is gone. Fail now rather than at each op's deadline, unless the job can go on without it.
+        absl::Status s = absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control,
+                                                             " unreachable for ",
+                                                             absl::FormatDuration(absl::Now() - last_ok_[i]), ": ",
+                                                             st.error_message()));
+        if (on_loss) {
+          newly_lost.push_back(i);
+          if (why.ok()) why = s;
+        } else {
+          Fatal(s);
+        }
       } else {
         DLCP_LOG(Warning) << "heartbeat to " << aggregators_[i].control << " failed: " << st.error_message();
       }
     }
+    if (!newly_lost.empty()) {
+      size_t alive = 0;
+      {
+        std::lock_guard<std::mutex> guard(mu_);
+        for (size_t i : newly_lost) lost_[i] = true;
+        for (bool l : lost_) alive += !l;
+      }
+      if (alive == 0) {
+        Fatal(absl::Status(why.code(), absl::StrCat(why.message(), "; no aggregator of the job is left")));
+      } else {
+        on_loss(newly_lost, why);
+      }
+    }
     lock.lock();
   }
+}
+
+void Session::set_loss_handler(LossHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  lost_handler_ = std::move(handler);
+}
+
+std::vector<bool> Session::lost() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lost_;
+}
+
+absl::StatusOr<Session::RegroupResult> Session::Regroup(uint32_t generation, const std::vector<KeyProgress>& progress,
+                                                        absl::Duration wait) {
+  const std::vector<bool> lost = this->lost();
+  std::vector<std::string> lost_ids;
+  std::optional<size_t> coordinator;
+  for (size_t i = 0; i < aggregators_.size(); ++i) {
+    if (lost[i]) {
+      lost_ids.push_back(aggregators_[i].control);
+    } else if (!coordinator || aggregators_[i].control < aggregators_[*coordinator].control) {
+      coordinator = i;  // the same on every worker, however each lists the aggregators
+    }
+  }
+  if (!coordinator || lost_ids.empty()) return absl::FailedPreconditionError("nothing to regroup");
+  RegroupResult out;
+  out.epochs.assign(aggregators_.size(), 0);
+  // The coordinator first: its answer comes once every worker has paused, so no worker starts
+  // the new layout while another still pushes the old one.
+  std::vector<size_t> order{*coordinator};
+  for (size_t i = 0; i < aggregators_.size(); ++i) {
+    if (!lost[i] && i != *coordinator) order.push_back(i);
+  }
+  for (size_t i : order) {
+    v1::RegroupRequest req;
+    req.set_job_id(job_id_);
+    req.set_rank(options_.rank);
+    req.set_generation(generation);
+    for (const std::string& id : lost_ids) req.add_lost(id);
+    const bool coordinate = i == *coordinator;
+    req.set_coordinate(coordinate);
+    if (coordinate) {
+      req.set_wait_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(wait)));
+      for (const KeyProgress& k : progress) {
+        v1::KeyRounds* kr = req.add_keys();
+        kr->set_key(k.key);
+        kr->set_done(k.done);
+      }
+    }
+    v1::RegroupResponse resp;
+    grpc::Status st = CallWithDeadline(
+        [&](grpc::ClientContext* ctx, const v1::RegroupRequest* rq, v1::RegroupResponse* rs, auto cb) {
+          stubs_[i]->async()->Regroup(ctx, rq, rs, std::move(cb));
+        },
+        req, &resp, options_.rpc_timeout + (coordinate ? wait : absl::ZeroDuration()));
+    if (!st.ok()) return FromGrpcStatus(st, absl::StrCat("regroup at aggregator ", aggregators_[i].control));
+    if (resp.epoch() == 0) {
+      return absl::FailedPreconditionError(absl::StrCat("aggregator ", aggregators_[i].control, " gave epoch 0"));
+    }
+    out.epochs[i] = resp.epoch();
+    if (coordinate) {
+      for (const v1::KeyRounds& k : resp.keys()) out.agreed.push_back(KeyProgress{k.key(), k.done(), k.done_max()});
+    }
+  }
+  return out;
 }
 
 void Session::Fatal(const absl::Status& status) {
@@ -183,7 +274,9 @@ absl::Status Session::Leave() {
     while (cut > 0 && (static_cast<uint8_t>(reason[cut]) & 0xC0) == 0x80) --cut;
     reason.resize(cut);
   }
+  const std::vector<bool> lost = this->lost();
   for (size_t i = 0; i < stubs_.size(); ++i) {
+    if (lost[i]) continue;  // gone; a Leave would only wait for its deadline
     v1::LeaveRequest req;
     req.set_job_id(job_id_);
     req.set_rank(options_.rank);

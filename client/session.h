@@ -18,6 +18,7 @@
 #include "common/security/tls.h"
 #include "common/transport/address.h"
 #include "common/wire/mac.h"
+#include "client/key_progress.h"
 #include "dlcp/v1/control.grpc.pb.h"
 
 namespace dlcp {
@@ -60,6 +61,23 @@ class Session {
   // Called (on the heartbeat thread) when an aggregator says this worker is no longer a member,
   // e.g. after it was silent past the heartbeat deadline. Set before heartbeats matter.
   void set_fatal_handler(std::function<void(const absl::Status&)> handler);
+  // Aggregator fail-over: called (on the heartbeat thread; it must not block) instead of the fatal
+  // handler when aggregators stop answering for longer than the deadline while others still do.
+  // They get no more heartbeats. Set before heartbeats matter.
+  using LossHandler = std::function<void(const std::vector<size_t>& lost, const absl::Status& why)>;
+  void set_loss_handler(LossHandler handler);
+  std::vector<bool> lost() const;
+
+  struct RegroupResult {
+    std::vector<uint32_t> epochs;  // per aggregator: the job's new epoch there; 0 for the lost
+    std::vector<KeyProgress> agreed;
+  };
+  // Any thread but the heartbeat thread; blocks for up to `wait` plus the RPC timeout. Tells
+  // every surviving aggregator that the job goes on without the lost ones; the one with the
+  // smallest address waits for every worker and returns the job's agreement on finished rounds.
+  absl::StatusOr<RegroupResult> Regroup(uint32_t generation, const std::vector<KeyProgress>& progress,
+                                        absl::Duration wait);
+  absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
 
  private:
   Session() = default;
@@ -72,10 +90,12 @@ class Session {
   absl::Duration heartbeat_timeout_ = absl::InfiniteDuration();  // the aggregators' deadline
   std::vector<absl::Time> last_ok_;  // per aggregator: last successful heartbeat (heartbeat thread)
   std::function<void(const absl::Status&)> fatal_;  // under mu_
+  LossHandler lost_handler_;  // under mu_
+  std::vector<bool> lost_;    // per aggregator, under mu_
   absl::Status fatal_status_;  // the first Fatal, under mu_: told to the aggregators at Leave
   std::vector<AggregatorInfo> aggregators_;
   std::vector<std::unique_ptr<v1::Aggregator::Stub>> stubs_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;
   bool left_ = false;

@@ -35,6 +35,18 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
   // Client::Connect validated the options, so this cannot fail; uniform class 1 is the fallback.
   absl::StatusOr<std::unique_ptr<ClassPolicy>> policy = CreateClassPolicy(options_.class_policy);
   policy_ = policy.ok() ? std::move(*policy) : *CreateClassPolicy({ClassPolicyOptions::Kind::kUniform, 0, 1});
+  BuildDestinations();
+  io_ = std::thread([this] { Run(); });
+}
+
+void TransferEngine::BuildDestinations() {
+  topology_ = Topology(TopologyAggregators(options_));
+  dest_addr_.clear();
+  dest_epoch_.clear();
+  dest_key_.clear();
+  dest_by_addr_.clear();
+  dest_base_.clear();
+  plans_.clear();
   for (size_t a = 0; a < options_.endpoints.size(); ++a) {
     dest_base_.push_back(static_cast<uint32_t>(dest_addr_.size()));
     for (size_t e = 0; e < options_.endpoints[a].size(); ++e) {
@@ -48,7 +60,6 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
       dest_key_.push_back(options_.keys[a] ? &*options_.keys[a] : nullptr);
     }
   }
-  io_ = std::thread([this] { Run(); });
 }
 
 TransferEngine::~TransferEngine() { Stop(absl::CancelledError("dlcp client closed")); }
@@ -102,6 +113,7 @@ void TransferEngine::FailFatal(const absl::Status& reason) {
     if (!error_.ok()) return;
     error_ = reason;
   }
+  regroup_cv_.notify_all();
   transport_->Wake();
 }
 
@@ -111,6 +123,7 @@ void TransferEngine::Stop(const absl::Status& reason) {
     if (stopped_) return;
     stopped_ = true;
   }
+  regroup_cv_.notify_all();
   stop_.store(true);
   transport_->Wake();
   if (io_.joinable()) io_.join();
@@ -126,7 +139,9 @@ void TransferEngine::FailAll(const absl::Status& reason) {
   }
   for (auto& op : pending) op->done(reason);
   for (auto& [key, op] : ops_) op->done(reason);
+  for (auto& [key, op] : held_) op->done(reason);
   ops_.clear();
+  held_.clear();
 }
 
 std::shared_ptr<const TransferEngine::Plan> TransferEngine::PlanFor(uint32_t key, uint32_t tensor_elems) {
@@ -168,37 +183,54 @@ wire::Header TransferEngine::BaseHeader(wire::MsgType type, uint32_t dest, uint3
 }
 
 void TransferEngine::TakeSubmissions(absl::Time now) {
+  if (io_paused_) return;  // they start in the layout Resume brings
   std::deque<std::unique_ptr<Op>> fresh;
   {
     std::lock_guard<std::mutex> lock(mu_);
     fresh.swap(submitted_);
   }
   for (auto& op : fresh) {
-    op->plan = PlanFor(op->key, op->geometry.tensor_elems);
-    op->state.assign(op->geometry.chunk_count(), kUnsent);
-    op->dests.resize(dest_addr_.size());
-    op->remaining = op->geometry.chunk_count();
-    op->start = now;
-    op->deadline = now + options_.op_timeout;
-    op->last_progress = now;
-    op->next_repair = now;  // ScanTimers: a quiet spell of the op's own pace decides
     op->stats.key = op->key;
     op->stats.round = op->round;
-    op->stats.chunks = op->remaining;
-    op->stats.min_contributors = std::numeric_limits<uint32_t>::max();
     op->stats.loss_bound = static_cast<double>(op->loss_bound_ppm) / wire::kPpm;
     Prepare(*op);
-    if (op->loss_bound_ppm > 0) {
-      op->stopped.assign(dest_addr_.size(), true);
-      op->heard.assign(dest_addr_.size(), false);
-      for (uint32_t d = 0; d < dest_addr_.size(); ++d) {
-        if (op->plan->chunks_by_dest[d].empty()) continue;
-        op->stopped[d] = false;
-        ++op->stops_pending;
-        SendManifest(*op, d);
-      }
+    if (options_.retain_inputs) op->input.assign(op->data, op->data + op->geometry.tensor_elems);
+    if (auto r = ops_.find(op->key); r != ops_.end() && r->second->replay) {
+      held_[op->key] = std::move(op);  // starts once the regroup's replay of its key ends
+      continue;
     }
+    Launch(*op, now);
     ops_[op->key] = std::move(op);
+  }
+}
+
+void TransferEngine::Launch(Op& op, absl::Time now) {
+  op.plan = PlanFor(op.key, op.geometry.tensor_elems);
+  op.state.assign(op.geometry.chunk_count(), kUnsent);
+  op.dests.assign(dest_addr_.size(), Dest{});
+  op.remaining = op.geometry.chunk_count();
+  op.start = now;
+  op.deadline = now + options_.op_timeout;
+  op.last_progress = now;
+  op.next_repair = now;  // ScanTimers: a quiet spell of the op's own pace decides
+  op.repair_attempts = 0;
+  op.stats.chunks = op.remaining;
+  op.stats.min_contributors = std::numeric_limits<uint32_t>::max();
+  op.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
+  op.droppable_pending = op.droppable_chunks;
+  op.pull_armed = false;
+  op.stops_pending = 0;
+  op.stopped.clear();
+  op.heard.clear();
+  if (op.loss_bound_ppm > 0) {
+    op.stopped.assign(dest_addr_.size(), true);
+    op.heard.assign(dest_addr_.size(), false);
+    for (uint32_t d = 0; d < dest_addr_.size(); ++d) {
+      if (op.plan->chunks_by_dest[d].empty()) continue;
+      op.stopped[d] = false;
+      ++op.stops_pending;
+      SendManifest(op, d);
+    }
   }
 }
 
@@ -260,8 +292,9 @@ void TransferEngine::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       if (!error_.ok()) break;  // FailFatal: the loop ends and every op fails with the error
     }
+    ServeRegroup(absl::Now());
     TakeSubmissions(absl::Now());
-    bool more = PushSome(kPushBudget);
+    bool more = !io_paused_ && PushSome(kPushBudget);
     absl::Status s = outbox_.Flush();
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -277,6 +310,7 @@ void TransferEngine::Run() {
       break;
     }
     const absl::Time now = absl::Now();
+    if (io_paused_) continue;  // the old layout's packets: nothing of them may count any more
     for (const InMessage& m : batch) HandleDatagram(m, now);
     if (now - last_scan >= tick || now >= next_tail_) {
       ScanTimers(now);
@@ -284,6 +318,7 @@ void TransferEngine::Run() {
     }
   }
   if (absl::Status s = outbox_.Flush(); !s.ok()) DLCP_LOG(Warning) << "final flush: " << s;
+  regroup_cv_.notify_all();  // a PauseForRegroup waiting on this thread learns why it ended
   absl::Status err;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -384,12 +419,13 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   float* out = op.data + op.geometry.offset(c);
   if (h.flags & wire::kFlagLeftOut) {
     ++op.stats.left_out_by_class[op.classes[c]];
-    if (options_.error_feedback) {
+    if (options_.error_feedback && !op.replay) {  // the original round took care of its own
       Residual& r = residuals_[op.key];
       if (r.values.size() != op.geometry.tensor_elems) r.values.assign(op.geometry.tensor_elems, 0.0f);
       float* keep = r.values.data() + op.geometry.offset(c);
       for (uint32_t i = 0; i < op.geometry.elems(c); ++i) keep[i] += out[i];
       r.chunks.push_back(c);
+      if (options_.retain_inputs) op.left_out.push_back(c);
     }
   }
   std::memcpy(out, m.data + wire::kHeaderSize, h.payload_len);
@@ -535,12 +571,22 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
   if (it == ops_.end()) return;
   std::unique_ptr<Op> op = std::move(it->second);
   ops_.erase(it);
+  if (op->replay) return FinishReplay(std::move(op), result.status());
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_keys_.erase(key);
   }
+  const bool keep = options_.retain_inputs && result.ok();
   op->done(std::move(result));
+  if (keep) {
+    // What a regroup needs to push this round again: the input, classes and shape. The caller's
+    // buffer is the caller's again.
+    op->data = nullptr;
+    op->done = nullptr;
+    op->state = {};
+    op->dests = {};
+    last_done_[key] = std::move(op);
+  }
 }
 
 }  // namespace dlcp
-

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <deque>
 #include <future>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/client.h"
+#include "client/key_progress.h"
 #include "common/datapath/outbox.h"
 #include "common/topology/topology.h"
 #include "common/transport/transport.h"
@@ -29,18 +31,22 @@
 
 namespace dlcp {
 
-struct EngineOptions {
-  uint32_t job = 0;
-  std::vector<uint32_t> epochs;  // per aggregator: the job incarnation's epoch there
-  std::vector<std::optional<wire::MacKey>> keys;  // per aggregator: its data key for this job
-  uint32_t rank = 0;
-  uint32_t chunk_bytes = 0;
-  // Data endpoints of each aggregator, in the order of the topology's aggregators.
+// Where the job's aggregators are, one entry per aggregator, in the same order in every field.
+struct EngineLayout {
+  std::vector<uint32_t> epochs;  // the job's epoch at each
+  std::vector<std::optional<wire::MacKey>> keys;  // its data key for this job there
+  // Data endpoints of each aggregator.
   std::vector<std::vector<Address>> endpoints;
-  // Per aggregator and endpoint, the other addresses that endpoint's datagrams come from (UDP
-  // path spraying); may be empty.
+  // Per aggregator and endpoint, the other addresses that endpoint's datagrams come from (path
+  // spraying); may be empty.
   std::vector<std::vector<std::vector<Address>>> sources;
   std::vector<std::string> aggregator_ids;
+};
+
+struct EngineOptions : EngineLayout {
+  uint32_t job = 0;
+  uint32_t rank = 0;
+  uint32_t chunk_bytes = 0;
   uint32_t window_chunks = 512;
   uint32_t max_inflight = 64;
   uint32_t world = 1;
@@ -55,6 +61,9 @@ struct EngineOptions {
   double pull_loss_bound = 0;
   absl::Duration repair_timeout = absl::Milliseconds(5);
   absl::Duration op_timeout = absl::Seconds(60);
+  // Keep a copy of each op's input, and of the last finished op's per key, so that the job can
+  // run rounds again after it lost an aggregator (PauseForRegroup / Resume).
+  bool retain_inputs = false;
 };
 
 class TransferEngine {
@@ -72,6 +81,15 @@ class TransferEngine {
   // Any thread: the job can no longer make progress (e.g. this worker was dropped). Every pending
   // and later op fails with `reason`.
   void FailFatal(const absl::Status& reason);
+
+  // Aggregator fail-over (needs retain_inputs). Any thread but the I/O thread. Stops every push
+  // and repair, and drops what arrives, until Resume; returns the rounds finished per key. Blocks
+  // until the I/O thread has stopped, at most `timeout`.
+  absl::StatusOr<std::vector<KeyProgress>> PauseForRegroup(absl::Duration timeout);
+  // Continues in `layout` (the surviving aggregators, in their new epochs): every op in flight
+  // starts again from its input, and where this worker finished one more round of a key than the
+  // slowest worker (`agreed`), it pushes that round again first, so the others can finish it.
+  void Resume(EngineLayout layout, std::vector<KeyProgress> agreed);
 
  private:
   // Which endpoint owns each chunk, for one (key, length). Immutable once built.
@@ -116,10 +134,29 @@ class TransferEngine {
     int repair_attempts = 0;
     RoundStats stats;
     OpDone done;
+    // retain_inputs: the data as pushed (after error feedback), and the chunks whose left-out
+    // contribution went into the residual, so that a restart can take it back out.
+    std::vector<float> input;
+    std::vector<uint32_t> left_out;
+    // A round this worker had finished, pushed again after a regroup for the workers that had
+    // not; its results go to `scratch` and nobody waits for it.
+    bool replay = false;
+    std::vector<float> scratch;
   };
 
   void Run();
   void TakeSubmissions(absl::Time now);
+  // (Re)starts an op already prepared: plan, per-chunk state, windows, timers, manifests.
+  void Launch(Op& op, absl::Time now);
+  // Derives destinations, topology and plans from options_'s layout.
+  void BuildDestinations();
+  // The I/O thread's side of PauseForRegroup and Resume (transfer_regroup.cc).
+  void ServeRegroup(absl::Time now);
+  void ApplyLayout(absl::Time now);
+  void Restart(Op& op, absl::Time now);
+  std::unique_ptr<Op> ReplayOf(const Op& finished);
+  // A replay ended: the op it held back for its key starts.
+  void FinishReplay(std::unique_ptr<Op> replay, const absl::Status& status);
   bool PushSome(size_t budget);
   void HandleDatagram(const InMessage& m, absl::Time now);
   void HandleResult(Op& op, const wire::Header& h, const InMessage& m, absl::Time now);
@@ -169,6 +206,12 @@ class TransferEngine {
   std::unordered_map<uint32_t, uint32_t> next_round_;
   absl::Status error_;
   bool stopped_ = false;
+  // Regroup handshake (transfer_regroup.cc).
+  std::condition_variable regroup_cv_;
+  bool pause_requested_ = false;
+  bool paused_ = false;  // the I/O thread's answer; also read by it without the lock
+  std::vector<KeyProgress> progress_;
+  std::optional<std::pair<EngineLayout, std::vector<KeyProgress>>> resume_;
 
   // I/O thread only.
   std::unordered_map<uint32_t, std::unique_ptr<Op>> ops_;
@@ -184,6 +227,11 @@ class TransferEngine {
     std::vector<uint32_t> chunks;
   };
   std::unordered_map<uint32_t, Residual> residuals_;
+  // retain_inputs: the last op finished per key (its input kept), and ops waiting for their
+  // key's replay to finish.
+  std::unordered_map<uint32_t, std::unique_ptr<Op>> last_done_;
+  std::unordered_map<uint32_t, std::unique_ptr<Op>> held_;
+  bool io_paused_ = false;  // I/O thread's copy of paused_
   // The earliest bounded-pull tail end among the ops.
   absl::Time next_tail_ = absl::InfiniteFuture();
   std::atomic<bool> stop_{false};

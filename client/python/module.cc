@@ -321,6 +321,8 @@ ClientOptions MakeOptions(py::kwargs kw) {
   py::object pull = take("pull_mode");
   if (!pull.is_none()) o.pull_mode = Parsed(ParsePullMode(pull.cast<std::string>()));
   opt("pull_loss_bound", o.pull_loss_bound);
+  py::object loss = take("on_aggregator_loss");
+  if (!loss.is_none()) o.on_aggregator_loss = Parsed(ParseAggregatorLoss(loss.cast<std::string>()));
   opt("phase_aware", o.phase_aware.enabled);
   py::object drops = take("inject_drop");
   if (!drops.is_none()) {

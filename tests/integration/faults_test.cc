@@ -106,5 +106,35 @@ TEST(Faults, DeadAggregatorFailsTheJobWithinTheDeadline) {
   doomed->Stop(absl::Seconds(1));
 }
 
+TEST(Faults, KilledAggregatorsShareMovesToTheOthersAndResultsStayExact) {
+  std::vector<std::unique_ptr<Daemon>> daemons;
+  for (int i = 0; i < 3; ++i) {
+    daemons.push_back(StartDaemon());
+    ASSERT_NE(daemons.back(), nullptr);
+  }
+  const std::string aggs =
+      absl::StrCat(daemons[0]->control(), ",", daemons[1]->control(), ",", daemons[2]->control());
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    std::vector<std::string> argv = Worker(*daemons[0], "agg-remap", r);
+    argv[2] = "--aggregators=" + aggs;
+    argv[7] = "--rounds=1500";
+    argv.push_back("--on-aggregator-loss=remap");
+    argv.push_back("--loss-bound=0");
+    workers.push_back(BackgroundProcess::Start(argv));
+  }
+  absl::SleepFor(absl::Milliseconds(1500));
+  kill(daemons[1]->pid(), SIGKILL);
+  for (int r = 0; r < kWorkers; ++r) {
+    ProcessResult res = workers[r]->Wait(absl::Seconds(90));
+    EXPECT_EQ(res.exit_code, 0) << "rank " << r << ":\n" << res.out;
+    EXPECT_NE(res.out.find("\"exact\":true"), std::string::npos) << res.out;
+    // It went through the regroup, not around it (the job outran the kill).
+    EXPECT_NE(res.out.find("lost aggregator(s) " + daemons[1]->control()), std::string::npos) << res.out;
+    EXPECT_NE(res.out.find("regrouped on 2 aggregator(s)"), std::string::npos) << res.out;
+  }
+  daemons[1]->Stop(absl::Seconds(1));
+}
+
 }  // namespace
 }  // namespace dlcp::testing

@@ -157,6 +157,8 @@ def test_bad_options_and_unreachable_aggregators():
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, loss_bound=2)
     with pytest.raises(dlcp.Error, match="pull mode 'sometimes'"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, pull_mode="sometimes")
+    with pytest.raises(dlcp.Error, match="on_aggregator_loss 'retry' is not 'fail' or 'remap'"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, on_aggregator_loss="retry")
     with pytest.raises(dlcp.Error, match="rank 3 is not below world_size 2"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=2, rank=3, plaintext=True)
     with pytest.raises(dlcp.Error, match="UNAVAILABLE.*127.0.0.1:1"):

@@ -89,7 +89,8 @@ class Client:
       plaintext (must be chosen explicitly), tls_cert, tls_key, tls_ca, tls_server_name;
       loss_bound (ε, default 0.01; 0 is fully reliable), reliable_fraction, class_policy,
       num_layers, compensation ("rescale" | "zero-fill"), error_feedback, pull_mode
-      ("consistent" | "bounded"), pull_loss_bound, phase_aware; rpc_timeout_s, op_timeout_s,
+      ("consistent" | "bounded"), pull_loss_bound, phase_aware; on_aggregator_loss
+      ("fail" | "remap"); rpc_timeout_s, op_timeout_s,
       repair_timeout_s, heartbeat_interval_s, window_bytes; data_host, bind_host, dscp,
       busy_poll; transport ("auto" | "udp" | "rdma"), spray_ports, spray_burst, rdma_device,
       rdma_gid_index, rdma_qkey;

@@ -148,6 +148,8 @@ def main(argv=None):
     p.add_argument("--transport", default=env("DLCP_TRANSPORT", "auto"), choices=("auto", "udp", "rdma"),
                    help="data plane; auto picks RDMA where a device is usable")
     p.add_argument("--window-bytes", type=int, default=int(env("DLCP_WINDOW_BYTES", str(4 << 20))))
+    p.add_argument("--on-aggregator-loss", default=env("DLCP_ON_AGGREGATOR_LOSS", "fail"), choices=("fail", "remap"),
+                   help="remap: a dead aggregator's share moves to the others and training goes on")
     p.add_argument("--json", action="store_true", help="print the history as one JSON line at the end")
     p.add_argument("--gloo-init", default=env("DLCP_GLOO_INIT", None),
                    help="init_method of the Gloo group (gloo and dlcp-ddp modes), e.g. tcp://host:port")
@@ -159,7 +161,8 @@ def main(argv=None):
         a.aggregators = dlcp.resolve_aggregators(a.aggregators_service)
     tls = {k: v for k, v in (("tls_ca", a.tls_ca), ("tls_cert", a.tls_cert), ("tls_key", a.tls_key)) if v}
     tls["plaintext"] = a.plaintext
-    options = dict(tls, chunk_bytes=a.chunk_bytes, window_bytes=a.window_bytes, transport=a.transport)
+    options = dict(tls, chunk_bytes=a.chunk_bytes, window_bytes=a.window_bytes, transport=a.transport,
+                   on_aggregator_loss=a.on_aggregator_loss)
     if a.data_host:
         options["data_host"] = a.data_host
 

@@ -1,0 +1,142 @@
+// Aggregator fail-over on the data path (docs/failure-modes.md): the TransferEngine's side of a
+// regroup. Client runs the handshake: PauseForRegroup, then Session::Regroup with the survivors,
+// then Resume with their new epochs and the job's agreement on finished rounds.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/transfer_engine.h"
+#include "common/base/log.h"
+
+namespace dlcp {
+
+absl::StatusOr<std::vector<KeyProgress>> TransferEngine::PauseForRegroup(absl::Duration timeout) {
+  if (!options_.retain_inputs) return absl::FailedPreconditionError("fail-over needs retain_inputs");
+  std::unique_lock<std::mutex> lock(mu_);
+  pause_requested_ = true;
+  transport_->Wake();
+  if (!regroup_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                            [this] { return paused_ || stopped_ || !error_.ok(); })) {
+    return absl::DeadlineExceededError("the data path did not pause for the regroup");
+  }
+  if (!error_.ok()) return error_;
+  if (stopped_) return absl::CancelledError("dlcp client closed");
+  return progress_;
+}
+
+void TransferEngine::Resume(EngineLayout layout, std::vector<KeyProgress> agreed) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resume_.emplace(std::move(layout), std::move(agreed));
+  }
+  transport_->Wake();
+}
+
+void TransferEngine::ServeRegroup(absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pause_requested_ && !paused_) {
+    // Rounds finished per key: one more than the last one completed here. Nothing completes
+    // while paused, so the count holds until Resume.
+    progress_.clear();
+    for (const auto& [key, round] : completed_round_) progress_.push_back(KeyProgress{key, round + 1, 0});
+    for (const auto& [key, op] : ops_) {
+      if (!completed_round_.count(key)) progress_.push_back(KeyProgress{key, 0, 0});
+    }
+    paused_ = io_paused_ = true;
+    regroup_cv_.notify_all();
+  }
+  if (resume_.has_value() && paused_) {
+    auto [layout, agreed] = std::move(*resume_);
+    resume_.reset();
+    static_cast<EngineLayout&>(options_) = std::move(layout);
+    BuildDestinations();
+    for (auto& [key, op] : ops_) Restart(*op, now);
+    for (auto& [key, op] : held_) Restart(*op, now);
+    for (const KeyProgress& k : agreed) {
+      auto done = completed_round_.find(k.key);
+      const uint32_t mine = done == completed_round_.end() ? 0 : done->second + 1;
+      if (!(k.done_max == k.done + 1 && mine == k.done_max)) continue;
+      // This worker finished a round the slowest ones did not: they can only finish it with
+      // this worker's input again, in the new layout. Its own next op of the key waits.
+      auto last = last_done_.find(k.key);
+      if (last == last_done_.end() || last->second->round + 1 != mine) {
+        error_ = absl::InternalError(absl::StrCat("regroup: key ", k.key, " round ", mine - 1,
+                                                  " must be pushed again, but its input was not kept"));
+        break;
+      }
+      auto op = ops_.find(k.key);
+      if (op != ops_.end()) {
+        held_[k.key] = std::move(op->second);
+        ops_.erase(op);
+      }
+      std::unique_ptr<Op> replay = ReplayOf(*last->second);
+      Launch(*replay, now);
+      DLCP_LOG(Warning) << "regroup: pushing key " << k.key << " round " << replay->round
+                        << " again, for the workers that had not finished it";
+      ops_[k.key] = std::move(replay);
+    }
+    pause_requested_ = paused_ = io_paused_ = false;
+  }
+}
+
+void TransferEngine::Restart(Op& op, absl::Time now) {
+  if (op.input.size() == op.geometry.tensor_elems) {
+    std::memcpy(op.data, op.input.data(), op.input.size() * sizeof(float));
+  }
+  // Contributions the old layout left out went into the residual; this attempt decides afresh.
+  if (!op.left_out.empty()) {
+    Residual& r = residuals_[op.key];
+    for (uint32_t c : op.left_out) {
+      float* keep = r.values.data() + op.geometry.offset(c);
+      const float* in = op.input.data() + op.geometry.offset(c);
+      for (uint32_t i = 0; i < op.geometry.elems(c); ++i) keep[i] -= in[i];
+    }
+    op.left_out.clear();
+  }
+  op.stats.left_out_by_class = {};
+  op.stats.droppable_total = op.stats.droppable_missing = 0;
+  op.stats.bound_violations = 0;
+  op.stats.pull_missing = 0;
+  Launch(op, now);
+}
+
+std::unique_ptr<TransferEngine::Op> TransferEngine::ReplayOf(const Op& finished) {
+  auto op = std::make_unique<Op>();
+  op->key = finished.key;
+  op->round = finished.round;
+  op->geometry = finished.geometry;
+  op->classes = finished.classes;
+  op->tensor = finished.tensor;
+  op->loss_bound_ppm = finished.loss_bound_ppm;
+  op->broadcast_root = finished.broadcast_root;
+  op->pull_ppm = finished.pull_ppm;
+  op->droppable_chunks = finished.droppable_chunks;
+  op->stats.key = finished.key;
+  op->stats.round = finished.round;
+  op->stats.chunks_by_class = finished.stats.chunks_by_class;
+  op->input = finished.input;
+  op->scratch = finished.input;
+  op->data = op->scratch.data();
+  op->replay = true;
+  op->done = [](absl::StatusOr<RoundStats>) {};
+  return op;
+}
+
+void TransferEngine::FinishReplay(std::unique_ptr<Op> replay, const absl::Status& status) {
+  if (!status.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) {
+      error_ = absl::Status(status.code(), absl::StrCat("pushing key ", replay->key, " round ", replay->round,
+                                                        " again after the regroup: ", status.message()));
+    }
+    return;
+  }
+  auto held = held_.find(replay->key);
+  if (held == held_.end()) return;
+  std::unique_ptr<Op> op = std::move(held->second);
+  held_.erase(held);
+  Launch(*op, absl::Now());
+  ops_[op->key] = std::move(op);
+}
+
+}  // namespace dlcp

@@ -1,0 +1,145 @@
+// Aggregator fail-over (ClientOptions::AggregatorLoss::kRemap) in one process: real clients, real
+// gRPC and data planes. A worker that had not finished a round when an aggregator died finishes it
+// in the new layout, exactly, because the workers that had finished it push it again.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "tests/integration/test_aggregator.h"
+
+namespace dlcp::testing {
+namespace {
+
+constexpr absl::Duration kHeartbeatTimeout = absl::Milliseconds(400);
+
+float Value(int rank, int round, uint32_t i) { return static_cast<float>((i * 7 + rank * 13 + round * 5) % 31) - 15; }
+
+std::vector<float> Input(int rank, int round, uint32_t n) {
+  std::vector<float> v(n);
+  for (uint32_t i = 0; i < n; ++i) v[i] = Value(rank, round, i);
+  return v;
+}
+
+void ExpectSum(const std::vector<float>& got, int world, int round, const std::string& who) {
+  for (uint32_t i = 0; i < got.size(); ++i) {
+    float want = 0;
+    for (int r = 0; r < world; ++r) want += Value(r, round, i);
+    ASSERT_EQ(got[i], want) << who << " round " << round << " element " << i;
+  }
+}
+
+std::unique_ptr<TestAggregator> StartAggregator() {
+  TestAggregatorOptions o;
+  o.limits.heartbeat_timeout = kHeartbeatTimeout;
+  return TestAggregator::Start(o);
+}
+
+ClientOptions Options(const std::vector<std::string>& aggs, int rank, ClientOptions::AggregatorLoss policy) {
+  ClientOptions o;
+  o.aggregators = aggs;
+  o.job_name = "failover";
+  o.world_size = 2;
+  o.rank = rank;
+  o.chunk_bytes = 1024;
+  o.transport.kind = TransportOptions::Kind::kUdp;
+  o.transport.bind_host = "127.0.0.1";
+  o.transport.socket_buffer_bytes = 16 << 20;
+  o.tls.plaintext = true;
+  o.loss_bound = 0;
+  o.op_timeout = absl::Seconds(20);
+  o.on_aggregator_loss = policy;
+  return o;
+}
+
+TEST(Failover, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup) {
+  auto a = StartAggregator();
+  auto b = StartAggregator();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<std::string> aggs{a->address(), b->address()};
+  auto c0 = Client::Connect(Options(aggs, 0, ClientOptions::AggregatorLoss::kRemap));
+  auto c1 = Client::Connect(Options(aggs, 1, ClientOptions::AggregatorLoss::kRemap));
+  ASSERT_TRUE(c0.ok()) << c0.status();
+  ASSERT_TRUE(c1.ok()) << c1.status();
+  constexpr uint32_t kKey = 3, kGate = 9, kElems = 100 * 256;  // 100 chunks: one push turn
+  std::vector<float> d0 = Input(0, 0, kElems), d1 = Input(1, 0, kElems);
+  // Round 0, everyone.
+  auto f0 = (*c0)->AllReduce(kKey, absl::MakeSpan(d0));
+  auto f1 = (*c1)->AllReduce(kKey, absl::MakeSpan(d1));
+  ASSERT_TRUE(f0.get().ok());
+  ASSERT_TRUE(f1.get().ok());
+  ExpectSum(d0, 2, 0, "rank 0");
+
+  // Round 1: rank 1 pushes, then its I/O thread is held in a completion, so it does not see the
+  // results of round 1 that rank 0 then receives. The aggregator that owns part of it dies.
+  d0 = Input(0, 1, kElems);
+  d1 = Input(1, 1, kElems);
+  std::promise<absl::StatusOr<RoundStats>> r1_done;
+  (*c1)->AllReduceAsync(kKey, absl::MakeSpan(d1), {}, [&](absl::StatusOr<RoundStats> s) { r1_done.set_value(s); });
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> held{false};
+  float g0 = 1, g1 = 1;
+  (*c1)->AllReduceAsync(kGate, absl::MakeSpan(&g1, 1), {}, [&](absl::StatusOr<RoundStats>) {
+    held = true;
+    released.wait();
+  });
+  ASSERT_TRUE((*c0)->AllReduce(kGate, absl::MakeSpan(&g0, 1)).get().ok());
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (!held && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_TRUE(held);
+  absl::StatusOr<RoundStats> ahead = (*c0)->AllReduce(kKey, absl::MakeSpan(d0)).get();
+  ASSERT_TRUE(ahead.ok()) << ahead.status();
+  ExpectSum(d0, 2, 1, "rank 0");
+  b.reset();
+  // Rank 1's own fail-over now waits for its I/O thread, which lets go once the loss is noticed.
+  absl::SleepFor(3 * kHeartbeatTimeout + absl::Milliseconds(500));
+  release.set_value();
+
+  std::future<absl::StatusOr<RoundStats>> lagging = r1_done.get_future();
+  ASSERT_EQ(lagging.wait_for(std::chrono::seconds(15)), std::future_status::ready);
+  absl::StatusOr<RoundStats> s = lagging.get();
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectSum(d1, 2, 1, "rank 1");
+
+  // And on, on the survivor alone.
+  for (int round = 2; round < 5; ++round) {
+    d0 = Input(0, round, kElems);
+    d1 = Input(1, round, kElems);
+    auto n0 = (*c0)->AllReduce(kKey, absl::MakeSpan(d0));
+    auto n1 = (*c1)->AllReduce(kKey, absl::MakeSpan(d1));
+    ASSERT_TRUE(n0.get().ok());
+    ASSERT_TRUE(n1.get().ok());
+    ExpectSum(d0, 2, round, "rank 0");
+    ExpectSum(d1, 2, round, "rank 1");
+  }
+}
+
+TEST(Failover, WithTheFailPolicyOpsFailNamingTheAggregator) {
+  auto a = StartAggregator();
+  auto b = StartAggregator();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<std::string> aggs{a->address(), b->address()};
+  auto c0 = Client::Connect(Options(aggs, 0, ClientOptions::AggregatorLoss::kFail));
+  ASSERT_TRUE(c0.ok()) << c0.status();
+  const std::string lost = b->address();
+  b.reset();
+  absl::SleepFor(3 * kHeartbeatTimeout);
+  std::vector<float> d(1000, 1.0f);
+  absl::StatusOr<RoundStats> s = (*c0)->AllReduce(1, absl::MakeSpan(d)).get();
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
+  EXPECT_NE(s.status().message().find(lost), std::string::npos) << s.status();
+}
+
+TEST(Failover, ClientsRefuseAnUnknownPolicyName) {
+  EXPECT_EQ(ParseAggregatorLoss("remap").value(), ClientOptions::AggregatorLoss::kRemap);
+  EXPECT_EQ(ParseAggregatorLoss("fail").value(), ClientOptions::AggregatorLoss::kFail);
+  EXPECT_EQ(ParseAggregatorLoss("retry").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dlcp::testing
