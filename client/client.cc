@@ -146,8 +146,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
   c->session_->set_fatal_handler([engine = c->engine_.get()](const absl::Status& s) { engine->FailFatal(s); });
   if (eo.retain_inputs && eo.endpoints.size() > 1) {
-    c->session_->set_loss_handler(
-        [raw = c.get()](const std::vector<size_t>& lost, const absl::Status& why) { raw->OnAggregatorsLost(lost, why); });
+    c->session_->set_layout_handler(
+        [raw = c.get()](const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why) {
+          return raw->OnLayoutChange(lost, back, why);
+        });
   }
   return c;
 }
@@ -190,35 +192,55 @@ void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root,
   engine_->Submit(key, data, o, static_cast<int64_t>(root), std::move(done));
 }
 
-void Client::OnAggregatorsLost(const std::vector<size_t>& lost, const absl::Status& why) {
+bool Client::OnLayoutChange(const std::vector<size_t>& lost, const std::vector<size_t>& back,
+                            const absl::Status& why) {
   std::lock_guard<std::mutex> lock(regroup_mu_);
-  if (closing_) return;
+  if (closing_) return false;
   if (regrouping_) {
-    // One regroup at a time: a loss in the middle of one is more than this job can take.
-    return engine_->FailFatal(absl::Status(why.code(), absl::StrCat(why.message(), " during a regroup")));
+    // One regroup at a time. A returning aggregator can wait for the next one; a loss in the
+    // middle of one is more than this job can take.
+    if (!lost.empty()) {
+      engine_->FailFatal(absl::Status(why.code(), absl::StrCat(why.message(), " during a regroup")));
+    }
+    return false;
   }
   std::string names;
-  for (size_t i : lost) absl::StrAppend(&names, names.empty() ? "" : ", ", options_.aggregators[i]);
-  DLCP_LOG(Warning) << "rank " << options_.rank << " lost aggregator(s) " << names << " (" << why
-                    << "); moving their share to the others";
+  for (size_t i : lost.empty() ? back : lost) absl::StrAppend(&names, names.empty() ? "" : ", ", options_.aggregators[i]);
+  absl::Status cause = why;
+  if (lost.empty()) {
+    cause = absl::UnavailableError(absl::StrCat("aggregator ", names, " came back"));
+    DLCP_LOG(Warning) << "rank " << options_.rank << ": aggregator(s) " << names
+                      << " answer again; giving them their share back";
+  } else {
+    DLCP_LOG(Warning) << "rank " << options_.rank << " lost aggregator(s) " << names << " (" << why
+                      << "); moving their share to the others";
+  }
   regrouping_ = true;
   if (regroup_.joinable()) regroup_.join();  // the previous one, which has ended
-  regroup_ = std::thread([this, g = ++generation_, why] { Regroup(g, why); });
+  // The layout to regroup on, decided here: the session marks a returning aggregator found only
+  // once this accepts it.
+  std::vector<bool> layout = session_->lost();
+  for (size_t i : back) layout[i] = false;
+  regroup_ = std::thread([this, g = ++generation_, layout, cause] { Regroup(g, layout, cause); });
+  return true;
 }
 
-void Client::Regroup(uint32_t generation, absl::Status why) {
+void Client::Regroup(uint32_t generation, std::vector<bool> lost, absl::Status why) {
   const absl::Time start = absl::Now();
-  // Workers notice the loss up to a heartbeat interval apart, each within the deadline.
-  const absl::Duration wait = 2 * session_->heartbeat_timeout() + absl::Seconds(2);
+  // Workers notice a loss up to a heartbeat interval apart, each within the deadline, and a
+  // return within a heartbeat interval or two.
+  absl::Duration deadline = session_->heartbeat_timeout();
+  if (deadline == absl::InfiniteDuration()) deadline = absl::Seconds(3);
+  const absl::Duration wait = 2 * deadline + absl::Seconds(2);
   absl::Status failed;
   absl::StatusOr<std::vector<KeyProgress>> progress = engine_->PauseForRegroup(absl::Seconds(5));
   if (!progress.ok()) {
     failed = progress.status();
-  } else if (absl::StatusOr<Session::RegroupResult> r = session_->Regroup(generation, *progress, wait); !r.ok()) {
+  } else if (absl::StatusOr<Session::RegroupResult> r = session_->Regroup(generation, lost, *progress, wait); !r.ok()) {
     failed = r.status();
   } else {
     EngineLayout layout;
-    const std::vector<AggregatorInfo>& all = session_->aggregators();
+    const std::vector<AggregatorInfo> all = session_->aggregators();
     for (size_t i = 0; i < all.size(); ++i) {
       if (r->epochs[i] == 0) continue;
       layout.epochs.push_back(r->epochs[i]);
@@ -233,8 +255,8 @@ void Client::Regroup(uint32_t generation, absl::Status why) {
                       << " aggregator(s) in " << absl::FormatDuration(absl::Now() - start);
   }
   if (!failed.ok()) {
-    engine_->FailFatal(absl::Status(why.code(), absl::StrCat(why.message(), "; moving its share to the other "
-                                                             "aggregators failed: ", failed.ToString())));
+    engine_->FailFatal(absl::Status(why.code(), absl::StrCat(why.message(), "; the regroup that followed failed: ",
+                                                             failed.ToString())));
   }
   std::lock_guard<std::mutex> lock(regroup_mu_);
   regrouping_ = false;
@@ -247,7 +269,7 @@ absl::Status Client::Close() {
   }
   if (session_) {
     session_->set_fatal_handler(nullptr);  // the engine is going away
-    session_->set_loss_handler(nullptr);
+    session_->set_layout_handler(nullptr);
   }
   if (engine_) engine_->Stop(absl::CancelledError("dlcp client closed"));
   if (regroup_.joinable()) regroup_.join();  // its waits end with the engine stopped, or by deadline

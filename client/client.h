@@ -173,10 +173,10 @@ class Client {
 
  private:
   Client() = default;
-  // On the session's heartbeat thread: starts the fail-over on its own thread.
-  void OnAggregatorsLost(const std::vector<size_t>& lost, const absl::Status& why);
+  // On the session's heartbeat thread: starts a regroup on its own thread (Session::LayoutHandler).
+  bool OnLayoutChange(const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why);
   // Pause the data path, regroup with the survivors, resume in the new layout (or fail).
-  void Regroup(uint32_t generation, absl::Status why);
+  void Regroup(uint32_t generation, std::vector<bool> lost, absl::Status why);
 
   ClientOptions options_;
   TransportOptions::Kind transport_kind_ = TransportOptions::Kind::kUdp;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include <grpc/impl/codegen/grpc_types.h>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/host_port.h"
 #include "common/base/log.h"
@@ -17,90 +19,104 @@ absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& context) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(context, ": ", s.error_message()));
 }
 
+absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, v1::Aggregator::Stub* stub,
+                                                  const std::string& control) {
+  absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(control);
+  if (!hp.ok()) return absl::InvalidArgumentError(absl::StrCat("aggregator: ", hp.status().message()));
+  const std::string& control_host = hp->first;
+  v1::JoinRequest req;
+  req.set_job_name(options.job_name);
+  req.set_world_size(options.world_size);
+  req.set_rank(options.rank);
+  req.set_chunk_bytes(options.chunk_bytes);
+  req.set_data_host(options.data_host);
+  req.set_data_port(options.data_port);
+  req.set_data_qpn(options.data_qpn);
+  req.set_data_qkey(options.data_qkey);
+  v1::JoinResponse resp;
+  grpc::Status st = CallWithDeadline(
+      [&](grpc::ClientContext* ctx, const v1::JoinRequest* rq, v1::JoinResponse* rs, auto cb) {
+        stub->async()->Join(ctx, rq, rs, std::move(cb));
+      },
+      req, &resp, options.rpc_timeout);
+  if (!st.ok()) return FromGrpcStatus(st, absl::StrCat("join job '", options.job_name, "' at aggregator ", control));
+  if (resp.data_endpoints().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " has no data endpoints"));
+  }
+  Joined out;
+  out.job_id = resp.job_id();
+  out.heartbeat_timeout = absl::Milliseconds(resp.heartbeat_timeout_ms());
+  AggregatorInfo& info = out.info;
+  info.control = control;
+  info.max_rounds_in_flight = resp.max_rounds_in_flight();
+  info.epoch = resp.epoch();
+  if (!resp.data_key().empty()) {
+    if (resp.data_key().size() != 32) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("aggregator ", control, " sent a data key of ", resp.data_key().size(), " bytes, not 32"));
+    }
+    info.data_key = wire::MacKeyFromBytes(absl::MakeConstSpan(
+        reinterpret_cast<const uint8_t*>(resp.data_key().data()), resp.data_key().size()));
+  }
+  for (const v1::Endpoint& e : resp.data_endpoints()) {
+    absl::StatusOr<Address> a =
+        ResolveAddress(e.host().empty() ? control_host : e.host(), static_cast<uint16_t>(e.port()));
+    if (!a.ok()) return a.status();
+    if ((e.qpn() != 0) != (options.data_qpn != 0) || e.qkey() != options.data_qkey) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "aggregator ", control, " offers a data endpoint over ", e.qpn() != 0 ? "RDMA" : "UDP",
+          e.qpn() != 0 ? absl::StrCat(" (Q_Key 0x", absl::Hex(e.qkey()), ")") : "", ", which this client's ",
+          options.data_qpn != 0 ? absl::StrCat("RDMA (Q_Key 0x", absl::Hex(options.data_qkey), ")") : "UDP",
+          " transport cannot reach"));
+    }
+    a->qpn = e.qpn();
+    std::vector<Address> sources;
+    for (uint32_t p : e.spray_ports()) {
+      if (p == 0 || p > 65535) {
+        return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " sent spray port ", p));
+      }
+      sources.push_back(Address{a->ipv4, static_cast<uint16_t>(p)});
+    }
+    for (uint32_t q : e.spray_qpns()) {
+      if (q == 0 || q > 0xffffff) {
+        return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " sent spray queue pair ", q));
+      }
+      sources.push_back(Address{a->ipv4, 0, q});
+    }
+    info.data_sources.push_back(std::move(sources));
+    info.data_endpoints.push_back(*a);
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& options) {
   if (options.aggregators.empty()) return absl::InvalidArgumentError("no aggregators given");
   absl::StatusOr<ChannelSecurity> security = MakeChannelSecurity(options.tls);
   if (!security.ok()) return security.status();
   MarkChannelDscp(&security->arguments, options.control_dscp);
+  // A lost aggregator that comes back is noticed within about a heartbeat interval, not after
+  // gRPC's default reconnect backoff (up to 2 minutes).
+  const int backoff_ms = static_cast<int>(std::max<int64_t>(500, absl::ToInt64Milliseconds(options.heartbeat_interval)));
+  security->arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, backoff_ms);
+  security->arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(backoff_ms, 1000));
   std::unique_ptr<Session> s(new Session());
   s->options_ = options;
   s->heartbeat_interval_ = options.heartbeat_interval;
   for (const std::string& control : options.aggregators) {
-    absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(control);
-    if (!hp.ok()) return absl::InvalidArgumentError(absl::StrCat("aggregator: ", hp.status().message()));
-    const std::string& control_host = hp->first;
     auto stub = v1::Aggregator::NewStub(grpc::CreateCustomChannel(control, security->credentials, security->arguments));
-    v1::JoinRequest req;
-    req.set_job_name(options.job_name);
-    req.set_world_size(options.world_size);
-    req.set_rank(options.rank);
-    req.set_chunk_bytes(options.chunk_bytes);
-    req.set_data_host(options.data_host);
-    req.set_data_port(options.data_port);
-    req.set_data_qpn(options.data_qpn);
-    req.set_data_qkey(options.data_qkey);
-    v1::JoinResponse resp;
-    grpc::Status st = CallWithDeadline(
-        [&](grpc::ClientContext* ctx, const v1::JoinRequest* rq, v1::JoinResponse* rs, auto cb) {
-          stub->async()->Join(ctx, rq, rs, std::move(cb));
-        },
-        req, &resp, options.rpc_timeout);
-    if (!st.ok()) return FromGrpcStatus(st, absl::StrCat("join job '", options.job_name, "' at aggregator ", control));
-    if (s->job_id_ != 0 && s->job_id_ != resp.job_id()) {
-      return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " gave job id ", resp.job_id(),
+    absl::StatusOr<Joined> joined = JoinOne(options, stub.get(), control);
+    if (!joined.ok()) return joined.status();
+    if (s->job_id_ != 0 && s->job_id_ != joined->job_id) {
+      return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " gave job id ", joined->job_id,
                                                         ", others gave ", s->job_id_));
     }
-    if (resp.data_endpoints().empty()) {
-      return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " has no data endpoints"));
-    }
-    s->job_id_ = resp.job_id();
-    AggregatorInfo info;
-    info.control = control;
-    info.max_rounds_in_flight = resp.max_rounds_in_flight();
-    info.epoch = resp.epoch();
-    if (!resp.data_key().empty()) {
-      if (resp.data_key().size() != 32) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("aggregator ", control, " sent a data key of ", resp.data_key().size(), " bytes, not 32"));
-      }
-      info.data_key = wire::MacKeyFromBytes(absl::MakeConstSpan(
-          reinterpret_cast<const uint8_t*>(resp.data_key().data()), resp.data_key().size()));
-    }
+    s->job_id_ = joined->job_id;
     // Three heartbeats per deadline, so one lost or late one is not fatal.
-    if (resp.heartbeat_timeout_ms() > 0) {
-      const absl::Duration deadline = absl::Milliseconds(resp.heartbeat_timeout_ms());
-      s->heartbeat_interval_ = std::min(s->heartbeat_interval_, deadline / 3);
-      s->heartbeat_timeout_ = std::min(s->heartbeat_timeout_, deadline);
+    if (joined->heartbeat_timeout > absl::ZeroDuration()) {
+      s->heartbeat_interval_ = std::min(s->heartbeat_interval_, joined->heartbeat_timeout / 3);
+      s->heartbeat_timeout_ = std::min(s->heartbeat_timeout_, joined->heartbeat_timeout);
     }
-    for (const v1::Endpoint& e : resp.data_endpoints()) {
-      absl::StatusOr<Address> a =
-          ResolveAddress(e.host().empty() ? control_host : e.host(), static_cast<uint16_t>(e.port()));
-      if (!a.ok()) return a.status();
-      if ((e.qpn() != 0) != (options.data_qpn != 0) || e.qkey() != options.data_qkey) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "aggregator ", control, " offers a data endpoint over ", e.qpn() != 0 ? "RDMA" : "UDP",
-            e.qpn() != 0 ? absl::StrCat(" (Q_Key 0x", absl::Hex(e.qkey()), ")") : "", ", which this client's ",
-            options.data_qpn != 0 ? absl::StrCat("RDMA (Q_Key 0x", absl::Hex(options.data_qkey), ")") : "UDP",
-            " transport cannot reach"));
-      }
-      a->qpn = e.qpn();
-      std::vector<Address> sources;
-      for (uint32_t p : e.spray_ports()) {
-        if (p == 0 || p > 65535) {
-          return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " sent spray port ", p));
-        }
-        sources.push_back(Address{a->ipv4, static_cast<uint16_t>(p)});
-      }
-      for (uint32_t q : e.spray_qpns()) {
-        if (q == 0 || q > 0xffffff) {
-          return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " sent spray queue pair ", q));
-        }
-        sources.push_back(Address{a->ipv4, 0, q});
-      }
-      info.data_sources.push_back(std::move(sources));
-      info.data_endpoints.push_back(*a);
-    }
-    s->aggregators_.push_back(std::move(info));
+    s->aggregators_.push_back(std::move(joined->info));
     s->stubs_.push_back(std::move(stub));
   }
   s->last_ok_.assign(s->aggregators_.size(), absl::Now());
@@ -115,12 +131,15 @@ void Session::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, absl::ToChronoMilliseconds(heartbeat_interval_), [this] { return stopping_; })) {
     const std::vector<bool> lost = lost_;
-    LossHandler on_loss = lost_handler_;
+    LayoutHandler on_change = layout_handler_;
     lock.unlock();
     std::vector<size_t> newly_lost;
     absl::Status why;
     for (size_t i = 0; i < stubs_.size(); ++i) {
-      if (lost[i]) continue;
+      if (lost[i]) {
+        if (on_change) ProbeLost(i, on_change);
+        continue;
+      }
       v1::HeartbeatRequest req;
       req.set_job_id(job_id_);
       req.set_rank(options_.rank);
@@ -146,7 +165,7 @@ void Session::HeartbeatLoop() {
                                                              " unreachable for ",
                                                              absl::FormatDuration(absl::Now() - last_ok_[i]), ": ",
                                                              st.error_message()));
-        if (on_loss) {
+        if (on_change) {
           newly_lost.push_back(i);
           if (why.ok()) why = s;
         } else {
@@ -166,16 +185,43 @@ void Session::HeartbeatLoop() {
       if (alive == 0) {
         Fatal(absl::Status(why.code(), absl::StrCat(why.message(), "; no aggregator of the job is left")));
       } else {
-        on_loss(newly_lost, why);
+        on_change(newly_lost, {}, why);
       }
     }
     lock.lock();
   }
 }
 
-void Session::set_loss_handler(LossHandler handler) {
+void Session::set_layout_handler(LayoutHandler handler) {
   std::lock_guard<std::mutex> lock(mu_);
-  lost_handler_ = std::move(handler);
+  layout_handler_ = std::move(handler);
+}
+
+void Session::ProbeLost(size_t i, const LayoutHandler& on_change) {
+  // Joining again is the probe: a restarted aggregator knows nothing of the job until then.
+  absl::StatusOr<Joined> joined = JoinOne(options_, stubs_[i].get(), aggregators_[i].control);
+  if (!joined.ok()) return;
+  if (joined->job_id != job_id_) {
+    DLCP_LOG(Warning) << "aggregator " << aggregators_[i].control << " is back but gave job id " << joined->job_id
+                      << ", not " << job_id_ << "; leaving it out";
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aggregators_[i] = std::move(joined->info);
+  }
+  last_ok_[i] = absl::Now();
+  // Only once the client takes it in does it count (it may be busy with another regroup, and
+  // then the next probe offers it again).
+  if (on_change({}, {i}, absl::OkStatus())) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lost_[i] = false;
+  }
+}
+
+std::vector<AggregatorInfo> Session::aggregators() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return aggregators_;
 }
 
 std::vector<bool> Session::lost() const {
@@ -183,25 +229,26 @@ std::vector<bool> Session::lost() const {
   return lost_;
 }
 
-absl::StatusOr<Session::RegroupResult> Session::Regroup(uint32_t generation, const std::vector<KeyProgress>& progress,
-                                                        absl::Duration wait) {
-  const std::vector<bool> lost = this->lost();
+absl::StatusOr<Session::RegroupResult> Session::Regroup(uint32_t generation, const std::vector<bool>& lost,
+                                                        const std::vector<KeyProgress>& progress, absl::Duration wait) {
+  const std::vector<AggregatorInfo> all = aggregators();
+  if (lost.size() != all.size()) return absl::InvalidArgumentError("regroup: one lost flag per aggregator");
   std::vector<std::string> lost_ids;
   std::optional<size_t> coordinator;
-  for (size_t i = 0; i < aggregators_.size(); ++i) {
+  for (size_t i = 0; i < all.size(); ++i) {
     if (lost[i]) {
-      lost_ids.push_back(aggregators_[i].control);
-    } else if (!coordinator || aggregators_[i].control < aggregators_[*coordinator].control) {
+      lost_ids.push_back(all[i].control);
+    } else if (!coordinator || all[i].control < all[*coordinator].control) {
       coordinator = i;  // the same on every worker, however each lists the aggregators
     }
   }
-  if (!coordinator || lost_ids.empty()) return absl::FailedPreconditionError("nothing to regroup");
+  if (!coordinator) return absl::FailedPreconditionError("no aggregator left to regroup with");
   RegroupResult out;
-  out.epochs.assign(aggregators_.size(), 0);
+  out.epochs.assign(all.size(), 0);
   // The coordinator first: its answer comes once every worker has paused, so no worker starts
   // the new layout while another still pushes the old one.
   std::vector<size_t> order{*coordinator};
-  for (size_t i = 0; i < aggregators_.size(); ++i) {
+  for (size_t i = 0; i < all.size(); ++i) {
     if (!lost[i] && i != *coordinator) order.push_back(i);
   }
   for (size_t i : order) {
@@ -226,9 +273,9 @@ absl::StatusOr<Session::RegroupResult> Session::Regroup(uint32_t generation, con
           stubs_[i]->async()->Regroup(ctx, rq, rs, std::move(cb));
         },
         req, &resp, options_.rpc_timeout + (coordinate ? wait : absl::ZeroDuration()));
-    if (!st.ok()) return FromGrpcStatus(st, absl::StrCat("regroup at aggregator ", aggregators_[i].control));
+    if (!st.ok()) return FromGrpcStatus(st, absl::StrCat("regroup at aggregator ", all[i].control));
     if (resp.epoch() == 0) {
-      return absl::FailedPreconditionError(absl::StrCat("aggregator ", aggregators_[i].control, " gave epoch 0"));
+      return absl::FailedPreconditionError(absl::StrCat("aggregator ", all[i].control, " gave epoch 0"));
     }
     out.epochs[i] = resp.epoch();
     if (coordinate) {

@@ -55,17 +55,21 @@ class Session {
   ~Session();
 
   uint32_t job_id() const { return job_id_; }
-  const std::vector<AggregatorInfo>& aggregators() const { return aggregators_; }
+  // A copy: an aggregator that comes back brings new endpoints, epoch and key.
+  std::vector<AggregatorInfo> aggregators() const;
   // Leaves on every aggregator and stops heartbeats. Idempotent.
   absl::Status Leave();
   // Called (on the heartbeat thread) when an aggregator says this worker is no longer a member,
   // e.g. after it was silent past the heartbeat deadline. Set before heartbeats matter.
   void set_fatal_handler(std::function<void(const absl::Status&)> handler);
-  // Aggregator fail-over: called (on the heartbeat thread; it must not block) instead of the fatal
-  // handler when aggregators stop answering for longer than the deadline while others still do.
-  // They get no more heartbeats. Set before heartbeats matter.
-  using LossHandler = std::function<void(const std::vector<size_t>& lost, const absl::Status& why)>;
-  void set_loss_handler(LossHandler handler);
+  // Aggregator fail-over: called on the heartbeat thread (it must not block), instead of the
+  // fatal handler, when aggregators stop answering for longer than the deadline while others
+  // still do (`lost`, with the reason), or when a lost one answers a Join again (`back`). Lost
+  // aggregators get no heartbeats, only a Join per heartbeat interval. For `back`, returning
+  // false means "not now": it stays lost and is offered again. Set before heartbeats matter.
+  using LayoutHandler = std::function<bool(const std::vector<size_t>& lost, const std::vector<size_t>& back,
+                                           const absl::Status& why)>;
+  void set_layout_handler(LayoutHandler handler);
   std::vector<bool> lost() const;
 
   struct RegroupResult {
@@ -75,13 +79,22 @@ class Session {
   // Any thread but the heartbeat thread; blocks for up to `wait` plus the RPC timeout. Tells
   // every surviving aggregator that the job goes on without the lost ones; the one with the
   // smallest address waits for every worker and returns the job's agreement on finished rounds.
-  absl::StatusOr<RegroupResult> Regroup(uint32_t generation, const std::vector<KeyProgress>& progress,
-                                        absl::Duration wait);
+  // `lost`: per aggregator, whether the job goes on without it.
+  absl::StatusOr<RegroupResult> Regroup(uint32_t generation, const std::vector<bool>& lost,
+                                        const std::vector<KeyProgress>& progress, absl::Duration wait);
   absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
 
  private:
   Session() = default;
+  struct Joined {
+    uint32_t job_id = 0;
+    absl::Duration heartbeat_timeout;
+    AggregatorInfo info;
+  };
+  static absl::StatusOr<Joined> JoinOne(const SessionOptions& options, v1::Aggregator::Stub* stub,
+                                        const std::string& control);
   void HeartbeatLoop();
+  void ProbeLost(size_t i, const LayoutHandler& on_change);
   void Fatal(const absl::Status& status);
 
   SessionOptions options_;
@@ -90,9 +103,10 @@ class Session {
   absl::Duration heartbeat_timeout_ = absl::InfiniteDuration();  // the aggregators' deadline
   std::vector<absl::Time> last_ok_;  // per aggregator: last successful heartbeat (heartbeat thread)
   std::function<void(const absl::Status&)> fatal_;  // under mu_
-  LossHandler lost_handler_;  // under mu_
+  LayoutHandler layout_handler_;  // under mu_
   std::vector<bool> lost_;    // per aggregator, under mu_
   absl::Status fatal_status_;  // the first Fatal, under mu_: told to the aggregators at Leave
+  // Written by the heartbeat thread under mu_ (a returning aggregator), read elsewhere under it.
   std::vector<AggregatorInfo> aggregators_;
   std::vector<std::unique_ptr<v1::Aggregator::Stub>> stubs_;
   mutable std::mutex mu_;

@@ -194,8 +194,9 @@ absl::Status AggregatorService::HandleRegroup(const v1::RegroupRequest& req, v1:
   constexpr int kMaxKeys = 1 << 16;
   constexpr uint32_t kMaxWaitMs = 120000;
   if (req.generation() == 0) return absl::InvalidArgumentError("regroup generation must be at least 1");
-  if (req.lost().empty() || req.lost_size() > kMaxLost) {
-    return absl::InvalidArgumentError(absl::StrCat("regroup must name 1 to ", kMaxLost, " lost aggregators"));
+  // None lost: every aggregator is back.
+  if (req.lost_size() > kMaxLost) {
+    return absl::InvalidArgumentError(absl::StrCat("regroup names over ", kMaxLost, " lost aggregators"));
   }
   for (const std::string& l : req.lost()) {
     if (l.empty() || l.size() > 256) return absl::InvalidArgumentError("a lost aggregator's address is empty or over 256 bytes");

@@ -139,7 +139,7 @@ absl::Status JobRegistry::Regroup(uint32_t job_id, RegroupArrival arrival, Regro
         const uint32_t epoch = NextEpoch(raw->id);
         // From here on the data threads refuse the old layout's packets and drop its rounds.
         raw->epoch.store(epoch);
-        DLCP_LOG(Warning) << "job " << raw->name << " regroups after losing an aggregator: epoch " << epoch;
+        DLCP_LOG(Warning) << "job " << raw->name << " regroups (its aggregators changed): epoch " << epoch;
         return epoch;
       },
       std::move(reply));

@@ -112,7 +112,7 @@ std::optional<std::string> RegroupBarrier::Expire(absl::Time now) {
     for (uint32_t r = 0; r < world_; ++r) {
       if (!waiting_.count(r)) absent.push_back(r);
     }
-    failure = absl::StrCat("regroup after losing [", absl::StrJoin(lost_, ", "), "] timed out waiting for rank",
+    failure = absl::StrCat("regroup (lost: [", absl::StrJoin(lost_, ", "), "]) timed out waiting for rank",
                            absent.size() > 1 ? "s " : " ", absl::StrJoin(absent, ", "));
     replies = TakeAll(absl::DeadlineExceededError(*failure));
   }

@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <future>
+#include <string>
 
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/topology/topology.h"
 #include "tests/integration/test_aggregator.h"
 
 namespace dlcp::testing {
@@ -31,10 +33,23 @@ void ExpectSum(const std::vector<float>& got, int world, int round, const std::s
   }
 }
 
-std::unique_ptr<TestAggregator> StartAggregator() {
+std::unique_ptr<TestAggregator> StartAggregator(int port = 0) {
   TestAggregatorOptions o;
   o.limits.heartbeat_timeout = kHeartbeatTimeout;
+  o.control_port = port;
   return TestAggregator::Start(o);
+}
+
+// One exact round of `key` on both clients.
+void ExactRound(Client& c0, Client& c1, uint32_t key, int round, uint32_t elems) {
+  std::vector<float> d0 = Input(0, round, elems), d1 = Input(1, round, elems);
+  auto n0 = c0.AllReduce(key, absl::MakeSpan(d0));
+  auto n1 = c1.AllReduce(key, absl::MakeSpan(d1));
+  absl::StatusOr<RoundStats> s0 = n0.get(), s1 = n1.get();
+  ASSERT_TRUE(s0.ok()) << s0.status();
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  ExpectSum(d0, 2, round, "rank 0");
+  ExpectSum(d1, 2, round, "rank 1");
 }
 
 ClientOptions Options(const std::vector<std::string>& aggs, int rank, ClientOptions::AggregatorLoss policy) {
@@ -106,16 +121,31 @@ TEST(Failover, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup) {
   ExpectSum(d1, 2, 1, "rank 1");
 
   // And on, on the survivor alone.
-  for (int round = 2; round < 5; ++round) {
-    d0 = Input(0, round, kElems);
-    d1 = Input(1, round, kElems);
-    auto n0 = (*c0)->AllReduce(kKey, absl::MakeSpan(d0));
-    auto n1 = (*c1)->AllReduce(kKey, absl::MakeSpan(d1));
-    ASSERT_TRUE(n0.get().ok());
-    ASSERT_TRUE(n1.get().ok());
-    ExpectSum(d0, 2, round, "rank 0");
-    ExpectSum(d1, 2, round, "rank 1");
+  for (int round = 2; round < 4; ++round) ExactRound(**c0, **c1, kKey, round, kElems);
+
+  // The aggregator comes back at its address: both workers join it again, regroup, and give it
+  // its share back.
+  const int port = std::stoi(aggs[1].substr(aggs[1].rfind(':') + 1));
+  auto back = StartAggregator(port);
+  ASSERT_NE(back, nullptr);
+  const uint32_t job = (*c0)->job_id();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  int round = 4;
+  // Rounds go on meanwhile; once it serves the job, its share of every round is done there. A
+  // tensor of 16 blocks, so that it has a share (each block picks one of the two).
+  constexpr uint32_t kBig = 4, kBigElems = 16 * kBlockChunks * 256;
+  while (absl::Now() < deadline) {
+    ExactRound(**c0, **c1, kBig, round++, kBigElems);
+    if (HasFatalFailure()) return;
+    std::shared_ptr<server::Job> j = back->jobs().Find(job);
+    if (j && j->rounds_completed.load() > 0) break;
   }
+  std::shared_ptr<server::Job> j = back->jobs().Find(job);
+  ASSERT_NE(j, nullptr) << "the workers never joined the restarted aggregator";
+  EXPECT_EQ(j->member_count.load(), 2u);
+  EXPECT_GT(j->rounds_completed.load(), 0u) << "the restarted aggregator got no share of the rounds";
+  for (int k = 0; k < 3; ++k) ExactRound(**c0, **c1, kBig, round++, kBigElems);
+  ExactRound(**c0, **c1, kKey, round++, kElems);
 }
 
 TEST(Failover, WithTheFailPolicyOpsFailNamingTheAggregator) {

@@ -96,11 +96,24 @@ ProcessResult BackgroundProcess::Wait(absl::Duration timeout) {
     r.exit_code = WaitOrKill(pid_, absl::Now() + timeout);
     pid_ = -1;
   }
+  r.out = Output();
+  return r;
+}
+
+std::string BackgroundProcess::Output() const {
   std::ifstream f(log_);
   std::stringstream ss;
   ss << f.rdbuf();
-  r.out = ss.str();
-  return r;
+  return ss.str();
+}
+
+bool BackgroundProcess::WaitForOutput(const std::string& text, absl::Duration timeout) const {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (Output().find(text) == std::string::npos) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return true;
 }
 
 BackgroundProcess::~BackgroundProcess() {

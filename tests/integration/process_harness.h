@@ -31,6 +31,10 @@ class BackgroundProcess {
   void Signal(int sig);
   // Waits up to `timeout` for exit; exit_code -1 if it had to be killed.
   ProcessResult Wait(absl::Duration timeout);
+  // Its output so far; it may still be running.
+  std::string Output() const;
+  // Polls Output() until it contains `text` or `timeout` passes; true if it did.
+  bool WaitForOutput(const std::string& text, absl::Duration timeout) const;
 
  private:
   int pid_ = -1;

@@ -23,6 +23,7 @@ struct TestAggregatorOptions {
   server::JobLimits limits;
   DropInjectorOptions inject_class;  // per-class drops at the aggregator
   absl::Duration repair_timeout = absl::Milliseconds(10);
+  int control_port = 0;  // 0: any (a restarted aggregator takes its old one)
 };
 
 class TestAggregator {
@@ -45,7 +46,7 @@ class TestAggregator {
     a->data_ = std::move(*plane);
     a->service_ = std::make_unique<server::AggregatorService>("test", "", a->jobs_.get(), a->data_.get(), &a->metrics_);
     grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &a->port_);
+    b.AddListeningPort(absl::StrCat("127.0.0.1:", o.control_port), grpc::InsecureServerCredentials(), &a->port_);
     b.RegisterService(a->service_.get());
     a->server_ = b.BuildAndStart();
     if (!a->server_ || a->port_ == 0) return nullptr;
@@ -58,6 +59,7 @@ class TestAggregator {
   }
 
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int port() const { return port_; }
   MetricsRegistry& metrics() { return metrics_; }
   server::JobRegistry& jobs() { return *jobs_; }
   server::DataPlane& data() { return *data_; }
