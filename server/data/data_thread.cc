@@ -274,6 +274,10 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
   absl::StatusOr<std::vector<wire::ChunkRange>> ranges =
       wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), h.chunk_count);
   if (!ranges.ok()) return Reject(wire::Reject::kBadPayload);
+  // A worker with every result that still asks waits for a STOP: its round is bounded, though no
+  // manifest of it reached this aggregator (every one lost, while the pushes got through and
+  // completed each chunk). An empty NACK asks for the manifests again; without it, nothing would.
+  if (!round->bounded && ranges->empty()) return SendRanges(wire::MsgType::kPushNack, *round, h.rank, {});
   // Results that are final go again. A reliable round also NACKs what it lacks from this
   // worker; a bounded one decides its repairs itself (never more than the bound needs).
   std::vector<uint32_t> nack;
