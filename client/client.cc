@@ -145,6 +145,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   c->session_ = std::move(*session);
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
   c->session_->set_fatal_handler([engine = c->engine_.get()](const absl::Status& s) { engine->FailFatal(s); });
+  // A job that lost a worker goes on once it is back: rounds count from 0 in the new epochs.
+  c->session_->set_rejoin_handler([raw = c.get()](const std::vector<uint32_t>& epochs) {
+    std::vector<uint32_t> layout;
+    for (uint32_t e : epochs) {
+      if (e != 0) layout.push_back(e);
+    }
+    DLCP_LOG(Warning) << "rank " << raw->options_.rank << ": every rank of job '" << raw->options_.job_name
+                      << "' is back; it goes on from round 0";
+    raw->engine_->Rejoin(std::move(layout));
+  });
   if (eo.retain_inputs && eo.endpoints.size() > 1) {
     c->session_->set_layout_handler(
         [raw = c.get()](const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why) {
@@ -270,6 +280,7 @@ absl::Status Client::Close() {
   if (session_) {
     session_->set_fatal_handler(nullptr);  // the engine is going away
     session_->set_layout_handler(nullptr);
+    session_->set_rejoin_handler(nullptr);
   }
   if (engine_) engine_->Stop(absl::CancelledError("dlcp client closed"));
   if (regroup_.joinable()) regroup_.join();  // its waits end with the engine stopped, or by deadline

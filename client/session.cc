@@ -50,6 +50,7 @@ absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, 
   info.control = control;
   info.max_rounds_in_flight = resp.max_rounds_in_flight();
   info.epoch = resp.epoch();
+  info.rejoins = resp.rejoins();
   if (!resp.data_key().empty()) {
     if (resp.data_key().size() != 32) {
       return absl::FailedPreconditionError(
@@ -121,6 +122,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
   }
   s->last_ok_.assign(s->aggregators_.size(), absl::Now());
   s->lost_.assign(s->aggregators_.size(), false);
+  s->rejoined_epochs_.assign(s->aggregators_.size(), 0);
+  for (const AggregatorInfo& a : s->aggregators_) s->rejoins_ = std::max(s->rejoins_, a.rejoins);
   s->heartbeat_ = std::thread([raw = s.get()] { raw->HeartbeatLoop(); });
   return s;
 }
@@ -152,6 +155,7 @@ void Session::HeartbeatLoop() {
           req, &resp, std::min(options_.rpc_timeout, heartbeat_interval_));
       if (st.ok()) {
         last_ok_[i] = absl::Now();
+        if (resp.rejoins() > rejoins_) rejoined_epochs_[i] = resp.epoch();
       } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
                  st.error_code() == grpc::StatusCode::NOT_FOUND) {
         // The aggregator answered: it no longer counts this worker in the job (e.g. after it was
@@ -175,6 +179,7 @@ void Session::HeartbeatLoop() {
         DLCP_LOG(Warning) << "heartbeat to " << aggregators_[i].control << " failed: " << st.error_message();
       }
     }
+    NoteRejoin(lost);
     if (!newly_lost.empty()) {
       size_t alive = 0;
       {
@@ -190,6 +195,33 @@ void Session::HeartbeatLoop() {
     }
     lock.lock();
   }
+}
+
+void Session::NoteRejoin(const std::vector<bool>& lost) {
+  for (size_t i = 0; i < rejoined_epochs_.size(); ++i) {
+    if (!lost[i] && rejoined_epochs_[i] == 0) return;  // not every aggregator yet
+  }
+  std::vector<uint32_t> epochs(rejoined_epochs_.size(), 0);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < epochs.size(); ++i) {
+      if (lost[i]) continue;
+      epochs[i] = aggregators_[i].epoch = rejoined_epochs_[i];
+    }
+  }
+  ++rejoins_;
+  rejoined_epochs_.assign(rejoined_epochs_.size(), 0);
+  RejoinHandler handler;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handler = rejoin_handler_;
+  }
+  if (handler) handler(epochs);
+}
+
+void Session::set_rejoin_handler(RejoinHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rejoin_handler_ = std::move(handler);
 }
 
 void Session::set_layout_handler(LayoutHandler handler) {

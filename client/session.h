@@ -29,6 +29,7 @@ struct AggregatorInfo {
   std::vector<std::vector<Address>> data_sources;  // per endpoint: its other (spraying) source addresses
   uint32_t max_rounds_in_flight = 0;
   uint32_t epoch = 0;                   // of this job's incarnation at this aggregator
+  uint32_t rejoins = 0;                 // times the job went on after losing a worker (JoinResponse)
   std::optional<wire::MacKey> data_key; // the job's data-plane key there, if it authenticates
 };
 
@@ -70,6 +71,10 @@ class Session {
   using LayoutHandler = std::function<bool(const std::vector<size_t>& lost, const std::vector<size_t>& back,
                                            const absl::Status& why)>;
   void set_layout_handler(LayoutHandler handler);
+  // Called on the heartbeat thread once every aggregator (but lost ones) says the job went on
+  // after losing a worker (its rejoin count grew): with each one's new epoch (0 for lost ones).
+  using RejoinHandler = std::function<void(const std::vector<uint32_t>& epochs)>;
+  void set_rejoin_handler(RejoinHandler handler);
   std::vector<bool> lost() const;
 
   struct RegroupResult {
@@ -95,6 +100,9 @@ class Session {
                                         const std::string& control);
   void HeartbeatLoop();
   void ProbeLost(size_t i, const LayoutHandler& on_change);
+  // After a heartbeat pass: once every aggregator not lost has said the job went on, tell the
+  // rejoin handler.
+  void NoteRejoin(const std::vector<bool>& lost);
   void Fatal(const absl::Status& status);
 
   SessionOptions options_;
@@ -104,6 +112,9 @@ class Session {
   std::vector<absl::Time> last_ok_;  // per aggregator: last successful heartbeat (heartbeat thread)
   std::function<void(const absl::Status&)> fatal_;  // under mu_
   LayoutHandler layout_handler_;  // under mu_
+  RejoinHandler rejoin_handler_;  // under mu_
+  uint32_t rejoins_ = 0;          // the count this worker works under (heartbeat thread)
+  std::vector<uint32_t> rejoined_epochs_;  // per aggregator: its epoch once its count grew, else 0
   std::vector<bool> lost_;    // per aggregator, under mu_
   absl::Status fatal_status_;  // the first Fatal, under mu_: told to the aggregators at Leave
   // Written by the heartbeat thread under mu_ (a returning aggregator), read elsewhere under it.

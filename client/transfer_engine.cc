@@ -86,6 +86,8 @@ void TransferEngine::Submit(uint32_t key, absl::Span<float> data, const AllReduc
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.ok()) {
       refused = error_;
+    } else if (!job_failed_.ok()) {
+      refused = job_failed_;
     } else if (stopped_) {
       refused = absl::FailedPreconditionError("dlcp client is closed");
     } else if (active_keys_.count(key)) {
@@ -114,6 +116,16 @@ void TransferEngine::FailFatal(const absl::Status& reason) {
     error_ = reason;
   }
   regroup_cv_.notify_all();
+  transport_->Wake();
+}
+
+void TransferEngine::FailJob(const absl::Status& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!job_failed_.ok()) return;
+    job_failed_ = reason;
+  }
+  DLCP_LOG(Warning) << reason;
   transport_->Wake();
 }
 
@@ -288,13 +300,20 @@ void TransferEngine::Run() {
   absl::Time last_scan = absl::Now();
   const absl::Duration tick = std::min(options_.repair_timeout / 4, absl::Milliseconds(5));
   while (!stop_.load(std::memory_order_relaxed)) {
+    bool job_failed = false;
+    absl::Status fail_ops;  // set only when there are ops to fail
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!error_.ok()) break;  // FailFatal: the loop ends and every op fails with the error
+      job_failed = !job_failed_.ok();
+      if (job_failed && (!submitted_.empty() || !ops_.empty() || !held_.empty())) fail_ops = job_failed_;
     }
+    // The job lost a worker: nothing can finish until it is back (ServeRejoin).
+    if (!fail_ops.ok()) FailAll(fail_ops);
     ServeRegroup(absl::Now());
+    ServeRejoin(absl::Now());
     TakeSubmissions(absl::Now());
-    bool more = !io_paused_ && PushSome(kPushBudget);
+    bool more = !io_paused_ && !job_failed && PushSome(kPushBudget);
     absl::Status s = outbox_.Flush();
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -310,7 +329,8 @@ void TransferEngine::Run() {
       break;
     }
     const absl::Time now = absl::Now();
-    if (io_paused_) continue;  // the old layout's packets: nothing of them may count any more
+    // Paused, the old layout's packets; failed, the abandoned rounds': nothing of them may count.
+    if (io_paused_ || job_failed) continue;
     for (const InMessage& m : batch) HandleDatagram(m, now);
     if (now - last_scan >= tick || now >= next_tail_) {
       ScanTimers(now);
@@ -377,7 +397,7 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
       }
       absl::Status error(code, absl::StrCat("aggregator ", m.from.ToString(), ": ", text));
       // ABORTED means the job itself failed: every op, now and later, fails the same way.
-      if (code == absl::StatusCode::kAborted) return FailFatal(error);
+      if (code == absl::StatusCode::kAborted) return FailJob(error);
       // Moved, not copied: the caller's thread then owns the only reference to the message.
       if (op != nullptr) return Finish(h.key, std::move(error));
       break;

@@ -82,6 +82,14 @@ class TransferEngine {
   // and later op fails with `reason`.
   void FailFatal(const absl::Status& reason);
 
+  // Any thread: the job lost a worker (an aggregator said so). Every pending op, and every op
+  // submitted until Rejoin, fails with `reason`.
+  void FailJob(const absl::Status& reason);
+  // Any thread: every rank is back and the job goes on, in `epochs` (per aggregator of the
+  // layout). Rounds count from 0 again. Ops still pending that got no result yet start again in
+  // the new epoch; any other fails (its round was abandoned), to be retried by the caller.
+  void Rejoin(std::vector<uint32_t> epochs);
+
   // Aggregator fail-over (needs retain_inputs). Any thread but the I/O thread. Stops every push
   // and repair, and drops what arrives, until Resume; returns the rounds finished per key. Blocks
   // until the I/O thread has stopped, at most `timeout`.
@@ -152,6 +160,7 @@ class TransferEngine {
   void BuildDestinations();
   // The I/O thread's side of PauseForRegroup and Resume (transfer_regroup.cc).
   void ServeRegroup(absl::Time now);
+  void ServeRejoin(absl::Time now);
   void ApplyLayout(absl::Time now);
   void Restart(Op& op, absl::Time now);
   std::unique_ptr<Op> ReplayOf(const Op& finished);
@@ -212,6 +221,8 @@ class TransferEngine {
   bool paused_ = false;  // the I/O thread's answer; also read by it without the lock
   std::vector<KeyProgress> progress_;
   std::optional<std::pair<EngineLayout, std::vector<KeyProgress>>> resume_;
+  absl::Status job_failed_;  // FailJob, until Rejoin
+  std::optional<std::vector<uint32_t>> rejoin_;
 
   // I/O thread only.
   std::unordered_map<uint32_t, std::unique_ptr<Op>> ops_;

@@ -79,6 +79,44 @@ void TransferEngine::ServeRegroup(absl::Time now) {
   }
 }
 
+void TransferEngine::Rejoin(std::vector<uint32_t> epochs) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rejoin_ = std::move(epochs);
+  }
+  transport_->Wake();
+}
+
+void TransferEngine::ServeRejoin(absl::Time now) {
+  std::vector<uint32_t> abandoned;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!rejoin_.has_value()) return;
+    if (rejoin_->size() == options_.epochs.size()) options_.epochs = std::move(*rejoin_);
+    rejoin_.reset();
+    job_failed_ = absl::OkStatus();
+    next_round_.clear();
+    BuildDestinations();
+    completed_round_.clear();
+    last_done_.clear();
+    residuals_.clear();  // what earlier rounds left out belongs to the abandoned ones
+    for (auto& [key, op] : ops_) {
+      // Nothing of it arrived (it was submitted after the loss, say): it is round 0 now.
+      if (!op->replay && op->remaining == op->geometry.chunk_count() && op->left_out.empty()) {
+        op->round = next_round_[key]++;
+        op->stats.round = op->round;
+        Launch(*op, now);
+      } else {
+        abandoned.push_back(key);
+      }
+    }
+  }
+  for (uint32_t key : abandoned) {
+    Finish(key, absl::AbortedError(absl::StrCat("key ", key, ": the job went on without this op's round after "
+                                                "losing a worker; run the op again")));
+  }
+}
+
 void TransferEngine::Restart(Op& op, absl::Time now) {
   if (op.input.size() == op.geometry.tensor_elems) {
     std::memcpy(op.data, op.input.data(), op.input.size() * sizeof(float));

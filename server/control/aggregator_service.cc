@@ -90,7 +90,9 @@ absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::Jo
   absl::StatusOr<std::shared_ptr<Job>> job = jobs_->Join(spec);
   if (!job.ok()) return job.status();
   resp->set_job_id((*job)->id);
-  resp->set_epoch((*job)->epoch.load());
+  const auto [epoch, rejoins] = (*job)->EpochForJoiner();
+  resp->set_epoch(epoch);
+  resp->set_rejoins(rejoins);
   // A round holds a slot on every data thread its chunks reach, and lingers until the slowest
   // worker confirms it, while faster workers start new ones: tell clients a share that cannot
   // overrun the aggregator's limit.
@@ -170,7 +172,10 @@ absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req) {
 }
 
 absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
-  if (std::shared_ptr<Job> job = jobs_->Find(req.job_id())) resp->set_epoch(job->epoch.load());
+  if (std::shared_ptr<Job> job = jobs_->Find(req.job_id())) {
+    resp->set_epoch(job->epoch.load());
+    resp->set_rejoins(job->rejoins.load());
+  }
   return jobs_->Heartbeat(req.job_id(), req.rank());
 }
 

@@ -379,7 +379,8 @@ void DataThread::SendError(const Job& job, const wire::Header& req, const Addres
 
 std::string DataThread::JobFailedMessage(const Job& job) {
   return absl::StrCat("job '", job.name, "' failed: ", job.failure_reason(),
-                      ". Close this client; the job can start again once every worker has left");
+                      ". It goes on once every rank has joined again (restart the missing worker), or "
+                      "starts again once every worker has left");
 }
 
 void DataThread::CountTx(const wire::Header& h) {

@@ -50,12 +50,9 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
       return absl::AlreadyExistsError(absl::StrCat("job id ", id, " of '", s.job_name, "' collides with job '",
                                                    it->second->name, "'; choose another job name"));
     }
-    if (it != jobs_.end() && it->second->failed.load()) {
-      if (it->second->member_count.load() > 0) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "job '", s.job_name, "' failed (", it->second->failure_reason(), "); ", it->second->member_count.load(),
-            " worker(s) still joined. Every worker must leave (close its client) before the job can start again"));
-      }
+    // A failed job with members left waits for the missing ranks to join again (below); one that
+    // everyone has left starts a new incarnation.
+    if (it != jobs_.end() && it->second->failed.load() && it->second->member_count.load() == 0) {
       it->second->closed.store(true);  // a new incarnation replaces the failed one
       RememberClosed(id);
       jobs_.erase(it);
@@ -91,7 +88,10 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
   const uint64_t packed = s.data_address.Pack();
   uint64_t old = m.packed_address.exchange(packed, std::memory_order_acq_rel);
   if (old == 0) {
-    job->member_count.fetch_add(1);
+    // The last missing rank of a failed job is back: the job goes on.
+    if (job->member_count.fetch_add(1) + 1 == job->world && job->Recover()) {
+      DLCP_LOG(Warning) << "job " << s.job_name << " goes on: rank " << s.rank << " joined again, every rank is back";
+    }
   } else if (old != packed) {
     DLCP_LOG(Info) << "job " << s.job_name << " rank " << s.rank << " rejoined from " << s.data_address.ToString();
   }
@@ -109,7 +109,10 @@ absl::Status JobRegistry::Leave(uint32_t job_id, uint32_t rank, const std::strin
   if (rank >= job.world) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside job"));
   job.NoteLeft(rank, reason);
   job.members[rank].left_ns.store(absl::GetCurrentTimeNanos());
-  if (job.members[rank].packed_address.exchange(0) != 0 && job.member_count.fetch_sub(1) == 1) {
+  if (job.members[rank].packed_address.exchange(0) == 0) return absl::OkStatus();
+  if (job.member_count.fetch_sub(1) > 1) {
+    job.vacated.store(true);
+  } else {
     job.left_gracefully.store(true);
     job.closed.store(true);
     RememberClosed(job.id);
@@ -117,6 +120,32 @@ absl::Status JobRegistry::Leave(uint32_t job_id, uint32_t rank, const std::strin
     jobs_.erase(it);
   }
   return absl::OkStatus();
+}
+
+uint32_t Job::SuccessorEpoch() const {
+  return static_cast<uint32_t>(StableHash64(epoch.load(), id) >> 7) | 1;  // never 0
+}
+
+bool Job::Recover() {
+  std::lock_guard<std::mutex> lock(failure_mu);
+  if (!(failed.load() || vacated.load()) || member_count.load() != world) return false;
+  // Failure off first: in between, a packet of the old epoch may start a round that is dropped
+  // as superseded, while one of the new epoch, refused as stale, is sent again; neither is told
+  // the job failed.
+  const uint32_t next = SuccessorEpoch();
+  failed.store(false);
+  vacated.store(false);
+  failure.clear();
+  left_because.clear();
+  rejoins.fetch_add(1);
+  epoch.store(next);
+  return true;
+}
+
+std::pair<uint32_t, uint32_t> Job::EpochForJoiner() const {
+  std::lock_guard<std::mutex> lock(failure_mu);
+  if (failed.load() || vacated.load()) return {SuccessorEpoch(), rejoins.load() + 1};
+  return {epoch.load(), rejoins.load()};
 }
 
 uint32_t JobRegistry::NextEpoch(uint32_t job_id) {
@@ -183,6 +212,7 @@ std::vector<std::string> JobRegistry::FailSilentMembers(int64_t now_ns, absl::Du
       if (silent_ns <= absl::ToInt64Nanoseconds(timeout)) continue;
       if (m.packed_address.exchange(0) == 0) continue;  // left meanwhile
       job->member_count.fetch_sub(1);
+      job->vacated.store(true);
       std::string reason = absl::StrCat("worker rank ", r, " sent no heartbeat for ",
                                         absl::FormatDuration(absl::Nanoseconds(silent_ns)), " and was removed");
       job->Fail(reason);

@@ -71,9 +71,23 @@ struct Job {
   std::atomic<uint64_t> rounds_completed{0};
   RegroupBarrier regroup;
 
-  // A member died (no heartbeat within the deadline): the job cannot complete another round, and
-  // every survivor is told why. Sticky until every member has left.
+  // A member died (no heartbeat within the deadline) or left mid-round: the job cannot complete
+  // another round, and every survivor is told why. It lasts until every rank has joined again
+  // (Recover: the job goes on, in the epoch SuccessorEpoch() names), or every member has left.
   std::atomic<bool> failed{false};
+  // Times the job went on after a failure; clients see it in heartbeats and start their rounds
+  // again from 0 in the new epoch.
+  std::atomic<uint32_t> rejoins{0};
+  // A member left or was removed while others stayed: a worker taking its rank is a restart, and
+  // the job goes on in a new epoch once every rank is back, failed or not.
+  std::atomic<bool> vacated{false};
+  uint32_t SuccessorEpoch() const;
+  // With every rank joined again: clears the failure and moves to SuccessorEpoch(). Returns false
+  // if there was nothing to recover (another Join did it first).
+  bool Recover();
+  // The (epoch, rejoins) a joining worker works in: the job's now, or, while it waits for missing
+  // ranks, those it will have once they are back.
+  std::pair<uint32_t, uint32_t> EpochForJoiner() const;
   void Fail(const std::string& reason) {
     std::lock_guard<std::mutex> lock(failure_mu);
     if (failure.empty()) failure = reason;

@@ -7,6 +7,7 @@
 #include <future>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/topology/topology.h"
@@ -163,6 +164,87 @@ TEST(Failover, WithTheFailPolicyOpsFailNamingTheAggregator) {
   absl::StatusOr<RoundStats> s = (*c0)->AllReduce(1, absl::MakeSpan(d)).get();
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
   EXPECT_NE(s.status().message().find(lost), std::string::npos) << s.status();
+}
+
+// A worker restarts: the others' ops fail naming it, and once it has joined again the job goes
+// on, every key's rounds counting from 0 in a new epoch, exactly.
+TEST(Rejoin, ARestartedWorkerJoinsAgainAndTheJobGoesOn) {
+  auto a = StartAggregator();
+  auto b = StartAggregator();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<std::string> aggs{a->address(), b->address()};
+  constexpr int kWorld = 3;
+  constexpr uint32_t kKey = 5, kElems = 8 * kBlockChunks * 256;
+  auto options = [&](int rank) {
+    ClientOptions o = Options(aggs, rank, ClientOptions::AggregatorLoss::kFail);
+    o.job_name = "rejoin";
+    o.world_size = kWorld;
+    return o;
+  };
+  std::vector<std::unique_ptr<Client>> c(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    auto client = Client::Connect(options(r));
+    ASSERT_TRUE(client.ok()) << client.status();
+    c[r] = std::move(*client);
+  }
+  // Every worker's input for a round; each retries until the job takes it, as a trainer would.
+  auto round_on_all = [&](int round) {
+    std::vector<std::vector<float>> d(kWorld);
+    std::vector<std::future<absl::StatusOr<RoundStats>>> f(kWorld);
+    std::vector<bool> done(kWorld, false);
+    const absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (absl::Now() < deadline) {
+      for (int r = 0; r < kWorld; ++r) {
+        if (done[r] || f[r].valid()) continue;
+        d[r] = Input(r, round, kElems);
+        f[r] = c[r]->AllReduce(kKey, absl::MakeSpan(d[r]));
+      }
+      bool all = true;
+      for (int r = 0; r < kWorld; ++r) {
+        if (done[r]) continue;
+        all = false;
+        if (f[r].wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) continue;
+        absl::StatusOr<RoundStats> s = f[r].get();
+        if (s.ok()) {
+          done[r] = true;
+          ExpectSum(d[r], kWorld, round, absl::StrCat("rank ", r));
+        } else {
+          absl::SleepFor(absl::Milliseconds(50));  // the job is not back yet
+        }
+      }
+      if (all) return;
+    }
+    ADD_FAILURE() << "round " << round << " never completed on every worker";
+  };
+  round_on_all(0);
+  round_on_all(1);
+
+  // Rank 2's trainer dies (it closes its client on the way out); the others' next ops need it.
+  ASSERT_TRUE(c[2]->Close().ok());
+  c[2].reset();
+  std::vector<float> d0 = Input(0, 2, kElems), d1 = Input(1, 2, kElems);
+  auto f0 = c[0]->AllReduce(kKey, absl::MakeSpan(d0));
+  auto f1 = c[1]->AllReduce(kKey, absl::MakeSpan(d1));
+  for (auto* f : {&f0, &f1}) {
+    ASSERT_EQ(f->wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    absl::StatusOr<RoundStats> s = f->get();
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kAborted) << s.status();
+    EXPECT_NE(s.status().message().find("worker rank 2 left"), std::string::npos) << s.status();
+    EXPECT_NE(s.status().message().find("joined again"), std::string::npos) << s.status();
+  }
+
+  // Restarted, it joins again: rounds start from 0 for everyone, in a new epoch.
+  const uint32_t epoch_before = a->jobs().Find(c[0]->job_id())->epoch.load();
+  auto restarted = Client::Connect(options(2));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  c[2] = std::move(*restarted);
+  std::shared_ptr<server::Job> job = a->jobs().Find(c[0]->job_id());
+  ASSERT_NE(job, nullptr);
+  EXPECT_FALSE(job->failed.load());
+  EXPECT_EQ(job->rejoins.load(), 1u);
+  EXPECT_NE(job->epoch.load(), epoch_before);
+  for (int round = 10; round < 13; ++round) round_on_all(round);
 }
 
 TEST(Failover, ClientsRefuseAnUnknownPolicyName) {

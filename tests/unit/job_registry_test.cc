@@ -55,7 +55,7 @@ TEST(JobRegistry, KeepsTheReasonAWorkerGaveForLeaving) {
   EXPECT_EQ((*job)->LeftBecause(7), "");  // outside the job: nothing, not a crash
 }
 
-TEST(JobRegistry, ASilentMemberFailsItsJobUntilEveryoneHasLeft) {
+TEST(JobRegistry, ASilentMemberFailsItsJobUntilItRejoinsOrEveryoneLeaves) {
   JobRegistry jobs(JobLimits{});
   Address a0{0x7f000001, 5000}, a1{0x7f000001, 5001};
   auto job = jobs.Join({"train", 2, 0, 1024, a0});
@@ -73,17 +73,32 @@ TEST(JobRegistry, ASilentMemberFailsItsJobUntilEveryoneHasLeft) {
   EXPECT_FALSE((*job)->members[1].joined());
   EXPECT_EQ(jobs.Heartbeat((*job)->id, 1).code(), absl::StatusCode::kFailedPrecondition);
 
-  // The restarted rank 1 cannot join while rank 0 of the failed incarnation is still there.
-  auto early = jobs.Join({"train", 2, 1, 1024, a1});
-  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(early.status().message().find("must leave"), std::string::npos) << early.status();
+  // While it waits, a joiner is told the epoch the job will go on in.
+  const uint32_t successor = (*job)->SuccessorEpoch();
+  EXPECT_NE(successor, first_epoch);
+  EXPECT_EQ((*job)->EpochForJoiner(), std::make_pair(successor, 1u));
+  // The restarted rank 1 joins again: every rank is back, and the job goes on in that epoch.
+  auto back = jobs.Join({"train", 2, 1, 1024, a1});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->get(), job->get());
+  EXPECT_FALSE((*job)->failed.load());
+  EXPECT_EQ((*job)->failure_reason(), "");
+  EXPECT_EQ((*job)->epoch.load(), successor);
+  EXPECT_EQ((*job)->rejoins.load(), 1u);
+  EXPECT_TRUE(jobs.Heartbeat((*job)->id, 1).ok());
+  // A member joining again while the job is healthy changes nothing.
+  ASSERT_TRUE(jobs.Join({"train", 2, 0, 1024, a0}).ok());
+  EXPECT_EQ((*job)->epoch.load(), successor);
 
-  // Once everyone has left, the name starts a new incarnation with another epoch.
+  // Failed again, and this time everyone leaves: the name starts a new incarnation.
+  (*job)->Fail("test");
   ASSERT_TRUE(jobs.Leave((*job)->id, 0).ok());
+  ASSERT_TRUE(jobs.Leave((*job)->id, 1).ok());
   auto fresh = jobs.Join({"train", 2, 1, 1024, a1});
   ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_NE(fresh->get(), job->get());
   EXPECT_FALSE((*fresh)->failed.load());
-  EXPECT_NE((*fresh)->epoch, first_epoch);
+  EXPECT_EQ((*fresh)->rejoins.load(), 0u);
 }
 
 }  // namespace
