@@ -96,7 +96,16 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
   const bool digits = bounded && world <= kMaxDigitWorkers;
   result.checked = !bounded || digits;
   auto value = [&](uint32_t r, uint32_t round, uint32_t t, uint64_t i) {
+    if (config.retry_aborted) round = 0;
     return digits ? DigitValue(r, round, t, i) : BenchValue(r, round, t, i);
+  };
+  // retry_aborted: whether to run the round again after `s`.
+  auto retry = [&](uint32_t round, const absl::Status& s) {
+    if (!config.retry_aborted || s.code() != absl::StatusCode::kAborted) return false;
+    std::fprintf(stderr, "rank %u: round %u: %s; running it again\n", rank, round, s.ToString().c_str());
+    ++result.retried;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return true;
   };
   const wire::ChunkGeometry geometry{static_cast<uint32_t>(elems), (*client)->chunk_bytes() / 4};
   absl::StatusOr<std::unique_ptr<ClassPolicy>> policy = CreateClassPolicy(config.client.class_policy);
@@ -113,7 +122,13 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     // it measures the all-reduce and not a peer still checking the last round.
     float token = 1;
     absl::StatusOr<RoundStats> barrier = (*client)->AllReduce(kBarrierKey, absl::MakeSpan(&token, 1)).get();
-    if (!barrier.ok()) return barrier.status();
+    if (!barrier.ok()) {
+      if (retry(round, barrier.status())) {
+        --round;
+        continue;
+      }
+      return barrier.status();
+    }
     // Its repairs are traffic the job sent too, and the metrics test balances them.
     result.retransmits += barrier->retransmits;
     result.result_requests += barrier->result_requests;
@@ -125,9 +140,13 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     for (uint32_t t = 0; t < config.tensors; ++t) futures.push_back((*client)->AllReduce(t, absl::MakeSpan(data[t])));
     std::vector<uint64_t> reported_missing(config.tensors), pull_missing(config.tensors);
     double stop_ms = 0;
+    absl::Status failed;
     for (uint32_t t = 0; t < config.tensors; ++t) {
       absl::StatusOr<RoundStats> stats = futures[t].get();  // each op completes by its own deadline
-      if (!stats.ok()) return stats.status();
+      if (!stats.ok()) {
+        if (failed.ok()) failed = stats.status();
+        continue;  // the others still use their buffers until they end
+      }
       result.retransmits += stats->retransmits;
       result.result_requests += stats->result_requests;
       result.min_contributors = std::min(result.min_contributors, stats->min_contributors);
@@ -149,6 +168,13 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
       }
       stop_ms = std::max(stop_ms, absl::ToDoubleMilliseconds(stats->time_to_stop));
     }
+    if (!failed.ok()) {
+      if (retry(round, failed)) {
+        --round;
+        continue;
+      }
+      return failed;
+    }
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
     if (bounded && round >= config.warmup) result.stop_ms.push_back(stop_ms);
     if (digits) {
@@ -164,7 +190,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     for (uint32_t t = 0; t < config.tensors && !bounded; ++t) {
       for (uint64_t i = 0; i < elems; ++i) {
         float expected = 0;
-        for (uint32_t r = 0; r < world; ++r) expected += BenchValue(r, round, t, i);
+        for (uint32_t r = 0; r < world; ++r) expected += value(r, round, t, i);
         double err = std::fabs(static_cast<double>(data[t][i]) - expected);
         if (err != 0) {
           if (result.exact) {
@@ -196,14 +222,15 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       "\"retransmits\":%u,\"result_requests\":%u,\"min_contributors\":%u,\"exact\":%s,\"checked\":%s,"
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
-      "\"stop_p99_ms\":%.3f,\"pull_missing\":%u}",
+      "\"stop_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99),
       r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
       r.min_contributors == UINT32_MAX ? 0 : r.min_contributors, r.exact ? "true" : "false",
       r.checked ? "true" : "false", r.chunks_by_class[0], r.chunks_by_class[1], r.chunks_by_class[2],
       r.chunks_by_class[3], r.left_out_by_class[0], r.left_out_by_class[1], r.left_out_by_class[2],
-      r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99), r.pull_missing);
+      r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99), r.pull_missing,
+      r.retried);
 }
 
 }  // namespace dlcp::bench

@@ -20,6 +20,10 @@ struct WorkerConfig {
   uint32_t warmup = 1;
   uint32_t start_delay_ms = 0;
   bool progress = false;
+  // Run a round again when the job failed (ABORTED: a worker was lost), as a trainer that waits
+  // for the restarted worker would. Every round then uses the same data, so a worker that
+  // restarts (from round 0) and the others agree on what the sums must be.
+  bool retry_aborted = false;
 };
 
 struct WorkerResult {
@@ -39,6 +43,7 @@ struct WorkerResult {
   double max_round_loss = 0;  // the largest fraction of droppable contributions missing in a round
   std::vector<double> stop_ms;
   uint64_t pull_missing = 0;  // bounded pull: result chunks given up on
+  uint32_t retried = 0;       // rounds run again (retry_aborted)
 };
 
 // The value worker `rank` contributes at element i of tensor t in round r. Small integers, so

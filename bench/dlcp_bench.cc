@@ -64,6 +64,8 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("inject-burst", 1, 1, 1000, "packets per --inject-drop-class drop event");
   c->AddInt("inject-seed", 1, 0, INT64_MAX, "seed for --inject-drop-class (each rank adds its rank)");
   c->AddBool("progress", false, "rank 0 draws a progress bar on stderr");
+  c->AddBool("retry-aborted", false,
+             "run a round again when the job lost a worker, until it is back (every round then uses the same data)");
   c->AddBool("json", false, "print only the JSON line (no table)");
   DeclareTlsFlags(c, /*server=*/false);
   DeclareTransportFlags(c);
@@ -103,6 +105,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.warmup = static_cast<uint32_t>(c.GetInt("warmup"));
   w.start_delay_ms = static_cast<uint32_t>(c.GetInt("start-delay-ms"));
   w.progress = c.GetBool("progress") && w.client.rank == 0;
+  w.retry_aborted = c.GetBool("retry-aborted");
   return w;
 }
 

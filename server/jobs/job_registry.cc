@@ -93,7 +93,12 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
       DLCP_LOG(Warning) << "job " << s.job_name << " goes on: rank " << s.rank << " joined again, every rank is back";
     }
   } else if (old != packed) {
-    DLCP_LOG(Info) << "job " << s.job_name << " rank " << s.rank << " rejoined from " << s.data_address.ToString();
+    // Another process under a rank still counted (it restarted within the heartbeat deadline):
+    // the old one is gone, and whatever rounds needed it with it.
+    job->vacated.store(true);
+    DLCP_LOG(Warning) << "job " << s.job_name << " rank " << s.rank << " restarted, now at "
+                      << s.data_address.ToString();
+    if (job->Recover()) DLCP_LOG(Warning) << "job " << s.job_name << " goes on in a new epoch";
   }
   m.last_heartbeat_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   DLCP_LOG(Info) << "job " << s.job_name << " (id " << id << ") rank " << s.rank << "/" << s.world_size

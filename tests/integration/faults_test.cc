@@ -66,6 +66,39 @@ TEST(Faults, KilledWorkerFailsTheOthersNamingItAndTheJobRestarts) {
   EXPECT_NE(again.out.find("results exact: yes"), std::string::npos) << again.out;
 }
 
+TEST(Faults, KilledWorkerRestartsAndTheJobGoesOnWithIt) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto worker = [&](int rank, const std::string& rounds) {
+    std::vector<std::string> argv = Worker(*d, "rejoin-test", rank);
+    argv[7] = rounds;
+    argv.push_back("--retry-aborted");  // a trainer that runs a failed step again
+    argv.push_back("--loss-bound=0");
+    return BackgroundProcess::Start(argv);
+  };
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int r = 0; r < kWorkers; ++r) workers.push_back(worker(r, "--rounds=1000000"));
+  absl::SleepFor(absl::Milliseconds(1500));
+  workers[2]->Signal(SIGKILL);
+  workers[2]->Wait(absl::Seconds(5));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(workers[r]->WaitForOutput("running it again", absl::Seconds(15))) << workers[r]->Output();
+    EXPECT_NE(workers[r]->Output().find("worker rank 2"), std::string::npos) << workers[r]->Output();
+  }
+  // Restarted, it runs 30 rounds with the others, exactly; they go on from round 0 with it.
+  auto restarted = worker(2, "--rounds=30");
+  ProcessResult res = restarted->Wait(absl::Seconds(60));
+  EXPECT_EQ(res.exit_code, 0) << res.out;
+  EXPECT_NE(res.out.find("\"exact\":true"), std::string::npos) << res.out;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(workers[r]->WaitForOutput("is back; it goes on from round 0", absl::Seconds(5)))
+        << workers[r]->Output();
+    ProcessResult s = workers[r]->Wait(absl::ZeroDuration());
+    EXPECT_EQ(s.exit_code, -1) << "rank " << r << " stopped:\n" << s.out;  // it retries, never gives up
+    EXPECT_EQ(s.out.find(", expected "), std::string::npos) << s.out;
+  }
+}
+
 TEST(Faults, FrozenWorkerIsDroppedAndLearnsItWhenItWakes) {
   auto d = StartDaemon();
   ASSERT_NE(d, nullptr);

@@ -89,6 +89,12 @@ TEST(JobRegistry, ASilentMemberFailsItsJobUntilItRejoinsOrEveryoneLeaves) {
   // A member joining again while the job is healthy changes nothing.
   ASSERT_TRUE(jobs.Join({"train", 2, 0, 1024, a0}).ok());
   EXPECT_EQ((*job)->epoch.load(), successor);
+  // A new process under a rank still counted (a restart faster than the deadline) is a restart
+  // too: the job goes on in another epoch.
+  ASSERT_TRUE(jobs.Join({"train", 2, 0, 1024, Address{0x7f000001, 5002}}).ok());
+  EXPECT_FALSE((*job)->failed.load());
+  EXPECT_EQ((*job)->rejoins.load(), 2u);
+  EXPECT_NE((*job)->epoch.load(), successor);
 
   // Failed again, and this time everyone leaves: the name starts a new incarnation.
   (*job)->Fail("test");
