@@ -218,13 +218,13 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
   const double goodput = r.total_s > 0 ? bytes * 8 / r.total_s / 1e9 : 0;
   return absl::StrFormat(
       "{\"rank\":%u,\"workers\":%u,\"aggregators\":%u,\"tensor_bytes\":%u,\"tensors\":%u,\"rounds\":%u,"
-      "\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"mean_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,"
+      "\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f,\"mean_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,"
       "\"retransmits\":%u,\"result_requests\":%u,\"min_contributors\":%u,\"exact\":%s,\"checked\":%s,"
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
-      config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99),
+      config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99), Percentile(r.round_ms, 1.0),
       r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
       r.min_contributors == UINT32_MAX ? 0 : r.min_contributors, r.exact ? "true" : "false",
       r.checked ? "true" : "false", r.chunks_by_class[0], r.chunks_by_class[1], r.chunks_by_class[2],

@@ -12,6 +12,9 @@ echo
 echo "== cost of data-packet authentication"
 bash bench/auth_cost.sh "$BUILD"
 echo
+echo "== losing an aggregator and getting it back (on_aggregator_loss=remap)"
+bash bench/failover.sh "$BUILD"
+echo
 echo "== under congestion on the emulated cluster (root only)"
 if [ "$(id -u)" = 0 ]; then bash bench/netbed_compare.sh "$BUILD"; else echo "skipped: needs root"; fi
 echo
