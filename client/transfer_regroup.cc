@@ -92,7 +92,13 @@ void TransferEngine::ServeRejoin(absl::Time now) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!rejoin_.has_value()) return;
-    if (rejoin_->size() == options_.epochs.size()) options_.epochs = std::move(*rejoin_);
+    if (rejoin_->size() != options_.epochs.size()) {
+      // The aggregators changed under it too (a regroup in between): no layout fits both.
+      error_ = absl::AbortedError("the job went on after losing a worker while its aggregators changed; restart it");
+      rejoin_.reset();
+      return;
+    }
+    options_.epochs = std::move(*rejoin_);
     rejoin_.reset();
     job_failed_ = absl::OkStatus();
     next_round_.clear();
