@@ -101,7 +101,7 @@ TEST(Failover, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup) {
   float g0 = 1, g1 = 1;
   (*c1)->AllReduceAsync(kGate, absl::MakeSpan(&g1, 1), {}, [&](absl::StatusOr<RoundStats>) {
     held = true;
-    released.wait();
+    released.wait_for(std::chrono::seconds(10));  // bounded, even if the test fails before letting go
   });
   ASSERT_TRUE((*c0)->AllReduce(kGate, absl::MakeSpan(&g0, 1)).get().ok());
   const absl::Time until = absl::Now() + absl::Seconds(5);
