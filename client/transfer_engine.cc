@@ -195,7 +195,7 @@ wire::Header TransferEngine::BaseHeader(wire::MsgType type, uint32_t dest, uint3
 }
 
 void TransferEngine::TakeSubmissions(absl::Time now) {
-  if (io_paused_) return;  // they start in the layout Resume brings
+  if (paused_) return;  // they start in the layout Resume brings
   std::deque<std::unique_ptr<Op>> fresh;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -313,7 +313,7 @@ void TransferEngine::Run() {
     ServeRegroup(absl::Now());
     ServeRejoin(absl::Now());
     TakeSubmissions(absl::Now());
-    bool more = !io_paused_ && !job_failed && PushSome(kPushBudget);
+    bool more = !paused_ && !job_failed && PushSome(kPushBudget);
     absl::Status s = outbox_.Flush();
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -330,7 +330,7 @@ void TransferEngine::Run() {
     }
     const absl::Time now = absl::Now();
     // Paused, the old layout's packets; failed, the abandoned rounds': nothing of them may count.
-    if (io_paused_ || job_failed) continue;
+    if (paused_ || job_failed) continue;
     for (const InMessage& m : batch) HandleDatagram(m, now);
     if (now - last_scan >= tick || now >= next_tail_) {
       ScanTimers(now);

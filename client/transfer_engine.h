@@ -218,7 +218,8 @@ class TransferEngine {
   // Regroup handshake (transfer_regroup.cc).
   std::condition_variable regroup_cv_;
   bool pause_requested_ = false;
-  bool paused_ = false;  // the I/O thread's answer; also read by it without the lock
+  // The I/O thread's answer. Only it writes this (under mu_), so it reads it without the lock.
+  bool paused_ = false;
   std::vector<KeyProgress> progress_;
   std::optional<std::pair<EngineLayout, std::vector<KeyProgress>>> resume_;
   absl::Status job_failed_;  // FailJob, until Rejoin
@@ -242,7 +243,6 @@ class TransferEngine {
   // key's replay to finish.
   std::unordered_map<uint32_t, std::unique_ptr<Op>> last_done_;
   std::unordered_map<uint32_t, std::unique_ptr<Op>> held_;
-  bool io_paused_ = false;  // I/O thread's copy of paused_
   // The earliest bounded-pull tail end among the ops.
   absl::Time next_tail_ = absl::InfiniteFuture();
   std::atomic<bool> stop_{false};

@@ -42,7 +42,7 @@ void TransferEngine::ServeRegroup(absl::Time now) {
     for (const auto& [key, op] : ops_) {
       if (!completed_round_.count(key)) progress_.push_back(KeyProgress{key, 0, 0});
     }
-    paused_ = io_paused_ = true;
+    paused_ = true;
     regroup_cv_.notify_all();
   }
   if (resume_.has_value() && paused_) {
@@ -75,7 +75,7 @@ void TransferEngine::ServeRegroup(absl::Time now) {
                         << " again, for the workers that had not finished it";
       ops_[k.key] = std::move(replay);
     }
-    pause_requested_ = paused_ = io_paused_ = false;
+    pause_requested_ = paused_ = false;
   }
 }
 
