@@ -63,6 +63,22 @@ absl::StatusOr<ClientOptions::AggregatorLoss> ParseAggregatorLoss(const std::str
   return absl::InvalidArgumentError(absl::StrCat("on_aggregator_loss '", name, "' is not 'fail' or 'remap'"));
 }
 
+// The engine's view of `aggregators`, in their order: each in `epochs[i]`, skipping those at 0
+// (lost); with no epochs given, every one in the epoch it joined in.
+static EngineLayout LayoutOf(const std::vector<AggregatorInfo>& aggregators, const std::vector<uint32_t>& epochs) {
+  EngineLayout layout;
+  for (size_t i = 0; i < aggregators.size(); ++i) {
+    const uint32_t epoch = epochs.empty() ? aggregators[i].epoch : epochs[i];
+    if (epoch == 0) continue;
+    layout.epochs.push_back(epoch);
+    layout.keys.push_back(aggregators[i].data_key);
+    layout.endpoints.push_back(aggregators[i].data_endpoints);
+    layout.sources.push_back(aggregators[i].data_sources);
+    layout.aggregator_ids.push_back(aggregators[i].control);
+  }
+  return layout;
+}
+
 // The chunk size once the transport is known: each chunk, with header and MAC, is one datagram.
 static absl::StatusOr<uint32_t> FitChunk(uint32_t chunk_bytes, const Transport& t) {
   const size_t room = t.max_datagram() - std::min(t.max_datagram(), wire::kHeaderSize + wire::kMacSize);
@@ -131,14 +147,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   eo.op_timeout = options.op_timeout;
   eo.max_inflight = UINT32_MAX;
   eo.retain_inputs = options.on_aggregator_loss == ClientOptions::AggregatorLoss::kRemap;
-  for (const AggregatorInfo& a : (*session)->aggregators()) {
-    eo.endpoints.push_back(a.data_endpoints);
-    eo.sources.push_back(a.data_sources);
-    eo.epochs.push_back(a.epoch);
-    eo.keys.push_back(a.data_key);
-    eo.aggregator_ids.push_back(a.control);
-    eo.max_inflight = std::min(eo.max_inflight, a.max_rounds_in_flight);
-  }
+  const std::vector<AggregatorInfo> aggregators = (*session)->aggregators();
+  static_cast<EngineLayout&>(eo) = LayoutOf(aggregators, {});
+  for (const AggregatorInfo& a : aggregators) eo.max_inflight = std::min(eo.max_inflight, a.max_rounds_in_flight);
   std::unique_ptr<Client> c(new Client());
   c->options_ = options;
   c->transport_kind_ = (*transport)->kind();
@@ -249,16 +260,7 @@ void Client::Regroup(uint32_t generation, std::vector<bool> lost, absl::Status w
   } else if (absl::StatusOr<Session::RegroupResult> r = session_->Regroup(generation, lost, *progress, wait); !r.ok()) {
     failed = r.status();
   } else {
-    EngineLayout layout;
-    const std::vector<AggregatorInfo> all = session_->aggregators();
-    for (size_t i = 0; i < all.size(); ++i) {
-      if (r->epochs[i] == 0) continue;
-      layout.epochs.push_back(r->epochs[i]);
-      layout.keys.push_back(all[i].data_key);
-      layout.endpoints.push_back(all[i].data_endpoints);
-      layout.sources.push_back(all[i].data_sources);
-      layout.aggregator_ids.push_back(all[i].control);
-    }
+    EngineLayout layout = LayoutOf(session_->aggregators(), r->epochs);
     const size_t survivors = layout.epochs.size();
     engine_->Resume(std::move(layout), std::move(r->agreed));
     DLCP_LOG(Warning) << "rank " << options_.rank << " regrouped on " << survivors
