@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/policy/chunk_magnitude.h"
 
 namespace dlcp {
 namespace {
@@ -19,37 +20,16 @@ class MagnitudeLayerPolicy : public ClassPolicy {
     const uint32_t n = g.chunk_count();
     norms_.resize(n);
     order_.resize(n);
-    for (uint32_t c = 0; c < n; ++c) {
-      const float* p = data.data() + g.offset(c);
-      double sum = 0;
-      for (uint32_t i = 0; i < g.elems(c); ++i) sum += static_cast<double>(p[i]) * p[i];
-      // A NaN or infinite gradient is the loudest signal there is: never drop it.
-      norms_[c] = std::isfinite(sum) ? sum : INFINITY;
-    }
+    for (uint32_t c = 0; c < n; ++c) norms_[c] = MagnitudeOrderKey(ChunkMagnitude(data.data() + g.offset(c), g.elems(c)));
     std::iota(order_.begin(), order_.end(), 0u);
-    // Largest first; ties by index so every run classifies the same bytes the same way.
-    std::sort(order_.begin(), order_.end(), [&](uint32_t a, uint32_t b) {
-      return norms_[a] != norms_[b] ? norms_[a] > norms_[b] : a < b;
-    });
-    const uint32_t reliable = std::min<uint32_t>(n, static_cast<uint32_t>(std::ceil(reliable_fraction_ * n - 1e-9)));
-    const bool layered = tensor.num_layers > 1;
-    const double layer = layered ? std::min(1.0, static_cast<double>(tensor.layer) / tensor.num_layers) : 0;
-    const uint32_t rest = n - reliable;
-    for (uint32_t i = 0; i < n; ++i) {
-      if (i < reliable) {
-        classes[order_[i]] = 0;
-        continue;
-      }
-      const double magnitude = static_cast<double>(i - reliable) / rest;
-      const double score = layered ? (magnitude + layer) / 2 : magnitude;
-      const int tier = static_cast<int>(3 * score);
-      classes[order_[i]] = static_cast<uint8_t>(1 + std::clamp(tier, 0, 2));
-    }
+    std::stable_sort(order_.begin(), order_.end(), [&](uint32_t a, uint32_t b) { return norms_[a] < norms_[b]; });
+    const ClassTiers tiers = MagnitudeTiers(reliable_fraction_, n, tensor.layer, tensor.num_layers);
+    for (uint32_t i = 0; i < n; ++i) classes[order_[i]] = ClassAtRank(i, tiers);
   }
 
  private:
   double reliable_fraction_;
-  std::vector<double> norms_;
+  std::vector<uint64_t> norms_;  // MagnitudeOrderKey of each chunk
   std::vector<uint32_t> order_;
 };
 
@@ -66,6 +46,26 @@ class UniformPolicy : public ClassPolicy {
 };
 
 }  // namespace
+
+double ChunkMagnitude(const float* values, uint32_t n) {
+  double lanes[kNormLanes] = {};
+  uint32_t base = 0;
+  for (; base + kNormLanes <= n; base += kNormLanes) {
+    for (uint32_t j = 0; j < kNormLanes; ++j) lanes[j] += static_cast<double>(values[base + j]) * values[base + j];
+  }
+  for (uint32_t j = 0; base + j < n; ++j) lanes[j] += static_cast<double>(values[base + j]) * values[base + j];
+  FoldLanes(lanes);
+  return lanes[0];
+}
+
+ClassTiers MagnitudeTiers(double reliable_fraction, uint32_t chunks, uint32_t layer, uint32_t num_layers) {
+  ClassTiers t;
+  t.chunks = chunks;
+  t.reliable = std::min<uint32_t>(chunks, static_cast<uint32_t>(std::ceil(reliable_fraction * chunks - 1e-9)));
+  t.layered = num_layers > 1;
+  t.layer = t.layered ? std::min(1.0, static_cast<double>(layer) / num_layers) : 0;
+  return t;
+}
 
 absl::StatusOr<ClassPolicyOptions::Kind> ParseClassPolicyKind(const std::string& name) {
   if (name == "magnitude-layer") return ClassPolicyOptions::Kind::kMagnitudeLayer;

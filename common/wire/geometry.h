@@ -17,6 +17,8 @@ struct ChunkGeometry {
     return rest < chunk_elems ? static_cast<uint32_t>(rest) : chunk_elems;
   }
   uint32_t bytes(uint32_t chunk) const { return elems(chunk) * static_cast<uint32_t>(sizeof(float)); }
+  // Payload bytes of `chunk` when each value takes `width` bytes (payload_encoding.h).
+  uint32_t bytes(uint32_t chunk, uint32_t width) const { return elems(chunk) * width; }
 };
 
 }  // namespace dlcp::wire

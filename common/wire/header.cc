@@ -1,31 +1,12 @@
 #include "common/wire/header.h"
 
 #include "common/wire/endian.h"
+#include "common/wire/header_layout.h"
+#include "common/wire/payload_encoding.h"
 
 namespace dlcp::wire {
 namespace {
 static_assert(kHeaderSize == 48, "wire header v1 is 48 bytes");
-
-// Field offsets; docs/wire-format.md has the same table.
-enum Offset : size_t {
-  kOffMagic = 0,
-  kOffVersion = 4,
-  kOffType = 5,
-  kOffClass = 6,
-  kOffFlags = 7,
-  kOffJob = 8,
-  kOffKey = 12,
-  kOffRound = 16,
-  kOffChunk = 20,
-  kOffChunkCount = 24,
-  kOffTensorElems = 28,
-  kOffRank = 32,
-  kOffContributors = 34,
-  kOffEpoch = 36,
-  kOffPayloadLen = 40,
-  kOffReserved = 44,
-};
-static_assert(kOffReserved + 4 == kHeaderSize);
 
 bool CarriesFloats(MsgType t) { return t == MsgType::kPush || t == MsgType::kResult; }
 }  // namespace
@@ -52,29 +33,13 @@ const char* RejectName(Reject r) {
     case Reject::kJobFailed: return "job_failed";
     case Reject::kMissingMac: return "missing_mac";
     case Reject::kBadMac: return "bad_mac";
+    case Reject::kBadEncoding: return "bad_encoding";
     case Reject::kCount: break;
   }
   return "unknown";
 }
 
-void EncodeHeader(const Header& h, uint8_t* out) {
-  PutLE32(out + kOffMagic, kMagic);
-  out[kOffVersion] = kVersion;
-  out[kOffType] = static_cast<uint8_t>(h.type);
-  out[kOffClass] = h.priority;
-  out[kOffFlags] = h.flags;
-  PutLE32(out + kOffJob, h.job);
-  PutLE32(out + kOffKey, h.key);
-  PutLE32(out + kOffRound, h.round);
-  PutLE32(out + kOffChunk, h.chunk);
-  PutLE32(out + kOffChunkCount, h.chunk_count);
-  PutLE32(out + kOffTensorElems, h.tensor_elems);
-  PutLE16(out + kOffRank, h.rank);
-  PutLE16(out + kOffContributors, h.contributors);
-  PutLE32(out + kOffEpoch, h.epoch);
-  PutLE32(out + kOffPayloadLen, h.payload_len);
-  PutLE32(out + kOffReserved, 0);
-}
+void EncodeHeader(const Header& h, uint8_t* out) { EncodeHeaderBytes(h, out); }
 
 Reject ParseHeader(absl::Span<const uint8_t> d, Header* out) {
   if (d.size() < kHeaderSize) return Reject::kTruncated;
@@ -85,7 +50,8 @@ Reject ParseHeader(absl::Span<const uint8_t> d, Header* out) {
   if (type == 0 || type > kMaxMsgType) return Reject::kBadType;
   if (p[kOffClass] >= kNumClasses) return Reject::kBadClass;
   if ((p[kOffFlags] & ~kKnownFlags) != 0) return Reject::kBadFlags;
-  if (GetLE32(p + kOffReserved) != 0) return Reject::kReservedSet;
+  if (p[kOffReserved] != 0 || p[kOffReserved + 1] != 0 || p[kOffReserved + 2] != 0) return Reject::kReservedSet;
+  if (p[kOffEncoding] >= kNumEncodings) return Reject::kBadEncoding;
   Header h;
   h.type = static_cast<MsgType>(type);
   h.priority = p[kOffClass];
@@ -100,6 +66,7 @@ Reject ParseHeader(absl::Span<const uint8_t> d, Header* out) {
   h.contributors = GetLE16(p + kOffContributors);
   h.epoch = GetLE32(p + kOffEpoch);
   h.payload_len = GetLE32(p + kOffPayloadLen);
+  h.encoding = p[kOffEncoding];
   const size_t trailer = (h.flags & kFlagMac) ? kMacSize : 0;
   if (d.size() < kHeaderSize + trailer || h.payload_len != d.size() - kHeaderSize - trailer ||
       h.payload_len > kMaxPayload - trailer) {
@@ -107,7 +74,10 @@ Reject ParseHeader(absl::Span<const uint8_t> d, Header* out) {
   }
   if (CarriesFloats(h.type)) {
     if (h.chunk_count == 0 || h.chunk >= h.chunk_count || h.tensor_elems == 0) return Reject::kBadChunk;
-    if (h.payload_len == 0 || h.payload_len % sizeof(float) != 0) return Reject::kBadPayload;
+    const uint32_t width = EncodingWidth(static_cast<Encoding>(h.encoding));
+    if (h.payload_len == 0 || h.payload_len % width != 0) return Reject::kBadPayload;
+  } else if (h.encoding != 0) {
+    return Reject::kBadEncoding;  // only values are encoded
   }
   *out = h;
   return Reject::kNone;

@@ -53,6 +53,8 @@ struct Header {
   uint16_t contributors = 0;
   uint32_t epoch = 0;
   uint32_t payload_len = 0;
+  // How PUSH and RESULT payloads write their values (payload_encoding.h); 0 (float32) otherwise.
+  uint8_t encoding = 0;
 };
 
 // Why a datagram was dropped. Every value has a counter at the receiver.
@@ -78,15 +80,16 @@ enum class Reject : uint8_t {
   kJobFailed,
   kMissingMac,
   kBadMac,
+  kBadEncoding,
   kCount,
 };
 const char* RejectName(Reject r);
 
-// Writes exactly kHeaderSize bytes.
+// Writes exactly kHeaderSize bytes (header_layout.h has the inline form the GPU packer uses).
 void EncodeHeader(const Header& h, uint8_t* out);
 
 // Parses and checks everything that does not need receiver state: magic, version, type, class,
-// flags, reserved bytes, that payload_len (plus the MAC trailer, if flagged) matches the
+// flags, encoding, reserved bytes, that payload_len (plus the MAC trailer, if flagged) matches the
 // datagram, and chunk bounds. The MAC itself needs the key: see mac.h. Returns the
 // reason on failure; `out` is only valid on kNone.
 Reject ParseHeader(absl::Span<const uint8_t> datagram, Header* out);

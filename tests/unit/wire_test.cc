@@ -86,7 +86,10 @@ TEST(WireHeader, RejectsMalformedInput) {
   EXPECT_EQ(mutate(5, 99), Reject::kBadType);
   EXPECT_EQ(mutate(6, 4), Reject::kBadClass);
   EXPECT_EQ(mutate(7, 0x80), Reject::kBadFlags);
-  EXPECT_EQ(mutate(44, 1), Reject::kReservedSet);
+  EXPECT_EQ(mutate(45, 1), Reject::kReservedSet);
+  EXPECT_EQ(mutate(47, 1), Reject::kReservedSet);
+  EXPECT_EQ(mutate(44, 3), Reject::kBadEncoding);
+  EXPECT_EQ(mutate(44, 1), Reject::kNone);  // float16: 16 bytes are 8 values
   EXPECT_EQ(mutate(40, 17), Reject::kLengthMismatch);  // payload_len lies (17 != 16)
   EXPECT_EQ(mutate(20, 10), Reject::kBadChunk);        // chunk == chunk_count
 
@@ -97,6 +100,17 @@ TEST(WireHeader, RejectsMalformedInput) {
   Header odd = Sample();
   odd.payload_len = 6;  // not whole floats
   EXPECT_EQ(ParseHeader(Datagram(odd, 6), &out), Reject::kBadPayload);
+  Header half = Sample();
+  half.encoding = 2;  // bfloat16: 2-byte values
+  half.payload_len = 6;
+  EXPECT_EQ(ParseHeader(Datagram(half, 6), &out), Reject::kNone);
+  EXPECT_EQ(out.encoding, 2);
+  half.payload_len = 5;
+  EXPECT_EQ(ParseHeader(Datagram(half, 5), &out), Reject::kBadPayload);
+  Header nack = Sample();
+  nack.type = MsgType::kPushNack;
+  nack.encoding = 1;  // only PUSH and RESULT carry values
+  EXPECT_EQ(ParseHeader(Datagram(nack, 16), &out), Reject::kBadEncoding);
   Header zero_elems = Sample();
   zero_elems.tensor_elems = 0;
   EXPECT_EQ(ParseHeader(Datagram(zero_elems, 16), &out), Reject::kBadChunk);

@@ -1,0 +1,51 @@
+#include "common/wire/payload_encoding.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace dlcp::wire {
+
+const char* EncodingName(Encoding e) {
+  switch (e) {
+    case Encoding::kF32: return "f32";
+    case Encoding::kF16: return "f16";
+    case Encoding::kBF16: return "bf16";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Encoding> ParseEncoding(const std::string& name) {
+  for (uint8_t i = 0; i < kNumEncodings; ++i) {
+    if (name == EncodingName(static_cast<Encoding>(i))) return static_cast<Encoding>(i);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("payload encoding '", name, "': expected f32, f16 or bf16"));
+}
+
+void EncodeValues(const float* in, uint32_t n, Encoding e, uint8_t* out) {
+  switch (e) {
+    case Encoding::kF32:
+      for (uint32_t i = 0; i < n; ++i) StoreValue(out, i, Encoding::kF32, in[i]);
+      return;
+    case Encoding::kF16:
+      for (uint32_t i = 0; i < n; ++i) StoreValue(out, i, Encoding::kF16, in[i]);
+      return;
+    case Encoding::kBF16:
+      for (uint32_t i = 0; i < n; ++i) StoreValue(out, i, Encoding::kBF16, in[i]);
+      return;
+  }
+}
+
+void DecodeValues(const uint8_t* in, uint32_t n, Encoding e, float* out) {
+  switch (e) {
+    case Encoding::kF32:
+      for (uint32_t i = 0; i < n; ++i) out[i] = LoadValue(in, i, Encoding::kF32);
+      return;
+    case Encoding::kF16:
+      for (uint32_t i = 0; i < n; ++i) out[i] = LoadValue(in, i, Encoding::kF16);
+      return;
+    case Encoding::kBF16:
+      for (uint32_t i = 0; i < n; ++i) out[i] = LoadValue(in, i, Encoding::kBF16);
+      return;
+  }
+}
+
+}  // namespace dlcp::wire
