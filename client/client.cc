@@ -31,6 +31,10 @@ absl::Status ValidateOptions(const ClientOptions& o) {
   if (o.phase_aware.enabled && !(o.phase_aware.relax >= 1 && o.phase_aware.threshold > 0)) {
     return absl::InvalidArgumentError("phase_aware: relax must be at least 1 and threshold positive");
   }
+  if (static_cast<uint8_t>(o.payload_encoding) >= wire::kNumEncodings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload_encoding ", static_cast<int>(o.payload_encoding), " is not f32, f16 or bf16"));
+  }
   if (o.pull_loss_bound > 1) {
     return absl::InvalidArgumentError(absl::StrCat("pull_loss_bound ", o.pull_loss_bound, " is over 1"));
   }
@@ -136,6 +140,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   eo.world = options.world_size;
   eo.loss_bound = options.loss_bound;
   eo.class_policy = options.class_policy;
+  eo.payload_encoding = options.payload_encoding;
   eo.num_layers = options.num_layers;
   eo.rescale = options.compensation == ClientOptions::Compensation::kRescale;
   eo.error_feedback = options.error_feedback;

@@ -13,6 +13,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +26,7 @@
 #include "common/policy/phase_aware.h"
 #include "common/security/tls.h"
 #include "common/transport/transport.h"
+#include "common/wire/payload_encoding.h"
 
 namespace dlcp {
 
@@ -92,6 +94,11 @@ struct ClientOptions {
   // Every worker of a job must choose the same.
   enum class AggregatorLoss { kFail, kRemap };
   AggregatorLoss on_aggregator_loss = AggregatorLoss::kFail;
+  // How values travel (docs/wire-format.md): float32, or float16 / bfloat16, which halve the
+  // bytes both ways. The aggregator sums in float32 and rounds each result once. Every worker
+  // must use the same encoding for a key; AllReduceOptions may choose per tensor. Broadcasts are
+  // always float32, since they must be exact.
+  wire::Encoding payload_encoding = wire::Encoding::kF32;
 };
 
 // "consistent" | "bounded" and "rescale" | "zero-fill", for flags and bindings.
@@ -103,6 +110,7 @@ absl::StatusOr<ClientOptions::AggregatorLoss> ParseAggregatorLoss(const std::str
 struct AllReduceOptions {
   uint32_t layer = 0;        // position from the input; see ClientOptions::num_layers
   double loss_bound = -1;    // ε for this tensor; negative: ClientOptions::loss_bound
+  std::optional<wire::Encoding> payload_encoding;  // unset: ClientOptions::payload_encoding
 };
 
 struct RoundStats {

@@ -39,9 +39,33 @@ void TransferEngine::Prepare(Op& op) {
     op.loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
     op.stats.loss_bound = bound;
   }
-  op.classes.resize(chunks);
-  policy_->Classify(absl::MakeConstSpan(op.data, op.geometry.tensor_elems), op.geometry, op.tensor,
-                    absl::MakeSpan(op.classes));
+  // One pass classes every chunk and, for a 16-bit encoding, writes its payload.
+  PackInput in;
+  in.data = op.data;
+  in.tensors = {PackTensor{0, op.geometry.tensor_elems, op.key, op.round, op.tensor.layer, 0}};
+  in.chunk_elems = op.geometry.chunk_elems;
+  in.job = options_.job;
+  in.rank = options_.rank;
+  in.num_layers = op.tensor.num_layers;
+  in.encoding = op.encoding;
+  in.write_packets = op.encoding != wire::Encoding::kF32;
+  PackOutput out;
+  absl::StatusOr<PackLayout> layout = PlanPack(in, options_.class_policy);
+  if (layout.ok() && in.write_packets) {
+    op.packets.resize(layout->packet_bytes());
+    op.packet_stride = layout->stride;
+    out.packets = op.packets.data();
+  }
+  absl::Status packed = layout.ok() ? packer_->Pack(in, &out) : layout.status();
+  if (!packed.ok()) {
+    // Submit validated what the packer checks, so this is a broken invariant; send float32, all
+    // must-deliver, rather than fail the trainer.
+    DLCP_LOG(Error) << "packing key " << op.key << ": " << packed;
+    op.encoding = wire::Encoding::kF32;
+    op.packets.clear();
+    out.classes.assign(chunks, 0);
+  }
+  op.classes = std::move(out.classes);
   for (uint8_t c : op.classes) ++op.stats.chunks_by_class[c];
   op.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
   op.droppable_chunks = chunks - op.class0_pending;

@@ -33,8 +33,14 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
       injector_(options.inject),
       phase_(options.phase_aware) {
   // Client::Connect validated the options, so this cannot fail; uniform class 1 is the fallback.
-  absl::StatusOr<std::unique_ptr<ClassPolicy>> policy = CreateClassPolicy(options_.class_policy);
-  policy_ = policy.ok() ? std::move(*policy) : *CreateClassPolicy({ClassPolicyOptions::Kind::kUniform, 0, 1});
+  PackerOptions packer{PackerOptions::Device::kCpu, 0, options_.class_policy};
+  absl::StatusOr<std::unique_ptr<Packer>> created = CreatePacker(packer);
+  if (!created.ok()) {
+    packer.policy = {ClassPolicyOptions::Kind::kUniform, 0, 1};
+    created = CreatePacker(packer);
+  }
+  options_.class_policy = packer.policy;
+  packer_ = std::move(*created);
   BuildDestinations();
   io_ = std::thread([this] { Run(); });
 }
@@ -78,6 +84,11 @@ void TransferEngine::Submit(uint32_t key, absl::Span<float> data, const AllReduc
   op->loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
   op->tensor = TensorInfo{options.layer, options_.num_layers};
   op->broadcast_root = broadcast_root;
+  // A broadcast must replace every replica's data exactly.
+  op->encoding = broadcast_root >= 0 ? wire::Encoding::kF32 : options.payload_encoding.value_or(options_.payload_encoding);
+  if (static_cast<uint8_t>(op->encoding) >= wire::kNumEncodings) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("payload encoding ", static_cast<int>(op->encoding), " is unknown")));
+  }
   if (options_.bounded_pull && op->loss_bound_ppm > 0) {
     op->pull_ppm = static_cast<uint32_t>(std::lround(options_.pull_loss_bound * wire::kPpm));
   }
@@ -253,6 +264,7 @@ bool TransferEngine::PushSome(size_t budget) {
     for (uint32_t d = 0; d < op.dests.size(); ++d) {
       wire::Header h = BaseHeader(wire::MsgType::kPush, d, op.key, op.round, op.geometry.tensor_elems,
                                   op.geometry.chunk_count());
+      h.encoding = static_cast<uint8_t>(op.encoding);
       Dest& dest = op.dests[d];
       const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[d];
       // A retransmission rides class 0: its chunk was lost once in its own class, and the
@@ -260,14 +272,16 @@ bool TransferEngine::PushSome(size_t budget) {
       auto push = [&](uint32_t c, bool repair) {
         h.chunk = c;
         h.priority = repair ? 0 : op.classes[c];
-        h.payload_len = op.geometry.bytes(c);
+        h.payload_len = op.geometry.bytes(c, wire::EncodingWidth(op.encoding));
         op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
         if (injector_.Drop(h.priority)) {
           ++op.stats.injected_drops;
           return;
         }
-        absl::Status s = outbox_.Add(dest_addr_[d], h, reinterpret_cast<const uint8_t*>(op.data + op.geometry.offset(c)),
-                                     dest_key_[d]);
+        const uint8_t* payload = op.packets.empty()
+                                     ? reinterpret_cast<const uint8_t*>(op.data + op.geometry.offset(c))
+                                     : op.packets.data() + c * op.packet_stride + wire::kHeaderSize;
+        absl::Status s = outbox_.Add(dest_addr_[d], h, payload, dest_key_[d]);
         if (!s.ok()) DLCP_LOG(Warning) << "push to " << dest_addr_[d].ToString() << ": " << s;
       };
       while (!dest.resend.empty() && budget > 0) {
@@ -419,7 +433,8 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
 void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage& m, absl::Time now) {
   const uint32_t c = h.chunk;
   const uint32_t dest = op.plan->dest_of_chunk[c];
-  if (h.payload_len != op.geometry.bytes(c)) {
+  if (h.encoding != static_cast<uint8_t>(op.encoding) ||
+      h.payload_len != op.geometry.bytes(c, wire::EncodingWidth(op.encoding))) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -448,7 +463,7 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
       if (options_.retain_inputs) op.left_out.push_back(c);
     }
   }
-  std::memcpy(out, m.data + wire::kHeaderSize, h.payload_len);
+  wire::DecodeValues(m.data + wire::kHeaderSize, op.geometry.elems(c), op.encoding, out);
   if (options_.rescale && h.contributors > 0 && h.contributors < options_.world) {
     const float scale = static_cast<float>(options_.world) / h.contributors;
     for (uint32_t i = 0; i < op.geometry.elems(c); ++i) out[i] *= scale;

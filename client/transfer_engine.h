@@ -22,6 +22,7 @@
 #include "absl/types/span.h"
 #include "client/client.h"
 #include "client/key_progress.h"
+#include "client/packer/packer.h"
 #include "common/datapath/outbox.h"
 #include "common/topology/topology.h"
 #include "common/transport/transport.h"
@@ -52,6 +53,7 @@ struct EngineOptions : EngineLayout {
   uint32_t world = 1;
   double loss_bound = 0;  // job default; AllReduceOptions may override per tensor
   ClassPolicyOptions class_policy;
+  wire::Encoding payload_encoding = wire::Encoding::kF32;
   uint32_t num_layers = 0;
   bool rescale = true;    // ClientOptions::Compensation::kRescale
   bool error_feedback = true;
@@ -126,6 +128,12 @@ class TransferEngine {
     std::shared_ptr<const Plan> plan;
     std::vector<uint8_t> state;
     std::vector<uint8_t> classes;  // per chunk
+    // How the values travel. A float32 push sends straight from `data`; other encodings send the
+    // payloads of `packets` (the packer's headers there are rebuilt per destination at send time,
+    // since each aggregator has its own epoch).
+    wire::Encoding encoding = wire::Encoding::kF32;
+    std::vector<uint8_t> packets;
+    uint64_t packet_stride = 0;
     std::vector<Dest> dests;
     uint32_t remaining = 0;
     TensorInfo tensor;
@@ -229,7 +237,8 @@ class TransferEngine {
   std::unordered_map<uint32_t, std::unique_ptr<Op>> ops_;
   std::unordered_map<uint32_t, std::shared_ptr<const Plan>> plans_;
   std::unordered_map<uint32_t, uint32_t> completed_round_;  // key -> last round finished here
-  std::unique_ptr<ClassPolicy> policy_;
+  // Classes every op's chunks and, for 16-bit encodings, writes their packets (client/packer).
+  std::unique_ptr<Packer> packer_;
   DropInjector injector_;
   PhaseAwareBound phase_;
   // Error feedback, per key: this worker's contributions left out of earlier rounds, added into

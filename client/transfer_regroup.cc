@@ -150,6 +150,9 @@ std::unique_ptr<TransferEngine::Op> TransferEngine::ReplayOf(const Op& finished)
   op->round = finished.round;
   op->geometry = finished.geometry;
   op->classes = finished.classes;
+  op->encoding = finished.encoding;
+  op->packets = finished.packets;
+  op->packet_stride = finished.packet_stride;
   op->tensor = finished.tensor;
   op->loss_bound_ppm = finished.loss_bound_ppm;
   op->broadcast_root = finished.broadcast_root;

@@ -39,9 +39,9 @@ absl::Status Outbox::Add(const Address& to, const wire::Header& h, const uint8_t
 }
 
 absl::Status Outbox::AddOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload,
-                              const wire::MacKey* key) {
+                              const wire::MacKey* key, const uint64_t* payload_digest) {
   owned_.push_back(std::move(payload));
-  return Add(to, h, owned_.back().data(), key);
+  return Add(to, h, owned_.back().data(), key, payload_digest);
 }
 
 absl::Status Outbox::Flush() {

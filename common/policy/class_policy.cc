@@ -19,17 +19,15 @@ class MagnitudeLayerPolicy : public ClassPolicy {
                 absl::Span<uint8_t> classes) override {
     const uint32_t n = g.chunk_count();
     norms_.resize(n);
-    order_.resize(n);
-    for (uint32_t c = 0; c < n; ++c) norms_[c] = MagnitudeOrderKey(ChunkMagnitude(data.data() + g.offset(c), g.elems(c)));
-    std::iota(order_.begin(), order_.end(), 0u);
-    std::stable_sort(order_.begin(), order_.end(), [&](uint32_t a, uint32_t b) { return norms_[a] < norms_[b]; });
-    const ClassTiers tiers = MagnitudeTiers(reliable_fraction_, n, tensor.layer, tensor.num_layers);
-    for (uint32_t i = 0; i < n; ++i) classes[order_[i]] = ClassAtRank(i, tiers);
+    for (uint32_t c = 0; c < n; ++c) norms_[c] = ChunkMagnitude(data.data() + g.offset(c), g.elems(c));
+    ClassesByMagnitude(norms_, MagnitudeTiers(reliable_fraction_, n, tensor.layer, tensor.num_layers), classes, &keys_,
+                       &order_);
   }
 
  private:
   double reliable_fraction_;
-  std::vector<uint64_t> norms_;  // MagnitudeOrderKey of each chunk
+  std::vector<double> norms_;
+  std::vector<uint64_t> keys_;
   std::vector<uint32_t> order_;
 };
 
@@ -65,6 +63,31 @@ ClassTiers MagnitudeTiers(double reliable_fraction, uint32_t chunks, uint32_t la
   t.layered = num_layers > 1;
   t.layer = t.layered ? std::min(1.0, static_cast<double>(layer) / num_layers) : 0;
   return t;
+}
+
+void ClassesByMagnitude(absl::Span<const double> magnitudes, const ClassTiers& tiers, absl::Span<uint8_t> classes,
+                        std::vector<uint64_t>* keys, std::vector<uint32_t>* order) {
+  const uint32_t n = static_cast<uint32_t>(magnitudes.size());
+  if (tiers.uniform != kNoUniform) {
+    std::fill(classes.begin(), classes.begin() + n, tiers.uniform);
+    return;
+  }
+  keys->resize(n);
+  order->resize(n);
+  for (uint32_t c = 0; c < n; ++c) (*keys)[c] = MagnitudeOrderKey(magnitudes[c]);
+  std::iota(order->begin(), order->end(), 0u);
+  std::stable_sort(order->begin(), order->end(), [&](uint32_t a, uint32_t b) { return (*keys)[a] < (*keys)[b]; });
+  for (uint32_t i = 0; i < n; ++i) classes[(*order)[i]] = ClassAtRank(i, tiers);
+}
+
+ClassTiers TiersFor(const ClassPolicyOptions& options, uint32_t chunks, uint32_t layer, uint32_t num_layers) {
+  if (options.kind == ClassPolicyOptions::Kind::kUniform) {
+    ClassTiers t;
+    t.chunks = chunks;
+    t.uniform = options.uniform_class;
+    return t;
+  }
+  return MagnitudeTiers(options.reliable_fraction, chunks, layer, num_layers);
 }
 
 absl::StatusOr<ClassPolicyOptions::Kind> ParseClassPolicyKind(const std::string& name) {

@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/policy/chunk_magnitude.h"
 #include "common/wire/geometry.h"
 
 namespace dlcp {
@@ -45,5 +47,12 @@ absl::StatusOr<ClassPolicyOptions::Kind> ParseClassPolicyKind(const std::string&
 // are classes 1, 2 and 3. Layers near the input come first because the next forward pass needs
 // them first; a tensor of unknown depth spreads over all three classes by magnitude alone.
 absl::StatusOr<std::unique_ptr<ClassPolicy>> CreateClassPolicy(const ClassPolicyOptions& options);
+
+// The classes that chunks with these magnitudes (chunk_magnitude.h) earn under `tiers`; `order`
+// is scratch. Shared by the magnitude-layer policy and the packers.
+void ClassesByMagnitude(absl::Span<const double> magnitudes, const ClassTiers& tiers, absl::Span<uint8_t> classes,
+                        std::vector<uint64_t>* keys, std::vector<uint32_t>* order);
+// The tiers of one tensor of `chunks` chunks under `options`, which CreateClassPolicy accepted.
+ClassTiers TiersFor(const ClassPolicyOptions& options, uint32_t chunks, uint32_t layer, uint32_t num_layers);
 
 }  // namespace dlcp

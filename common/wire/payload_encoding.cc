@@ -1,5 +1,7 @@
 #include "common/wire/payload_encoding.h"
 
+#include <bit>
+
 #include "absl/strings/str_cat.h"
 
 namespace dlcp::wire {
@@ -23,7 +25,11 @@ absl::StatusOr<Encoding> ParseEncoding(const std::string& name) {
 void EncodeValues(const float* in, uint32_t n, Encoding e, uint8_t* out) {
   switch (e) {
     case Encoding::kF32:
-      for (uint32_t i = 0; i < n; ++i) StoreValue(out, i, Encoding::kF32, in[i]);
+      if constexpr (std::endian::native == std::endian::little) {
+        std::memcpy(out, in, static_cast<size_t>(n) * 4);
+      } else {
+        for (uint32_t i = 0; i < n; ++i) StoreValue(out, i, Encoding::kF32, in[i]);
+      }
       return;
     case Encoding::kF16:
       for (uint32_t i = 0; i < n; ++i) StoreValue(out, i, Encoding::kF16, in[i]);
@@ -37,7 +43,11 @@ void EncodeValues(const float* in, uint32_t n, Encoding e, uint8_t* out) {
 void DecodeValues(const uint8_t* in, uint32_t n, Encoding e, float* out) {
   switch (e) {
     case Encoding::kF32:
-      for (uint32_t i = 0; i < n; ++i) out[i] = LoadValue(in, i, Encoding::kF32);
+      if constexpr (std::endian::native == std::endian::little) {
+        std::memcpy(out, in, static_cast<size_t>(n) * 4);
+      } else {
+        for (uint32_t i = 0; i < n; ++i) out[i] = LoadValue(in, i, Encoding::kF32);
+      }
       return;
     case Encoding::kF16:
       for (uint32_t i = 0; i < n; ++i) out[i] = LoadValue(in, i, Encoding::kF16);

@@ -67,10 +67,8 @@ void DataThread::Seal(Round* round, absl::Time now) {
   const wire::MacKey* key = round->job()->key();
   for (uint32_t c = 0; c < t.chunk_count(); ++c) {
     if (!t.owned(c) || round->IsComplete(c)) continue;  // complete chunks went out as they completed
-    uint64_t digest = 0;
-    if (key != nullptr) digest = wire::PayloadDigest(*key, ResultBytes(*round, c), round->geometry().bytes(c));
     for (uint32_t w = 0; w < world; ++w) round->NoteClass(c, std::min<uint8_t>(t.class_of(w, c), wire::kNumClasses - 1));
-    for (uint32_t w = 0; w < world; ++w) SendResult(*round, c, w, key != nullptr ? &digest : nullptr);
+    SendResultToAll(*round, c);
   }
   for (uint32_t w = 0; w < world; ++w) {
     for (uint32_t c = 0; c < t.chunk_count(); ++c) {

@@ -151,7 +151,10 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   const wire::ChunkGeometry g{h.tensor_elems, job->chunk_bytes / 4};
   if (h.tensor_elems == 0 || h.chunk_count != g.chunk_count()) return Reject(wire::Reject::kShapeMismatch);
   const uint8_t* payload = m.data + wire::kHeaderSize;
-  if (h.type == wire::MsgType::kPush && h.payload_len != g.bytes(h.chunk)) return Reject(wire::Reject::kShapeMismatch);
+  if (h.type == wire::MsgType::kPush &&
+      h.payload_len != g.bytes(h.chunk, wire::EncodingWidth(static_cast<wire::Encoding>(h.encoding)))) {
+    return Reject(wire::Reject::kShapeMismatch);
+  }
   rx_packets_[static_cast<uint8_t>(h.type)][h.priority]->Add();
   rx_bytes_[h.priority]->Add(m.len);
   if (injector_.Drop(h.priority)) return inject_dropped_->Add();
@@ -224,8 +227,15 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
   // Payloads normally sit 48 bytes into a 64-byte-aligned slot, or a multiple of 4 bytes into a
   // GRO buffer. A sender batching odd-sized datagrams could break that; floats are never read
   // from a misaligned address, so such a payload is copied first.
+  const auto encoding = static_cast<wire::Encoding>(h.encoding);
+  if (!round->AcceptEncoding(encoding)) return Reject(wire::Reject::kShapeMismatch);
   const float* values = reinterpret_cast<const float*>(payload);
-  if (reinterpret_cast<uintptr_t>(payload) % alignof(float) != 0) {
+  if (encoding != wire::Encoding::kF32) {
+    const uint32_t elems = round->geometry().elems(h.chunk);
+    aligned_.resize(elems);
+    wire::DecodeValues(payload, elems, encoding, aligned_.data());
+    values = aligned_.data();
+  } else if (reinterpret_cast<uintptr_t>(payload) % alignof(float) != 0) {
     aligned_.resize(h.payload_len / sizeof(float));
     std::memcpy(aligned_.data(), payload, h.payload_len);
     values = aligned_.data();
@@ -248,20 +258,10 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
                 absl::StrCat("job '", round->job()->name, "' exceeds its accumulator budget of ",
                              round->job()->max_bytes, " bytes (dlcpd --max-job-bytes)"));
       return;
-    case Round::AddResult::kCompleted: {
-      // One payload digest for all the workers' copies; only the headers differ.
-      const wire::MacKey* key = round->job()->key();
-      uint64_t digest = 0;
-      if (key != nullptr) {
-        digest = wire::PayloadDigest(*key, reinterpret_cast<const uint8_t*>(round->Result(h.chunk)),
-                                     round->geometry().bytes(h.chunk));
-      }
-      for (uint32_t w = 0; w < round->job()->world; ++w) {
-        SendResult(*round, h.chunk, w, key != nullptr ? &digest : nullptr);
-      }
+    case Round::AddResult::kCompleted:
+      SendResultToAll(*round, h.chunk);
       if (round->bounded) CheckBound(round, now);
       return;
-    }
   }
 }
 
@@ -322,7 +322,18 @@ wire::Header DataThread::RoundHeader(const Round& r, wire::MsgType type, uint32_
   return h;
 }
 
-void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, const uint64_t* payload_digest) {
+void DataThread::SendResultToAll(const Round& r, uint32_t chunk) {
+  // One payload and one digest for all the workers' copies; only the headers differ.
+  std::vector<uint8_t> storage;
+  const absl::Span<const uint8_t> payload = ResultPayload(r, chunk, &storage);
+  const wire::MacKey* key = r.job()->key();
+  uint64_t digest = 0;
+  if (key != nullptr) digest = wire::PayloadDigest(*key, payload.data(), payload.size());
+  for (uint32_t w = 0; w < r.job()->world; ++w) SendResult(r, chunk, w, payload, key != nullptr ? &digest : nullptr);
+}
+
+void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload,
+                            const uint64_t* payload_digest) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
@@ -332,16 +343,31 @@ void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, const
   h.priority = priority;
   h.chunk = chunk;
   h.contributors = r.contributors(chunk);
-  h.payload_len = r.geometry().bytes(chunk);
+  h.encoding = static_cast<uint8_t>(r.encoding());
+  std::vector<uint8_t> storage;
+  if (payload.empty()) payload = ResultPayload(r, chunk, &storage);
+  h.payload_len = static_cast<uint32_t>(payload.size());
   if (r.sealed() && !r.Has(rank, chunk)) h.flags |= wire::kFlagLeftOut;
   CountTx(h);
-  Check(outbox_.Add(m.address(), h, ResultBytes(r, chunk), r.job()->key(), payload_digest));
+  if (r.encoding() == wire::Encoding::kF32) {
+    Check(outbox_.Add(m.address(), h, payload.data(), r.job()->key(), payload_digest));
+  } else {
+    Check(outbox_.AddOwned(m.address(), h, std::vector<uint8_t>(payload.begin(), payload.end()), r.job()->key(),
+                           payload_digest));
+  }
 }
 
-const uint8_t* DataThread::ResultBytes(const Round& r, uint32_t chunk) {
-  if (const float* sum = r.Result(chunk)) return reinterpret_cast<const uint8_t*>(sum);
-  if (zeros_.size() < r.geometry().chunk_elems) zeros_.assign(r.geometry().chunk_elems, 0.0f);
-  return reinterpret_cast<const uint8_t*>(zeros_.data());
+absl::Span<const uint8_t> DataThread::ResultPayload(const Round& r, uint32_t chunk, std::vector<uint8_t>* storage) {
+  const uint32_t elems = r.geometry().elems(chunk);
+  const float* sum = r.Result(chunk);
+  if (sum == nullptr) {
+    if (zeros_.size() < r.geometry().chunk_elems) zeros_.assign(r.geometry().chunk_elems, 0.0f);
+    sum = zeros_.data();
+  }
+  if (r.encoding() == wire::Encoding::kF32) return {reinterpret_cast<const uint8_t*>(sum), elems * sizeof(float)};
+  storage->resize(elems * wire::EncodingWidth(r.encoding()));
+  wire::EncodeValues(sum, elems, r.encoding(), storage->data());
+  return *storage;
 }
 
 void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks) {

@@ -77,9 +77,15 @@ class DataThread {
   // Finds or creates the round for a validated header; nullptr when the packet is to be dropped.
   Round* RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now);
   // With kFlagLeftOut when rank's contribution is not in a sealed round's sum.
-  // It rides the chunk's result class (Round::result_class).
-  void SendResult(const Round& r, uint32_t chunk, uint32_t rank, const uint64_t* payload_digest = nullptr);
-  const uint8_t* ResultBytes(const Round& r, uint32_t chunk);
+  // It rides the chunk's result class (Round::result_class). `payload` (ResultPayload) and its
+  // digest may come from the caller, which sends the same result to every worker.
+  void SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload = {},
+                  const uint64_t* payload_digest = nullptr);
+  // A final result to every worker: one payload, encoded and digested once.
+  void SendResultToAll(const Round& r, uint32_t chunk);
+  // The result's payload in the round's encoding. Float32 points into the accumulator (or at
+  // zeros); other encodings are written into `storage`.
+  absl::Span<const uint8_t> ResultPayload(const Round& r, uint32_t chunk, std::vector<uint8_t>* storage);
   // A header addressed to `rank` about round `r`; callers fill in chunk, priority and payload.
   static wire::Header RoundHeader(const Round& r, wire::MsgType type, uint32_t rank);
   void SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks);

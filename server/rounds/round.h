@@ -10,6 +10,7 @@
 
 #include "absl/time/time.h"
 #include "common/wire/geometry.h"
+#include "common/wire/payload_encoding.h"
 #include "server/jobs/job_registry.h"
 #include "server/policy/loss_tracker.h"
 #include "server/rounds/block_pool.h"
@@ -42,6 +43,17 @@ class Round {
   // The class results of `chunk` ride: the most important class any contribution to it had.
   uint8_t result_class(uint32_t chunk) const { return result_class_[chunk]; }
   void NoteClass(uint32_t chunk, uint8_t cls) { result_class_[chunk] = std::min(result_class_[chunk], cls); }
+
+  // How the round's values travel, set by its first push; a push in another encoding does not
+  // belong to it (false).
+  bool AcceptEncoding(wire::Encoding e) {
+    if (!encoding_set_) {
+      encoding_ = e;
+      encoding_set_ = true;
+    }
+    return encoding_ == e;
+  }
+  wire::Encoding encoding() const { return encoding_; }
 
   // The sum so far; nullptr while nobody has contributed to the chunk.
   const float* Result(uint32_t chunk) const;
@@ -98,6 +110,8 @@ class Round {
   std::vector<uint16_t> contributors_;
   std::vector<uint8_t> result_class_;
   uint32_t open_chunks_ = 0;   // touched but not complete
+  wire::Encoding encoding_ = wire::Encoding::kF32;
+  bool encoding_set_ = false;
   bool sealed_ = false;
   uint64_t contributions_ = 0;
   std::vector<bool> done_;

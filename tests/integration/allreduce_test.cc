@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "common/wire/header.h"
 #include "tests/integration/test_aggregator.h"
 
 namespace dlcp::testing {
@@ -21,12 +22,14 @@ struct Case {
   double drop;
   uint32_t chunk_bytes = 4096;
   bool data_auth = true;
+  wire::Encoding encoding = wire::Encoding::kF32;
 };
 
 std::string Name(const Case& c) {
   return absl::StrCat(c.kind == TransportOptions::Kind::kUdp ? "udp" : "loopback", "_a", c.aggregators, "t",
                       c.data_threads, "_w", c.workers, "_n", c.elems, "_drop", static_cast<int>(c.drop * 100),
-                      c.data_auth ? "" : "_noauth");
+                      c.data_auth ? "" : "_noauth",
+                      c.encoding == wire::Encoding::kF32 ? "" : absl::StrCat("_", wire::EncodingName(c.encoding)));
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << Name(c); }
@@ -48,6 +51,8 @@ ClientOptions Options(const Case& c, const std::vector<std::string>& aggs, int r
   o.repair_timeout = absl::Milliseconds(10);
   o.op_timeout = absl::Seconds(30);
   o.loss_bound = 0;  // every chunk must-deliver: the sums must be exact (bounded_loss_test covers ε > 0)
+  // Value()s and their sums are small integers, exact in float16 and bfloat16 too.
+  o.payload_encoding = c.encoding;
   return o;
 }
 
@@ -89,6 +94,14 @@ TEST_P(AllReduceTest, SumsAreExact) {
             return;
           }
           if (s->min_contributors != static_cast<uint32_t>(c.workers)) errors[r] = "contributors short";
+          // Every push carries 2-byte values under a 16-bit encoding (repairs included).
+          const uint64_t width = wire::EncodingWidth(c.encoding), chunk_elems = c.chunk_bytes / 4;
+          const uint64_t least = c.elems * width + s->chunks * wire::kHeaderSize;
+          const uint64_t most = least + s->retransmits * (wire::kHeaderSize + chunk_elems * width);
+          if (s->bytes_sent < least || s->bytes_sent > most) {
+            errors[r] = absl::StrCat(s->bytes_sent, " bytes pushed for ", c.elems, " values of ", width,
+                                     " bytes, with ", s->retransmits, " repairs");
+          }
           retransmits[r] += s->retransmits;
         }
         for (int t = 0; t < kTensors; ++t) {
@@ -133,7 +146,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{TransportOptions::Kind::kUdp, 2, 1, 4, 250000, 0},
         Case{TransportOptions::Kind::kUdp, 2, 2, 4, 100003, 0.1},
         Case{TransportOptions::Kind::kUdp, 3, 1, 2, 300001, 0.05},
-        Case{TransportOptions::Kind::kUdp, 2, 1, 4, 100003, 0.05, 4096, /*data_auth=*/false}),
+        Case{TransportOptions::Kind::kUdp, 2, 1, 4, 100003, 0.05, 4096, /*data_auth=*/false},
+        Case{TransportOptions::Kind::kLoopback, 2, 2, 4, 100003, 0, 4096, true, wire::Encoding::kF16},
+        Case{TransportOptions::Kind::kLoopback, 1, 1, 3, 5, 0, 4096, true, wire::Encoding::kBF16},
+        Case{TransportOptions::Kind::kUdp, 2, 1, 4, 250000, 0, 4096, true, wire::Encoding::kBF16},
+        Case{TransportOptions::Kind::kUdp, 2, 2, 3, 100003, 0.1, 4096, true, wire::Encoding::kF16}),
     [](const auto& info) { return Name(info.param); });
 
 // Connects c.workers clients to one aggregator at once (joins wait for each other).
