@@ -22,6 +22,23 @@ absl::StatusOr<Encoding> ParseEncoding(const std::string& name) {
   return absl::InvalidArgumentError(absl::StrCat("payload encoding '", name, "': expected f32, f16 or bf16"));
 }
 
+// Native 16-bit stores where the host is little-endian like the wire; AVX2 where the CPU has it.
+namespace {
+template <uint16_t (*Convert)(float)>
+__attribute__((target_clones("avx2", "default"))) void Narrow(const float* in, uint32_t n, uint8_t* out) {
+  if constexpr (std::endian::native == std::endian::little) {
+    uint16_t* o = reinterpret_cast<uint16_t*>(out);
+    for (uint32_t i = 0; i < n; ++i) o[i] = Convert(in[i]);
+  } else {
+    for (uint32_t i = 0; i < n; ++i) {
+      const uint16_t v = Convert(in[i]);
+      out[2 * i] = static_cast<uint8_t>(v);
+      out[2 * i + 1] = static_cast<uint8_t>(v >> 8);
+    }
+  }
+}
+}  // namespace
+
 void EncodeValues(const float* in, uint32_t n, Encoding e, uint8_t* out) {
   switch (e) {
     case Encoding::kF32:
@@ -32,11 +49,9 @@ void EncodeValues(const float* in, uint32_t n, Encoding e, uint8_t* out) {
       }
       return;
     case Encoding::kF16:
-      for (uint32_t i = 0; i < n; ++i) StoreValue(out, i, Encoding::kF16, in[i]);
-      return;
+      return Narrow<F32ToF16>(in, n, out);
     case Encoding::kBF16:
-      for (uint32_t i = 0; i < n; ++i) StoreValue(out, i, Encoding::kBF16, in[i]);
-      return;
+      return Narrow<F32ToBF16>(in, n, out);
   }
 }
 
