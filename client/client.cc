@@ -191,6 +191,18 @@ std::pair<OpDone, std::future<absl::StatusOr<RoundStats>>> PromiseDone() {
 }
 }  // namespace
 
+std::future<absl::StatusOr<RoundStats>> Client::AllReduceDevice(uint32_t key, const DeviceTensor& tensor,
+                                                                const AllReduceOptions& options) {
+  auto [done, f] = PromiseDone();
+  AllReduceDeviceAsync(key, tensor, options, std::move(done));
+  return std::move(f);
+}
+
+void Client::AllReduceDeviceAsync(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options,
+                                  OpDone done) {
+  engine_->SubmitDevice(key, tensor, options, std::move(done));
+}
+
 std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Span<float> data,
                                                           const AllReduceOptions& options) {
   auto [done, f] = PromiseDone();

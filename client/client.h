@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/packer/packer.h"
 #include "common/policy/class_policy.h"
 #include "common/policy/drop_injector.h"
 #include "common/policy/phase_aware.h"
@@ -113,6 +114,14 @@ struct AllReduceOptions {
   std::optional<wire::Encoding> payload_encoding;  // unset: ClientOptions::payload_encoding
 };
 
+// A tensor in CUDA device memory, for Client::AllReduceDevice.
+struct DeviceTensor {
+  void* data = nullptr;
+  ElemType type = ElemType::kF32;  // float32, float16 or bfloat16
+  uint64_t elems = 0;
+  int device = 0;  // the CUDA device it lives on
+};
+
 struct RoundStats {
   uint32_t key = 0;
   uint32_t round = 0;
@@ -165,6 +174,15 @@ class Client {
   // The same, completing through `done` instead of a future (for bindings and schedulers that
   // must not park a thread per op).
   void AllReduceAsync(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, OpDone done);
+
+  // Sums a tensor in CUDA device memory, in place, like AllReduce. The CUDA packer reads it once
+  // and writes the packets to the host (no scan of a host copy); the aggregate is written back to
+  // the device in the tensor's type. The caller makes sure that whatever produced the tensor has
+  // finished (e.g. synchronizes its stream) and leaves it untouched until the future is ready.
+  // FAILED_PRECONDITION where no CUDA device is usable (CudaPackerAvailable says why).
+  std::future<absl::StatusOr<RoundStats>> AllReduceDevice(uint32_t key, const DeviceTensor& tensor,
+                                                          const AllReduceOptions& options = {});
+  void AllReduceDeviceAsync(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options, OpDone done);
 
   // Replaces `data` on every worker with root's `data` (exactly; reliable whatever ε is), e.g. to
   // resynchronise replicas every K rounds under the bounded pull mode. Uses `key` like AllReduce

@@ -12,33 +12,88 @@
 
 namespace dlcp {
 
-void TransferEngine::Prepare(Op& op) {
-  const uint32_t chunks = op.geometry.chunk_count();
-  // Even a reliable round carries what earlier bounded rounds left out; a broadcast carries only
-  // the root's data.
-  if (op.broadcast_root >= 0) {
-    if (op.broadcast_root != options_.rank) std::fill(op.data, op.data + op.geometry.tensor_elems, 0.0f);
-  } else {
-    auto it = residuals_.find(op.key);
-    if (it != residuals_.end() && it->second.values.size() == op.geometry.tensor_elems) {
-      for (uint32_t c : it->second.chunks) {
-        float* keep = it->second.values.data() + op.geometry.offset(c);
-        float* data = op.data + op.geometry.offset(c);
-        for (uint32_t i = 0; i < op.geometry.elems(c); ++i) {
-          data[i] += keep[i];
-          keep[i] = 0;
-        }
-      }
-      it->second.chunks.clear();
+void TransferEngine::ApplyResidual(Op& op) {
+  auto it = residuals_.find(op.key);
+  if (it == residuals_.end() || it->second.values.size() != op.geometry.tensor_elems) return;
+  for (uint32_t c : it->second.chunks) {
+    float* keep = it->second.values.data() + op.geometry.offset(c);
+    float* data = op.data + op.geometry.offset(c);
+    for (uint32_t i = 0; i < op.geometry.elems(c); ++i) {
+      data[i] += keep[i];
+      keep[i] = 0;
+    }
+    // A device op's packets are already written: the chunk's payload changes with its data.
+    if (op.device) {
+      wire::EncodeValues(data, op.geometry.elems(c), op.encoding, op.packets.data() + c * op.packet_stride + wire::kHeaderSize);
     }
   }
-  if (options_.phase_aware.enabled && op.loss_bound_ppm > 0 && op.broadcast_root < 0) {
-    double sum = 0;
-    for (uint32_t i = 0; i < op.geometry.tensor_elems; ++i) sum += static_cast<double>(op.data[i]) * op.data[i];
-    const double bound = phase_.Next(op.key, static_cast<double>(op.loss_bound_ppm) / wire::kPpm, std::sqrt(sum));
-    op.loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
-    op.stats.loss_bound = bound;
+  it->second.chunks.clear();
+}
+
+absl::Status TransferEngine::PackDevice(Op& op) {
+  std::unique_ptr<Packer>& packer = device_packers_[op.device->device];
+  if (packer == nullptr) {
+    absl::StatusOr<std::unique_ptr<Packer>> created =
+        CreatePacker({PackerOptions::Device::kCuda, op.device->device, options_.class_policy});
+    if (!created.ok()) return created.status();
+    packer = std::move(*created);
   }
+  PackInput in;
+  in.data = op.device->data;
+  in.type = op.device->type;
+  in.tensors = {PackTensor{0, op.geometry.tensor_elems, op.key, op.round, op.tensor.layer, 0}};
+  in.chunk_elems = op.geometry.chunk_elems;
+  in.job = options_.job;
+  in.rank = options_.rank;
+  in.num_layers = op.tensor.num_layers;
+  in.encoding = op.encoding;
+  absl::StatusOr<PackLayout> layout = PlanPack(in, options_.class_policy);
+  if (!layout.ok()) return layout.status();
+  op.packets.resize(layout->packet_bytes());
+  op.packet_stride = layout->stride;
+  PackOutput out;
+  out.packets = op.packets.data();
+  if (absl::Status s = packer->Pack(in, &out); !s.ok()) return s;
+  op.classes = std::move(out.classes);
+  // What goes on the wire, as float32: error feedback and a regroup's restart work on it as on a
+  // host tensor's data, and the results land on it.
+  for (uint32_t c = 0; c < op.geometry.chunk_count(); ++c) {
+    wire::DecodeValues(op.packets.data() + c * op.packet_stride + wire::kHeaderSize, op.geometry.elems(c), op.encoding,
+                       op.data + op.geometry.offset(c));
+  }
+  ApplyResidual(op);
+  return absl::OkStatus();
+}
+
+absl::Status TransferEngine::Prepare(Op& op) {
+  const uint32_t chunks = op.geometry.chunk_count();
+  if (op.device) {
+    if (absl::Status s = PackDevice(op); !s.ok()) return s;
+  } else {
+    // Even a reliable round carries what earlier bounded rounds left out; a broadcast carries only
+    // the root's data.
+    if (op.broadcast_root >= 0) {
+      if (op.broadcast_root != options_.rank) std::fill(op.data, op.data + op.geometry.tensor_elems, 0.0f);
+    } else {
+      ApplyResidual(op);
+    }
+    if (options_.phase_aware.enabled && op.loss_bound_ppm > 0 && op.broadcast_root < 0) {
+      double sum = 0;
+      for (uint32_t i = 0; i < op.geometry.tensor_elems; ++i) sum += static_cast<double>(op.data[i]) * op.data[i];
+      const double bound = phase_.Next(op.key, static_cast<double>(op.loss_bound_ppm) / wire::kPpm, std::sqrt(sum));
+      op.loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
+      op.stats.loss_bound = bound;
+    }
+    PackHost(op);
+  }
+  for (uint8_t c : op.classes) ++op.stats.chunks_by_class[c];
+  op.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
+  op.droppable_chunks = chunks - op.class0_pending;
+  op.droppable_pending = op.droppable_chunks;
+  return absl::OkStatus();
+}
+
+void TransferEngine::PackHost(Op& op) {
   // One pass classes every chunk and, for a 16-bit encoding, writes its payload.
   PackInput in;
   in.data = op.data;
@@ -63,13 +118,9 @@ void TransferEngine::Prepare(Op& op) {
     DLCP_LOG(Error) << "packing key " << op.key << ": " << packed;
     op.encoding = wire::Encoding::kF32;
     op.packets.clear();
-    out.classes.assign(chunks, 0);
+    out.classes.assign(op.geometry.chunk_count(), 0);
   }
   op.classes = std::move(out.classes);
-  for (uint8_t c : op.classes) ++op.stats.chunks_by_class[c];
-  op.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
-  op.droppable_chunks = chunks - op.class0_pending;
-  op.droppable_pending = op.droppable_chunks;
 }
 
 namespace {

@@ -74,16 +74,44 @@ void TransferEngine::Submit(uint32_t key, absl::Span<float> data, const AllReduc
                             int64_t broadcast_root, OpDone done) {
   auto op = std::make_unique<Op>();
   op->done = std::move(done);
+  if (data.data() == nullptr) return op->done(absl::InvalidArgumentError("AllReduce of an empty tensor"));
+  op->data = data.data();
+  op->broadcast_root = broadcast_root;
+  Enqueue(std::move(op), key, data.size(), options);
+}
+
+void TransferEngine::SubmitDevice(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options,
+                                  OpDone done) {
+  auto op = std::make_unique<Op>();
+  op->done = std::move(done);
+  if (absl::Status cuda = CudaPackerAvailable(); !cuda.ok()) {
+    return op->done(absl::FailedPreconditionError(absl::StrCat("AllReduce of a device tensor: ", cuda.message())));
+  }
+  if (tensor.data == nullptr || tensor.elems == 0) {
+    return op->done(absl::InvalidArgumentError("AllReduce of an empty device tensor"));
+  }
+  if (static_cast<uint8_t>(tensor.type) > static_cast<uint8_t>(ElemType::kBF16)) {
+    return op->done(absl::InvalidArgumentError("device tensor of an unknown element type"));
+  }
+  if (tensor.elems <= std::numeric_limits<uint32_t>::max()) {
+    op->device = tensor;
+    op->staging.resize(tensor.elems);
+    op->data = op->staging.data();
+  }
+  Enqueue(std::move(op), key, tensor.elems, options);
+}
+
+void TransferEngine::Enqueue(std::unique_ptr<Op> op, uint32_t key, uint64_t elems, const AllReduceOptions& options) {
   auto fail = [&](absl::Status s) { op->done(std::move(s)); };
-  if (data.empty() || data.data() == nullptr) return fail(absl::InvalidArgumentError("AllReduce of an empty tensor"));
-  if (data.size() > std::numeric_limits<uint32_t>::max()) {
-    return fail(absl::InvalidArgumentError(absl::StrCat("tensor of ", data.size(), " elements exceeds 2^32 - 1")));
+  const int64_t broadcast_root = op->broadcast_root;
+  if (elems == 0) return fail(absl::InvalidArgumentError("AllReduce of an empty tensor"));
+  if (elems > std::numeric_limits<uint32_t>::max()) {
+    return fail(absl::InvalidArgumentError(absl::StrCat("tensor of ", elems, " elements exceeds 2^32 - 1")));
   }
   const double bound = options.loss_bound < 0 ? options_.loss_bound : options.loss_bound;
   if (!(bound <= 1)) return fail(absl::InvalidArgumentError(absl::StrCat("loss_bound ", bound, " is not in [0, 1]")));
   op->loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
   op->tensor = TensorInfo{options.layer, options_.num_layers};
-  op->broadcast_root = broadcast_root;
   // A broadcast must replace every replica's data exactly.
   op->encoding = broadcast_root >= 0 ? wire::Encoding::kF32 : options.payload_encoding.value_or(options_.payload_encoding);
   if (static_cast<uint8_t>(op->encoding) >= wire::kNumEncodings) {
@@ -110,8 +138,7 @@ void TransferEngine::Submit(uint32_t key, absl::Span<float> data, const AllReduc
     } else {
       op->key = key;
       op->round = next_round_[key]++;
-      op->data = data.data();
-      op->geometry = wire::ChunkGeometry{static_cast<uint32_t>(data.size()), options_.chunk_bytes / 4};
+      op->geometry = wire::ChunkGeometry{static_cast<uint32_t>(elems), options_.chunk_bytes / 4};
       active_keys_.insert(key);
       submitted_.push_back(std::move(op));
     }
@@ -216,7 +243,16 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
     op->stats.key = op->key;
     op->stats.round = op->round;
     op->stats.loss_bound = static_cast<double>(op->loss_bound_ppm) / wire::kPpm;
-    Prepare(*op);
+    if (absl::Status s = Prepare(*op); !s.ok()) {
+      {
+        // Nothing of the round went out: the key's next op takes its number, as on the others.
+        std::lock_guard<std::mutex> lock(mu_);
+        active_keys_.erase(op->key);
+        next_round_[op->key] = op->round;
+      }
+      op->done(std::move(s));
+      continue;
+    }
     if (options_.retain_inputs) op->input.assign(op->data, op->data + op->geometry.tensor_elems);
     if (auto r = ops_.find(op->key); r != ops_.end() && r->second->replay) {
       held_[op->key] = std::move(op);  // starts once the regroup's replay of its key ends
@@ -488,6 +524,16 @@ void TransferEngine::Complete(Op& op, absl::Time now) {
   }
   completed_round_[op.key] = op.round;
   op.stats.time = now - op.start;
+  if (op.device) {
+    // The aggregate goes back where the tensor lives before anyone hears of completion.
+    absl::Status s = StoreToDevice(op.data, op.geometry.tensor_elems, op.device->type, op.device->data,
+                                   op.device->device);
+    if (!s.ok()) {
+      outbox_.Flush().IgnoreError();
+      return Finish(op.key, absl::Status(s.code(), absl::StrCat("writing key ", op.key, "'s result to the device: ",
+                                                                s.message())));
+    }
+  }
   // The DONEs go on the wire before the caller hears of completion: a caller may close the client
   // at once, and an aggregator that never hears DONE holds the round until it expires.
   if (absl::Status s = outbox_.Flush(); !s.ok()) DLCP_LOG(Warning) << "done: " << s;

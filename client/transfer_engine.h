@@ -78,6 +78,9 @@ class TransferEngine {
   // that rank: other ranks contribute zeros.
   void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t broadcast_root,
               OpDone done);
+  // The same for a tensor in CUDA device memory: the CUDA packer packs it, results gather in a
+  // host buffer of the op and go back to the device when the op completes.
+  void SubmitDevice(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options, OpDone done);
   // Fails every pending op with `reason` and joins the I/O thread. Idempotent.
   void Stop(const absl::Status& reason);
   // Any thread: the job can no longer make progress (e.g. this worker was dropped). Every pending
@@ -134,6 +137,10 @@ class TransferEngine {
     wire::Encoding encoding = wire::Encoding::kF32;
     std::vector<uint8_t> packets;
     uint64_t packet_stride = 0;
+    // A device op: the tensor, and the host buffer `data` points to, which holds what was pushed
+    // (decoded from the packets) and then the results.
+    std::optional<DeviceTensor> device;
+    std::vector<float> staging;
     std::vector<Dest> dests;
     uint32_t remaining = 0;
     TensorInfo tensor;
@@ -161,6 +168,8 @@ class TransferEngine {
   };
 
   void Run();
+  // Validates and enqueues an op whose `data` is set (Submit, SubmitDevice).
+  void Enqueue(std::unique_ptr<Op> op, uint32_t key, uint64_t elems, const AllReduceOptions& options);
   void TakeSubmissions(absl::Time now);
   // (Re)starts an op already prepared: plan, per-chunk state, windows, timers, manifests.
   void Launch(Op& op, absl::Time now);
@@ -180,8 +189,12 @@ class TransferEngine {
   void HandleNack(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest);
   void HandleStop(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest, absl::Time now);
   void SendManifest(const Op& op, uint32_t dest);
-  // Classifies the op's chunks and, for a bounded round, applies error feedback first.
-  void Prepare(Op& op);
+  // Classifies the op's chunks and writes its packets (client/packer), with error feedback.
+  absl::Status Prepare(Op& op);
+  absl::Status PackDevice(Op& op);
+  void PackHost(Op& op);
+  // Adds what earlier rounds left out of this worker's contribution into the op's data.
+  void ApplyResidual(Op& op);
   // Completes the op when every result is in, or arms the bounded pull's tail when enough are.
   void MaybeComplete(Op& op, absl::Time now);
   void Complete(Op& op, absl::Time now);
@@ -239,6 +252,7 @@ class TransferEngine {
   std::unordered_map<uint32_t, uint32_t> completed_round_;  // key -> last round finished here
   // Classes every op's chunks and, for 16-bit encodings, writes their packets (client/packer).
   std::unique_ptr<Packer> packer_;
+  std::unordered_map<int, std::unique_ptr<Packer>> device_packers_;  // per CUDA device, made on first use
   DropInjector injector_;
   PhaseAwareBound phase_;
   // Error feedback, per key: this worker's contributions left out of earlier rounds, added into

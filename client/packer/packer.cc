@@ -54,6 +54,10 @@ absl::Status CudaPackerAvailable() {
 #endif
 }
 
+#if !DLCP_WITH_CUDA
+absl::Status StoreToDevice(const float*, uint64_t, ElemType, void*, int) { return CudaPackerAvailable(); }
+#endif
+
 absl::StatusOr<std::unique_ptr<Packer>> CreatePacker(const PackerOptions& options) {
   if (options.device == PackerOptions::Device::kCpu) return CreateCpuPacker(options.policy);
   absl::Status cuda = CudaPackerAvailable();

@@ -67,7 +67,8 @@ struct PackOutput {
   std::vector<double> magnitudes;  // per chunk: the sum of squares (chunk_magnitude.h)
   std::vector<uint8_t> classes;    // per chunk
   // write_packets: PackLayout::packet_bytes() bytes, provided by the caller. Host memory for the
-  // CPU packer; for the CUDA packer, device memory or pinned host memory (cudaHostAlloc).
+  // CPU packer. For the CUDA packer, device memory or pinned host memory (cudaHostAlloc), which
+  // the kernel writes directly; other host memory gets a copy of packets staged on the device.
   uint8_t* packets = nullptr;
 };
 
@@ -92,5 +93,10 @@ absl::StatusOr<std::unique_ptr<Packer>> CreatePacker(const PackerOptions& option
 // one. Otherwise says why (a build without CUDA; on a machine without a driver the runtime
 // answers error 35, "driver version is insufficient").
 absl::Status CudaPackerAvailable();
+
+// Writes `n` float32 values into CUDA device memory `device` (on CUDA device `device_index`) as
+// `type`, rounding to nearest even for the 16-bit types. Blocks until the copy is done.
+// UNAVAILABLE without CUDA.
+absl::Status StoreToDevice(const float* values, uint64_t n, ElemType type, void* device, int device_index);
 
 }  // namespace dlcp

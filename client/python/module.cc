@@ -173,6 +173,12 @@ class Completer {
   std::thread thread_;
 };
 
+template <typename T>
+T Parsed(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *v;
+}
+
 absl::Span<float> FloatSpan(const py::buffer& buffer) {
   py::buffer_info info;
   try {
@@ -211,25 +217,55 @@ class PyClient {
   }
 
   std::shared_ptr<Handle> Submit(uint32_t key, const py::buffer& buffer, uint32_t layer, double loss_bound,
-                                 int64_t root, py::object callback) {
+                                 int64_t root, py::object encoding, py::object callback) {
     if (!client_ || closed_) Raise(absl::FailedPreconditionError("dlcp client is closed"));
     absl::Span<float> data = FloatSpan(buffer);
-    auto* p = new Pending{std::make_shared<Handle>(), buffer, std::move(callback)};
-    std::shared_ptr<Handle> handle = p->handle;
+    const AllReduceOptions o = OpOptions(layer, loss_bound, encoding);
+    auto [handle, done] = Track(buffer, std::move(callback));
+    if (root >= 0) {
+      client_->BroadcastAsync(key, data, static_cast<uint32_t>(root), std::move(done));
+    } else {
+      client_->AllReduceAsync(key, data, o, std::move(done));
+    }
+    return handle;
+  }
+
+  // A tensor in CUDA device memory, by address; `keep` (the tensor) stays alive until the op ends.
+  std::shared_ptr<Handle> SubmitDevice(uint32_t key, uintptr_t ptr, const std::string& dtype, uint64_t elems,
+                                       int device, py::object keep, uint32_t layer, double loss_bound,
+                                       py::object encoding, py::object callback) {
+    if (!client_ || closed_) Raise(absl::FailedPreconditionError("dlcp client is closed"));
+    DeviceTensor t{reinterpret_cast<void*>(ptr), ElemType::kF32, elems, device};
+    if (dtype == "float16") {
+      t.type = ElemType::kF16;
+    } else if (dtype == "bfloat16") {
+      t.type = ElemType::kBF16;
+    } else if (dtype != "float32") {
+      Raise(absl::InvalidArgumentError(absl::StrCat("device tensors hold float32, float16 or bfloat16, not ", dtype)));
+    }
+    const AllReduceOptions o = OpOptions(layer, loss_bound, encoding);
+    auto [handle, done] = Track(std::move(keep), std::move(callback));
+    client_->AllReduceDeviceAsync(key, t, o, std::move(done));
+    return handle;
+  }
+
+  static AllReduceOptions OpOptions(uint32_t layer, double loss_bound, const py::object& encoding) {
+    AllReduceOptions o;
+    o.layer = layer;
+    o.loss_bound = loss_bound;
+    if (!encoding.is_none()) o.payload_encoding = Parsed(wire::ParseEncoding(encoding.cast<std::string>()));
+    return o;
+  }
+
+  // A handle for a new op, and the completion that hands its result to the completer thread.
+  std::pair<std::shared_ptr<Handle>, OpDone> Track(py::object keep, py::object callback) {
+    auto* p = new Pending{std::make_shared<Handle>(), std::move(keep), std::move(callback)};
     Completer* completer = completer_.get();
     OpDone done = [p, completer](absl::StatusOr<RoundStats> r) {
       p->result = std::move(r);
       completer->Push(p);
     };
-    if (root >= 0) {
-      client_->BroadcastAsync(key, data, static_cast<uint32_t>(root), std::move(done));
-    } else {
-      AllReduceOptions o;
-      o.layer = layer;
-      o.loss_bound = loss_bound;
-      client_->AllReduceAsync(key, data, o, std::move(done));
-    }
-    return handle;
+    return {p->handle, std::move(done)};
   }
 
   void Close() {
@@ -255,12 +291,6 @@ class PyClient {
   std::unique_ptr<Completer> completer_;
   bool closed_ = false;
 };
-
-template <typename T>
-T Parsed(absl::StatusOr<T> v) {
-  if (!v.ok()) Raise(v.status());
-  return *v;
-}
 
 ClientOptions MakeOptions(py::kwargs kw) {
   ClientOptions o;
@@ -324,6 +354,8 @@ ClientOptions MakeOptions(py::kwargs kw) {
   py::object loss = take("on_aggregator_loss");
   if (!loss.is_none()) o.on_aggregator_loss = Parsed(ParseAggregatorLoss(loss.cast<std::string>()));
   opt("phase_aware", o.phase_aware.enabled);
+  py::object encoding = take("payload_encoding");
+  if (!encoding.is_none()) o.payload_encoding = Parsed(wire::ParseEncoding(encoding.cast<std::string>()));
   py::object drops = take("inject_drop");
   if (!drops.is_none()) {
     if (absl::Status s = ParseClassDrops(drops.cast<std::string>(), &o.inject.rate); !s.ok()) Raise(s);
@@ -347,6 +379,14 @@ PYBIND11_MODULE(_dlcp, m) {
   static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
   g_error = error.ptr();
 
+  m.def(
+      "cuda_status",
+      [] {
+        absl::Status s = CudaPackerAvailable();
+        return s.ok() ? py::object(py::none()) : py::object(py::str(StatusText(s)));
+      },
+      "None when device tensors go through the CUDA packer; otherwise why they cannot.");
+
   py::class_<Handle, std::shared_ptr<Handle>>(m, "Handle")
       .def("done", &Handle::done)
       .def("wait", &Handle::Wait, py::arg("timeout") = py::none(),
@@ -355,7 +395,11 @@ PYBIND11_MODULE(_dlcp, m) {
   py::class_<PyClient>(m, "Client")
       .def(py::init([](py::kwargs kw) { return std::make_unique<PyClient>(MakeOptions(kw)); }))
       .def("submit", &PyClient::Submit, py::arg("key"), py::arg("buffer"), py::arg("layer") = 0,
-           py::arg("loss_bound") = -1.0, py::arg("root") = -1, py::arg("callback") = py::none())
+           py::arg("loss_bound") = -1.0, py::arg("root") = -1, py::arg("encoding") = py::none(),
+           py::arg("callback") = py::none())
+      .def("submit_device", &PyClient::SubmitDevice, py::arg("key"), py::arg("ptr"), py::arg("dtype"),
+           py::arg("elems"), py::arg("device"), py::arg("keep"), py::arg("layer") = 0, py::arg("loss_bound") = -1.0,
+           py::arg("encoding") = py::none(), py::arg("callback") = py::none())
       .def("close", &PyClient::Close)
       .def_property_readonly("rank", &PyClient::rank)
       .def_property_readonly("world_size", &PyClient::world_size)

@@ -72,6 +72,48 @@ TEST(ClientErrors, BadAllReduceCalls) {
   EXPECT_EQ((*c)->AllReduce(2, absl::MakeSpan(a)).get().status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(ClientErrors, DeviceTensorWithoutAUsableDeviceIsRefusedSayingWhy) {
+  if (CudaPackerAvailable().ok()) GTEST_SKIP() << "a CUDA device is present; dlcp_cuda_tests covers device tensors";
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  auto c = Client::Connect(Opts(agg->address(), "no-device", 1, 0));
+  ASSERT_TRUE(c.ok()) << c.status();
+  float fake = 0;  // never read: the op is refused first
+  auto r = (*c)->AllReduceDevice(1, DeviceTensor{&fake, ElemType::kF32, 1, 0}).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find(std::string(CudaPackerAvailable().message())), std::string::npos) << r.status();
+  // The client goes on with host tensors.
+  std::vector<float> a(100, 2);
+  ASSERT_TRUE((*c)->AllReduce(1, absl::MakeSpan(a)).get().ok());
+  EXPECT_EQ(a[99], 2);
+}
+
+// Workers that disagree on a key's encoding cannot be summed: the aggregator refuses the pushes
+// in the encoding its round did not start with, and the ops fail at their deadline.
+TEST(ClientErrors, WorkersDisagreeingOnTheEncodingAreRefused) {
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  std::vector<std::unique_ptr<Client>> clients(2);
+  std::vector<std::thread> joiners;
+  for (uint32_t r = 0; r < 2; ++r) {
+    joiners.emplace_back([&, r] {
+      ClientOptions o = Opts(agg->address(), "encodings", 2, r);
+      o.op_timeout = absl::Milliseconds(600);
+      o.payload_encoding = r == 0 ? wire::Encoding::kF32 : wire::Encoding::kBF16;
+      auto c = Client::Connect(o);
+      if (c.ok()) clients[r] = std::move(*c);
+    });
+  }
+  for (auto& j : joiners) j.join();
+  ASSERT_TRUE(clients[0] && clients[1]);
+  std::vector<float> a(3000, 1), b(3000, 1);
+  auto f0 = clients[0]->AllReduce(4, absl::MakeSpan(a));
+  auto f1 = clients[1]->AllReduce(4, absl::MakeSpan(b));
+  EXPECT_EQ(f0.get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(f1.get().status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"shape_mismatch\"}"), 0);
+}
+
 TEST(ClientErrors, MissingPeerMeansDeadlineExceededNamingTheShortfall) {
   auto agg = TestAggregator::Start({});
   ASSERT_NE(agg, nullptr);

@@ -150,13 +150,11 @@ struct DeviceBuffer {
   }
 };
 
-absl::Status CheckPointer(const void* p, bool host_ok, const char* what) {
+// Where `p` lives; device and managed memory count as the device's, pinned host memory as host.
+absl::StatusOr<cudaMemoryType> MemoryOf(const void* p) {
   cudaPointerAttributes attr{};
   DLCP_CUDA_RETURN(cudaPointerGetAttributes(&attr, p));
-  if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) return absl::OkStatus();
-  if (host_ok && attr.type == cudaMemoryTypeHost) return absl::OkStatus();  // pinned
-  return absl::InvalidArgumentError(absl::StrCat(
-      "pack: the ", what, host_ok ? " must be device memory or pinned host memory" : " must be device memory"));
+  return attr.type == cudaMemoryTypeManaged ? cudaMemoryTypeDevice : attr.type;
 }
 
 class CudaPacker : public Packer {
@@ -173,9 +171,21 @@ class CudaPacker : public Packer {
     if (in.write_packets && out->packets == nullptr) return absl::InvalidArgumentError("pack: no packet buffer");
     DLCP_CUDA_RETURN(cudaSetDevice(device_));
     if (!stream_) DLCP_CUDA_RETURN(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    if (absl::Status s = CheckPointer(in.data, false, "input"); !s.ok()) return s;
+    absl::StatusOr<cudaMemoryType> input = MemoryOf(in.data);
+    if (!input.ok()) return input.status();
+    if (*input != cudaMemoryTypeDevice) return absl::InvalidArgumentError("pack: the input must be CUDA device memory");
+    uint8_t* packets = nullptr;  // where the kernels write
+    bool stage = false;          // then copied to out->packets, ordinary host memory
     if (in.write_packets) {
-      if (absl::Status s = CheckPointer(out->packets, true, "packet buffer"); !s.ok()) return s;
+      absl::StatusOr<cudaMemoryType> where = MemoryOf(out->packets);
+      if (!where.ok()) return where.status();
+      stage = *where == cudaMemoryTypeUnregistered;
+      if (stage) {
+        if (absl::Status s = staged_.Reserve(layout->packet_bytes()); !s.ok()) return s;
+        packets = staged_.ptr;
+      } else {
+        packets = out->packets;
+      }
     }
     const uint32_t chunks = layout->chunks();
     const uint32_t tensors = static_cast<uint32_t>(in.tensors.size());
@@ -195,7 +205,7 @@ class CudaPacker : public Packer {
     DLCP_CUDA_RETURN(cudaMemcpyAsync(first_.ptr, layout->first_chunk.data(), (tensors + 1) * sizeof(uint32_t),
                                      cudaMemcpyHostToDevice, stream_));
     const Args a{in.data, in.type, tensors_.ptr, first_.ptr, tensors, in.chunk_elems, in.encoding,
-                 in.job, in.rank, layout->stride, in.write_packets ? out->packets : nullptr};
+                 in.job, in.rank, layout->stride, packets};
     PackChunks<<<chunks, kNormLanes, 0, stream_>>>(a, magnitudes_.ptr, keys_.ptr, index_.ptr);
     DLCP_CUDA_RETURN(cudaGetLastError());
     const uint32_t* order = index_.ptr;
@@ -218,6 +228,9 @@ class CudaPacker : public Packer {
     DLCP_CUDA_RETURN(cudaMemcpyAsync(out->magnitudes.data(), magnitudes_.ptr, chunks * sizeof(double),
                                      cudaMemcpyDeviceToHost, stream_));
     DLCP_CUDA_RETURN(cudaMemcpyAsync(out->classes.data(), classes_.ptr, chunks, cudaMemcpyDeviceToHost, stream_));
+    if (stage) {
+      DLCP_CUDA_RETURN(cudaMemcpyAsync(out->packets, packets, layout->packet_bytes(), cudaMemcpyDeviceToHost, stream_));
+    }
     DLCP_CUDA_RETURN(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
@@ -230,7 +243,7 @@ class CudaPacker : public Packer {
   DeviceBuffer<uint32_t> first_, index_, sorted_index_;
   DeviceBuffer<double> magnitudes_;
   DeviceBuffer<uint64_t> keys_, sorted_keys_;
-  DeviceBuffer<uint8_t> classes_, temp_;
+  DeviceBuffer<uint8_t> classes_, temp_, staged_;
 };
 
 }  // namespace
@@ -243,6 +256,23 @@ absl::Status CudaDeviceStatus() {
                                                static_cast<int>(e), " (", cudaGetErrorString(e), ")"));
   }
   if (count <= 0) return absl::UnavailableError("no CUDA device");
+  return absl::OkStatus();
+}
+
+absl::Status StoreToDevice(const float* values, uint64_t n, ElemType type, void* device, int device_index) {
+  DLCP_CUDA_RETURN(cudaSetDevice(device_index));
+  if (type == ElemType::kF32) {
+    DLCP_CUDA_RETURN(cudaMemcpy(device, values, n * sizeof(float), cudaMemcpyHostToDevice));
+    return absl::OkStatus();
+  }
+  // float16 / bfloat16 tensors hold exactly what those payload encodings hold.
+  const wire::Encoding e = type == ElemType::kF16 ? wire::Encoding::kF16 : wire::Encoding::kBF16;
+  std::vector<uint8_t> narrow(n * 2);
+  for (uint64_t off = 0; off < n; off += 1u << 30) {
+    const uint32_t count = static_cast<uint32_t>(n - off < (1u << 30) ? n - off : (1u << 30));
+    wire::EncodeValues(values + off, count, e, narrow.data() + 2 * off);
+  }
+  DLCP_CUDA_RETURN(cudaMemcpy(device, narrow.data(), narrow.size(), cudaMemcpyHostToDevice));
   return absl::OkStatus();
 }
 

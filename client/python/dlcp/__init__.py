@@ -7,8 +7,10 @@
 
 Tensors are float32 and contiguous: torch CPU tensors, numpy arrays, or anything with the
 buffer protocol. The data is used in place (no copy) and must be left alone until the op is
-done. CUDA tensors are staged through host memory for now (see README). Errors raise
-dlcp.Error with the reason; nothing here aborts the interpreter.
+done. CUDA tensors (float32, float16 or bfloat16) go through the CUDA packer, which reads them
+on the GPU, and the aggregate is written back to the device; where no CUDA device is usable
+(cuda_status() says why) they are staged through host memory. Errors raise dlcp.Error with
+the reason; nothing here aborts the interpreter.
 """
 import atexit
 import threading
@@ -18,7 +20,34 @@ from . import _dlcp
 
 Error = _dlcp.Error
 
-__all__ = ["Client", "Error", "Handle", "resolve_aggregators"]
+__all__ = ["Client", "Error", "Handle", "cuda_status", "resolve_aggregators"]
+
+
+def cuda_status():
+    """None when CUDA tensors go through the CUDA packer; otherwise the reason they cannot
+    (a build without CUDA, or no usable device) and they are staged through host memory."""
+    return _dlcp.cuda_status()
+
+
+_DEVICE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _as_device_tensor(tensor):
+    """For a CUDA tensor the CUDA packer can read: the contiguous tensor to hand over, and a
+    function that puts the result back (None when it is the tensor itself). Otherwise None."""
+    if not getattr(tensor, "is_cuda", False) or _dlcp.cuda_status() is not None:
+        return None
+    import torch
+    if str(tensor.dtype).replace("torch.", "") not in _DEVICE_DTYPES:
+        return None
+    t = tensor.detach()
+    finish = None
+    if not t.is_contiguous():
+        t = t.contiguous()
+        finish = lambda: tensor.copy_(t)  # noqa: E731
+    # The packer reads on its own stream: whatever produced the tensor must be done first.
+    torch.cuda.current_stream(t.device).synchronize()
+    return t, finish
 
 _open_clients = weakref.WeakSet()
 _open_lock = threading.Lock()
@@ -90,7 +119,7 @@ class Client:
       loss_bound (ε, default 0.01; 0 is fully reliable), reliable_fraction, class_policy,
       num_layers, compensation ("rescale" | "zero-fill"), error_feedback, pull_mode
       ("consistent" | "bounded"), pull_loss_bound, phase_aware; on_aggregator_loss
-      ("fail" | "remap"); rpc_timeout_s, op_timeout_s,
+      ("fail" | "remap"); payload_encoding ("f32" | "f16" | "bf16"); rpc_timeout_s, op_timeout_s,
       repair_timeout_s, heartbeat_interval_s, window_bytes; data_host, bind_host, dscp,
       busy_poll; transport ("auto" | "udp" | "rdma"), spray_ports, spray_burst, rdma_device,
       rdma_gid_index, rdma_qkey;
@@ -115,17 +144,26 @@ class Client:
     def job_id(self):
         return self._inner.job_id
 
-    def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None):
+    def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None, encoding=None):
         """Starts summing `tensor` over the job's workers, in place. `callback(stats, error)`
-        runs on the client's completion thread once the op is done (error is a str or None)."""
+        runs on the client's completion thread once the op is done (error is a str or None).
+        encoding ("f32" | "f16" | "bf16") overrides the client's payload_encoding for this op."""
+        bound = -1.0 if loss_bound is None else loss_bound
+        device = _as_device_tensor(tensor)
+        if device is not None:
+            t, finish = device
+            cb = _wrap_callback(callback, finish)
+            inner = self._inner.submit_device(key, t.data_ptr(), str(t.dtype).replace("torch.", ""), t.numel(),
+                                              t.device.index or 0, t, layer=layer, loss_bound=bound,
+                                              encoding=encoding, callback=cb)
+            return Handle(inner, None if cb is not None else finish)
         buf, finish = _as_buffer(tensor)
         cb = _wrap_callback(callback, finish)
-        inner = self._inner.submit(key, buf, layer=layer, loss_bound=-1.0 if loss_bound is None else loss_bound,
-                                   callback=cb)
+        inner = self._inner.submit(key, buf, layer=layer, loss_bound=bound, encoding=encoding, callback=cb)
         return Handle(inner, None if cb is not None else finish)
 
-    def allreduce(self, key, tensor, layer=0, loss_bound=None, timeout=None):
-        return self.allreduce_async(key, tensor, layer, loss_bound).wait(timeout)
+    def allreduce(self, key, tensor, layer=0, loss_bound=None, timeout=None, encoding=None):
+        return self.allreduce_async(key, tensor, layer, loss_bound, encoding=encoding).wait(timeout)
 
     def broadcast_async(self, key, tensor, root, callback=None):
         """Replaces `tensor` on every worker with root's, exactly (reliable whatever ε is)."""
