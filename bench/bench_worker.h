@@ -35,7 +35,9 @@ struct WorkerResult {
   uint64_t result_requests = 0;
   uint32_t min_contributors = 0;
   bool exact = true;
-  bool checked = true;  // false: bounded loss with more workers than the digit check can decode
+  // false: bounded loss with more workers than the digit check can decode, or with a 16-bit
+  // encoding; a 16-bit encoding whose sums cannot be exact.
+  bool checked = true;
   // Bounded loss, over every round.
   std::array<uint64_t, 4> chunks_by_class = {};
   std::array<uint64_t, 4> left_out_by_class = {};

@@ -9,6 +9,12 @@ echo
 echo "== dlcp vs Gloo ring all-reduce"
 bash bench/compare_gloo/compare_gloo.sh "$BUILD"
 echo
+echo "== float32 against float16 / bfloat16 payloads"
+bash bench/encoding.sh "$BUILD"
+echo
+echo "== packing gradients (CPU; the CUDA packer where a device is usable) against a copy"
+"$BUILD/bench/pack_bench" --mib=256
+echo
 echo "== cost of data-packet authentication"
 bash bench/auth_cost.sh "$BUILD"
 echo

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# float32 against float16 / bfloat16 payloads: the same jobs against one local dlcpd, the
+# encodings interleaved in one run. Prints JSON lines and a ratio table (p50 round time and bytes
+# pushed, each encoding over float32). On one host the data path is CPU-bound, so the time ratio
+# shows what the conversions cost; on a network-bound fabric the halved bytes are the gain.
+#   bench/encoding.sh [BUILD_DIR]
+set -euo pipefail
+BUILD=${1:-build}
+REPS=${REPS:-3}
+work=$(mktemp -d /tmp/dlcp-encoding.XXXXXX)
+pid=
+cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+"$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --plaintext --log-level=warning \
+  --ready-file="$work/ready" 2>"$work/dlcpd.log" &
+pid=$!
+for _ in $(seq 1 100); do [ -s "$work/ready" ] && break; sleep 0.05; done
+agg="127.0.0.1:$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$work/ready")"
+for rep in $(seq 1 "$REPS"); do
+  for spec in "2 104857600 5" "4 4194304 30"; do
+    read -r n size rounds <<<"$spec"
+    for enc in f32 f16 bf16; do
+      j=$("$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg" --workers="$n" --tensor-bytes="$size" \
+          --rounds="$rounds" --warmup=2 --loss-bound=0 --payload-encoding=$enc --json | tail -1)
+      echo "{\"encoding\":\"$enc\",${j#\{}" | tee -a "$work/out"
+    done
+  done
+done
+python3 - "$work/out" <<'PY'
+import json, sys, statistics
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+groups = {}
+for r in rows:
+    groups.setdefault((r["workers"], r["tensor_bytes"]), {}).setdefault(r["encoding"], []).append(r)
+print()
+print("| workers | size | encoding | p50 ms | p50 / f32 | exact |")
+print("|---|---|---|---|---|---|")
+for (n, b), g in sorted(groups.items()):
+    base = statistics.median(r["p50_ms"] for r in g["f32"])
+    for enc in ("f32", "f16", "bf16"):
+        p50 = statistics.median(r["p50_ms"] for r in g[enc])
+        exact = all(r["exact"] for r in g[enc])
+        print(f"| {n} | {b / 1048576:.0f} MiB | {enc} | {p50:.1f} | {p50 / base:.2f} | {exact} |")
+PY
