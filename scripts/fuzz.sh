@@ -19,7 +19,7 @@ FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -I"$BUILD/proto/gen")
 LIBS=$(pkg-config --libs grpc++ protobuf absl_status absl_statusor absl_strings absl_str_format absl_time \
        absl_synchronization)
-WIRE=(common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc common/wire/bounded.cc)
+WIRE=(common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc common/wire/bounded.cc common/wire/payload_encoding.cc)
 # The RDMA transport when the build has it (build_config.h); libibverbs itself is dlopen()ed.
 RDMA=()
 if grep -q 'DLCP_WITH_RDMA 1' "$BUILD/generated/common/base/build_config.h"; then
@@ -37,7 +37,8 @@ clang++ "${FLAGS[@]}" tests/fuzz/control_fuzz.cc "${WIRE[@]}" \
   server/policy/loss_tracker.cc common/policy/drop_injector.cc \
   server/control/aggregator_service.cc "$BUILD/proto/gen/dlcp/v1/control.pb.cc" \
   "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" $LIBS -lhighwayhash -lpthread -ldl -o "$OUT/control_fuzz" &
-wait %1 && wait %2
+wait %1 || { echo "fuzz: building wire_fuzz failed"; exit 1; }
+wait %2 || { echo "fuzz: building control_fuzz failed"; exit 1; }
 
 status=0
 for target in wire control; do

@@ -25,7 +25,7 @@ absl::StatusOr<Encoding> ParseEncoding(const std::string& name) {
 // Native 16-bit stores where the host is little-endian like the wire; AVX2 where the CPU has it.
 namespace {
 template <uint16_t (*Convert)(float)>
-__attribute__((target_clones("avx2", "default"))) void Narrow(const float* in, uint32_t n, uint8_t* out) {
+inline void Narrow(const float* in, uint32_t n, uint8_t* out) {
   if constexpr (std::endian::native == std::endian::little) {
     uint16_t* o = reinterpret_cast<uint16_t*>(out);
     for (uint32_t i = 0; i < n; ++i) o[i] = Convert(in[i]);
@@ -36,6 +36,13 @@ __attribute__((target_clones("avx2", "default"))) void Narrow(const float* in, u
       out[2 * i + 1] = static_cast<uint8_t>(v >> 8);
     }
   }
+}
+// Clang clones functions, not templates.
+__attribute__((target_clones("avx2", "default"))) void NarrowF16(const float* in, uint32_t n, uint8_t* out) {
+  Narrow<F32ToF16>(in, n, out);
+}
+__attribute__((target_clones("avx2", "default"))) void NarrowBF16(const float* in, uint32_t n, uint8_t* out) {
+  Narrow<F32ToBF16>(in, n, out);
 }
 }  // namespace
 
@@ -49,9 +56,9 @@ void EncodeValues(const float* in, uint32_t n, Encoding e, uint8_t* out) {
       }
       return;
     case Encoding::kF16:
-      return Narrow<F32ToF16>(in, n, out);
+      return NarrowF16(in, n, out);
     case Encoding::kBF16:
-      return Narrow<F32ToBF16>(in, n, out);
+      return NarrowBF16(in, n, out);
   }
 }
 

@@ -9,6 +9,7 @@
 //    is one IPv4 address with a DSCP in [0, 63].
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "common/base/build_config.h"
 #if DLCP_WITH_RDMA
@@ -17,6 +18,7 @@
 
 #include "common/wire/bounded.h"
 #include "common/wire/header.h"
+#include "common/wire/payload_encoding.h"
 #include "common/wire/mac.h"
 #include "common/wire/ranges.h"
 
@@ -51,6 +53,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           std::memcmp(encoded[0].data(), data + kHeaderSize, h.payload_len) != 0) {
         __builtin_trap();
       }
+    }
+  }
+  if (h.type == MsgType::kPush || h.type == MsgType::kResult) {
+    // Any payload decodes; a 16-bit value survives float32 and back unchanged (NaNs stay NaN).
+    const auto e = static_cast<Encoding>(h.encoding);
+    const uint32_t n = h.payload_len / EncodingWidth(e);
+    std::vector<float> values(n);
+    DecodeValues(data + kHeaderSize, n, e, values.data());
+    std::vector<uint8_t> back(h.payload_len);
+    EncodeValues(values.data(), n, e, back.data());
+    for (uint32_t i = 0; i < n && e != Encoding::kF32; ++i) {
+      const float v = LoadValue(back.data(), i, e);
+      if (v == v ? v != values[i] : values[i] == values[i]) __builtin_trap();
+      if (v == v && std::memcmp(back.data() + 2 * i, data + kHeaderSize + 2 * i, 2) != 0 && v != 0) __builtin_trap();
     }
   }
   if (h.type == MsgType::kManifest) {
