@@ -552,8 +552,10 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
   if (ranges->empty() && op.loss_bound_ppm > 0) return SendManifest(op, from_dest);
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
-      // Only chunks already pushed: the rest go out under the window anyway.
-      if (op.state[c] == kSent) op.dests[op.plan->dest_of_chunk[c]].resend.push_back(c);
+      // Only chunks already pushed: the rest go out under the window anyway. At most a window's
+      // worth waits to go again, as for a result request; the aggregator NACKs the rest later.
+      std::vector<uint32_t>& resend = op.dests[op.plan->dest_of_chunk[c]].resend;
+      if (op.state[c] == kSent && resend.size() < options_.window_chunks) resend.push_back(c);
     }
   }
 }
@@ -561,7 +563,11 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
 void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only, const std::vector<uint8_t>* wanted) {
   std::vector<uint32_t> missing;
   if (!done_only) {
+    // At most a window's worth, lowest first: every result asked for that is final comes back
+    // at once, and more than a window would overrun our own socket buffer, lose results again
+    // and ask again, round after round (a repair storm).
     for (uint32_t c : op.plan->chunks_by_dest[dest]) {
+      if (missing.size() >= options_.window_chunks) break;
       if (op.state[c] == kSent && (wanted == nullptr || wanted->empty() || (*wanted)[c])) missing.push_back(c);
     }
     // Nothing pushed there lacks a result yet; a bounded round may still lack its STOP.
