@@ -37,7 +37,25 @@ inline void Narrow(const float* in, uint32_t n, uint8_t* out) {
     }
   }
 }
+template <float (*Convert)(uint16_t)>
+inline void Widen(const uint8_t* in, uint32_t n, float* out) {
+  if constexpr (std::endian::native == std::endian::little) {
+    for (uint32_t i = 0; i < n; ++i) {
+      uint16_t v;
+      std::memcpy(&v, in + 2 * i, 2);  // a plain load; the payload may sit at any address
+      out[i] = Convert(v);
+    }
+  } else {
+    for (uint32_t i = 0; i < n; ++i) out[i] = Convert(static_cast<uint16_t>(in[2 * i] | (in[2 * i + 1] << 8)));
+  }
+}
 // Clang clones functions, not templates.
+__attribute__((target_clones("avx2", "default"))) void WidenF16(const uint8_t* in, uint32_t n, float* out) {
+  Widen<F16ToF32>(in, n, out);
+}
+__attribute__((target_clones("avx2", "default"))) void WidenBF16(const uint8_t* in, uint32_t n, float* out) {
+  Widen<BF16ToF32>(in, n, out);
+}
 __attribute__((target_clones("avx2", "default"))) void NarrowF16(const float* in, uint32_t n, uint8_t* out) {
   Narrow<F32ToF16>(in, n, out);
 }
@@ -72,11 +90,9 @@ void DecodeValues(const uint8_t* in, uint32_t n, Encoding e, float* out) {
       }
       return;
     case Encoding::kF16:
-      for (uint32_t i = 0; i < n; ++i) out[i] = LoadValue(in, i, Encoding::kF16);
-      return;
+      return WidenF16(in, n, out);
     case Encoding::kBF16:
-      for (uint32_t i = 0; i < n; ++i) out[i] = LoadValue(in, i, Encoding::kBF16);
-      return;
+      return WidenBF16(in, n, out);
   }
 }
 
