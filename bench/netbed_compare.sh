@@ -7,7 +7,8 @@
 #   - Gloo's ring all-reduce over TCP;
 # each on 20 MiB per round, dlcp with one aggregator on every worker host (so each link carries
 # what ring all-reduce carries); and dlcp once more without cross traffic, for goodput against
-# the link rate. Also prints the physical floor: ring all-reduce's bytes per link, 2 S (N-1) / N,
+# the link rate. MODES may add reliable_bf16 and clean_bf16: the same dlcp runs with bfloat16
+# payloads (half the bytes; the floor stays float32's). Also prints the physical floor: ring all-reduce's bytes per link, 2 S (N-1) / N,
 # over the link rate. Prints one JSON line per system, then a ratio table.
 # Needs root.
 #   bench/netbed_compare.sh [BUILD_DIR]
@@ -28,13 +29,14 @@ netbed_start dlcp-netbed-bench
 ip_of() { netbed_ip_of "$@"; }
 netbed_worker_aggregators "$BUILD"
 
-run_dlcp() {  # name loss_bound [nocross]
+run_dlcp() {  # name loss_bound [nocross|cross] [encoding]
   [[ ${3:-} == nocross ]] || netbed_cross_start 120
   local pids=()
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers=$N \
       --rank=$((i - 1)) --job="$1" --data-host="$(ip_of $i)" --tensor-bytes="$TENSOR" --chunk-bytes=1400 \
-      --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes="$WINDOW" --json >"$work/$1.$i" 2>&1 &
+      --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes="$WINDOW" --payload-encoding="${4:-f32}" \
+      --json >"$work/$1.$i" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
@@ -68,11 +70,14 @@ run_gloo() {
 }
 
 MODES=${MODES:-"bounded reliable gloo clean"}
+has() { [[ " $MODES " == *" $1 "* ]]; }
 {
-  [[ $MODES == *clean* ]] && run_dlcp dlcp_bounded_no_congestion 0.01 nocross
-  [[ $MODES == *bounded* ]] && run_dlcp dlcp_bounded_eps0.01 0.01
-  [[ $MODES == *reliable* ]] && run_dlcp dlcp_reliable 0
-  [[ $MODES == *gloo* ]] && run_gloo
+  has clean && run_dlcp dlcp_bounded_no_congestion 0.01 nocross
+  has bounded && run_dlcp dlcp_bounded_eps0.01 0.01
+  has reliable && run_dlcp dlcp_reliable 0
+  has gloo && run_gloo
+  has reliable_bf16 && run_dlcp dlcp_reliable_bf16 0 cross bf16
+  has clean_bf16 && run_dlcp dlcp_reliable_bf16_no_congestion 0 nocross bf16
   true
 } | tee "$work/results.jsonl"
 "$CLUSTER" stats >"$work/stats.txt"
@@ -93,7 +98,9 @@ print("| system | p50 ms | p99 ms | p50 / floor | p99 / gloo p99 | p99 / reliabl
 print("|---|---|---|---|---|---|---|---|")
 g = rows.get("gloo_ring_tcp", {}).get("p99_ms") or float("nan")
 rel = rows.get("dlcp_reliable", {}).get("p99_ms") or float("nan")
-for name in ("dlcp_bounded_eps0.01", "dlcp_reliable", "gloo_ring_tcp", "dlcp_bounded_no_congestion"):
+names = ["dlcp_bounded_eps0.01", "dlcp_reliable", "gloo_ring_tcp", "dlcp_bounded_no_congestion"]
+names += [n for n in ("dlcp_reliable_bf16", "dlcp_reliable_bf16_no_congestion") if n in rows]
+for name in names:
     r = rows.get(name)
     if not r:
         print(f"| {name} | - | - | - | - | - | - | failed |"); continue
