@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/policy/chunk_magnitude.h"
+#include "common/base/simd.h"
 
 namespace dlcp {
 namespace {
@@ -47,7 +48,7 @@ class UniformPolicy : public ClassPolicy {
 
 // AVX2 doubles the lanes per instruction where the CPU has it. The result is the same: the
 // order of every addition is fixed by the lanes, and a square needs no rounding.
-__attribute__((target_clones("avx2", "default"))) double ChunkMagnitude(const float* values, uint32_t n) {
+DLCP_AVX2_CLONES double ChunkMagnitude(const float* values, uint32_t n) {
   double lanes[kNormLanes] = {};
   uint32_t base = 0;
   for (; base + kNormLanes <= n; base += kNormLanes) {

@@ -3,6 +3,7 @@
 #include <bit>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/simd.h"
 
 namespace dlcp::wire {
 
@@ -50,16 +51,16 @@ inline void Widen(const uint8_t* in, uint32_t n, float* out) {
   }
 }
 // Clang clones functions, not templates.
-__attribute__((target_clones("avx2", "default"))) void WidenF16(const uint8_t* in, uint32_t n, float* out) {
+DLCP_AVX2_CLONES void WidenF16(const uint8_t* in, uint32_t n, float* out) {
   Widen<F16ToF32>(in, n, out);
 }
-__attribute__((target_clones("avx2", "default"))) void WidenBF16(const uint8_t* in, uint32_t n, float* out) {
+DLCP_AVX2_CLONES void WidenBF16(const uint8_t* in, uint32_t n, float* out) {
   Widen<BF16ToF32>(in, n, out);
 }
-__attribute__((target_clones("avx2", "default"))) void NarrowF16(const float* in, uint32_t n, uint8_t* out) {
+DLCP_AVX2_CLONES void NarrowF16(const float* in, uint32_t n, uint8_t* out) {
   Narrow<F32ToF16>(in, n, out);
 }
-__attribute__((target_clones("avx2", "default"))) void NarrowBF16(const float* in, uint32_t n, uint8_t* out) {
+DLCP_AVX2_CLONES void NarrowBF16(const float* in, uint32_t n, uint8_t* out) {
   Narrow<F32ToBF16>(in, n, out);
 }
 }  // namespace
