@@ -669,6 +669,7 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
     // What a regroup needs to push this round again: the input, classes and shape. The caller's
     // buffer is the caller's again.
     op->data = nullptr;
+    op->staging = {};  // a device op's results; its input stays in `input`
     op->done = nullptr;
     op->state = {};
     op->dests = {};

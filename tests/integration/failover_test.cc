@@ -53,8 +53,10 @@ void ExactRound(Client& c0, Client& c1, uint32_t key, int round, uint32_t elems)
   ExpectSum(d1, 2, round, "rank 1");
 }
 
-ClientOptions Options(const std::vector<std::string>& aggs, int rank, ClientOptions::AggregatorLoss policy) {
+ClientOptions Options(const std::vector<std::string>& aggs, int rank, ClientOptions::AggregatorLoss policy,
+                      wire::Encoding encoding = wire::Encoding::kF32) {
   ClientOptions o;
+  o.payload_encoding = encoding;  // Value()s and their sums are exact in 16 bits too
   o.aggregators = aggs;
   o.job_name = "failover";
   o.world_size = 2;
@@ -70,14 +72,17 @@ ClientOptions Options(const std::vector<std::string>& aggs, int rank, ClientOpti
   return o;
 }
 
-TEST(Failover, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup) {
+// Float32, and bfloat16, whose pushes go from the packer's packets (which a replay pushes again).
+class FailoverTest : public ::testing::TestWithParam<wire::Encoding> {};
+
+TEST_P(FailoverTest, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup) {
   auto a = StartAggregator();
   auto b = StartAggregator();
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   const std::vector<std::string> aggs{a->address(), b->address()};
-  auto c0 = Client::Connect(Options(aggs, 0, ClientOptions::AggregatorLoss::kRemap));
-  auto c1 = Client::Connect(Options(aggs, 1, ClientOptions::AggregatorLoss::kRemap));
+  auto c0 = Client::Connect(Options(aggs, 0, ClientOptions::AggregatorLoss::kRemap, GetParam()));
+  auto c1 = Client::Connect(Options(aggs, 1, ClientOptions::AggregatorLoss::kRemap, GetParam()));
   ASSERT_TRUE(c0.ok()) << c0.status();
   ASSERT_TRUE(c1.ok()) << c1.status();
   constexpr uint32_t kKey = 3, kGate = 9, kElems = 100 * 256;  // 100 chunks: one push turn
@@ -148,6 +153,9 @@ TEST(Failover, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup) {
   for (int k = 0; k < 3; ++k) ExactRound(**c0, **c1, kBig, round++, kBigElems);
   ExactRound(**c0, **c1, kKey, round++, kElems);
 }
+
+INSTANTIATE_TEST_SUITE_P(Encodings, FailoverTest, ::testing::Values(wire::Encoding::kF32, wire::Encoding::kBF16),
+                         [](const auto& info) { return std::string(wire::EncodingName(info.param)); });
 
 TEST(Failover, WithTheFailPolicyOpsFailNamingTheAggregator) {
   auto a = StartAggregator();
