@@ -30,6 +30,19 @@ void TransferEngine::ApplyResidual(Op& op) {
   it->second.chunks.clear();
 }
 
+PackInput TransferEngine::PackInputOf(const Op& op, const void* data) const {
+  PackInput in;
+  in.data = data;
+  // The epoch differs per aggregator; PushSome writes each header for its destination anyway.
+  in.tensors = {PackTensor{0, op.geometry.tensor_elems, op.key, op.round, op.tensor.layer, 0}};
+  in.chunk_elems = op.geometry.chunk_elems;
+  in.job = options_.job;
+  in.rank = options_.rank;
+  in.num_layers = op.tensor.num_layers;
+  in.encoding = op.encoding;
+  return in;
+}
+
 absl::Status TransferEngine::PackDevice(Op& op) {
   std::unique_ptr<Packer>& packer = device_packers_[op.device->device];
   if (packer == nullptr) {
@@ -38,15 +51,8 @@ absl::Status TransferEngine::PackDevice(Op& op) {
     if (!created.ok()) return created.status();
     packer = std::move(*created);
   }
-  PackInput in;
-  in.data = op.device->data;
+  PackInput in = PackInputOf(op, op.device->data);
   in.type = op.device->type;
-  in.tensors = {PackTensor{0, op.geometry.tensor_elems, op.key, op.round, op.tensor.layer, 0}};
-  in.chunk_elems = op.geometry.chunk_elems;
-  in.job = options_.job;
-  in.rank = options_.rank;
-  in.num_layers = op.tensor.num_layers;
-  in.encoding = op.encoding;
   absl::StatusOr<PackLayout> layout = PlanPack(in, options_.class_policy);
   if (!layout.ok()) return layout.status();
   op.packets.resize(layout->packet_bytes());
@@ -95,14 +101,7 @@ absl::Status TransferEngine::Prepare(Op& op) {
 
 void TransferEngine::PackHost(Op& op) {
   // One pass classes every chunk and, for a 16-bit encoding, writes its payload.
-  PackInput in;
-  in.data = op.data;
-  in.tensors = {PackTensor{0, op.geometry.tensor_elems, op.key, op.round, op.tensor.layer, 0}};
-  in.chunk_elems = op.geometry.chunk_elems;
-  in.job = options_.job;
-  in.rank = options_.rank;
-  in.num_layers = op.tensor.num_layers;
-  in.encoding = op.encoding;
+  PackInput in = PackInputOf(op, op.data);
   in.write_packets = op.encoding != wire::Encoding::kF32;
   PackOutput out;
   absl::StatusOr<PackLayout> layout = PlanPack(in, options_.class_policy);

@@ -193,6 +193,7 @@ class TransferEngine {
   absl::Status Prepare(Op& op);
   absl::Status PackDevice(Op& op);
   void PackHost(Op& op);
+  PackInput PackInputOf(const Op& op, const void* data) const;
   // Adds what earlier rounds left out of this worker's contribution into the op's data.
   void ApplyResidual(Op& op);
   // Completes the op when every result is in, or arms the bounded pull's tail when enough are.
