@@ -3,6 +3,8 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "common/base/build_config.h"
@@ -24,6 +26,36 @@ int Fail(const absl::Status& s, char* err, size_t err_len) {
   }
   return s.ok() ? 0 : static_cast<int>(s.code());
 }
+// Sets `out` from the parse of `value`, or says which setting was bad.
+template <typename T>
+absl::Status Set(const std::string& name, absl::StatusOr<T> value, T* out) {
+  if (!value.ok()) return absl::InvalidArgumentError(absl::StrCat("setting ", name, ": ", value.status().message()));
+  *out = *value;
+  return absl::OkStatus();
+}
+
+absl::Status ApplySettings(const std::string& settings, dlcp::ClientOptions* co) {
+  for (absl::string_view item : absl::StrSplit(settings, ',', absl::SkipWhitespace())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
+    const std::string name(absl::StripAsciiWhitespace(kv.first));
+    const std::string value(absl::StripAsciiWhitespace(kv.second));
+    absl::Status s;
+    if (name == "on_aggregator_loss") {
+      s = Set(name, dlcp::ParseAggregatorLoss(value), &co->on_aggregator_loss);
+    } else if (name == "payload_encoding") {
+      s = Set(name, dlcp::wire::ParseEncoding(value), &co->payload_encoding);
+    } else if (name == "pull_mode") {
+      s = Set(name, dlcp::ParsePullMode(value), &co->pull_mode);
+    } else if (name == "compensation") {
+      s = Set(name, dlcp::ParseCompensation(value), &co->compensation);
+    } else {
+      s = absl::InvalidArgumentError(absl::StrCat("unknown setting '", name,
+                                                  "' (on_aggregator_loss, payload_encoding, pull_mode, compensation)"));
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
 extern "C" {
@@ -31,6 +63,10 @@ extern "C" {
 const char* dlcp_version(void) { return DLCP_VERSION; }
 
 int dlcp_connect(const dlcp_options* o, dlcp_client** out, char* err, size_t err_len) {
+  return dlcp_connect_with(o, nullptr, out, err, err_len);
+}
+
+int dlcp_connect_with(const dlcp_options* o, const char* settings, dlcp_client** out, char* err, size_t err_len) {
   if (o == nullptr || out == nullptr || o->aggregators == nullptr || o->job_name == nullptr) {
     return Fail(absl::InvalidArgumentError("dlcp_connect: null argument"), err, err_len);
   }
@@ -48,6 +84,7 @@ int dlcp_connect(const dlcp_options* o, dlcp_client** out, char* err, size_t err
   co.tls.cert_file = str(o->tls_cert);
   co.tls.key_file = str(o->tls_key);
   co.tls.server_name = str(o->tls_server_name);
+  if (absl::Status s = ApplySettings(str(settings), &co); !s.ok()) return Fail(s, err, err_len);
   absl::StatusOr<std::unique_ptr<dlcp::Client>> c = dlcp::Client::Connect(co);
   if (!c.ok()) return Fail(c.status(), err, err_len);
   *out = new dlcp_client{std::move(*c)};

@@ -45,6 +45,14 @@ typedef struct {
 const char* dlcp_version(void);
 
 int dlcp_connect(const dlcp_options* options, dlcp_client** out, char* err, size_t err_len);
+/* The same, with settings beyond dlcp_options as "name=value,name=value" (NULL or "": none):
+ *   on_aggregator_loss  fail | remap   (docs/failure-modes.md)
+ *   payload_encoding    f32 | f16 | bf16
+ *   pull_mode           consistent | bounded
+ *   compensation        rescale | zero-fill
+ * An unknown name or value is INVALID_ARGUMENT (3), and the message names it. */
+int dlcp_connect_with(const dlcp_options* options, const char* settings, dlcp_client** out, char* err,
+                      size_t err_len);
 /* Starts an in-place sum of data[0..n) over the job; data must stay valid until dlcp_op_wait. */
 int dlcp_allreduce_start(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_op** out, char* err, size_t err_len);
 /* Waits up to timeout_ms for the op; returns 4 (DEADLINE_EXCEEDED) if not done yet, else frees it. */

@@ -27,7 +27,8 @@ static void* run(void* arg) {
   o.loss_bound = -1; /* fully reliable: the sums are checked exactly */
   o.plaintext = 1;
   dlcp_client* c = NULL;
-  if (dlcp_connect(&o, &c, err, sizeof(err)) != 0) {
+  /* bfloat16 payloads: every value and sum here is a small integer, exact in 8 bits of mantissa. */
+  if (dlcp_connect_with(&o, "payload_encoding=bf16, on_aggregator_loss=fail", &c, err, sizeof(err)) != 0) {
     fprintf(stderr, "rank %u connect: %s\n", w->rank, err);
     return NULL;
   }
@@ -76,6 +77,21 @@ int main(int argc, char** argv) {
   dlcp_client* c = NULL;
   if (dlcp_connect(NULL, &c, err, sizeof(err)) != 3) {
     fprintf(stderr, "null options were not refused\n");
+    return 1;
+  }
+  /* A bad setting is refused before any call, naming it. */
+  dlcp_options bad;
+  memset(&bad, 0, sizeof(bad));
+  bad.aggregators = g_agg;
+  bad.job_name = "c-api-bad";
+  bad.world_size = 1;
+  bad.plaintext = 1;
+  if (dlcp_connect_with(&bad, "payload_encoding=fp8", &c, err, sizeof(err)) != 3 || !strstr(err, "payload_encoding")) {
+    fprintf(stderr, "a bad payload_encoding was not refused: %s\n", err);
+    return 1;
+  }
+  if (dlcp_connect_with(&bad, "colour=blue", &c, err, sizeof(err)) != 3 || !strstr(err, "colour")) {
+    fprintf(stderr, "an unknown setting was not refused: %s\n", err);
     return 1;
   }
   struct worker w[2] = {{0, 0}, {1, 0}};
