@@ -469,8 +469,10 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
 void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage& m, absl::Time now) {
   const uint32_t c = h.chunk;
   const uint32_t dest = op.plan->dest_of_chunk[c];
-  if (h.encoding != static_cast<uint8_t>(op.encoding) ||
-      h.payload_len != op.geometry.bytes(c, wire::EncodingWidth(op.encoding))) {
+  // Results come in the encoding the aggregator's round started with, which is normally the op's;
+  // a round whose every push was lost (ε = 1) answers zeros in float32. Either decodes.
+  const auto encoding = static_cast<wire::Encoding>(h.encoding);
+  if (h.payload_len != op.geometry.bytes(c, wire::EncodingWidth(encoding))) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -499,7 +501,7 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
       if (options_.retain_inputs) op.left_out.push_back(c);
     }
   }
-  wire::DecodeValues(m.data + wire::kHeaderSize, op.geometry.elems(c), op.encoding, out);
+  wire::DecodeValues(m.data + wire::kHeaderSize, op.geometry.elems(c), encoding, out);
   if (options_.rescale && h.contributors > 0 && h.contributors < options_.world) {
     const float scale = static_cast<float>(options_.world) / h.contributors;
     for (uint32_t i = 0; i < op.geometry.elems(c); ++i) out[i] *= scale;
