@@ -215,7 +215,8 @@ class CudaPacker : public Packer {
       DLCP_CUDA_RETURN(cub::DeviceSegmentedRadixSort::SortPairs(
           nullptr, temp, keys_.ptr, sorted_keys_.ptr, index_.ptr, sorted_index_.ptr, static_cast<int>(chunks),
           static_cast<int>(tensors), first_.ptr, first_.ptr + 1, 0, 64, stream_));
-      if (absl::Status s = temp_.Reserve(temp); !s.ok()) return s;
+      // Never null: CUB reads a null scratch pointer as "tell me the size" and sorts nothing.
+      if (absl::Status s = temp_.Reserve(temp > 0 ? temp : 1); !s.ok()) return s;
       DLCP_CUDA_RETURN(cub::DeviceSegmentedRadixSort::SortPairs(
           temp_.ptr, temp, keys_.ptr, sorted_keys_.ptr, index_.ptr, sorted_index_.ptr, static_cast<int>(chunks),
           static_cast<int>(tensors), first_.ptr, first_.ptr + 1, 0, 64, stream_));
