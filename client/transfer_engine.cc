@@ -554,10 +554,9 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
   if (ranges->empty() && op.loss_bound_ppm > 0) return SendManifest(op, from_dest);
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
-      // Only chunks already pushed: the rest go out under the window anyway. At most a window's
-      // worth waits to go again, as for a result request; the aggregator NACKs the rest later.
-      std::vector<uint32_t>& resend = op.dests[op.plan->dest_of_chunk[c]].resend;
-      if (op.state[c] == kSent && resend.size() < options_.window_chunks) resend.push_back(c);
+      // Only chunks already pushed: the rest go out under the window anyway. Every chunk asked
+      // for goes again: a bounded round's aggregator asks for each only once while data flows.
+      if (op.state[c] == kSent) op.dests[op.plan->dest_of_chunk[c]].resend.push_back(c);
     }
   }
 }
