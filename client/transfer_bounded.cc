@@ -90,7 +90,7 @@ absl::Status TransferEngine::Prepare(Op& op) {
       op.loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
       op.stats.loss_bound = bound;
     }
-    PackHost(op);
+    if (absl::Status s = PackHost(op); !s.ok()) return s;
   }
   for (uint8_t c : op.classes) ++op.stats.chunks_by_class[c];
   op.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
@@ -99,27 +99,21 @@ absl::Status TransferEngine::Prepare(Op& op) {
   return absl::OkStatus();
 }
 
-void TransferEngine::PackHost(Op& op) {
+absl::Status TransferEngine::PackHost(Op& op) {
   // One pass classes every chunk and, for a 16-bit encoding, writes its payload.
   PackInput in = PackInputOf(op, op.data);
   in.write_packets = op.encoding != wire::Encoding::kF32;
-  PackOutput out;
   absl::StatusOr<PackLayout> layout = PlanPack(in, options_.class_policy);
-  if (layout.ok() && in.write_packets) {
+  if (!layout.ok()) return layout.status();
+  PackOutput out;
+  if (in.write_packets) {
     op.packets.resize(layout->packet_bytes());
     op.packet_stride = layout->stride;
     out.packets = op.packets.data();
   }
-  absl::Status packed = layout.ok() ? packer_->Pack(in, &out) : layout.status();
-  if (!packed.ok()) {
-    // Submit validated what the packer checks, so this is a broken invariant; send float32, all
-    // must-deliver, rather than fail the trainer.
-    DLCP_LOG(Error) << "packing key " << op.key << ": " << packed;
-    op.encoding = wire::Encoding::kF32;
-    op.packets.clear();
-    out.classes.assign(op.geometry.chunk_count(), 0);
-  }
+  if (absl::Status s = packer_->Pack(in, &out); !s.ok()) return s;
   op.classes = std::move(out.classes);
+  return absl::OkStatus();
 }
 
 namespace {

@@ -192,7 +192,7 @@ class TransferEngine {
   // Classifies the op's chunks and writes its packets (client/packer), with error feedback.
   absl::Status Prepare(Op& op);
   absl::Status PackDevice(Op& op);
-  void PackHost(Op& op);
+  absl::Status PackHost(Op& op);
   PackInput PackInputOf(const Op& op, const void* data) const;
   // Adds what earlier rounds left out of this worker's contribution into the op's data.
   void ApplyResidual(Op& op);
