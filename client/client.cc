@@ -27,7 +27,7 @@ absl::Status ValidateOptions(const ClientOptions& o) {
   if (!(o.loss_bound >= 0 && o.loss_bound <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat("loss_bound ", o.loss_bound, " is not in [0, 1]"));
   }
-  if (absl::StatusOr<std::unique_ptr<ClassPolicy>> p = CreateClassPolicy(o.class_policy); !p.ok()) return p.status();
+  if (absl::Status s = ValidateClassPolicy(o.class_policy); !s.ok()) return s;
   if (o.phase_aware.enabled && !(o.phase_aware.relax >= 1 && o.phase_aware.threshold > 0)) {
     return absl::InvalidArgumentError("phase_aware: relax must be at least 1 and threshold positive");
   }

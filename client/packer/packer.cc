@@ -23,10 +23,7 @@ absl::StatusOr<PackLayout> PlanPack(const PackInput& in, const ClassPolicyOption
     return absl::InvalidArgumentError(
         absl::StrCat("pack: ", in.chunk_elems, " elements per chunk do not fit a datagram's payload"));
   }
-  if (policy.kind == ClassPolicyOptions::Kind::kUniform ? policy.uniform_class >= wire::kNumClasses
-                                                         : !(policy.reliable_fraction >= 0 && policy.reliable_fraction <= 1)) {
-    return absl::InvalidArgumentError("pack: invalid class policy");
-  }
+  if (absl::Status s = ValidateClassPolicy(policy); !s.ok()) return s;
   PackLayout layout;
   layout.stride = wire::kHeaderSize + static_cast<uint64_t>(in.chunk_elems) * width;
   layout.first_chunk.push_back(0);

@@ -99,18 +99,24 @@ absl::StatusOr<ClassPolicyOptions::Kind> ParseClassPolicyKind(const std::string&
   return absl::InvalidArgumentError(absl::StrCat("class policy '", name, "': expected magnitude-layer or uniform"));
 }
 
-absl::StatusOr<std::unique_ptr<ClassPolicy>> CreateClassPolicy(const ClassPolicyOptions& o) {
+absl::Status ValidateClassPolicy(const ClassPolicyOptions& o) {
   switch (o.kind) {
     case ClassPolicyOptions::Kind::kMagnitudeLayer:
       if (!(o.reliable_fraction >= 0 && o.reliable_fraction <= 1)) {
         return absl::InvalidArgumentError(absl::StrCat("reliable fraction ", o.reliable_fraction, " is not in [0, 1]"));
       }
-      return std::make_unique<MagnitudeLayerPolicy>(o.reliable_fraction);
+      return absl::OkStatus();
     case ClassPolicyOptions::Kind::kUniform:
       if (o.uniform_class > 3) return absl::InvalidArgumentError(absl::StrCat("class ", o.uniform_class, " is not in [0, 3]"));
-      return std::make_unique<UniformPolicy>(o.uniform_class);
+      return absl::OkStatus();
   }
   return absl::InvalidArgumentError("unknown class policy");
+}
+
+absl::StatusOr<std::unique_ptr<ClassPolicy>> CreateClassPolicy(const ClassPolicyOptions& o) {
+  if (absl::Status s = ValidateClassPolicy(o); !s.ok()) return s;
+  if (o.kind == ClassPolicyOptions::Kind::kUniform) return std::make_unique<UniformPolicy>(o.uniform_class);
+  return std::make_unique<MagnitudeLayerPolicy>(o.reliable_fraction);
 }
 
 }  // namespace dlcp

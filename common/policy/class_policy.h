@@ -47,6 +47,8 @@ absl::StatusOr<ClassPolicyOptions::Kind> ParseClassPolicyKind(const std::string&
 // are classes 1, 2 and 3. Layers near the input come first because the next forward pass needs
 // them first; a tensor of unknown depth spreads over all three classes by magnitude alone.
 absl::StatusOr<std::unique_ptr<ClassPolicy>> CreateClassPolicy(const ClassPolicyOptions& options);
+// What CreateClassPolicy checks, without making a policy.
+absl::Status ValidateClassPolicy(const ClassPolicyOptions& options);
 
 // The classes that chunks with these magnitudes (chunk_magnitude.h) earn under `tiers`; `order`
 // is scratch. Shared by the magnitude-layer policy and the packers.

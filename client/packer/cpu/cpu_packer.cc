@@ -76,7 +76,7 @@ class CpuPacker : public Packer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Packer>> CreateCpuPacker(const ClassPolicyOptions& policy) {
-  if (absl::Status s = CreateClassPolicy(policy).status(); !s.ok()) return s;
+  if (absl::Status s = ValidateClassPolicy(policy); !s.ok()) return s;
   return std::make_unique<CpuPacker>(policy);
 }
 

@@ -284,7 +284,7 @@ absl::StatusOr<std::unique_ptr<Packer>> CreateCudaPacker(int device, const Class
   if (device < 0 || device >= count) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device, " does not exist (", count, " found)"));
   }
-  if (absl::Status s = CreateClassPolicy(policy).status(); !s.ok()) return s;
+  if (absl::Status s = ValidateClassPolicy(policy); !s.ok()) return s;
   return std::make_unique<CudaPacker>(device, policy);
 }
 
