@@ -18,6 +18,9 @@ absl::StatusOr<PackLayout> PlanPack(const PackInput& in, const ClassPolicyOption
     return absl::InvalidArgumentError(absl::StrCat("pack: rank ", in.rank, " exceeds 65535"));
   }
   if (static_cast<uint8_t>(in.encoding) >= wire::kNumEncodings) return absl::InvalidArgumentError("pack: bad encoding");
+  if (static_cast<uint8_t>(in.type) > static_cast<uint8_t>(ElemType::kBF16)) {
+    return absl::InvalidArgumentError("pack: bad element type");
+  }
   const uint32_t width = wire::EncodingWidth(in.encoding);
   if (in.chunk_elems == 0 || static_cast<uint64_t>(in.chunk_elems) * width > wire::kMaxPayload) {
     return absl::InvalidArgumentError(

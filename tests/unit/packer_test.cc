@@ -244,6 +244,10 @@ TEST(Packer, BadInputIsAnError) {
   in = Input(data, 4, wire::Encoding::kF32);
   in.rank = 70000;
   EXPECT_EQ((*packer)->Pack(in, &out).code(), absl::StatusCode::kInvalidArgument);
+  in = Input(data, 4, wire::Encoding::kF32);
+  in.write_packets = false;
+  in.type = static_cast<ElemType>(7);  // not a type a tensor holds: never read as some other one
+  EXPECT_EQ((*packer)->Pack(in, &out).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(CreateCpuPacker({ClassPolicyOptions::Kind::kUniform, 0, 4}).ok());
 }
 
