@@ -33,6 +33,7 @@ struct WorkerResult {
   double max_abs_err = 0;
   uint64_t retransmits = 0;
   uint64_t result_requests = 0;
+  uint64_t window_cuts = 0;
   uint32_t min_contributors = 0;
   bool exact = true;
   // false: bounded loss with more workers than the digit check can decode, or with a 16-bit

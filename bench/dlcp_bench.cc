@@ -38,7 +38,8 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("rounds", 10, 1, 10000000, "timed rounds");
   c->AddInt("warmup", 1, 0, 1000, "untimed rounds first");
   c->AddInt("chunk-bytes", 0, 0, 65456, "payload bytes per chunk (datagram); 0: fit the transport, at most 8192");
-  c->AddInt("window-bytes", 4 << 20, 64, int64_t{1} << 32, "bytes in flight per aggregator endpoint");
+  c->AddInt("window-bytes", 4 << 20, 64, int64_t{1} << 32, "the most bytes in flight per aggregator endpoint");
+  c->AddBool("adaptive-window", true, "adapt the window to loss (AIMD), up to --window-bytes; false: always --window-bytes");
   c->AddInt("op-timeout-ms", 60000, 1, 3600000, "deadline of each AllReduce");
   c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence before asking for missing results");
   c->AddInt("timeout-s", 600, 1, 86400, "spawn mode: kill the workers after this long");
@@ -85,6 +86,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.rank = static_cast<uint32_t>(std::max<int64_t>(0, c.GetInt("rank")));
   w.client.chunk_bytes = static_cast<uint32_t>(c.GetInt("chunk-bytes"));
   w.client.window_bytes = static_cast<uint64_t>(c.GetInt("window-bytes"));
+  w.client.adaptive_window = c.GetBool("adaptive-window");
   w.client.op_timeout = absl::Milliseconds(c.GetInt("op-timeout-ms"));
   w.client.repair_timeout = absl::Milliseconds(c.GetInt("repair-timeout-ms"));
   w.client.data_host = c.GetString("data-host");
@@ -200,7 +202,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     if (!WIFEXITED(ch.status) || WEXITSTATUS(ch.status) != 0 || ls.empty()) ok = false;
     lines.push_back(ls.empty() ? "" : ls.back());
   }
-  double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY;
+  double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY, cuts = 0;
   double chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0, pull_missing = 0;
   bool exact = ok, checked = true;
   for (const std::string& l : lines) {
@@ -214,6 +216,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     max_err = std::max(max_err, JsonNumber(l, "max_abs_err"));
     retrans += JsonNumber(l, "retransmits");
     result_req += JsonNumber(l, "result_requests");
+    cuts += JsonNumber(l, "window_cuts");
     rounds = std::min(rounds, JsonNumber(l, "rounds"));
     exact = exact && JsonTrue(l, "exact");
     checked = checked && JsonTrue(l, "checked");
@@ -257,10 +260,10 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
       "{\"workers\":%d,\"aggregators\":%d,\"tensor_bytes\":%d,\"tensors\":%d,\"rounds\":%d,\"p50_ms\":%.3f,"
       "\"p99_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,\"retransmits\":%d,\"result_requests\":%d,"
       "\"loss_bound\":%g,\"loss_by_class\":[%s],\"max_round_loss\":%.6f,\"bound_violations\":%d,"
-      "\"stop_p99_ms\":%.3f,\"pull_missing\":%d,\"checked\":%s,\"exact\":%s}\n",
+      "\"stop_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"checked\":%s,\"exact\":%s}\n",
       workers, aggs, c.GetInt("tensor-bytes"), c.GetInt("tensors"), static_cast<int>(rounds), p50, p99, goodput,
       max_err, static_cast<int>(retrans), static_cast<int>(result_req), c.GetDouble("loss-bound"), loss_by_class,
-      max_loss, static_cast<int>(violations), stop_p99, static_cast<int>(pull_missing), checked ? "true" : "false",
+      max_loss, static_cast<int>(violations), stop_p99, static_cast<int>(pull_missing), static_cast<int>(cuts), checked ? "true" : "false",
       exact ? "true" : "false");
   return exact ? 0 : 1;
 }

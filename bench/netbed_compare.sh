@@ -29,14 +29,14 @@ netbed_start dlcp-netbed-bench
 ip_of() { netbed_ip_of "$@"; }
 netbed_worker_aggregators "$BUILD"
 
-run_dlcp() {  # name loss_bound [nocross|cross] [encoding]
+run_dlcp() {  # name loss_bound [nocross|cross] [encoding] [more dlcp-bench flags]
   [[ ${3:-} == nocross ]] || netbed_cross_start 120
   local pids=()
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers=$N \
       --rank=$((i - 1)) --job="$1" --data-host="$(ip_of $i)" --tensor-bytes="$TENSOR" --chunk-bytes=1400 \
       --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes="$WINDOW" --payload-encoding="${4:-f32}" \
-      --json >"$work/$1.$i" 2>&1 &
+      ${5:-} --json >"$work/$1.$i" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
@@ -51,7 +51,8 @@ print(json.dumps({"system": sys.argv[2], "p50_ms": max(r.get("p50_ms", 0) for r 
                   "p99_ms": max(r.get("p99_ms", 0) for r in rows),
                   "max_round_loss": max(r.get("max_round_loss", 0) for r in rows),
                   "bound_violations": sum(r.get("bound_violations", 0) for r in rows),
-                  "retransmits": sum(r.get("retransmits", 0) for r in rows), "exact": ok}))
+                  "retransmits": sum(r.get("retransmits", 0) for r in rows),
+                  "window_cuts": sum(r.get("window_cuts", 0) for r in rows), "exact": ok}))
 PY
 }
 
@@ -78,6 +79,10 @@ has() { [[ " $MODES " == *" $1 "* ]]; }
   has gloo && run_gloo
   has reliable_bf16 && run_dlcp dlcp_reliable_bf16 0 cross bf16
   has clean_bf16 && run_dlcp dlcp_reliable_bf16_no_congestion 0 nocross bf16
+  # The same with a fixed window (no congestion control), for the ratio.
+  has clean_fixed && run_dlcp dlcp_bounded_no_congestion_fixed_window 0.01 nocross f32 --adaptive-window=false
+  has bounded_fixed && run_dlcp dlcp_bounded_eps0.01_fixed_window 0.01 cross f32 --adaptive-window=false
+  has reliable_fixed && run_dlcp dlcp_reliable_fixed_window 0 cross f32 --adaptive-window=false
   true
 } | tee "$work/results.jsonl"
 "$CLUSTER" stats >"$work/stats.txt"
@@ -99,7 +104,8 @@ print("|---|---|---|---|---|---|---|---|")
 g = rows.get("gloo_ring_tcp", {}).get("p99_ms") or float("nan")
 rel = rows.get("dlcp_reliable", {}).get("p99_ms") or float("nan")
 names = ["dlcp_bounded_eps0.01", "dlcp_reliable", "gloo_ring_tcp", "dlcp_bounded_no_congestion"]
-names += [n for n in ("dlcp_reliable_bf16", "dlcp_reliable_bf16_no_congestion") if n in rows]
+names += [n for n in ("dlcp_reliable_bf16", "dlcp_reliable_bf16_no_congestion", "dlcp_bounded_no_congestion_fixed_window",
+                      "dlcp_bounded_eps0.01_fixed_window", "dlcp_reliable_fixed_window") if n in rows]
 for name in names:
     r = rows.get(name)
     if not r:

@@ -137,6 +137,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   eo.rank = options.rank;
   eo.chunk_bytes = options.chunk_bytes;
   eo.window_chunks = static_cast<uint32_t>(options.window_bytes / options.chunk_bytes);
+  eo.adaptive_window = options.adaptive_window;
   eo.world = options.world_size;
   eo.loss_bound = options.loss_bound;
   eo.class_policy = options.class_policy;

@@ -58,6 +58,10 @@ struct ClientOptions {
   // Bytes pushed to one aggregator endpoint whose results have not come back yet (flow control).
   // Bounded so one worker's burst fits the aggregator's socket buffer.
   uint64_t window_bytes = 4 << 20;
+  // Congestion control: the window per endpoint starts small, grows while results come back and
+  // halves on loss (AIMD, docs/congestion.md), never above window_bytes. false: window_bytes
+  // always, which suits only a network with room for every worker's full window at once.
+  bool adaptive_window = true;
 
   // Bounded loss (docs/bounded-loss.md). ε: the largest fraction of droppable (worker, chunk)
   // contributions an aggregate may lack; class 0 is never lost. 0 makes every chunk
@@ -129,6 +133,7 @@ struct RoundStats {
   uint64_t chunks = 0;
   uint64_t retransmits = 0;      // chunks pushed again after a NACK
   uint64_t result_requests = 0;  // times this worker asked for missing results
+  uint64_t window_cuts = 0;      // congestion events that halved an endpoint's window
   uint32_t min_contributors = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;

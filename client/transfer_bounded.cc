@@ -134,8 +134,10 @@ void TransferEngine::ReleaseStalledWindows(Op& op, absl::Time now) {
   }
   for (uint32_t d = 0; d < op.dests.size(); ++d) {
     Dest& dest = op.dests[d];
-    if (dest.next < op.plan->chunks_by_dest[d].size() && dest.next - dest.acked >= options_.window_chunks) {
+    if ((dest.next < op.plan->chunks_by_dest[d].size() || !dest.resend.empty()) &&
+        dest.next - dest.acked + dest.repairs_out >= WindowOf(d)) {
       dest.acked = dest.next;
+      dest.repairs_out = 0;
     }
   }
 }

@@ -66,6 +66,15 @@ void TransferEngine::BuildDestinations() {
       dest_key_.push_back(options_.keys[a] ? &*options_.keys[a] : nullptr);
     }
   }
+  // A new layout is a new set of paths: every window starts again.
+  CongestionOptions cc;
+  cc.max = std::max<uint32_t>(1, options_.window_chunks);
+  cc.min = std::min<uint32_t>(cc.min, cc.max);
+  windows_.assign(dest_addr_.size(), CongestionWindow(cc));
+}
+
+uint32_t TransferEngine::WindowOf(uint32_t dest) const {
+  return options_.adaptive_window ? windows_[dest].window() : options_.window_chunks;
 }
 
 TransferEngine::~TransferEngine() { Stop(absl::CancelledError("dlcp client closed")); }
@@ -266,6 +275,8 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
 void TransferEngine::Launch(Op& op, absl::Time now) {
   op.plan = PlanFor(op.key, op.geometry.tensor_elems);
   op.state.assign(op.geometry.chunk_count(), kUnsent);
+  op.stamps.assign(op.geometry.chunk_count(), 0);
+  op.repushed.assign(op.geometry.chunk_count(), false);
   op.dests.assign(dest_addr_.size(), Dest{});
   op.remaining = op.geometry.chunk_count();
   op.start = now;
@@ -295,6 +306,14 @@ void TransferEngine::Launch(Op& op, absl::Time now) {
 
 bool TransferEngine::PushSome(size_t budget) {
   bool more = false;
+  // The window is the endpoint's, shared by every op pushing there.
+  std::vector<size_t> inflight(dest_addr_.size(), 0);
+  for (auto& [key, op_ptr] : ops_) {
+    for (uint32_t d = 0; d < op_ptr->dests.size(); ++d) {
+      const Dest& dest = op_ptr->dests[d];
+      inflight[d] += dest.next - dest.acked + dest.repairs_out;
+    }
+  }
   for (auto& [key, op_ptr] : ops_) {
     Op& op = *op_ptr;
     for (uint32_t d = 0; d < op.dests.size(); ++d) {
@@ -307,6 +326,11 @@ bool TransferEngine::PushSome(size_t budget) {
       // aggregator asks only for what it must have (the bound, or a reliable round).
       auto push = [&](uint32_t c, bool repair) {
         h.chunk = c;
+        // A repair keeps its first push's stamp: a result cannot tell which copy it answers
+        // (Karn), and taking the repair's would make every chunk pushed since look lost.
+        const uint64_t stamp = windows_[d].Stamp();
+        if (!repair) op.stamps[c] = stamp;
+        if (repair) op.repushed[c] = true;
         h.priority = repair ? 0 : op.classes[c];
         h.payload_len = op.geometry.bytes(c, wire::EncodingWidth(op.encoding));
         op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
@@ -320,16 +344,20 @@ bool TransferEngine::PushSome(size_t budget) {
         absl::Status s = outbox_.Add(dest_addr_[d], h, payload, dest_key_[d]);
         if (!s.ok()) DLCP_LOG(Warning) << "push to " << dest_addr_[d].ToString() << ": " << s;
       };
-      while (!dest.resend.empty() && budget > 0) {
+      const size_t window = WindowOf(d);
+      while (!dest.resend.empty() && budget > 0 && (!options_.adaptive_window || inflight[d] < window)) {
         uint32_t c = dest.resend.back();
         dest.resend.pop_back();
         if (op.state[c] == kHave) continue;
         push(c, true);
+        ++dest.repairs_out;
+        ++inflight[d];
         ++op.stats.retransmits;
         --budget;
       }
-      while (dest.next < mine.size() && dest.next - dest.acked < options_.window_chunks && budget > 0) {
+      while (dest.next < mine.size() && inflight[d] < window && budget > 0) {
         uint32_t c = mine[dest.next++];
+        ++inflight[d];
         // A bounded round may seal before this worker pushed everything; a chunk whose final
         // result is already here is not pushed (and must not count as outstanding again).
         if (op.state[c] == kHave) continue;
@@ -337,7 +365,8 @@ bool TransferEngine::PushSome(size_t budget) {
         push(c, false);
         --budget;
       }
-      if (!dest.resend.empty() || (dest.next < mine.size() && dest.next - dest.acked < options_.window_chunks)) {
+      const bool room = inflight[d] < window;
+      if ((!dest.resend.empty() && (room || !options_.adaptive_window)) || (dest.next < mine.size() && room)) {
         more = true;
       }
     }
@@ -506,9 +535,8 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
     const float scale = static_cast<float>(options_.world) / h.contributors;
     for (uint32_t i = 0; i < op.geometry.elems(c); ++i) out[i] *= scale;
   }
-  Dest& d = op.dests[dest];
-  d.acked = std::max<size_t>(d.acked, op.plan->pos_in_dest[c] + 1);
   op.state[c] = kHave;
+  OnResultPosition(op, dest, op.plan->pos_in_dest[c]);
   (op.classes[c] == 0 ? op.class0_pending : op.droppable_pending)--;
   op.stats.bytes_received += m.len;
   op.stats.min_contributors = std::min<uint32_t>(op.stats.min_contributors, h.contributors);
@@ -556,7 +584,11 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
       // Only chunks already pushed: the rest go out under the window anyway. Every chunk asked
       // for goes again: a bounded round's aggregator asks for each only once while data flows.
-      if (op.state[c] == kSent) op.dests[op.plan->dest_of_chunk[c]].resend.push_back(c);
+      if (op.state[c] != kSent) continue;
+      // Not a loss signal for the window: it comes a quiet spell after the loss, and in a
+      // reliable round mostly says that some worker is slow (transfer_window.cc reads losses
+      // from the results instead).
+      op.dests[op.plan->dest_of_chunk[c]].resend.push_back(c);
     }
   }
 }
@@ -640,7 +672,13 @@ void TransferEngine::ScanTimers(absl::Time now) {
         // holds the window (like a retransmission timeout): the aggregator NACKs what it needs,
         // and under bounded loss it may not need these at all, so waiting for them could stall
         // the round for good.
+        // Nothing came back from what is in flight there: a retransmission timeout.
+        if (options_.adaptive_window && (op.dests[d].next > op.dests[d].acked || op.dests[d].repairs_out > 0)) {
+          windows_[d].OnSilence();
+          ++op.stats.window_cuts;
+        }
         op.dests[d].acked = op.dests[d].next;
+        op.dests[d].repairs_out = 0;
         // An aggregator that has never answered may have missed the whole manifest, or the round.
         if (op.loss_bound_ppm > 0 && !op.stopped[d] && !op.heard[d]) SendManifest(op, d);
         SendResultReq(op, d, false, &wanted);

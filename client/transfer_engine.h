@@ -23,6 +23,7 @@
 #include "client/client.h"
 #include "client/key_progress.h"
 #include "client/packer/packer.h"
+#include "common/datapath/congestion_window.h"
 #include "common/datapath/outbox.h"
 #include "common/topology/topology.h"
 #include "common/transport/transport.h"
@@ -49,6 +50,9 @@ struct EngineOptions : EngineLayout {
   uint32_t rank = 0;
   uint32_t chunk_bytes = 0;
   uint32_t window_chunks = 512;
+  // Adapt the window per endpoint to loss (common/datapath/congestion_window.h), up to
+  // window_chunks; false: window_chunks always.
+  bool adaptive_window = true;
   uint32_t max_inflight = 64;
   uint32_t world = 1;
   double loss_bound = 0;  // job default; AllReduceOptions may override per tensor
@@ -120,7 +124,13 @@ class TransferEngine {
     // aggregator's repair or the bounded-loss seal resolves it (otherwise a few lost pushes
     // could hold every window slot while the seal waits for the chunks behind them).
     size_t acked = 0;
+    // Positions below this were checked for a missing result after later ones came back (a
+    // loss signal for the endpoint's congestion window).
+    size_t gap_scan = 0;
     std::vector<uint32_t> resend;
+    // Repairs pushed whose result has not come back: they hold the window too, or a long NACK
+    // would go out in one burst and be lost again (a repair storm).
+    size_t repairs_out = 0;
   };
   enum ChunkState : uint8_t { kUnsent = 0, kSent = 1, kHave = 2 };
   struct Op {
@@ -131,6 +141,8 @@ class TransferEngine {
     std::shared_ptr<const Plan> plan;
     std::vector<uint8_t> state;
     std::vector<uint8_t> classes;  // per chunk
+    std::vector<uint64_t> stamps;  // per chunk: its endpoint window's stamp at its first push
+    std::vector<bool> repushed;    // per chunk: pushed again (a repair)
     // How the values travel. A float32 push sends straight from `data`; other encodings send the
     // payloads of `packets` (the packer's headers there are rebuilt per destination at send time,
     // since each aggregator has its own epoch).
@@ -214,6 +226,11 @@ class TransferEngine {
   // aggregator may never repair. Treat them as gone, like a retransmission timeout, so the rest
   // of the tensor can follow; the aggregator NACKs what it needs.
   void ReleaseStalledWindows(Op& op, absl::Time now);
+  // A result came back for dest position `pos`: the window grows, and chunks pushed well before
+  // it that still lack a result count as lost (like TCP's duplicate acknowledgements).
+  void OnResultPosition(Op& op, uint32_t dest, size_t pos);
+  void NoteLoss(Op& op, uint32_t chunk);
+  uint32_t WindowOf(uint32_t dest) const;
   void Finish(uint32_t key, absl::StatusOr<RoundStats> result);
   std::shared_ptr<const Plan> PlanFor(uint32_t key, uint32_t tensor_elems);
   wire::Header BaseHeader(wire::MsgType type, uint32_t dest, uint32_t key, uint32_t round, uint32_t elems,
@@ -228,6 +245,7 @@ class TransferEngine {
   std::vector<const wire::MacKey*> dest_key_;  // into options_.keys; nullptr: no authentication
   std::unordered_map<uint64_t, uint32_t> dest_by_addr_;  // Address::Pack() -> dest
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
+  std::vector<CongestionWindow> windows_;  // per dest (adaptive_window)
   Outbox outbox_;
 
   // Shared with Submit(), under mu_.

@@ -49,6 +49,7 @@ py::dict StatsDict(const RoundStats& s) {
   d["chunks"] = s.chunks;
   d["retransmits"] = s.retransmits;
   d["result_requests"] = s.result_requests;
+  d["window_cuts"] = s.window_cuts;
   d["min_contributors"] = s.min_contributors;
   d["bytes_sent"] = s.bytes_sent;
   d["bytes_received"] = s.bytes_received;
@@ -340,6 +341,7 @@ ClientOptions MakeOptions(py::kwargs kw) {
   seconds("repair_timeout_s", o.repair_timeout);
   seconds("heartbeat_interval_s", o.heartbeat_interval);
   opt("window_bytes", o.window_bytes);
+  opt("adaptive_window", o.adaptive_window);
   opt("loss_bound", o.loss_bound);
   opt("reliable_fraction", o.class_policy.reliable_fraction);
   py::object policy = take("class_policy");

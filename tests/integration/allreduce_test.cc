@@ -337,5 +337,74 @@ TEST(AllReduceRepair, LossIsRepairedAtTheRoundsOwnPace) {
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
 }
 
+// Congestion control: pushes lost on the way (injected at the workers, in every class) show up
+// as results missing behind later ones, and cut the endpoint's window; sums stay exact, and the
+// fixed window (adaptive_window = false) never reports a cut.
+struct WindowCase {
+  TransportOptions::Kind kind;
+  bool adaptive;
+};
+
+class AdaptiveWindowTest : public ::testing::TestWithParam<WindowCase> {};
+
+TEST_P(AdaptiveWindowTest, LossCutsTheWindowAndSumsStayExact) {
+  const WindowCase wc = GetParam();
+  auto agg = TestAggregator::Start(TestAggregatorOptions{wc.kind, 1, 0, 11});
+  ASSERT_NE(agg, nullptr);
+  constexpr int kWorkers = 2, kRounds = 3;
+  constexpr uint32_t kElems = 300000;  // 293 chunks of 4 KiB: well past the reordering slack
+  std::vector<std::unique_ptr<Client>> clients(kWorkers);
+  std::vector<std::thread> joiners;
+  std::vector<absl::Status> status(kWorkers);
+  for (int r = 0; r < kWorkers; ++r) {
+    joiners.emplace_back([&, r] {
+      ClientOptions o = Options(Case{wc.kind, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r,
+                                wc.adaptive ? "window-adaptive" : "window-fixed");
+      o.adaptive_window = wc.adaptive;
+      o.inject.rate = {0.03, 0.03, 0.03, 0.03};
+      o.inject.seed = 5 + r;
+      auto cl = Client::Connect(o);
+      if (cl.ok()) clients[r] = std::move(*cl);
+      status[r] = cl.status();
+    });
+  }
+  for (auto& j : joiners) j.join();
+  for (auto& s : status) ASSERT_TRUE(s.ok()) << s;
+  uint64_t cuts = 0, dropped = 0;
+  for (int k = 0; k < kRounds; ++k) {
+    std::vector<std::vector<float>> data(kWorkers, std::vector<float>(kElems));
+    std::vector<std::future<absl::StatusOr<RoundStats>>> fs;
+    for (int r = 0; r < kWorkers; ++r) {
+      for (uint32_t i = 0; i < kElems; ++i) data[r][i] = Value(r, k, 0, i);
+      fs.push_back(clients[r]->AllReduce(1, absl::MakeSpan(data[r])));
+    }
+    for (auto& f : fs) {
+      absl::StatusOr<RoundStats> s = f.get();
+      ASSERT_TRUE(s.ok()) << s.status();
+      cuts += s->window_cuts;
+      dropped += s->injected_drops;
+    }
+    for (int r = 0; r < kWorkers; ++r) {
+      for (uint32_t i = 0; i < kElems; ++i) ASSERT_EQ(data[r][i], Value(0, k, 0, i) + Value(1, k, 0, i)) << i;
+    }
+  }
+  EXPECT_GT(dropped, 0u);
+  if (wc.adaptive) {
+    EXPECT_GT(cuts, 0u) << "lost pushes never cut the window";
+  } else {
+    EXPECT_EQ(cuts, 0u);
+  }
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Windows, AdaptiveWindowTest,
+                         ::testing::Values(WindowCase{TransportOptions::Kind::kLoopback, true},
+                                           WindowCase{TransportOptions::Kind::kUdp, true},
+                                           WindowCase{TransportOptions::Kind::kUdp, false}),
+                         [](const ::testing::TestParamInfo<WindowCase>& i) {
+                           return absl::StrCat(i.param.kind == TransportOptions::Kind::kUdp ? "udp" : "loopback",
+                                               i.param.adaptive ? "_adaptive" : "_fixed");
+                         });
+
 }  // namespace
 }  // namespace dlcp::testing

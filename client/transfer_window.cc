@@ -1,0 +1,41 @@
+// The endpoint windows' side of TransferEngine: what counts as a chunk acknowledged, and what as
+// a loss (common/datapath/congestion_window.h has the rules the window follows).
+#include <algorithm>
+
+#include "client/transfer_engine.h"
+
+namespace dlcp {
+
+// Results come back roughly in push order, but not exactly: the aggregator answers a chunk when
+// the slowest worker's push of it arrives, and spraying sends bursts over paths (and receive
+// queues) of different delay. A chunk still without a result once results came back for chunks
+// pushed the window's reorder() stamps after it counts as lost; one that comes back later after
+// all, never pushed again, undoes the cut it caused.
+void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos) {
+  Dest& d = op.dests[dest];
+  CongestionWindow& w = windows_[dest];
+  const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[dest];
+  if (op.repushed[mine[pos]] && d.repairs_out > 0) --d.repairs_out;
+  if (pos < d.gap_scan && !op.repushed[mine[pos]]) w.OnLate(op.stamps[mine[pos]]);
+  if (pos + 1 > d.acked) {
+    w.OnAcked(static_cast<uint32_t>(pos + 1 - d.acked));
+    d.acked = pos + 1;
+  }
+  if (op.repushed[mine[pos]]) return;  // its stamp says little about when this result left
+  const uint64_t newest = op.stamps[mine[pos]];
+  const uint64_t reorder = w.reorder();
+  while (d.gap_scan < pos) {
+    const uint32_t c = mine[d.gap_scan];
+    if (op.state[c] == kSent) {
+      if (op.stamps[c] + reorder > newest) break;  // it may still come
+      NoteLoss(op, c);
+    }
+    ++d.gap_scan;
+  }
+}
+
+void TransferEngine::NoteLoss(Op& op, uint32_t chunk) {
+  if (options_.adaptive_window && windows_[op.plan->dest_of_chunk[chunk]].OnLoss(op.stamps[chunk])) ++op.stats.window_cuts;
+}
+
+}  // namespace dlcp

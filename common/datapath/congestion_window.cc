@@ -1,0 +1,53 @@
+#include "common/datapath/congestion_window.h"
+
+#include <algorithm>
+
+#include "common/base/check.h"
+
+namespace dlcp {
+
+CongestionWindow::CongestionWindow(const CongestionOptions& options) : options_(options) {
+  DLCP_CHECK_GE(options_.min, 1u);
+  DLCP_CHECK_LE(options_.min, options_.max);
+  cwnd_ = std::clamp(options_.initial, options_.min, options_.max);
+  min_reorder_ = std::max<uint64_t>(1, options_.reorder);
+  ssthresh_ = options_.max;
+}
+
+void CongestionWindow::OnAcked(uint32_t n) {
+  for (uint32_t i = 0; i < n && cwnd_ < options_.max; ++i) cwnd_ += cwnd_ < ssthresh_ ? 1.0 : 1.0 / cwnd_;
+  cwnd_ = std::min<double>(cwnd_, options_.max);
+}
+
+bool CongestionWindow::OnLoss(uint64_t stamp) {
+  if (stamp <= recovery_) return false;
+  Cut(stamp);
+  return true;
+}
+
+void CongestionWindow::OnLate(uint64_t stamp) {
+  if (stamp == 0 || stamp != cut_cause_) return;
+  cwnd_ = std::max(cwnd_, undo_cwnd_);
+  ssthresh_ = std::max(ssthresh_, undo_ssthresh_);
+  cut_cause_ = 0;
+  ++undone_;
+  // Spraying reorders by whole bursts (each source port's flow may take another path, or
+  // another receive queue); twice the slack each time, up to a few windows' worth.
+  min_reorder_ = std::min<uint64_t>(min_reorder_ * 2, std::max<uint64_t>(options_.reorder, options_.max));
+}
+
+uint64_t CongestionWindow::reorder() const { return min_reorder_; }
+
+void CongestionWindow::OnSilence() { Cut(0); }
+
+void CongestionWindow::Cut(uint64_t cause) {
+  cut_cause_ = cause;
+  undo_cwnd_ = cwnd_;
+  undo_ssthresh_ = ssthresh_;
+  cwnd_ = std::max<double>(options_.min, cwnd_ / 2);
+  ssthresh_ = cwnd_;
+  recovery_ = sent_;
+  ++cuts_;
+}
+
+}  // namespace dlcp

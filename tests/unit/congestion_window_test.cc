@@ -1,0 +1,100 @@
+#include "common/datapath/congestion_window.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace dlcp {
+namespace {
+
+CongestionOptions Opts(uint32_t initial, uint32_t min, uint32_t max) {
+  CongestionOptions o;
+  o.initial = initial;
+  o.min = min;
+  o.max = max;
+  o.reorder = 8;
+  return o;
+}
+
+TEST(CongestionWindowTest, SlowStartDoublesPerWindowThenStopsAtMax) {
+  CongestionWindow w(Opts(4, 2, 100));
+  EXPECT_EQ(w.window(), 4u);
+  w.OnAcked(4);
+  EXPECT_EQ(w.window(), 8u);
+  w.OnAcked(8);
+  EXPECT_EQ(w.window(), 16u);
+  w.OnAcked(1000);
+  EXPECT_EQ(w.window(), 100u);
+}
+
+TEST(CongestionWindowTest, LossHalvesOncePerCongestionEvent) {
+  CongestionWindow w(Opts(64, 2, 100));
+  std::vector<uint64_t> stamps;
+  for (int i = 0; i < 64; ++i) stamps.push_back(w.Stamp());
+  EXPECT_TRUE(w.OnLoss(stamps[10]));
+  EXPECT_EQ(w.window(), 32u);
+  // Sent before the cut: the same event, no second cut.
+  EXPECT_FALSE(w.OnLoss(stamps[11]));
+  EXPECT_FALSE(w.OnLoss(stamps[63]));
+  EXPECT_EQ(w.window(), 32u);
+  // Sent after the cut: a new event.
+  const uint64_t later = w.Stamp();
+  EXPECT_TRUE(w.OnLoss(later));
+  EXPECT_EQ(w.window(), 16u);
+  EXPECT_EQ(w.cuts(), 2u);
+}
+
+TEST(CongestionWindowTest, CongestionAvoidanceGrowsOnePerWindow) {
+  CongestionWindow w(Opts(40, 2, 100));
+  EXPECT_TRUE(w.OnLoss(w.Stamp()));
+  ASSERT_EQ(w.window(), 20u);
+  w.OnAcked(21);  // about one window's worth: +1, not +21
+  EXPECT_EQ(w.window(), 21u);
+  w.OnAcked(22);
+  EXPECT_EQ(w.window(), 22u);
+}
+
+TEST(CongestionWindowTest, NeverBelowMinOrAboveMax) {
+  CongestionWindow w(Opts(1000, 3, 50));
+  EXPECT_EQ(w.window(), 50u);
+  for (int i = 0; i < 20; ++i) {
+    w.OnSilence();
+    EXPECT_GE(w.window(), 3u);
+  }
+  EXPECT_EQ(w.window(), 3u);
+  CongestionWindow tiny(Opts(0, 3, 50));
+  EXPECT_EQ(tiny.window(), 3u);
+}
+
+TEST(CongestionWindowTest, LateDatagramUndoesItsCutAndWidensReorderSlack) {
+  CongestionWindow w(Opts(64, 2, 100));
+  const uint64_t a = w.Stamp(), b = w.Stamp();
+  EXPECT_EQ(w.reorder(), 8u);
+  ASSERT_TRUE(w.OnLoss(a));
+  EXPECT_EQ(w.window(), 32u);
+  w.OnLate(b);  // not the one that caused the cut
+  EXPECT_EQ(w.window(), 32u);
+  w.OnLate(a);
+  EXPECT_EQ(w.window(), 64u);
+  EXPECT_EQ(w.undone(), 1u);
+  EXPECT_EQ(w.reorder(), 16u);
+  w.OnLate(a);  // once only
+  EXPECT_EQ(w.undone(), 1u);
+  // A silence has no datagram to blame, so nothing can undo it.
+  w.OnSilence();
+  w.OnLate(0);
+  EXPECT_EQ(w.window(), 32u);
+}
+
+TEST(CongestionWindowTest, ReorderSlackStopsGrowingAtTheWindowCap) {
+  CongestionWindow w(Opts(64, 2, 100));
+  for (int i = 0; i < 20; ++i) {
+    const uint64_t s = w.Stamp();
+    ASSERT_TRUE(w.OnLoss(s));
+    w.OnLate(s);
+  }
+  EXPECT_EQ(w.reorder(), 100u);
+}
+
+}  // namespace
+}  // namespace dlcp
