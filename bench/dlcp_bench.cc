@@ -202,7 +202,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     if (!WIFEXITED(ch.status) || WEXITSTATUS(ch.status) != 0 || ls.empty()) ok = false;
     lines.push_back(ls.empty() ? "" : ls.back());
   }
-  double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY, cuts = 0;
+  double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY, cuts = 0, undos = 0;
   double chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0, pull_missing = 0;
   bool exact = ok, checked = true;
   for (const std::string& l : lines) {
@@ -217,6 +217,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     retrans += JsonNumber(l, "retransmits");
     result_req += JsonNumber(l, "result_requests");
     cuts += JsonNumber(l, "window_cuts");
+    undos += JsonNumber(l, "window_undos");
     rounds = std::min(rounds, JsonNumber(l, "rounds"));
     exact = exact && JsonTrue(l, "exact");
     checked = checked && JsonTrue(l, "checked");
@@ -260,10 +261,10 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
       "{\"workers\":%d,\"aggregators\":%d,\"tensor_bytes\":%d,\"tensors\":%d,\"rounds\":%d,\"p50_ms\":%.3f,"
       "\"p99_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,\"retransmits\":%d,\"result_requests\":%d,"
       "\"loss_bound\":%g,\"loss_by_class\":[%s],\"max_round_loss\":%.6f,\"bound_violations\":%d,"
-      "\"stop_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"checked\":%s,\"exact\":%s}\n",
+      "\"stop_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"window_undos\":%d,\"checked\":%s,\"exact\":%s}\n",
       workers, aggs, c.GetInt("tensor-bytes"), c.GetInt("tensors"), static_cast<int>(rounds), p50, p99, goodput,
       max_err, static_cast<int>(retrans), static_cast<int>(result_req), c.GetDouble("loss-bound"), loss_by_class,
-      max_loss, static_cast<int>(violations), stop_p99, static_cast<int>(pull_missing), static_cast<int>(cuts), checked ? "true" : "false",
+      max_loss, static_cast<int>(violations), stop_p99, static_cast<int>(pull_missing), static_cast<int>(cuts), static_cast<int>(undos), checked ? "true" : "false",
       exact ? "true" : "false");
   return exact ? 0 : 1;
 }

@@ -8,7 +8,9 @@
 # each on 20 MiB per round, dlcp with one aggregator on every worker host (so each link carries
 # what ring all-reduce carries); and dlcp once more without cross traffic, for goodput against
 # the link rate. MODES may add reliable_bf16 and clean_bf16: the same dlcp runs with bfloat16
-# payloads (half the bytes; the floor stays float32's). Also prints the physical floor: ring all-reduce's bytes per link, 2 S (N-1) / N,
+# payloads (half the bytes; the floor stays float32's); clean_default, bounded_default and
+# reliable_default: the client's default window (adaptive, at most 4 MiB), and clean_4mib_fixed,
+# bounded_4mib_fixed and reliable_4mib_fixed: 4 MiB without adaptation. Also prints the physical floor: ring all-reduce's bytes per link, 2 S (N-1) / N,
 # over the link rate. Prints one JSON line per system, then a ratio table.
 # Needs root.
 #   bench/netbed_compare.sh [BUILD_DIR]
@@ -20,7 +22,12 @@ export PREFIX=${PREFIX:-dlcpb}  # its namespaces; the cluster itself: scripts/ne
 ROUNDS=${ROUNDS:-10}
 TENSOR=${TENSOR:-$((20 << 20))}
 CROSS=${CROSS:-300M}  # per worker port
-WINDOW=${WINDOW:-131072}  # dlcp bytes in flight per aggregator endpoint
+# dlcp bytes in flight per aggregator endpoint, fixed: tuned for this test bed (3 senders into a
+# 64-packet queue). The *_default modes run the client's defaults instead: an adaptive window of
+# at most 4 MiB (docs/congestion.md), against the same 4 MiB fixed.
+WINDOW=${WINDOW:-131072}
+TUNED="--adaptive-window=false"
+DEFAULTS="--window-bytes=4194304 --adaptive-window=true"
 N=4
 [[ $(id -u) == 0 ]] || { echo "netbed_compare: needs root" >&2; exit 1; }
 
@@ -29,14 +36,14 @@ netbed_start dlcp-netbed-bench
 ip_of() { netbed_ip_of "$@"; }
 netbed_worker_aggregators "$BUILD"
 
-run_dlcp() {  # name loss_bound [nocross|cross] [encoding] [more dlcp-bench flags]
+run_dlcp() {  # name loss_bound [nocross|cross] [encoding] [dlcp-bench flags; default: $TUNED]
   [[ ${3:-} == nocross ]] || netbed_cross_start 120
   local pids=()
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers=$N \
       --rank=$((i - 1)) --job="$1" --data-host="$(ip_of $i)" --tensor-bytes="$TENSOR" --chunk-bytes=1400 \
       --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes="$WINDOW" --payload-encoding="${4:-f32}" \
-      ${5:-} --json >"$work/$1.$i" 2>&1 &
+      ${5:-$TUNED} --json >"$work/$1.$i" 2>&1 &
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
@@ -79,10 +86,13 @@ has() { [[ " $MODES " == *" $1 "* ]]; }
   has gloo && run_gloo
   has reliable_bf16 && run_dlcp dlcp_reliable_bf16 0 cross bf16
   has clean_bf16 && run_dlcp dlcp_reliable_bf16_no_congestion 0 nocross bf16
-  # The same with a fixed window (no congestion control), for the ratio.
-  has clean_fixed && run_dlcp dlcp_bounded_no_congestion_fixed_window 0.01 nocross f32 --adaptive-window=false
-  has bounded_fixed && run_dlcp dlcp_bounded_eps0.01_fixed_window 0.01 cross f32 --adaptive-window=false
-  has reliable_fixed && run_dlcp dlcp_reliable_fixed_window 0 cross f32 --adaptive-window=false
+  # Out of the box: the adaptive window (at most 4 MiB), and 4 MiB fixed.
+  has clean_default && run_dlcp dlcp_bounded_no_congestion_default_window 0.01 nocross f32 "$DEFAULTS"
+  has bounded_default && run_dlcp dlcp_bounded_eps0.01_default_window 0.01 cross f32 "$DEFAULTS"
+  has reliable_default && run_dlcp dlcp_reliable_default_window 0 cross f32 "$DEFAULTS"
+  has clean_4mib_fixed && run_dlcp dlcp_bounded_no_congestion_4mib_fixed 0.01 nocross f32 "--window-bytes=4194304 $TUNED"
+  has bounded_4mib_fixed && run_dlcp dlcp_bounded_eps0.01_4mib_fixed 0.01 cross f32 "--window-bytes=4194304 $TUNED"
+  has reliable_4mib_fixed && run_dlcp dlcp_reliable_4mib_fixed 0 cross f32 "--window-bytes=4194304 $TUNED"
   true
 } | tee "$work/results.jsonl"
 "$CLUSTER" stats >"$work/stats.txt"
@@ -99,19 +109,20 @@ rate = float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]]
 floor_ms = 2 * size * (n - 1) / n * 8 / rate * 1e3
 print(f"\n{n} workers, {size >> 20} MiB per round, {sys.argv[3]} ports, {sys.argv[5]} best-effort cross traffic into each"
       f" worker port; physical floor {floor_ms:.1f} ms per round\n")
-print("| system | p50 ms | p99 ms | p50 / floor | p99 / gloo p99 | p99 / reliable p99 | worst round loss | exact |")
-print("|---|---|---|---|---|---|---|---|")
+print("| system | p50 ms | p99 ms | p50 / floor | p99 / gloo p99 | p99 / reliable p99 | worst round loss | chunks pushed again | exact |")
+print("|---|---|---|---|---|---|---|---|---|")
 g = rows.get("gloo_ring_tcp", {}).get("p99_ms") or float("nan")
 rel = rows.get("dlcp_reliable", {}).get("p99_ms") or float("nan")
 names = ["dlcp_bounded_eps0.01", "dlcp_reliable", "gloo_ring_tcp", "dlcp_bounded_no_congestion"]
-names += [n for n in ("dlcp_reliable_bf16", "dlcp_reliable_bf16_no_congestion", "dlcp_bounded_no_congestion_fixed_window",
-                      "dlcp_bounded_eps0.01_fixed_window", "dlcp_reliable_fixed_window") if n in rows]
+names += [n for n in ("dlcp_reliable_bf16", "dlcp_reliable_bf16_no_congestion") if n in rows]
+names += [f"{m}_{w}" for w in ("default_window", "4mib_fixed")
+          for m in ("dlcp_bounded_no_congestion", "dlcp_bounded_eps0.01", "dlcp_reliable") if f"{m}_{w}" in rows]
 for name in names:
     r = rows.get(name)
     if not r:
-        print(f"| {name} | - | - | - | - | - | - | failed |"); continue
+        print(f"| {name} | - | - | - | - | - | - | - | failed |"); continue
     print(f"| {name} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / floor_ms:.2f} | {r['p99_ms'] / g:.2f} |"
-          f" {r['p99_ms'] / rel:.2f} | {r.get('max_round_loss', 0):.4f} | {r['exact']} |")
+          f" {r['p99_ms'] / rel:.2f} | {r.get('max_round_loss', 0):.4f} | {r.get('retransmits', '-')} | {r['exact']} |")
 c = rows.get("dlcp_bounded_no_congestion")
 if c and c["p50_ms"] > 0:
     print(f"\nWithout congestion dlcp reaches {floor_ms / c['p50_ms'] * 100:.0f}% of the link rate at p50"

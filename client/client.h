@@ -134,6 +134,7 @@ struct RoundStats {
   uint64_t retransmits = 0;      // chunks pushed again after a NACK
   uint64_t result_requests = 0;  // times this worker asked for missing results
   uint64_t window_cuts = 0;      // congestion events that halved an endpoint's window
+  uint64_t window_undos = 0;     // ... found to have been late results, not losses, and undone
   uint32_t min_contributors = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;

@@ -673,8 +673,11 @@ void TransferEngine::ScanTimers(absl::Time now) {
         // and under bounded loss it may not need these at all, so waiting for them could stall
         // the round for good.
         // Nothing came back from what is in flight there: a retransmission timeout.
-        if (options_.adaptive_window && (op.dests[d].next > op.dests[d].acked || op.dests[d].repairs_out > 0)) {
-          windows_[d].OnSilence();
+        Dest& dest = op.dests[d];
+        if (options_.adaptive_window && (dest.next > dest.acked || dest.repairs_out > 0)) {
+          const uint32_t oldest = dest.next > dest.acked ? op.plan->chunks_by_dest[d][dest.acked] : 0;
+          const bool blame = dest.next > dest.acked && op.state[oldest] == kSent && !op.repushed[oldest];
+          windows_[d].OnSilence(blame ? op.stamps[oldest] : 0);
           ++op.stats.window_cuts;
         }
         op.dests[d].acked = op.dests[d].next;

@@ -16,7 +16,7 @@ void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos) {
   CongestionWindow& w = windows_[dest];
   const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[dest];
   if (op.repushed[mine[pos]] && d.repairs_out > 0) --d.repairs_out;
-  if (pos < d.gap_scan && !op.repushed[mine[pos]]) w.OnLate(op.stamps[mine[pos]]);
+  if (!op.repushed[mine[pos]] && w.OnLate(op.stamps[mine[pos]])) ++op.stats.window_undos;
   if (pos + 1 > d.acked) {
     w.OnAcked(static_cast<uint32_t>(pos + 1 - d.acked));
     d.acked = pos + 1;
@@ -28,7 +28,11 @@ void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos) {
     const uint32_t c = mine[d.gap_scan];
     if (op.state[c] == kSent) {
       if (op.stamps[c] + reorder > newest) break;  // it may still come
-      NoteLoss(op, c);
+      // A loss counts when it costs a repair. Under a loss bound, the lowest class is best
+      // effort: the switch sheds it first, to anyone's traffic, and ε budgets for that; cutting
+      // every class's window for it would hand the link to the cross traffic while the classes
+      // above had room. Beyond ε the aggregator asks for it, and the repair rides class 0.
+      if (op.loss_bound_ppm == 0 || op.classes[c] < wire::kNumClasses - 1) NoteLoss(op, c);
     }
     ++d.gap_scan;
   }

@@ -25,25 +25,27 @@ bool CongestionWindow::OnLoss(uint64_t stamp) {
   return true;
 }
 
-void CongestionWindow::OnLate(uint64_t stamp) {
-  if (stamp == 0 || stamp != cut_cause_) return;
-  cwnd_ = std::max(cwnd_, undo_cwnd_);
-  ssthresh_ = std::max(ssthresh_, undo_ssthresh_);
-  cut_cause_ = 0;
+bool CongestionWindow::OnLate(uint64_t stamp) {
+  if (stamp == 0) return false;
+  auto it = std::find_if(undo_.begin(), undo_.end(), [&](const Undo& u) { return u.cause == stamp; });
+  if (it == undo_.end()) return false;
+  // One halving taken back, never past the window before it (it may have grown since).
+  cwnd_ = std::max(cwnd_, std::min(it->cwnd, cwnd_ * 2));
+  ssthresh_ = std::max(ssthresh_, cwnd_);
+  it->cause = 0;
   ++undone_;
   // Spraying reorders by whole bursts (each source port's flow may take another path, or
-  // another receive queue); twice the slack each time, up to a few windows' worth.
-  min_reorder_ = std::min<uint64_t>(min_reorder_ * 2, std::max<uint64_t>(options_.reorder, options_.max));
+  // another receive queue): twice the slack each time, up to 4 times the configured one.
+  min_reorder_ = std::min<uint64_t>(min_reorder_ * 2, 4 * std::max<uint64_t>(1, options_.reorder));
+  return true;
 }
 
 uint64_t CongestionWindow::reorder() const { return min_reorder_; }
 
-void CongestionWindow::OnSilence() { Cut(0); }
+void CongestionWindow::OnSilence(uint64_t oldest) { Cut(oldest); }
 
 void CongestionWindow::Cut(uint64_t cause) {
-  cut_cause_ = cause;
-  undo_cwnd_ = cwnd_;
-  undo_ssthresh_ = ssthresh_;
+  if (cause != 0) undo_[next_undo_++ % undo_.size()] = Undo{cause, cwnd_};
   cwnd_ = std::max<double>(options_.min, cwnd_ / 2);
   ssthresh_ = cwnd_;
   recovery_ = sent_;

@@ -12,6 +12,8 @@
 // Single-threaded: owned by one I/O thread. Never blocks.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 
 namespace dlcp {
@@ -36,14 +38,17 @@ class CongestionWindow {
   // A datagram stamped `stamp` was lost. Returns true if this started a new congestion event
   // (the window was cut).
   bool OnLoss(uint64_t stamp);
-  // The datagram stamped `stamp`, taken as lost, arrived after all, and was never sent again: it
-  // was late, not lost. If it caused the latest cut, the cut is undone, and losses are inferred
-  // with more slack for reordering from now on (reorder()).
-  void OnLate(uint64_t stamp);
+  // The datagram stamped `stamp` arrived, and was never sent again. If it caused one of the
+  // recent cuts, it was late, not lost: that cut is undone (returns true), and losses are
+  // inferred with more slack for reordering from now on (reorder()). A datagram taken as lost
+  // is often another sender's: the peer answers a chunk only once every sender's part is in.
+  bool OnLate(uint64_t stamp);
   // How many datagrams sent after one must be acknowledged before a missing one counts as lost.
   uint64_t reorder() const;
-  // Nothing came back for a retransmission timeout's worth of time.
-  void OnSilence();
+  // Nothing came back for a retransmission timeout's worth of time; `oldest` is the stamp of the
+  // oldest datagram still out (0: none to blame). If it turns up after all (OnLate), the cut is
+  // undone: the peer was slow (descheduled, or waiting on another sender), not the path.
+  void OnSilence(uint64_t oldest);
 
   uint64_t cuts() const { return cuts_; }
   uint64_t undone() const { return undone_; }
@@ -58,9 +63,13 @@ class CongestionWindow {
   uint64_t recovery_ = 0;  // the last stamp before the latest cut
   uint64_t cuts_ = 0;
   uint64_t undone_ = 0;
-  // The latest cut: the stamp that caused it (0: none to undo), and the window before it.
-  uint64_t cut_cause_ = 0;
-  double undo_cwnd_ = 0, undo_ssthresh_ = 0;
+  // The recent cuts that can still be undone: the stamp that caused each, and the window before.
+  struct Undo {
+    uint64_t cause = 0;  // 0: free
+    double cwnd = 0;
+  };
+  std::array<Undo, 8> undo_{};
+  size_t next_undo_ = 0;
   uint64_t min_reorder_ = 64;  // grows each time a loss turns out to have been reordering
 };
 

@@ -58,7 +58,7 @@ TEST(CongestionWindowTest, NeverBelowMinOrAboveMax) {
   CongestionWindow w(Opts(1000, 3, 50));
   EXPECT_EQ(w.window(), 50u);
   for (int i = 0; i < 20; ++i) {
-    w.OnSilence();
+    w.OnSilence(0);
     EXPECT_GE(w.window(), 3u);
   }
   EXPECT_EQ(w.window(), 3u);
@@ -74,26 +74,45 @@ TEST(CongestionWindowTest, LateDatagramUndoesItsCutAndWidensReorderSlack) {
   EXPECT_EQ(w.window(), 32u);
   w.OnLate(b);  // not the one that caused the cut
   EXPECT_EQ(w.window(), 32u);
-  w.OnLate(a);
+  EXPECT_TRUE(w.OnLate(a));
   EXPECT_EQ(w.window(), 64u);
   EXPECT_EQ(w.undone(), 1u);
   EXPECT_EQ(w.reorder(), 16u);
   w.OnLate(a);  // once only
   EXPECT_EQ(w.undone(), 1u);
-  // A silence has no datagram to blame, so nothing can undo it.
-  w.OnSilence();
-  w.OnLate(0);
+  // A silence with no datagram to blame cannot be undone; one whose oldest datagram turns up can.
+  w.OnSilence(0);
+  EXPECT_FALSE(w.OnLate(0));
+  EXPECT_EQ(w.window(), 32u);
+  const uint64_t c = w.Stamp();
+  w.OnSilence(c);
+  EXPECT_EQ(w.window(), 16u);
+  EXPECT_TRUE(w.OnLate(c));
   EXPECT_EQ(w.window(), 32u);
 }
 
-TEST(CongestionWindowTest, ReorderSlackStopsGrowingAtTheWindowCap) {
+TEST(CongestionWindowTest, ReorderSlackGrowsToFourTimesTheConfigured) {
   CongestionWindow w(Opts(64, 2, 100));
   for (int i = 0; i < 20; ++i) {
     const uint64_t s = w.Stamp();
     ASSERT_TRUE(w.OnLoss(s));
     w.OnLate(s);
   }
-  EXPECT_EQ(w.reorder(), 100u);
+  EXPECT_EQ(w.reorder(), 32u);
+}
+
+TEST(CongestionWindowTest, AnyOfTheRecentCutsCanBeUndone) {
+  CongestionWindow w(Opts(64, 2, 100));
+  const uint64_t a = w.Stamp();
+  ASSERT_TRUE(w.OnLoss(a));  // 64 -> 32
+  const uint64_t b = w.Stamp();
+  ASSERT_TRUE(w.OnLoss(b));  // 32 -> 16
+  EXPECT_EQ(w.window(), 16u);
+  EXPECT_TRUE(w.OnLate(a));  // the older cut: one halving back
+  EXPECT_EQ(w.window(), 32u);
+  EXPECT_TRUE(w.OnLate(b));  // never above the window before that cut
+  EXPECT_EQ(w.window(), 32u);
+  EXPECT_EQ(w.undone(), 2u);
 }
 
 }  // namespace
