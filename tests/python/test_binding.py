@@ -48,6 +48,24 @@ def test_allreduce_sums_exactly(aggregators, world, elems):
             c.close()
 
 
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_window_setting_and_its_stats(aggregators, adaptive):
+    clients = connect_all(aggregators, f"window-{adaptive}", 2, loss_bound=0, adaptive_window=adaptive,
+                          window_bytes=1 << 20)
+    try:
+        bufs = [np.full(200_000, r + 1, dtype=np.float32) for r in range(2)]
+        stats = [h.wait(30) for h in [c.allreduce_async(3, b) for c, b in zip(clients, bufs)]]
+        for b in bufs:
+            assert np.all(b == 3)
+        for s in stats:
+            assert s["window_cuts"] >= s["window_undos"] >= 0
+            if not adaptive:
+                assert s["window_cuts"] == 0
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_torch_tensors_are_used_in_place(aggregators):
     torch = pytest.importorskip("torch")
     clients = connect_all(aggregators, "inplace", 2, loss_bound=0)
