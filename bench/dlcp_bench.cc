@@ -40,6 +40,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("chunk-bytes", 0, 0, 65456, "payload bytes per chunk (datagram); 0: fit the transport, at most 8192");
   c->AddInt("window-bytes", 4 << 20, 64, int64_t{1} << 32, "the most bytes in flight per aggregator endpoint");
   c->AddBool("adaptive-window", true, "adapt the window to loss (AIMD), up to --window-bytes; false: always --window-bytes");
+  c->AddBool("path-steering", true, "with --adaptive-window and spraying: each source port's share follows its own loss");
   c->AddInt("op-timeout-ms", 60000, 1, 3600000, "deadline of each AllReduce");
   c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence before asking for missing results");
   c->AddInt("timeout-s", 600, 1, 86400, "spawn mode: kill the workers after this long");
@@ -87,6 +88,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.chunk_bytes = static_cast<uint32_t>(c.GetInt("chunk-bytes"));
   w.client.window_bytes = static_cast<uint64_t>(c.GetInt("window-bytes"));
   w.client.adaptive_window = c.GetBool("adaptive-window");
+  w.client.path_steering = c.GetBool("path-steering");
   w.client.op_timeout = absl::Milliseconds(c.GetInt("op-timeout-ms"));
   w.client.repair_timeout = absl::Milliseconds(c.GetInt("repair-timeout-ms"));
   w.client.data_host = c.GetString("data-host");

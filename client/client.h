@@ -62,6 +62,10 @@ struct ClientOptions {
   // halves on loss (AIMD, docs/congestion.md), never above window_bytes. false: window_bytes
   // always, which suits only a network with room for every worker's full window at once.
   bool adaptive_window = true;
+  // With the adaptive window and UDP spraying: each source port (path) gets a share of the
+  // window that follows its own loss, so a lossy or slow path carries less
+  // (docs/path-spraying.md). false: the ports take equal turns.
+  bool path_steering = true;
 
   // Bounded loss (docs/bounded-loss.md). ε: the largest fraction of droppable (worker, chunk)
   // contributions an aggregate may lack; class 0 is never lost. 0 makes every chunk

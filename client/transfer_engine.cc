@@ -71,6 +71,7 @@ void TransferEngine::BuildDestinations() {
   cc.max = std::max<uint32_t>(1, options_.window_chunks);
   cc.min = std::min<uint32_t>(cc.min, cc.max);
   windows_.assign(dest_addr_.size(), CongestionWindow(cc));
+  BuildPaths();
 }
 
 uint32_t TransferEngine::WindowOf(uint32_t dest) const {
@@ -277,6 +278,7 @@ void TransferEngine::Launch(Op& op, absl::Time now) {
   op.state.assign(op.geometry.chunk_count(), kUnsent);
   op.stamps.assign(op.geometry.chunk_count(), 0);
   op.repushed.assign(op.geometry.chunk_count(), false);
+  op.paths.assign(paths_.empty() ? 0 : op.geometry.chunk_count(), 0);
   op.dests.assign(dest_addr_.size(), Dest{});
   op.remaining = op.geometry.chunk_count();
   op.start = now;
@@ -331,6 +333,11 @@ bool TransferEngine::PushSome(size_t budget) {
         const uint64_t stamp = windows_[d].Stamp();
         if (!repair) op.stamps[c] = stamp;
         if (repair) op.repushed[c] = true;
+        const int16_t path = PickPath(d);
+        if (path >= 0) {
+          paths_[d].OnSent(path, stamp);
+          if (!repair) op.paths[c] = static_cast<uint8_t>(path);
+        }
         h.priority = repair ? 0 : op.classes[c];
         h.payload_len = op.geometry.bytes(c, wire::EncodingWidth(op.encoding));
         op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
@@ -341,7 +348,7 @@ bool TransferEngine::PushSome(size_t budget) {
         const uint8_t* payload = op.packets.empty()
                                      ? reinterpret_cast<const uint8_t*>(op.data + op.geometry.offset(c))
                                      : op.packets.data() + c * op.packet_stride + wire::kHeaderSize;
-        absl::Status s = outbox_.Add(dest_addr_[d], h, payload, dest_key_[d]);
+        absl::Status s = outbox_.Add(dest_addr_[d], h, payload, dest_key_[d], nullptr, path);
         if (!s.ok()) DLCP_LOG(Warning) << "push to " << dest_addr_[d].ToString() << ": " << s;
       };
       const size_t window = WindowOf(d);

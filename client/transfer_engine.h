@@ -25,6 +25,7 @@
 #include "client/packer/packer.h"
 #include "common/datapath/congestion_window.h"
 #include "common/datapath/outbox.h"
+#include "common/datapath/path_steering.h"
 #include "common/topology/topology.h"
 #include "common/transport/transport.h"
 #include "common/wire/geometry.h"
@@ -53,6 +54,11 @@ struct EngineOptions : EngineLayout {
   // Adapt the window per endpoint to loss (common/datapath/congestion_window.h), up to
   // window_chunks; false: window_chunks always.
   bool adaptive_window = true;
+  // With adaptive_window, over a transport whose messages can choose their send path (UDP
+  // spraying): pushes go out in runs of path_burst per path, each path's share following its
+  // own loss (common/datapath/path_steering.h).
+  bool path_steering = true;
+  uint32_t path_burst = 8;
   uint32_t max_inflight = 64;
   uint32_t world = 1;
   double loss_bound = 0;  // job default; AllReduceOptions may override per tensor
@@ -143,6 +149,7 @@ class TransferEngine {
     std::vector<uint8_t> classes;  // per chunk
     std::vector<uint64_t> stamps;  // per chunk: its endpoint window's stamp at its first push
     std::vector<bool> repushed;    // per chunk: pushed again (a repair)
+    std::vector<uint8_t> paths;    // per chunk: the send path of its first push (path steering)
     // How the values travel. A float32 push sends straight from `data`; other encodings send the
     // payloads of `packets` (the packer's headers there are rebuilt per destination at send time,
     // since each aggregator has its own epoch).
@@ -231,6 +238,9 @@ class TransferEngine {
   void OnResultPosition(Op& op, uint32_t dest, size_t pos);
   void NoteLoss(Op& op, uint32_t chunk);
   uint32_t WindowOf(uint32_t dest) const;
+  // Path steering: the send path for the next push to `dest`, or -1 (the transport's rotation).
+  int16_t PickPath(uint32_t dest);
+  void BuildPaths();
   void Finish(uint32_t key, absl::StatusOr<RoundStats> result);
   std::shared_ptr<const Plan> PlanFor(uint32_t key, uint32_t tensor_elems);
   wire::Header BaseHeader(wire::MsgType type, uint32_t dest, uint32_t key, uint32_t round, uint32_t elems,
@@ -246,6 +256,7 @@ class TransferEngine {
   std::unordered_map<uint64_t, uint32_t> dest_by_addr_;  // Address::Pack() -> dest
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
   std::vector<CongestionWindow> windows_;  // per dest (adaptive_window)
+  std::vector<PathSteering> paths_;  // per dest; empty: no path steering
   Outbox outbox_;
 
   // Shared with Submit(), under mu_.

@@ -15,8 +15,13 @@ void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos) {
   Dest& d = op.dests[dest];
   CongestionWindow& w = windows_[dest];
   const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[dest];
-  if (op.repushed[mine[pos]] && d.repairs_out > 0) --d.repairs_out;
-  if (!op.repushed[mine[pos]] && w.OnLate(op.stamps[mine[pos]])) ++op.stats.window_undos;
+  const uint32_t chunk = mine[pos];
+  if (op.repushed[chunk] && d.repairs_out > 0) --d.repairs_out;
+  if (!op.repushed[chunk] && w.OnLate(op.stamps[chunk])) ++op.stats.window_undos;
+  if (!paths_.empty()) {
+    paths_[dest].OnAcked(op.paths[chunk]);
+    if (!op.repushed[chunk]) paths_[dest].OnLate(op.paths[chunk], op.stamps[chunk]);
+  }
   if (pos + 1 > d.acked) {
     w.OnAcked(static_cast<uint32_t>(pos + 1 - d.acked));
     d.acked = pos + 1;
@@ -39,7 +44,26 @@ void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos) {
 }
 
 void TransferEngine::NoteLoss(Op& op, uint32_t chunk) {
-  if (options_.adaptive_window && windows_[op.plan->dest_of_chunk[chunk]].OnLoss(op.stamps[chunk])) ++op.stats.window_cuts;
+  if (!options_.adaptive_window) return;
+  const uint32_t dest = op.plan->dest_of_chunk[chunk];
+  if (windows_[dest].OnLoss(op.stamps[chunk])) ++op.stats.window_cuts;
+  if (!paths_.empty()) paths_[dest].OnLoss(op.paths[chunk], op.stamps[chunk]);
+}
+
+// Path steering (common/datapath/path_steering.h, docs/path-spraying.md): one per endpoint, over
+// the transport's send paths, when the window adapts and datagrams can choose their path.
+void TransferEngine::BuildPaths() {
+  paths_.clear();
+  const size_t n = transport_->send_paths();
+  if (!options_.adaptive_window || !options_.path_steering || n < 2 || n > 256) return;  // a chunk's path is kept in a byte
+  CongestionOptions cc;
+  cc.min = 1;
+  cc.max = std::max<uint32_t>(cc.initial, options_.window_chunks);
+  paths_.assign(dest_addr_.size(), PathSteering(static_cast<uint32_t>(n), options_.path_burst, cc));
+}
+
+int16_t TransferEngine::PickPath(uint32_t dest) {
+  return paths_.empty() ? -1 : static_cast<int16_t>(paths_[dest].Pick());
 }
 
 }  // namespace dlcp

@@ -343,6 +343,7 @@ ClientOptions MakeOptions(py::kwargs kw) {
   seconds("heartbeat_interval_s", o.heartbeat_interval);
   opt("window_bytes", o.window_bytes);
   opt("adaptive_window", o.adaptive_window);
+  opt("path_steering", o.path_steering);
   opt("loss_bound", o.loss_bound);
   opt("reliable_fraction", o.class_policy.reliable_fraction);
   py::object policy = take("class_policy");

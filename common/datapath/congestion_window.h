@@ -33,6 +33,9 @@ class CongestionWindow {
   uint32_t window() const { return static_cast<uint32_t>(cwnd_); }
   // Stamps a datagram as it leaves; OnLoss takes the stamp back.
   uint64_t Stamp() { return ++sent_; }
+  // Or: a datagram left with a stamp from elsewhere (a counter several windows share, which
+  // must only grow).
+  void OnSent(uint64_t stamp) { sent_ = stamp > sent_ ? stamp : sent_; }
   // `n` more datagrams are known to have arrived.
   void OnAcked(uint32_t n);
   // A datagram stamped `stamp` was lost. Returns true if this started a new congestion event

@@ -16,10 +16,11 @@ Outbox::Outbox(Transport* transport, size_t batch, absl::Duration send_timeout)
 }
 
 absl::Status Outbox::Add(const Address& to, const wire::Header& h, const uint8_t* payload, const wire::MacKey* key,
-                         const uint64_t* payload_digest) {
+                         const uint64_t* payload_digest, int16_t path) {
   headers_.emplace_back();
   uint8_t* header = headers_.back().data();
   OutMessage m{to, h.priority, header, wire::kHeaderSize, payload, h.payload_len};
+  m.path = path;
   if (key == nullptr) {
     wire::EncodeHeader(h, header);
   } else {
@@ -46,10 +47,10 @@ absl::Status Outbox::AddOwned(const Address& to, const wire::Header& h, std::vec
 
 absl::Status Outbox::Flush() {
   if (messages_.empty()) return absl::OkStatus();
-  // Grouping by peer and class lets the transport coalesce runs (UDP GSO). Order between chunks
-  // carries no meaning on the wire; the stable sort keeps each peer's own order.
+  // Grouping by peer, class and path lets the transport coalesce runs (UDP GSO). Order between
+  // chunks carries no meaning on the wire; the stable sort keeps each peer's own order.
   std::stable_sort(messages_.begin(), messages_.end(), [](const OutMessage& a, const OutMessage& b) {
-    return std::tie(a.to.ipv4, a.to.port, a.priority) < std::tie(b.to.ipv4, b.to.port, b.priority);
+    return std::tie(a.to.ipv4, a.to.port, a.priority, a.path) < std::tie(b.to.ipv4, b.to.port, b.priority, b.path);
   });
   absl::Status s = transport_->Send(messages_, absl::Now() + send_timeout_);
   messages_.clear();

@@ -23,8 +23,9 @@ class Outbox {
   // Queues header + payload (h.payload_len bytes at `payload`); flushes when the batch is full.
   // With a key, the packet is authenticated: kFlagMac set and the MAC trailer appended.
   // `payload_digest`, if given, is wire::PayloadDigest(*key, payload) computed once by the caller.
+  // `path`: OutMessage::path.
   absl::Status Add(const Address& to, const wire::Header& h, const uint8_t* payload,
-                   const wire::MacKey* key = nullptr, const uint64_t* payload_digest = nullptr);
+                   const wire::MacKey* key = nullptr, const uint64_t* payload_digest = nullptr, int16_t path = -1);
   // The same, keeping `payload` alive inside the outbox until it is sent.
   absl::Status AddOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload,
                         const wire::MacKey* key = nullptr, const uint64_t* payload_digest = nullptr);

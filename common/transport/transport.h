@@ -33,6 +33,9 @@ struct OutMessage {
   size_t payload_len = 0;
   const uint8_t* trailer = nullptr;
   size_t trailer_len = 0;
+  // Which of the transport's send paths (send_paths()) it leaves from; -1: the transport's own
+  // rotation (spray_burst datagrams per path in turn).
+  int16_t path = -1;
 
   size_t size() const { return header_len + payload_len + trailer_len; }
 };
@@ -114,6 +117,9 @@ class Transport {
   // peers that check sources; nobody sends to them. Empty when every datagram leaves from
   // local_address().
   virtual std::vector<Address> spray_sources() const { return {}; }
+  // How many paths OutMessage::path may choose among (UDP: the spray ports); 1 where messages
+  // cannot choose (RDMA keeps its own rotation over queue pairs).
+  virtual size_t send_paths() const { return 1; }
 
   // Hands every message to the network, in order, or fails. Waits for local buffer space until
   // `deadline` at most; never waits for the peer. A datagram the network drops later is not an

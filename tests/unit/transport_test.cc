@@ -328,6 +328,54 @@ TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
   }
 }
 
+// A message that names its path leaves from that port (send_paths() of them: the bound port
+// first, then spray_sources()), however long the run, with GSO or without.
+TEST(UdpTransport, AMessageLeavesFromThePathItNames) {
+  for (bool gso : {false, true}) {
+    TransportOptions o;
+    o.kind = TransportOptions::Kind::kUdp;
+    o.bind_host = "127.0.0.1";
+    o.gso = o.gro = gso;
+    o.spray_ports = 4;
+    o.spray_burst = 2;
+    auto a = CreateTransport(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_EQ((*a)->send_paths(), 4u);
+    o.spray_ports = 1;
+    o.gro = false;
+    auto b = CreateTransport(o);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ((*b)->send_paths(), 1u);
+    std::vector<uint16_t> port_of_path = {(*a)->local_address().port};
+    for (const Address& s : (*a)->spray_sources()) port_of_path.push_back(s.port);
+
+    // Path 2 ten times (longer than a burst), then 0, 3, 3, 1; the payload says which.
+    const std::vector<int16_t> paths = {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 3, 3, 1};
+    std::vector<std::vector<uint8_t>> payloads;
+    for (int16_t p : paths) payloads.push_back(std::vector<uint8_t>(1000, static_cast<uint8_t>(p)));
+    std::vector<OutMessage> msgs;
+    for (size_t i = 0; i < paths.size(); ++i) {
+      OutMessage m{(*b)->local_address(), 1, payloads[i].data(), payloads[i].size()};
+      m.path = paths[i];
+      msgs.push_back(m);
+    }
+    ASSERT_TRUE((*a)->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+    size_t got = 0;
+    std::vector<InMessage> batch;
+    const absl::Time deadline = absl::Now() + absl::Seconds(5);
+    while (got < msgs.size() && absl::Now() < deadline) {
+      ASSERT_TRUE((*b)->Receive(&batch, absl::Milliseconds(100)).ok());
+      for (const InMessage& m : batch) {
+        ASSERT_EQ(m.len, 1000u);
+        EXPECT_EQ(m.from.port, port_of_path[m.data[0]]) << "path " << int{m.data[0]} << ", gso " << gso;
+        ++got;
+      }
+    }
+    EXPECT_EQ(got, msgs.size()) << "gso " << gso;
+    EXPECT_EQ((*a)->counters().spray_bursts.load(), 4u) << "gso " << gso;  // runs: 2, 0, 3, 1
+  }
+}
+
 TEST(UdpTransport, OneSprayPortSendsEverythingFromTheBoundPort) {
   TransportOptions o;
   o.kind = TransportOptions::Kind::kUdp;

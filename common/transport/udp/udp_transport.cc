@@ -94,6 +94,7 @@ class UdpTransport final : public Transport {
     return out;
   }
   size_t max_datagram() const override { return options_.max_datagram; }
+  size_t send_paths() const override { return send_fds_.size(); }
 
   absl::Status Send(absl::Span<const OutMessage> messages, absl::Time deadline) override {
     for (const OutMessage& m : messages) {
@@ -150,7 +151,8 @@ class UdpTransport final : public Transport {
   // Sends up to kSendBatch messages. Consecutive messages to the same peer, class and length are
   // sent as one UDP GSO super-datagram (the kernel cuts it into datagrams), which saves a trip
   // through the stack per datagram. Returns false if the kernel refused GSO, which is then off.
-  // When spraying, each burst of up to spray_burst datagrams leaves from the next source port.
+  // When spraying, each burst of up to spray_burst datagrams leaves from the next source port,
+  // unless its messages name a path (the port they leave from).
   absl::StatusOr<bool> SendWindow(absl::Span<const OutMessage> msgs, absl::Time deadline) {
     mmsghdr hdrs[kSendBatch];
     iovec iovs[kSendBatch * 3];
@@ -164,20 +166,27 @@ class UdpTransport final : public Transport {
     size_t port = ports > 1 ? next_port_.fetch_add(1, std::memory_order_relaxed) % ports : 0;
     size_t burst_used = 0;
     size_t units = 0, iov_used = 0;
+    int last_fd = -1;
     for (size_t i = 0; i < msgs.size();) {
       const OutMessage& first = msgs[i];
       const size_t seg = first.size();
       size_t count = 1, total = seg;
-      if (burst_used >= burst) {
+      const bool pinned = first.path >= 0 && ports > 1;
+      if (!pinned && burst_used >= burst) {
         port = (port + 1) % ports;
         burst_used = 0;
       }
+      const size_t unit_port = pinned ? static_cast<size_t>(first.path) % ports : port;
       // Segments of a GSO send land back to back in the receiver's GRO buffer: only a size that
       // is a multiple of 4 keeps the float payloads after it aligned.
-      while (gso && seg % 4 == 0 && i + count < msgs.size() && count < kMaxGsoSegments && burst_used + count < burst) {
+      while (gso && seg % 4 == 0 && i + count < msgs.size() && count < kMaxGsoSegments &&
+             (pinned || burst_used + count < burst)) {
         const OutMessage& m = msgs[i + count];
         const size_t len = m.size();
-        if (!(m.to == first.to) || m.priority != first.priority || len > seg || total + len > kMaxGsoBytes) break;
+        if (!(m.to == first.to) || m.priority != first.priority || m.path != first.path || len > seg ||
+            total + len > kMaxGsoBytes) {
+          break;
+        }
         total += len;
         ++count;
         if (len < seg) break;  // only the last segment may be shorter
@@ -212,9 +221,12 @@ class UdpTransport final : public Transport {
         uint16_t gso_size = static_cast<uint16_t>(seg);
         std::memcpy(CMSG_DATA(c), &gso_size, sizeof(gso_size));
       }
-      unit_fd[units] = send_fds_[port];
-      if (ports > 1 && burst_used == 0) counters_.spray_bursts.fetch_add(1, std::memory_order_relaxed);
-      burst_used += count;
+      unit_fd[units] = send_fds_[unit_port];
+      if (ports > 1 && (pinned ? unit_fd[units] != last_fd : burst_used == 0)) {
+        counters_.spray_bursts.fetch_add(1, std::memory_order_relaxed);
+      }
+      last_fd = unit_fd[units];
+      if (!pinned) burst_used += count;
       segments[units++] = static_cast<uint32_t>(count);
       i += count;
     }

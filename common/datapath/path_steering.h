@@ -1,0 +1,43 @@
+// Which send path (UDP source port, which ECMP hashes onto one path of the fabric) the next
+// datagram to one peer leaves from, when paths may differ: each path has a congestion window of
+// its own that follows only the losses of what was sent on it, and the paths take turns in
+// proportion to those windows (smooth weighted round robin), in runs of `burst` datagrams. A
+// path that loses gets a smaller share; its window grows back as its datagrams get through,
+// which probes it again. The windows only share out what the peer's own window lets out.
+//
+// Single-threaded: owned by one I/O thread. Never blocks.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/datapath/congestion_window.h"
+
+namespace dlcp {
+
+class PathSteering {
+ public:
+  PathSteering(uint32_t paths, uint32_t burst, const CongestionOptions& options);
+
+  // The path of the next datagram; the caller then reports OnSent with its stamp.
+  uint32_t Pick();
+  void OnSent(uint32_t path, uint64_t stamp) { shares_[path].window.OnSent(stamp); }
+  void OnAcked(uint32_t path) { shares_[path].window.OnAcked(1); }
+  void OnLoss(uint32_t path, uint64_t stamp) { shares_[path].window.OnLoss(stamp); }
+  void OnLate(uint32_t path, uint64_t stamp) { shares_[path].window.OnLate(stamp); }
+
+  uint32_t paths() const { return static_cast<uint32_t>(shares_.size()); }
+  uint32_t weight(uint32_t path) const { return shares_[path].window.window(); }
+
+ private:
+  struct Share {
+    CongestionWindow window;
+    double credit = 0;
+  };
+  std::vector<Share> shares_;
+  uint32_t burst_;
+  uint32_t current_ = 0;
+  uint32_t run_ = 0;  // datagrams sent in the current run
+};
+
+}  // namespace dlcp
