@@ -291,6 +291,52 @@ TEST(AllReduceLeave, AWorkerLeavingMidRoundFailsTheOthersNamingIt) {
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(clients[r]->Close().ok());
 }
 
+// Two or more workers on one aggregator, connected at once (each Connect waits for the others).
+std::vector<std::unique_ptr<Client>> ConnectAll(int workers, const std::function<ClientOptions(int)>& options) {
+  std::vector<std::unique_ptr<Client>> clients(workers);
+  std::vector<std::thread> joiners;
+  std::vector<absl::Status> status(workers);
+  for (int r = 0; r < workers; ++r) {
+    joiners.emplace_back([&, r] {
+      auto cl = Client::Connect(options(r));
+      if (cl.ok()) clients[r] = std::move(*cl);
+      status[r] = cl.status();
+    });
+  }
+  for (auto& j : joiners) j.join();
+  for (auto& s : status) EXPECT_TRUE(s.ok()) << s;
+  return clients;
+}
+
+// Round k of key 1 over every client: each worker's Value()s, summed exactly into every buffer.
+// Returns each worker's stats; a failed op or a wrong sum is a test failure (and an empty result).
+std::vector<RoundStats> ExactRoundOf(const std::vector<std::unique_ptr<Client>>& clients, int k, uint32_t elems) {
+  const int workers = static_cast<int>(clients.size());
+  std::vector<std::vector<float>> data(workers, std::vector<float>(elems));
+  std::vector<std::future<absl::StatusOr<RoundStats>>> fs;
+  for (int r = 0; r < workers; ++r) {
+    for (uint32_t i = 0; i < elems; ++i) data[r][i] = Value(r, k, 0, i);
+    fs.push_back(clients[r]->AllReduce(1, absl::MakeSpan(data[r])));
+  }
+  std::vector<RoundStats> stats;
+  for (auto& f : fs) {
+    absl::StatusOr<RoundStats> s = f.get();
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (s.ok()) stats.push_back(*s);
+  }
+  for (int r = 0; r < workers; ++r) {
+    for (uint32_t i = 0; i < elems; ++i) {
+      float sum = 0;
+      for (int w = 0; w < workers; ++w) sum += Value(w, k, 0, i);
+      if (data[r][i] != sum) {
+        ADD_FAILURE() << "round " << k << " rank " << r << " element " << i << ": " << data[r][i] << " != " << sum;
+        return {};
+      }
+    }
+  }
+  return stats.size() == clients.size() ? stats : std::vector<RoundStats>{};
+}
+
 // The aggregator asks for lost pushes (and probes for lost results) after a quiet spell of the
 // round's own pace, not after the configured repair timeout, which is only the ceiling: with a
 // 3 s timeout everywhere, rounds that lose packets still finish in a fraction of it.
@@ -301,36 +347,21 @@ TEST(AllReduceRepair, LossIsRepairedAtTheRoundsOwnPace) {
   ASSERT_NE(agg, nullptr);
   constexpr int kWorkers = 2, kRounds = 4;
   constexpr uint32_t kElems = 200000;
-  std::vector<std::unique_ptr<Client>> clients(kWorkers);
-  std::vector<std::thread> joiners;
-  std::vector<absl::Status> status(kWorkers);
-  for (int r = 0; r < kWorkers; ++r) {
-    joiners.emplace_back([&, r] {
-      ClientOptions o = Options(Case{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r,
-                                "own-pace");
-      o.repair_timeout = absl::Seconds(3);
-      auto cl = Client::Connect(o);
-      if (cl.ok()) clients[r] = std::move(*cl);
-      status[r] = cl.status();
-    });
-  }
-  for (auto& j : joiners) j.join();
-  for (auto& s : status) ASSERT_TRUE(s.ok()) << s;
+  auto clients = ConnectAll(kWorkers, [&](int r) {
+    ClientOptions o =
+        Options(Case{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r, "own-pace");
+    o.repair_timeout = absl::Seconds(3);
+    return o;
+  });
+  if (HasFailure()) return;
   uint64_t retransmits = 0;
   for (int k = 0; k < kRounds; ++k) {
-    std::vector<std::vector<float>> data(kWorkers, std::vector<float>(kElems));
-    std::vector<std::future<absl::StatusOr<RoundStats>>> fs;
-    for (int r = 0; r < kWorkers; ++r) {
-      for (uint32_t i = 0; i < kElems; ++i) data[r][i] = Value(r, k, 0, i);
-      fs.push_back(clients[r]->AllReduce(1, absl::MakeSpan(data[r])));
+    std::vector<RoundStats> stats = ExactRoundOf(clients, k, kElems);
+    ASSERT_EQ(stats.size(), clients.size());
+    for (const RoundStats& s : stats) {
+      EXPECT_LT(s.time, absl::Milliseconds(1500)) << "round " << k << " waited for the 3 s repair timeout";
+      retransmits += s.retransmits;
     }
-    for (auto& f : fs) {
-      absl::StatusOr<RoundStats> s = f.get();
-      ASSERT_TRUE(s.ok()) << s.status();
-      EXPECT_LT(s->time, absl::Milliseconds(1500)) << "round " << k << " waited for the 3 s repair timeout";
-      retransmits += s->retransmits;
-    }
-    for (uint32_t i = 0; i < kElems; ++i) ASSERT_EQ(data[0][i], Value(0, k, 0, i) + Value(1, k, 0, i));
   }
   EXPECT_GT(agg->Counter("dlcp_inject_dropped_total"), 0);
   EXPECT_GT(retransmits, 0u);
@@ -353,44 +384,29 @@ TEST_P(AdaptiveWindowTest, LossCutsTheWindowAndSumsStayExact) {
   ASSERT_NE(agg, nullptr);
   constexpr int kWorkers = 2, kRounds = 3;
   constexpr uint32_t kElems = 300000;  // 293 chunks of 4 KiB: well past the reordering slack
-  std::vector<std::unique_ptr<Client>> clients(kWorkers);
-  std::vector<std::thread> joiners;
-  std::vector<absl::Status> status(kWorkers);
-  for (int r = 0; r < kWorkers; ++r) {
-    joiners.emplace_back([&, r] {
-      ClientOptions o = Options(Case{wc.kind, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r,
-                                wc.adaptive ? "window-adaptive" : "window-fixed");
-      o.adaptive_window = wc.adaptive;
-      o.inject.rate = {0.03, 0.03, 0.03, 0.03};
-      o.inject.seed = 5 + r;
-      auto cl = Client::Connect(o);
-      if (cl.ok()) clients[r] = std::move(*cl);
-      status[r] = cl.status();
-    });
-  }
-  for (auto& j : joiners) j.join();
-  for (auto& s : status) ASSERT_TRUE(s.ok()) << s;
+  auto clients = ConnectAll(kWorkers, [&](int r) {
+    ClientOptions o = Options(Case{wc.kind, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r,
+                              wc.adaptive ? "window-adaptive" : "window-fixed");
+    o.adaptive_window = wc.adaptive;
+    o.inject.rate = {0.03, 0.03, 0.03, 0.03};
+    o.inject.seed = 5 + r;
+    return o;
+  });
+  if (HasFailure()) return;
   uint64_t cuts = 0, dropped = 0;
   for (int k = 0; k < kRounds; ++k) {
-    std::vector<std::vector<float>> data(kWorkers, std::vector<float>(kElems));
-    std::vector<std::future<absl::StatusOr<RoundStats>>> fs;
-    for (int r = 0; r < kWorkers; ++r) {
-      for (uint32_t i = 0; i < kElems; ++i) data[r][i] = Value(r, k, 0, i);
-      fs.push_back(clients[r]->AllReduce(1, absl::MakeSpan(data[r])));
-    }
-    for (auto& f : fs) {
-      absl::StatusOr<RoundStats> s = f.get();
-      ASSERT_TRUE(s.ok()) << s.status();
-      cuts += s->window_cuts;
-      dropped += s->injected_drops;
-    }
-    for (int r = 0; r < kWorkers; ++r) {
-      for (uint32_t i = 0; i < kElems; ++i) ASSERT_EQ(data[r][i], Value(0, k, 0, i) + Value(1, k, 0, i)) << i;
+    std::vector<RoundStats> stats = ExactRoundOf(clients, k, kElems);
+    ASSERT_EQ(stats.size(), clients.size());
+    for (const RoundStats& s : stats) {
+      cuts += s.window_cuts;
+      dropped += s.injected_drops;
     }
   }
   EXPECT_GT(dropped, 0u);
   if (wc.adaptive) {
-    EXPECT_GT(cuts, 0u) << "lost pushes never cut the window";
+    // About 60 pushes lost, some per window: read from the results, that is 8-14 cuts (and 0-1
+    // from silences alone, were gaps not read).
+    EXPECT_GE(cuts, 3u) << "lost pushes hardly cut the window";
   } else {
     EXPECT_EQ(cuts, 0u);
   }
