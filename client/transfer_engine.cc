@@ -678,8 +678,8 @@ void TransferEngine::ScanTimers(absl::Time now) {
         // Silence: whatever is in flight was lost or waits on someone else's loss. It no longer
         // holds the window (like a retransmission timeout): the aggregator NACKs what it needs,
         // and under bounded loss it may not need these at all, so waiting for them could stall
-        // the round for good.
-        // Nothing came back from what is in flight there: a retransmission timeout.
+        // the round for good. For the window it is a loss unless the oldest push out turns up
+        // after all (CongestionWindow::OnSilence).
         Dest& dest = op.dests[d];
         if (options_.adaptive_window && (dest.next > dest.acked || dest.repairs_out > 0)) {
           const uint32_t oldest = dest.next > dest.acked ? op.plan->chunks_by_dest[d][dest.acked] : 0;
@@ -687,8 +687,8 @@ void TransferEngine::ScanTimers(absl::Time now) {
           windows_[d].OnSilence(blame ? op.stamps[oldest] : 0);
           ++op.stats.window_cuts;
         }
-        op.dests[d].acked = op.dests[d].next;
-        op.dests[d].repairs_out = 0;
+        dest.acked = dest.next;
+        dest.repairs_out = 0;
         // An aggregator that has never answered may have missed the whole manifest, or the round.
         if (op.loss_bound_ppm > 0 && !op.stopped[d] && !op.heard[d]) SendManifest(op, d);
         SendResultReq(op, d, false, &wanted);

@@ -4,10 +4,11 @@
 // once per congestion event: a loss of a datagram sent before the last cut is part of the event
 // that caused that cut (the cut has not had a round trip to take effect yet), so it is not cut
 // again. A silence (nothing acknowledged for a while) halves it too, without that exemption.
+// A cut whose cause turns up after all (OnLate) is taken back.
 //
-// Why: the data plane's losses are mostly its own bursts overflowing a switch queue (incast, and
-// ports shared by pushes and results). A fixed window either wastes the link or loses a share of
-// every round and repairs it; docs/congestion.md has the measurements.
+// Why: a fixed window is either too small for the fabric, and the link idles, or too large, and
+// every round overruns a switch queue or socket buffer (incast, ports shared by pushes and
+// results) and repairs a share of itself; docs/congestion.md has the measurements.
 //
 // Single-threaded: owned by one I/O thread. Never blocks.
 #pragma once
