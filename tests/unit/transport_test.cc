@@ -275,42 +275,51 @@ TEST(UdpTransport, MarksEveryDatagramWithItsClassDscp) {
   close(rx);
 }
 
+// A UDP sender spraying over `ports` source ports in bursts of `burst`, and a receiver on one
+// port that takes datagrams one by one (no GRO), so they can be counted.
+void SprayPair(bool gso, uint32_t ports, uint32_t burst, std::unique_ptr<Transport>* a, std::unique_ptr<Transport>* b) {
+  TransportOptions o;
+  o.kind = TransportOptions::Kind::kUdp;
+  o.bind_host = "127.0.0.1";
+  o.gso = o.gro = gso;
+  o.spray_ports = ports;
+  o.spray_burst = burst;
+  auto sender = CreateTransport(o);
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  o.spray_ports = 1;
+  o.gro = false;
+  auto receiver = CreateTransport(o);
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  *a = std::move(*sender);
+  *b = std::move(*receiver);
+}
+
 // Path spraying: bursts of spray_burst datagrams leave from each of spray_ports source ports in
 // turn, and the ports are the ones the transport reports (peers map them to the endpoint).
 TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
   for (bool gso : {false, true}) {
-    TransportOptions o;
-    o.kind = TransportOptions::Kind::kUdp;
-    o.bind_host = "127.0.0.1";
-    o.gso = o.gro = gso;
-    o.spray_ports = 4;
-    o.spray_burst = 3;
-    auto a = CreateTransport(o);
-    ASSERT_TRUE(a.ok()) << a.status();
-    o.spray_ports = 1;
-    o.gro = false;  // count datagrams one by one
-    auto b = CreateTransport(o);
-    ASSERT_TRUE(b.ok()) << b.status();
+    std::unique_ptr<Transport> a, b;
+    ASSERT_NO_FATAL_FAILURE(SprayPair(gso, 4, 3, &a, &b));
     std::vector<uint16_t> ports;
-    for (const Address& s : (*a)->spray_sources()) {
-      EXPECT_EQ(s.ipv4, (*a)->local_address().ipv4);
+    for (const Address& s : a->spray_sources()) {
+      EXPECT_EQ(s.ipv4, a->local_address().ipv4);
       ports.push_back(s.port);
     }
     ASSERT_EQ(ports.size(), 3u);
-    ports.push_back((*a)->local_address().port);
-    EXPECT_TRUE((*b)->spray_sources().empty());
+    ports.push_back(a->local_address().port);
+    EXPECT_TRUE(b->spray_sources().empty());
 
     std::vector<uint8_t> payload(1000, 7);
-    std::vector<OutMessage> msgs(60, OutMessage{(*b)->local_address(), 1, payload.data(), payload.size()});
-    ASSERT_TRUE((*a)->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+    std::vector<OutMessage> msgs(60, OutMessage{b->local_address(), 1, payload.data(), payload.size()});
+    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
     std::map<uint16_t, int> per_port;
     std::vector<uint16_t> order;
     std::vector<InMessage> batch;
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     while (order.size() < msgs.size() && absl::Now() < deadline) {
-      ASSERT_TRUE((*b)->Receive(&batch, absl::Milliseconds(100)).ok());
+      ASSERT_TRUE(b->Receive(&batch, absl::Milliseconds(100)).ok());
       for (const InMessage& m : batch) {
-        EXPECT_EQ(m.from.ipv4, (*a)->local_address().ipv4);
+        EXPECT_EQ(m.from.ipv4, a->local_address().ipv4);
         ++per_port[m.from.port];
         order.push_back(m.from.port);
       }
@@ -324,7 +333,7 @@ TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
       run = order[i] == order[i - 1] ? run + 1 : 1;
       ASSERT_LE(run, 3u) << "at datagram " << i << ", gso " << gso;
     }
-    EXPECT_EQ((*a)->counters().spray_bursts.load(), 20u);
+    EXPECT_EQ(a->counters().spray_bursts.load(), 20u);
   }
 }
 
@@ -332,22 +341,12 @@ TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
 // first, then spray_sources()), however long the run, with GSO or without.
 TEST(UdpTransport, AMessageLeavesFromThePathItNames) {
   for (bool gso : {false, true}) {
-    TransportOptions o;
-    o.kind = TransportOptions::Kind::kUdp;
-    o.bind_host = "127.0.0.1";
-    o.gso = o.gro = gso;
-    o.spray_ports = 4;
-    o.spray_burst = 2;
-    auto a = CreateTransport(o);
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_EQ((*a)->send_paths(), 4u);
-    o.spray_ports = 1;
-    o.gro = false;
-    auto b = CreateTransport(o);
-    ASSERT_TRUE(b.ok()) << b.status();
-    EXPECT_EQ((*b)->send_paths(), 1u);
-    std::vector<uint16_t> port_of_path = {(*a)->local_address().port};
-    for (const Address& s : (*a)->spray_sources()) port_of_path.push_back(s.port);
+    std::unique_ptr<Transport> a, b;
+    ASSERT_NO_FATAL_FAILURE(SprayPair(gso, 4, 2, &a, &b));
+    ASSERT_EQ(a->send_paths(), 4u);
+    EXPECT_EQ(b->send_paths(), 1u);
+    std::vector<uint16_t> port_of_path = {a->local_address().port};
+    for (const Address& s : a->spray_sources()) port_of_path.push_back(s.port);
 
     // Path 2 ten times (longer than a burst), then 0, 3, 3, 1; the payload says which.
     const std::vector<int16_t> paths = {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 3, 3, 1};
@@ -355,16 +354,16 @@ TEST(UdpTransport, AMessageLeavesFromThePathItNames) {
     for (int16_t p : paths) payloads.push_back(std::vector<uint8_t>(1000, static_cast<uint8_t>(p)));
     std::vector<OutMessage> msgs;
     for (size_t i = 0; i < paths.size(); ++i) {
-      OutMessage m{(*b)->local_address(), 1, payloads[i].data(), payloads[i].size()};
+      OutMessage m{b->local_address(), 1, payloads[i].data(), payloads[i].size()};
       m.path = paths[i];
       msgs.push_back(m);
     }
-    ASSERT_TRUE((*a)->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
     size_t got = 0;
     std::vector<InMessage> batch;
     const absl::Time deadline = absl::Now() + absl::Seconds(5);
     while (got < msgs.size() && absl::Now() < deadline) {
-      ASSERT_TRUE((*b)->Receive(&batch, absl::Milliseconds(100)).ok());
+      ASSERT_TRUE(b->Receive(&batch, absl::Milliseconds(100)).ok());
       for (const InMessage& m : batch) {
         ASSERT_EQ(m.len, 1000u);
         EXPECT_EQ(m.from.port, port_of_path[m.data[0]]) << "path " << int{m.data[0]} << ", gso " << gso;
@@ -372,7 +371,7 @@ TEST(UdpTransport, AMessageLeavesFromThePathItNames) {
       }
     }
     EXPECT_EQ(got, msgs.size()) << "gso " << gso;
-    EXPECT_EQ((*a)->counters().spray_bursts.load(), 4u) << "gso " << gso;  // runs: 2, 0, 3, 1
+    EXPECT_EQ(a->counters().spray_bursts.load(), 4u) << "gso " << gso;  // runs: 2, 0, 3, 1
   }
 }
 
