@@ -309,7 +309,8 @@ void TransferEngine::Launch(Op& op, absl::Time now) {
 bool TransferEngine::PushSome(size_t budget) {
   bool more = false;
   // The window is the endpoint's, shared by every op pushing there.
-  std::vector<size_t> inflight(dest_addr_.size(), 0);
+  std::vector<size_t>& inflight = inflight_;
+  inflight.assign(dest_addr_.size(), 0);
   for (auto& [key, op_ptr] : ops_) {
     for (uint32_t d = 0; d < op_ptr->dests.size(); ++d) {
       const Dest& dest = op_ptr->dests[d];

@@ -257,6 +257,7 @@ class TransferEngine {
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
   std::vector<CongestionWindow> windows_;  // per dest (adaptive_window)
   std::vector<PathSteering> paths_;  // per dest; empty: no path steering
+  std::vector<size_t> inflight_;     // PushSome's count per dest, kept to save an allocation per turn
   Outbox outbox_;
 
   // Shared with Submit(), under mu_.
