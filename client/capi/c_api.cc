@@ -26,6 +26,12 @@ int Fail(const absl::Status& s, char* err, size_t err_len) {
   }
   return s.ok() ? 0 : static_cast<int>(s.code());
 }
+absl::StatusOr<bool> ParseOnOff(const std::string& value) {
+  if (value == "true" || value == "1" || value == "on") return true;
+  if (value == "false" || value == "0" || value == "off") return false;
+  return absl::InvalidArgumentError(absl::StrCat("'", value, "' is not true or false"));
+}
+
 // Sets `out` from the parse of `value`, or says which setting was bad.
 template <typename T>
 absl::Status Set(const std::string& name, absl::StatusOr<T> value, T* out) {
@@ -48,9 +54,14 @@ absl::Status ApplySettings(const std::string& settings, dlcp::ClientOptions* co)
       s = Set(name, dlcp::ParsePullMode(value), &co->pull_mode);
     } else if (name == "compensation") {
       s = Set(name, dlcp::ParseCompensation(value), &co->compensation);
+    } else if (name == "adaptive_window") {
+      s = Set(name, ParseOnOff(value), &co->adaptive_window);
+    } else if (name == "path_steering") {
+      s = Set(name, ParseOnOff(value), &co->path_steering);
     } else {
       s = absl::InvalidArgumentError(absl::StrCat("unknown setting '", name,
-                                                  "' (on_aggregator_loss, payload_encoding, pull_mode, compensation)"));
+                                                  "' (on_aggregator_loss, payload_encoding, pull_mode, compensation, "
+                                                  "adaptive_window, path_steering)"));
     }
     if (!s.ok()) return s;
   }

@@ -28,7 +28,7 @@ static void* run(void* arg) {
   o.plaintext = 1;
   dlcp_client* c = NULL;
   /* bfloat16 payloads: every value and sum here is a small integer, exact in 8 bits of mantissa. */
-  if (dlcp_connect_with(&o, "payload_encoding=bf16, on_aggregator_loss=fail", &c, err, sizeof(err)) != 0) {
+  if (dlcp_connect_with(&o, "payload_encoding=bf16, on_aggregator_loss=fail, adaptive_window=true, path_steering=off", &c, err, sizeof(err)) != 0) {
     fprintf(stderr, "rank %u connect: %s\n", w->rank, err);
     return NULL;
   }
@@ -88,6 +88,10 @@ int main(int argc, char** argv) {
   bad.plaintext = 1;
   if (dlcp_connect_with(&bad, "payload_encoding=fp8", &c, err, sizeof(err)) != 3 || !strstr(err, "payload_encoding")) {
     fprintf(stderr, "a bad payload_encoding was not refused: %s\n", err);
+    return 1;
+  }
+  if (dlcp_connect_with(&bad, "adaptive_window=maybe", &c, err, sizeof(err)) != 3 || !strstr(err, "adaptive_window")) {
+    fprintf(stderr, "a bad adaptive_window was not refused: %s\n", err);
     return 1;
   }
   if (dlcp_connect_with(&bad, "colour=blue", &c, err, sizeof(err)) != 3 || !strstr(err, "colour")) {
