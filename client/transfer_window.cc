@@ -16,18 +16,19 @@ void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos) {
   CongestionWindow& w = windows_[dest];
   const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[dest];
   const uint32_t chunk = mine[pos];
-  if (op.repushed[chunk] && d.repairs_out > 0) --d.repairs_out;
-  if (!op.repushed[chunk] && w.OnLate(op.stamps[chunk])) ++op.stats.window_undos;
+  const bool repushed = op.repushed[chunk];
+  if (repushed && d.repairs_out > 0) --d.repairs_out;
+  if (!repushed && w.OnLate(op.stamps[chunk])) ++op.stats.window_undos;
   if (!paths_.empty()) {
     paths_[dest].OnAcked(op.paths[chunk]);
-    if (!op.repushed[chunk]) paths_[dest].OnLate(op.paths[chunk], op.stamps[chunk]);
+    if (!repushed) paths_[dest].OnLate(op.paths[chunk], op.stamps[chunk]);
   }
   if (pos + 1 > d.acked) {
     w.OnAcked(static_cast<uint32_t>(pos + 1 - d.acked));
     d.acked = pos + 1;
   }
-  if (op.repushed[mine[pos]]) return;  // its stamp says little about when this result left
-  const uint64_t newest = op.stamps[mine[pos]];
+  if (repushed) return;  // its stamp says little about when this result left
+  const uint64_t newest = op.stamps[chunk];
   const uint64_t reorder = w.reorder();
   while (d.gap_scan < pos) {
     const uint32_t c = mine[d.gap_scan];
@@ -55,7 +56,8 @@ void TransferEngine::NoteLoss(Op& op, uint32_t chunk) {
 void TransferEngine::BuildPaths() {
   paths_.clear();
   const size_t n = transport_->send_paths();
-  if (!options_.adaptive_window || !options_.path_steering || n < 2 || n > 256) return;  // a chunk's path is kept in a byte
+  // A chunk's path is kept in a byte.
+  if (!options_.adaptive_window || !options_.path_steering || n < 2 || n > 256) return;
   CongestionOptions cc;
   cc.min = 1;
   cc.max = std::max<uint32_t>(cc.initial, options_.window_chunks);

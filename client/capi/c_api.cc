@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
@@ -26,10 +27,11 @@ int Fail(const absl::Status& s, char* err, size_t err_len) {
   }
   return s.ok() ? 0 : static_cast<int>(s.code());
 }
-absl::StatusOr<bool> ParseOnOff(const std::string& value) {
-  if (value == "true" || value == "1" || value == "on") return true;
-  if (value == "false" || value == "0" || value == "off") return false;
-  return absl::InvalidArgumentError(absl::StrCat("'", value, "' is not true or false"));
+// The same words the flag registry takes for a boolean (absl::SimpleAtob).
+absl::StatusOr<bool> ParseBool(const std::string& value) {
+  bool b = false;
+  if (absl::SimpleAtob(value, &b)) return b;
+  return absl::InvalidArgumentError(absl::StrCat("'", value, "' is not a boolean (true|false|1|0|yes|no)"));
 }
 
 // Sets `out` from the parse of `value`, or says which setting was bad.
@@ -55,9 +57,9 @@ absl::Status ApplySettings(const std::string& settings, dlcp::ClientOptions* co)
     } else if (name == "compensation") {
       s = Set(name, dlcp::ParseCompensation(value), &co->compensation);
     } else if (name == "adaptive_window") {
-      s = Set(name, ParseOnOff(value), &co->adaptive_window);
+      s = Set(name, ParseBool(value), &co->adaptive_window);
     } else if (name == "path_steering") {
-      s = Set(name, ParseOnOff(value), &co->path_steering);
+      s = Set(name, ParseBool(value), &co->path_steering);
     } else {
       s = absl::InvalidArgumentError(absl::StrCat("unknown setting '", name,
                                                   "' (on_aggregator_loss, payload_encoding, pull_mode, compensation, "
