@@ -340,6 +340,7 @@ bool TransferEngine::PushSome(size_t budget) {
           if (!repair) op.paths[c] = static_cast<uint8_t>(path);
         }
         h.priority = repair ? 0 : op.classes[c];
+        h.flags = repair ? wire::kFlagRepaired : 0;
         h.payload_len = op.geometry.bytes(c, wire::EncodingWidth(op.encoding));
         op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
         if (injector_.Drop(h.priority)) {
@@ -544,7 +545,9 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
     for (uint32_t i = 0; i < op.geometry.elems(c); ++i) out[i] *= scale;
   }
   op.state[c] = kHave;
-  OnResultPosition(op, dest, op.plan->pos_in_dest[c]);
+  // A sealed chunk short of contributors lost someone's push as surely as a repaired one did.
+  const bool lost = (h.flags & wire::kFlagRepaired) || h.contributors < options_.world;
+  OnResultPosition(op, dest, op.plan->pos_in_dest[c], lost);
   (op.classes[c] == 0 ? op.class0_pending : op.droppable_pending)--;
   op.stats.bytes_received += m.len;
   op.stats.min_contributors = std::min<uint32_t>(op.stats.min_contributors, h.contributors);

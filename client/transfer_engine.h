@@ -235,7 +235,7 @@ class TransferEngine {
   void ReleaseStalledWindows(Op& op, absl::Time now);
   // A result came back for dest position `pos`: the window grows, and chunks pushed well before
   // it that still lack a result count as lost (like TCP's duplicate acknowledgements).
-  void OnResultPosition(Op& op, uint32_t dest, size_t pos);
+  void OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lost);
   void NoteLoss(Op& op, uint32_t chunk);
   uint32_t WindowOf(uint32_t dest) const;
   // Path steering: the send path for the next push to `dest`, or -1 (the transport's rotation).

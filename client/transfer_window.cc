@@ -9,18 +9,22 @@ namespace dlcp {
 // Results come back roughly in push order, but not exactly: the aggregator answers a chunk when
 // the slowest worker's push of it arrives, and spraying sends bursts over paths (and receive
 // queues) of different delay. A chunk still without a result once results came back for chunks
-// pushed the window's reorder() stamps after it counts as lost; one that comes back later after
-// all, never pushed again, undoes the cut it caused.
-void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos) {
+// pushed the window's reorder() stamps after it counts as lost. One whose result comes later
+// after all, never pushed again by anyone and not sent again (`lost` false: no
+// wire::kFlagRepaired), was only late: that undoes the cut it caused. One that another worker
+// had to push again keeps the cut: every worker's push of a chunk goes through the same switch
+// port into its aggregator, so that loss is congestion this worker shares in.
+void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lost) {
   Dest& d = op.dests[dest];
   CongestionWindow& w = windows_[dest];
   const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[dest];
   const uint32_t chunk = mine[pos];
   const bool repushed = op.repushed[chunk];
   if (repushed && d.repairs_out > 0) --d.repairs_out;
-  if (!repushed && w.OnLate(op.stamps[chunk])) ++op.stats.window_undos;
+  if (!repushed && !lost && w.OnLate(op.stamps[chunk])) ++op.stats.window_undos;
   if (!paths_.empty()) {
     paths_[dest].OnAcked(op.paths[chunk]);
+    // This worker's push came through on its path, whoever else lost theirs.
     if (!repushed) paths_[dest].OnLate(op.paths[chunk], op.stamps[chunk]);
   }
   if (pos + 1 > d.acked) {

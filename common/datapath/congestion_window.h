@@ -21,7 +21,10 @@ namespace dlcp {
 
 struct CongestionOptions {
   uint32_t initial = 16;  // datagrams; the first round trip's burst
-  uint64_t reorder = 64;  // the least reordering slack, in datagrams (reorder())
+  // The least reordering slack, in datagrams (reorder()): two spraying bursts. Slack that is
+  // too small costs a cut until the late result undoes it; too large, and a loss is read only
+  // after several windows, while the queue it overran goes on dropping (docs/congestion.md).
+  uint64_t reorder = 16;
   uint32_t min = 4;       // a cut never goes below this (the repair path needs room)
   uint32_t max = 512;     // the configured window: the most ever in flight
 };
@@ -42,10 +45,12 @@ class CongestionWindow {
   // A datagram stamped `stamp` was lost. Returns true if this started a new congestion event
   // (the window was cut).
   bool OnLoss(uint64_t stamp);
-  // The datagram stamped `stamp` arrived, and was never sent again. If it caused one of the
-  // recent cuts, it was late, not lost: that cut is undone (returns true), and losses are
-  // inferred with more slack for reordering from now on (reorder()). A datagram taken as lost
-  // is often another sender's: the peer answers a chunk only once every sender's part is in.
+  // The datagram stamped `stamp` arrived, and neither it nor anything else on its way was ever
+  // sent again. If it caused one of the recent cuts, it was late, not lost: that cut is undone
+  // (returns true), and losses are inferred with more slack for reordering from now on
+  // (reorder()). The caller decides what counts as sent again: a datagram taken as lost is
+  // often another sender's, since the peer answers a chunk once every sender's part is in, and
+  // that loss is congestion on the port they all share, not reordering.
   bool OnLate(uint64_t stamp);
   // How many datagrams sent after one must be acknowledged before a missing one counts as lost.
   uint64_t reorder() const;
@@ -74,7 +79,7 @@ class CongestionWindow {
   };
   std::array<Undo, 8> undo_{};
   size_t next_undo_ = 0;
-  uint64_t min_reorder_ = 64;  // grows each time a loss turns out to have been reordering
+  uint64_t min_reorder_ = 16;  // grows each time a loss turns out to have been reordering
 };
 
 }  // namespace dlcp

@@ -36,7 +36,12 @@ inline constexpr uint8_t kFlagMac = 0x02;   // an 8-byte MAC trailer follows the
 // kResult: this worker's own contribution to the chunk is not in the sum (bounded loss); the
 // worker keeps it for error feedback.
 inline constexpr uint8_t kFlagLeftOut = 0x04;
-inline constexpr uint8_t kKnownFlags = kFlagDone | kFlagMac | kFlagLeftOut;
+// kPush: a repair (this chunk was pushed before). kResult: the chunk was lost somewhere on its
+// way: a contribution to it came in a repair, or this result is itself sent again. Senders' loss
+// detection needs it: a result that comes late after all, unflagged, was only reordered or
+// delayed; flagged, it cost a repair (someone's loss at the switch port every worker shares).
+inline constexpr uint8_t kFlagRepaired = 0x08;
+inline constexpr uint8_t kKnownFlags = kFlagDone | kFlagMac | kFlagLeftOut | kFlagRepaired;
 inline constexpr size_t kMacSize = 8;    // the trailer's length when kFlagMac is set
 
 struct Header {

@@ -241,7 +241,11 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
     values = aligned_.data();
   }
   const Round::AddResult added = round->Add(h.rank, h.chunk, values, now);
-  if (added == Round::AddResult::kAdded || added == Round::AddResult::kCompleted) round->NoteClass(h.chunk, h.priority);
+  if (added == Round::AddResult::kAdded || added == Round::AddResult::kCompleted) {
+    round->NoteClass(h.chunk, h.priority);
+    // Only a repair that was needed: one whose first push arrives after all is a duplicate.
+    if (h.flags & wire::kFlagRepaired) round->NoteRepaired(h.chunk);
+  }
   switch (added) {
     case Round::AddResult::kAdded:
       if (round->bounded) CheckBound(round, now);
@@ -285,7 +289,7 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
       if (round->HasFinalResult(c)) {
         results_resent_->Add();
-        SendResult(*round, c, h.rank);
+        SendResult(*round, c, h.rank, {}, nullptr, /*again=*/true);
       } else if (!round->bounded && !round->Has(h.rank, c)) {
         nack.push_back(c);
       }
@@ -333,7 +337,7 @@ void DataThread::SendResultToAll(const Round& r, uint32_t chunk) {
 }
 
 void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload,
-                            const uint64_t* payload_digest) {
+                            const uint64_t* payload_digest, bool again) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
@@ -348,6 +352,7 @@ void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl:
   if (payload.empty()) payload = ResultPayload(r, chunk, &storage);
   h.payload_len = static_cast<uint32_t>(payload.size());
   if (r.sealed() && !r.Has(rank, chunk)) h.flags |= wire::kFlagLeftOut;
+  if (again || r.repaired(chunk)) h.flags |= wire::kFlagRepaired;
   CountTx(h);
   if (r.encoding() == wire::Encoding::kF32) {
     Check(outbox_.Add(m.address(), h, payload.data(), r.job()->key(), payload_digest));

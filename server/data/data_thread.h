@@ -76,11 +76,12 @@ class DataThread {
   absl::Time TailEnd(const Round& r) const;
   // Finds or creates the round for a validated header; nullptr when the packet is to be dropped.
   Round* RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now);
-  // With kFlagLeftOut when rank's contribution is not in a sealed round's sum.
+  // With kFlagLeftOut when rank's contribution is not in a sealed round's sum, and
+  // kFlagRepaired when a contribution came in a repair or the result goes `again`.
   // It rides the chunk's result class (Round::result_class). `payload` (ResultPayload) and its
   // digest may come from the caller, which sends the same result to every worker.
   void SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload = {},
-                  const uint64_t* payload_digest = nullptr);
+                  const uint64_t* payload_digest = nullptr, bool again = false);
   // A final result to every worker: one payload, encoded and digested once.
   void SendResultToAll(const Round& r, uint32_t chunk);
   // The result's payload in the round's encoding. Float32 points into the accumulator (or at

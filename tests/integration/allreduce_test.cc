@@ -422,5 +422,47 @@ INSTANTIATE_TEST_SUITE_P(Windows, AdaptiveWindowTest,
                                                i.param.adaptive ? "_adaptive" : "_fixed");
                          });
 
+// A worker whose own pushes all arrive still cuts when another worker's pushes of the same chunks
+// are lost: they share the switch port into the aggregator. Those results come flagged as
+// repaired (wire::kFlagRepaired), so the cuts stand; only a result that was merely late, which
+// nobody pushed again, undoes one.
+class SharedLossTest : public ::testing::TestWithParam<TransportOptions::Kind> {};
+
+TEST_P(SharedLossTest, AnotherWorkersLossKeepsTheCut) {
+  auto agg = TestAggregator::Start(TestAggregatorOptions{GetParam(), 1, 0, 11});
+  ASSERT_NE(agg, nullptr);
+  constexpr int kWorkers = 2, kRounds = 3;
+  constexpr uint32_t kElems = 300000;
+  auto clients = ConnectAll(kWorkers, [&](int r) {
+    ClientOptions o = Options(Case{GetParam(), 1, 1, kWorkers, kElems, 0}, {agg->address()}, r, "shared-loss");
+    o.adaptive_window = true;
+    if (r == 1) o.inject.rate = {0.03, 0.03, 0.03, 0.03};  // only rank 1 loses pushes
+    o.inject.seed = 9;
+    return o;
+  });
+  if (HasFailure()) return;
+  uint64_t cuts = 0, undos = 0, lost_by_1 = 0, lost_by_0 = 0;
+  for (int k = 0; k < kRounds; ++k) {
+    std::vector<RoundStats> stats = ExactRoundOf(clients, k, kElems);
+    ASSERT_EQ(stats.size(), clients.size());
+    cuts += stats[0].window_cuts;
+    undos += stats[0].window_undos;
+    lost_by_0 += stats[0].injected_drops;
+    lost_by_1 += stats[1].injected_drops;
+  }
+  EXPECT_EQ(lost_by_0, 0u);
+  EXPECT_GT(lost_by_1, 0u);
+  EXPECT_GE(cuts, 3u) << "rank 1's losses hardly cut rank 0's window";
+  // Before results said so, every one of these cuts was undone once rank 1's repair came in.
+  EXPECT_LE(undos * 2, cuts) << "rank 0 took back cuts that rank 1's losses caused";
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, SharedLossTest,
+                         ::testing::Values(TransportOptions::Kind::kLoopback, TransportOptions::Kind::kUdp),
+                         [](const ::testing::TestParamInfo<TransportOptions::Kind>& i) {
+                           return std::string(i.param == TransportOptions::Kind::kUdp ? "udp" : "loopback");
+                         });
+
 }  // namespace
 }  // namespace dlcp::testing

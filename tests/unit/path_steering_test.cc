@@ -37,7 +37,9 @@ TEST(PathSteeringTest, EqualPathsShareEquallyInRunsOfTheBurst) {
   for (size_t i = 0; i < order.size(); i += 3) {
     EXPECT_EQ(order[i], order[i + 1]);
     EXPECT_EQ(order[i], order[i + 2]);
-    if (i + 3 < order.size()) EXPECT_NE(order[i], order[i + 3]) << "a run longer than the burst at " << i;
+    if (i + 3 < order.size()) {
+      EXPECT_NE(order[i], order[i + 3]) << "a run longer than the burst at " << i;
+    }
   }
 }
 

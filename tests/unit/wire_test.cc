@@ -86,6 +86,9 @@ TEST(WireHeader, RejectsMalformedInput) {
   EXPECT_EQ(mutate(5, 99), Reject::kBadType);
   EXPECT_EQ(mutate(6, 4), Reject::kBadClass);
   EXPECT_EQ(mutate(7, 0x80), Reject::kBadFlags);
+  EXPECT_EQ(mutate(7, 0x10), Reject::kBadFlags);  // the lowest bit no flag has
+  EXPECT_EQ(mutate(7, kFlagRepaired), Reject::kNone);
+  EXPECT_EQ(out.flags, kFlagRepaired);
   EXPECT_EQ(mutate(45, 1), Reject::kReservedSet);
   EXPECT_EQ(mutate(47, 1), Reject::kReservedSet);
   EXPECT_EQ(mutate(44, 3), Reject::kBadEncoding);
