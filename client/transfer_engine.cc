@@ -277,7 +277,7 @@ void TransferEngine::Launch(Op& op, absl::Time now) {
   op.plan = PlanFor(op.key, op.geometry.tensor_elems);
   op.state.assign(op.geometry.chunk_count(), kUnsent);
   op.stamps.assign(op.geometry.chunk_count(), 0);
-  op.repushed.assign(op.geometry.chunk_count(), false);
+  op.repushes.assign(op.geometry.chunk_count(), 0);
   op.paths.assign(paths_.empty() ? 0 : op.geometry.chunk_count(), 0);
   op.dests.assign(dest_addr_.size(), Dest{});
   op.remaining = op.geometry.chunk_count();
@@ -333,7 +333,7 @@ bool TransferEngine::PushSome(size_t budget) {
         // (Karn), and taking the repair's would make every chunk pushed since look lost.
         const uint64_t stamp = windows_[d].Stamp();
         if (!repair) op.stamps[c] = stamp;
-        if (repair) op.repushed[c] = true;
+        if (repair && op.repushes[c] < 255) ++op.repushes[c];
         const int16_t path = PickPath(d);
         if (path >= 0) {
           paths_[d].OnSent(path, stamp);
@@ -687,7 +687,7 @@ void TransferEngine::ScanTimers(absl::Time now) {
         Dest& dest = op.dests[d];
         if (options_.adaptive_window && (dest.next > dest.acked || dest.repairs_out > 0)) {
           const uint32_t oldest = dest.next > dest.acked ? op.plan->chunks_by_dest[d][dest.acked] : 0;
-          const bool blame = dest.next > dest.acked && op.state[oldest] == kSent && !op.repushed[oldest];
+          const bool blame = dest.next > dest.acked && op.state[oldest] == kSent && op.repushes[oldest] == 0;
           windows_[d].OnSilence(blame ? op.stamps[oldest] : 0);
           ++op.stats.window_cuts;
         }

@@ -148,7 +148,9 @@ class TransferEngine {
     std::vector<uint8_t> state;
     std::vector<uint8_t> classes;  // per chunk
     std::vector<uint64_t> stamps;  // per chunk: its endpoint window's stamp at its first push
-    std::vector<bool> repushed;    // per chunk: pushed again (a repair)
+    // Per chunk: how often it was pushed again (repairs), each holding a window slot until its
+    // result comes. Saturates at 255.
+    std::vector<uint8_t> repushes;
     std::vector<uint8_t> paths;    // per chunk: the send path of its first push (path steering)
     // How the values travel. A float32 push sends straight from `data`; other encodings send the
     // payloads of `packets` (the packer's headers there are rebuilt per destination at send time,

@@ -19,8 +19,9 @@ void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lo
   CongestionWindow& w = windows_[dest];
   const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[dest];
   const uint32_t chunk = mine[pos];
-  const bool repushed = op.repushed[chunk];
-  if (repushed && d.repairs_out > 0) --d.repairs_out;
+  const bool repushed = op.repushes[chunk] > 0;
+  // Every repair of it held a slot; the result frees them all.
+  d.repairs_out -= std::min<size_t>(d.repairs_out, op.repushes[chunk]);
   if (!repushed && !lost && w.OnLate(op.stamps[chunk])) ++op.stats.window_undos;
   if (!paths_.empty()) {
     paths_[dest].OnAcked(op.paths[chunk]);
