@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -153,6 +154,14 @@ class UdpTransport final : public Transport {
   // through the stack per datagram. Returns false if the kernel refused GSO, which is then off.
   // When spraying, each burst of up to spray_burst datagrams leaves from the next source port,
   // unless its messages name a path (the port they leave from).
+  // What to do when a datagram is larger than the path takes: its size (one segment's, under
+  // GSO) and the setting that decides it.
+  static std::string MtuHint(const msghdr& h) {
+    const size_t bytes = h.msg_iov[0].iov_len + (h.msg_iovlen > 1 ? h.msg_iov[1].iov_len : 0);
+    return absl::StrCat(": datagrams of ", bytes, " bytes are larger than the path's MTU takes. Set chunk_bytes so ",
+                        "that a chunk and its 48-byte header fit the MTU: 1400 for 1500, 8192 for 9000");
+  }
+
   absl::StatusOr<bool> SendWindow(absl::Span<const OutMessage> msgs, absl::Time deadline) {
     mmsghdr hdrs[kSendBatch];
     iovec iovs[kSendBatch * 3];
@@ -253,11 +262,14 @@ class UdpTransport final : public Transport {
         DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(deadline))));
         continue;
       }
-      if (rc < 0 && segments[sent] > 1 && (errno == EINVAL || errno == EIO || errno == EOPNOTSUPP)) {
-        // The path cannot take GSO (e.g. segments larger than the device MTU). Fall back for good;
-        // what was sent already is resent, which the protocol tolerates (duplicates are ignored).
+      if (rc < 0 && segments[sent] > 1 &&
+          (errno == EINVAL || errno == EIO || errno == EOPNOTSUPP || errno == EMSGSIZE)) {
+        // The path cannot take GSO (e.g. segments larger than the device MTU: EMSGSIZE). Fall
+        // back for good; what was sent already is resent, which the protocol tolerates
+        // (duplicates are ignored). Single datagrams larger than the MTU are fragmented by IP.
         if (!gso_off_.exchange(true)) {
-          DLCP_LOG(Warning) << "UDP GSO refused (" << std::strerror(errno) << "); sending datagrams one by one";
+          DLCP_LOG(Warning) << "UDP GSO refused (" << std::strerror(errno) << "); sending datagrams one by one"
+                            << (errno == EMSGSIZE ? MtuHint(hdrs[sent].msg_hdr) : "");
         }
         return false;
       }
@@ -267,6 +279,10 @@ class UdpTransport final : public Transport {
         counters_.dropped.fetch_add(segments[sent], std::memory_order_relaxed);
         ++sent;
         continue;
+      }
+      if (rc < 0 && errno == EMSGSIZE) {
+        return absl::InvalidArgumentError(absl::StrCat("UDP send to ", Address::FromSockaddr(addrs[sent]).ToString(),
+                                                       " refused (EMSGSIZE)", MtuHint(hdrs[sent].msg_hdr)));
       }
       return ErrnoToStatus(errno, "sendmmsg");
     }
