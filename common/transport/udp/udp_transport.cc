@@ -149,11 +149,6 @@ class UdpTransport final : public Transport {
     }
   }
 
-  // Sends up to kSendBatch messages. Consecutive messages to the same peer, class and length are
-  // sent as one UDP GSO super-datagram (the kernel cuts it into datagrams), which saves a trip
-  // through the stack per datagram. Returns false if the kernel refused GSO, which is then off.
-  // When spraying, each burst of up to spray_burst datagrams leaves from the next source port,
-  // unless its messages name a path (the port they leave from).
   // What to do when a datagram is larger than the path takes: its size (one segment's, under
   // GSO) and the setting that decides it.
   static std::string MtuHint(const msghdr& h) {
@@ -162,6 +157,11 @@ class UdpTransport final : public Transport {
                         "that a chunk and its 48-byte header fit the MTU: 1400 for 1500, 8192 for 9000");
   }
 
+  // Sends up to kSendBatch messages. Consecutive messages to the same peer, class and length are
+  // sent as one UDP GSO super-datagram (the kernel cuts it into datagrams), which saves a trip
+  // through the stack per datagram. Returns false if the kernel refused GSO, which is then off.
+  // When spraying, each burst of up to spray_burst datagrams leaves from the next source port,
+  // unless its messages name a path (the port they leave from).
   absl::StatusOr<bool> SendWindow(absl::Span<const OutMessage> msgs, absl::Time deadline) {
     mmsghdr hdrs[kSendBatch];
     iovec iovs[kSendBatch * 3];
