@@ -117,8 +117,8 @@ class Transport {
   // peers that check sources; nobody sends to them. Empty when every datagram leaves from
   // local_address().
   virtual std::vector<Address> spray_sources() const { return {}; }
-  // How many paths OutMessage::path may choose among (UDP: the spray ports); 1 where messages
-  // cannot choose (RDMA keeps its own rotation over queue pairs).
+  // How many paths OutMessage::path may choose among (UDP: the spray ports, RDMA: the queue
+  // pairs); 1 where messages cannot choose.
   virtual size_t send_paths() const { return 1; }
 
   // Hands every message to the network, in order, or fails. Waits for local buffer space until

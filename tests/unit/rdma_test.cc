@@ -262,6 +262,42 @@ TEST_F(RdmaTransportTest, SpraysBurstsOverQueuePairs) {
   EXPECT_EQ(a->counters().spray_bursts.load(), 100u);
 }
 
+// Path steering over RDMA: a message that names a path leaves from that queue pair (as a UDP one
+// leaves from that source port), in runs of any length; one that names none keeps the rotation.
+TEST_F(RdmaTransportTest, AMessageLeavesFromTheQueuePairItsPathNames) {
+  RdmaOptions small;
+  small.send_slots = 64;
+  small.signal_every = 16;
+  auto a = *Make(small, 4, 3);
+  auto b = *Make({}, 1);
+  ASSERT_EQ(a->send_paths(), 4u);
+  EXPECT_EQ(b->send_paths(), 1u);
+  std::vector<uint32_t> qpn_of_path = {a->local_address().qpn};
+  for (const Address& s : a->spray_sources()) qpn_of_path.push_back(s.qpn);
+  // Path 2 ten times (longer than a burst), then 0, 3, 3, 1; the payload says which. Three
+  // rounds through a 64-slot ring, so that completions on every queue pair free it.
+  const std::vector<int16_t> paths = {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 3, 3, 1};
+  for (int round = 0; round < 6; ++round) {
+    std::vector<std::vector<uint8_t>> payloads;
+    for (int16_t p : paths) payloads.push_back(std::vector<uint8_t>(200, static_cast<uint8_t>(p)));
+    std::vector<OutMessage> msgs;
+    for (size_t i = 0; i < paths.size(); ++i) {
+      OutMessage m{b->local_address(), 1, payloads[i].data(), payloads[i].size()};
+      m.path = paths[i];
+      msgs.push_back(m);
+    }
+    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok()) << "round " << round;
+    std::vector<InMessage> meta;
+    auto got = Collect(b.get(), msgs.size(), &meta);
+    ASSERT_EQ(got.size(), msgs.size()) << "round " << round;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(meta[i].from.qpn, qpn_of_path[got[i][0]]) << "path " << int{got[i][0]} << ", round " << round;
+    }
+  }
+  // Runs 2, 0, 3, 1 per round; the first round's 2 follows nothing, every later one follows 1.
+  EXPECT_EQ(a->counters().spray_bursts.load(), 24u);
+}
+
 TEST_F(RdmaTransportTest, EachClassArrivesWithItsDscpInTheGrh) {
   auto a = *Make();
   auto b = *Make();

@@ -156,6 +156,8 @@ class RdmaTransport final : public Transport {
 
   Address local_address() const override { return local_; }
   size_t max_datagram() const override { return max_datagram_; }
+  // A message may name its queue pair (OutMessage::path), as a UDP one names its source port.
+  size_t send_paths() const override { return qps_.size(); }
   TransportOptions::Kind kind() const override { return TransportOptions::Kind::kRdma; }
   std::vector<Address> spray_sources() const override {
     std::vector<Address> out;
@@ -174,11 +176,19 @@ class RdmaTransport final : public Transport {
     const bool spraying = qps_.size() > 1;
     size_t done = 0;
     while (done < messages.size()) {
-      // One list per queue pair: while spraying, the rest of the current burst.
-      const size_t room = spraying ? options_.spray_burst - burst_used_ : kPostBatch;
-      const size_t n = std::min({kPostBatch, messages.size() - done, room});
+      // One list per queue pair: while spraying, the rest of the current burst, or the run of
+      // messages that name the same queue pair (path steering chooses it per message).
+      const int16_t named = spraying ? messages[done].path : -1;
+      const size_t room = named >= 0 ? kPostBatch : spraying ? options_.spray_burst - burst_used_ : kPostBatch;
+      size_t n = 1;
+      while (n < std::min({kPostBatch, messages.size() - done, room}) && messages[done + n].path == named) ++n;
+      if (!spraying) n = std::min(kPostBatch, messages.size() - done);
+      const size_t qp = named >= 0 ? static_cast<size_t>(named) % qps_.size() : qp_index_;
       if (absl::Status s = WaitForSendSlots(n, deadline); !s.ok()) return s;
-      if (spraying && burst_used_ == 0) counters_.spray_bursts.fetch_add(1, std::memory_order_relaxed);
+      if (named >= 0 ? qp != last_qp_ : spraying && burst_used_ == 0) {
+        counters_.spray_bursts.fetch_add(1, std::memory_order_relaxed);
+      }
+      last_qp_ = qp;
       ibv_send_wr wrs[kPostBatch];
       ibv_sge sges[kPostBatch];
       for (size_t i = 0; i < n; ++i) {
@@ -186,7 +196,7 @@ class RdmaTransport final : public Transport {
         absl::StatusOr<ibv_ah*> ah = AddressHandle(m.to, m.priority);
         if (!ah.ok()) return ah.status();
         const uint64_t seq = posted_++;
-        slot_qp_[seq % send_slots_] = static_cast<uint16_t>(qp_index_);
+        slot_qp_[seq % send_slots_] = static_cast<uint16_t>(qp);
         uint8_t* slot = send_pool_ + (seq % send_slots_) * send_slot_size_;
         uint8_t* p = slot;
         if (m.header_len) p = static_cast<uint8_t*>(std::memcpy(p, m.header, m.header_len)) + m.header_len;
@@ -212,11 +222,11 @@ class RdmaTransport final : public Transport {
         w.next = i + 1 < n ? &wrs[i + 1] : nullptr;
       }
       ibv_send_wr* bad = nullptr;
-      if (int rc = ibv_post_send(qps_[qp_index_], wrs, &bad); rc != 0) {
+      if (int rc = ibv_post_send(qps_[qp], wrs, &bad); rc != 0) {
         posted_ = bad->wr_id;  // those before `bad` went out and hold their slots
         return ErrnoToStatus(rc, absl::StrCat("ibv_post_send on ", dev_.name));
       }
-      if (spraying && (burst_used_ += n) >= options_.spray_burst) {
+      if (named < 0 && spraying && (burst_used_ += n) >= options_.spray_burst) {
         burst_used_ = 0;
         qp_index_ = (qp_index_ + 1) % qps_.size();
       }
@@ -464,6 +474,7 @@ class RdmaTransport final : public Transport {
   std::vector<uint64_t> completed_upto_;  // per queue pair: its sends below this are complete
   size_t qp_index_ = 0;                   // the queue pair of the current burst
   size_t burst_used_ = 0;                 // sends in the current burst
+  size_t last_qp_ = SIZE_MAX;             // the queue pair of the last list posted
   std::unordered_map<uint64_t, ibv_ah*> ahs_;  // (ipv4, class) -> handle with that class's DSCP
 };
 
