@@ -11,7 +11,8 @@
 # payloads (half the bytes; the floor stays float32's); clean_default, bounded_default and
 # reliable_default: the client's default window (adaptive, at most 4 MiB), and clean_4mib_fixed,
 # bounded_4mib_fixed and reliable_4mib_fixed: 4 MiB without adaptation. Also prints the physical floor: ring all-reduce's bytes per link, 2 S (N-1) / N,
-# over the link rate. Prints one JSON line per system, then a ratio table.
+# over the link rate. Prints one JSON line per system, then a ratio table. MTU (1500) and CHUNK
+# (dlcp's payload bytes per datagram: 1400, or 8192 with MTU=9000) set the frame size.
 # Needs root.
 #   bench/netbed_compare.sh [BUILD_DIR]
 set -Eeuo pipefail
@@ -26,6 +27,8 @@ CROSS=${CROSS:-300M}  # per worker port
 # 64-packet queue). The *_default modes run the client's defaults instead: an adaptive window of
 # at most 4 MiB (docs/congestion.md), against the same 4 MiB fixed.
 WINDOW=${WINDOW:-131072}
+export MTU=${MTU:-1500}
+CHUNK=${CHUNK:-$([[ $MTU -ge 9000 ]] && echo 8192 || echo 1400)}
 TUNED="--adaptive-window=false"
 DEFAULTS="--window-bytes=4194304 --adaptive-window=true"
 N=4
@@ -41,7 +44,7 @@ run_dlcp() {  # name loss_bound [nocross|cross] [encoding] [dlcp-bench flags; de
   local pids=()
   for i in 1 2 3 4; do
     ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers=$N \
-      --rank=$((i - 1)) --job="$1" --data-host="$(ip_of $i)" --tensor-bytes="$TENSOR" --chunk-bytes=1400 \
+      --rank=$((i - 1)) --job="$1" --data-host="$(ip_of $i)" --tensor-bytes="$TENSOR" --chunk-bytes="$CHUNK" \
       --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes="$WINDOW" --payload-encoding="${4:-f32}" \
       ${5:-$TUNED} --json >"$work/$1.$i" 2>&1 &
     pids+=($!)
@@ -97,7 +100,7 @@ has() { [[ " $MODES " == *" $1 "* ]]; }
 } | tee "$work/results.jsonl"
 "$CLUSTER" stats >"$work/stats.txt"
 
-python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$N" "$CROSS" <<'PY'
+python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$N" "$CROSS" "$MTU" <<'PY'
 import json, re, sys
 rows = {}
 for l in open(sys.argv[1]):
@@ -107,8 +110,8 @@ size, n = int(sys.argv[2]), int(sys.argv[4])
 m = re.match(r"([\d.]+)([kmg]?)", sys.argv[3].lower())
 rate = float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]]
 floor_ms = 2 * size * (n - 1) / n * 8 / rate * 1e3
-print(f"\n{n} workers, {size >> 20} MiB per round, {sys.argv[3]} ports, {sys.argv[5]} best-effort cross traffic into each"
-      f" worker port; physical floor {floor_ms:.1f} ms per round\n")
+print(f"\n{n} workers, {size >> 20} MiB per round, {sys.argv[3]} ports (MTU {sys.argv[6]}), {sys.argv[5]} best-effort"
+      f" cross traffic into each worker port; physical floor {floor_ms:.1f} ms per round\n")
 print("| system | p50 ms | p99 ms | p50 / floor | p99 / gloo p99 | p99 / reliable p99 | worst round loss | chunks pushed again | exact |")
 print("|---|---|---|---|---|---|---|---|---|")
 g = rows.get("gloo_ring_tcp", {}).get("p99_ms") or float("nan")
