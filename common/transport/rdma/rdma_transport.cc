@@ -179,10 +179,10 @@ class RdmaTransport final : public Transport {
       // One list per queue pair: while spraying, the rest of the current burst, or the run of
       // messages that name the same queue pair (path steering chooses it per message).
       const int16_t named = spraying ? messages[done].path : -1;
-      const size_t room = named >= 0 ? kPostBatch : spraying ? options_.spray_burst - burst_used_ : kPostBatch;
+      const size_t room = spraying && named < 0 ? options_.spray_burst - burst_used_ : kPostBatch;
+      const size_t limit = std::min({kPostBatch, messages.size() - done, room});
       size_t n = 1;
-      while (n < std::min({kPostBatch, messages.size() - done, room}) && messages[done + n].path == named) ++n;
-      if (!spraying) n = std::min(kPostBatch, messages.size() - done);
+      while (n < limit && (!spraying || messages[done + n].path == named)) ++n;
       const size_t qp = named >= 0 ? static_cast<size_t>(named) % qps_.size() : qp_index_;
       if (absl::Status s = WaitForSendSlots(n, deadline); !s.ok()) return s;
       if (named >= 0 ? qp != last_qp_ : spraying && burst_used_ == 0) {
