@@ -143,6 +143,14 @@ class RdmaTransportTest : public ::testing::Test {
     return CreateTransport(o);
   }
 
+  // A 64-slot send ring, signalled every 16 sends: a few rounds of sends wrap it.
+  static RdmaOptions SmallRing() {
+    RdmaOptions r;
+    r.send_slots = 64;
+    r.signal_every = 16;
+    return r;
+  }
+
   static std::vector<std::vector<uint8_t>> Collect(Transport* t, size_t want, std::vector<InMessage>* meta = nullptr) {
     std::vector<std::vector<uint8_t>> got;
     std::vector<InMessage> batch;
@@ -228,10 +236,7 @@ TEST_F(RdmaTransportTest, WrapsTheSendRingAndRepostsReceivesInBatches) {
 // RoCEv2 source port from it), the receiver sees them as the transport reports them, and the
 // shared send ring keeps working when completions come back per queue pair.
 TEST_F(RdmaTransportTest, SpraysBurstsOverQueuePairs) {
-  RdmaOptions small;
-  small.send_slots = 64;
-  small.signal_every = 16;
-  auto a = *Make(small, 4, 3);
+  auto a = *Make(SmallRing(), 4, 3);
   auto b = *Make({}, 1);
   EXPECT_TRUE(b->spray_sources().empty());
   std::vector<uint32_t> qpns = {a->local_address().qpn};
@@ -263,12 +268,9 @@ TEST_F(RdmaTransportTest, SpraysBurstsOverQueuePairs) {
 }
 
 // Path steering over RDMA: a message that names a path leaves from that queue pair (as a UDP one
-// leaves from that source port), in runs of any length; one that names none keeps the rotation.
+// leaves from that source port), in runs of any length.
 TEST_F(RdmaTransportTest, AMessageLeavesFromTheQueuePairItsPathNames) {
-  RdmaOptions small;
-  small.send_slots = 64;
-  small.signal_every = 16;
-  auto a = *Make(small, 4, 3);
+  auto a = *Make(SmallRing(), 4, 3);
   auto b = *Make({}, 1);
   ASSERT_EQ(a->send_paths(), 4u);
   EXPECT_EQ(b->send_paths(), 1u);
