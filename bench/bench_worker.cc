@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -39,8 +38,7 @@ void Progress(uint32_t done, uint32_t total) {
 
 absl::Status CheckPartialSums(absl::Span<const float> got, const wire::ChunkGeometry& g,
                               absl::Span<const uint8_t> my_classes, uint32_t rank, uint32_t world,
-                              uint64_t reported_missing, uint64_t pull_missing,
-                              const std::function<float(uint32_t, uint64_t)>& value) {
+                              uint64_t reported_missing, uint64_t pull_missing, const RoundValues& values) {
   uint64_t missing = 0, empty = 0;
   for (uint32_t c = 0; c < g.chunk_count(); ++c) {
     // The subset of workers in this chunk, read off its first element's base-16 digits.
@@ -50,13 +48,12 @@ absl::Status CheckPartialSums(absl::Span<const float> got, const wire::ChunkGeom
     for (uint32_t r = 0; r < world; ++r) {
       if ((whole >> (4 * r) & 15) != 0) subset |= 1u << r;
     }
-    for (uint64_t i = first; i < first + g.elems(c); ++i) {
-      float want = 0;
-      for (uint32_t r = 0; r < world; ++r) want += (subset >> r & 1) ? value(r, i) : 0.0f;
-      if (got[i] != want) {
-        return absl::DataLossError(absl::StrCat("element ", i, " is ", got[i], ", not the sum ", want,
-                                                " of the contributions of worker set 0x", absl::Hex(subset)));
-      }
+    const std::vector<float> want = values.Sum(subset);
+    if (uint64_t k = values.FirstMismatch(want, first, got.subspan(first, g.elems(c))); k < g.elems(c)) {
+      const uint64_t i = first + k;
+      return absl::DataLossError(absl::StrCat("element ", i, " is ", got[i], ", not the sum ",
+                                              want[i % values.period()],
+                                              " of the contributions of worker set 0x", absl::Hex(subset)));
     }
     if (my_classes[c] == 0 && !(subset >> rank & 1)) {
       return absl::DataLossError(absl::StrCat("chunk ", c, " is class 0 here but lacks this worker's contribution"));
@@ -100,9 +97,8 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
   const bool digits = bounded && world <= kMaxDigitWorkers && wide;
   const uint32_t exact_sum = encoding == wire::Encoding::kBF16 ? 256 : 2048;
   result.checked = bounded ? digits : (wide || 30 * world <= exact_sum);
-  auto value = [&](uint32_t r, uint32_t round, uint32_t t, uint64_t i) {
-    if (config.retry_aborted) round = 0;
-    return digits ? DigitValue(r, round, t, i) : BenchValue(r, round, t, i);
+  auto values_of = [&](uint32_t round, uint32_t t) {
+    return RoundValues(digits, world, config.retry_aborted ? 0 : round, t);
   };
   // retry_aborted: whether to run the round again after `s`.
   auto retry = [&](uint32_t round, const absl::Status& s) {
@@ -119,7 +115,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
   const uint32_t total_rounds = config.warmup + config.rounds;
   for (uint32_t round = 0; round < total_rounds; ++round) {
     for (uint32_t t = 0; t < config.tensors; ++t) {
-      for (uint64_t i = 0; i < elems; ++i) data[t][i] = value(rank, round, t, i);
+      values_of(round, t).Fill(rank, 0, absl::MakeSpan(data[t]));
       // The classes the client will give this data, to check that no class-0 chunk was lost.
       if (digits) (*policy)->Classify(data[t], geometry, TensorInfo{}, absl::MakeSpan(classes[t]));
     }
@@ -187,7 +183,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     if (digits) {
       for (uint32_t t = 0; t < config.tensors; ++t) {
         absl::Status s = CheckPartialSums(data[t], geometry, classes[t], rank, world, reported_missing[t], pull_missing[t],
-                                          [&](uint32_t r, uint64_t i) { return value(r, round, t, i); });
+                                          values_of(round, t));
         if (!s.ok()) {
           if (result.exact) std::fprintf(stderr, "rank %u: round %u tensor %u: %s\n", rank, round, t, s.ToString().c_str());
           result.exact = false;
@@ -195,18 +191,18 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
       }
     }
     for (uint32_t t = 0; t < config.tensors && !bounded && result.checked; ++t) {
-      for (uint64_t i = 0; i < elems; ++i) {
-        float expected = 0;
-        for (uint32_t r = 0; r < world; ++r) expected += value(r, round, t, i);
-        double err = std::fabs(static_cast<double>(data[t][i]) - expected);
-        if (err != 0) {
-          if (result.exact) {
-            std::fprintf(stderr, "rank %u: round %u tensor %u element %llu is %g, expected %g\n", rank, round, t,
-                         static_cast<unsigned long long>(i), data[t][i], expected);
-          }
-          result.exact = false;
-          result.max_abs_err = std::max(result.max_abs_err, err);
+      const RoundValues values = values_of(round, t);
+      const std::vector<float> sum = values.SumAll();
+      const absl::Span<const float> got(data[t]);
+      for (uint64_t i = values.FirstMismatch(sum, 0, got); i < elems;
+           i += 1 + values.FirstMismatch(sum, i + 1, got.subspan(i + 1))) {
+        const float expected = sum[i % values.period()];
+        if (result.exact) {
+          std::fprintf(stderr, "rank %u: round %u tensor %u element %llu is %g, expected %g\n", rank, round, t,
+                       static_cast<unsigned long long>(i), data[t][i], expected);
         }
+        result.exact = false;
+        result.max_abs_err = std::max(result.max_abs_err, std::fabs(static_cast<double>(data[t][i]) - expected));
       }
     }
     if (round >= config.warmup) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "bench/round_values.h"
 #include "client/client.h"
 
 namespace dlcp::bench {
@@ -49,20 +50,6 @@ struct WorkerResult {
   uint64_t pull_missing = 0;  // bounded pull: result chunks given up on
   uint32_t retried = 0;       // rounds run again (retry_aborted)
 };
-
-// The value worker `rank` contributes at element i of tensor t in round r. Small integers, so
-// any sum of up to 2^18 workers is exact in float32.
-inline float BenchValue(uint32_t rank, uint32_t round, uint32_t tensor, uint64_t i) {
-  return static_cast<float>(static_cast<int>((i * 7 + rank * 13 + round * 5 + tensor * 3) % 61) - 30);
-}
-
-// Under bounded loss a result holds only some workers' contributions. Worker r then contributes
-// 16^r * d with d in 1..15, so each element spells out which contributions it holds, and the
-// check can tell an exact partial sum from a wrong one. Exact in float32 for up to 6 workers.
-inline constexpr uint32_t kMaxDigitWorkers = 6;
-inline float DigitValue(uint32_t rank, uint32_t round, uint32_t tensor, uint64_t i) {
-  return std::ldexp(static_cast<float>(1 + (i * 7 + rank * 13 + round * 5 + tensor * 3) % 15), 4 * static_cast<int>(rank));
-}
 
 inline constexpr uint32_t kBarrierKey = 0xFFFFFFFFu;
 
