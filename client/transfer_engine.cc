@@ -214,8 +214,10 @@ std::shared_ptr<const TransferEngine::Plan> TransferEngine::PlanFor(uint32_t key
   plan->chunks_by_dest.resize(dest_addr_.size());
   plan->dest_of_chunk.resize(chunks);
   plan->pos_in_dest.resize(chunks);
-  for (uint32_t block = 0; block * kBlockChunks < chunks; ++block) {
-    Topology::Owner o = topology_.OwnerOfBlock(options_.job, key, block);
+  const uint32_t blocks = (chunks + kBlockChunks - 1) / kBlockChunks;
+  const std::vector<Topology::Owner> owners = topology_.OwnersOfTensor(options_.job, key, blocks);
+  for (uint32_t block = 0; block < blocks; ++block) {
+    const Topology::Owner& o = owners[block];
     const uint32_t dest = dest_base_[o.aggregator] + o.endpoint;
     for (uint32_t c = block * kBlockChunks; c < std::min(chunks, (block + 1) * kBlockChunks); ++c) {
       plan->pos_in_dest[c] = static_cast<uint32_t>(plan->chunks_by_dest[dest].size());

@@ -1,5 +1,8 @@
 #include "common/topology/topology.h"
 
+#include <algorithm>
+#include <utility>
+
 namespace dlcp {
 namespace {
 uint64_t Mix(uint64_t x) {  // splitmix64 finalizer
@@ -22,8 +25,17 @@ Topology::Topology(std::vector<Aggregator> aggregators) : aggregators_(std::move
   for (const auto& a : aggregators_) seeds_.push_back(StableHashString(a.id));
 }
 
-Topology::Owner Topology::OwnerOfBlock(uint32_t job, uint32_t key, uint32_t block) const {
-  const uint64_t item = StableHash64((static_cast<uint64_t>(job) << 32) | key, block);
+uint64_t Topology::Item(uint32_t job, uint32_t key, uint32_t block) {
+  return StableHash64((static_cast<uint64_t>(job) << 32) | key, block);
+}
+
+uint32_t Topology::EndpointOf(uint32_t aggregator, uint64_t item) const {
+  const uint32_t n = aggregators_.empty() ? 1 : aggregators_[aggregator].endpoints;
+  return static_cast<uint32_t>(Mix(item) % (n == 0 ? 1 : n));
+}
+
+Topology::Owner Topology::PreferredOwner(uint32_t job, uint32_t key, uint32_t block) const {
+  const uint64_t item = Item(job, key, block);
   Owner best;
   uint64_t best_score = 0;
   for (uint32_t i = 0; i < aggregators_.size(); ++i) {
@@ -33,9 +45,32 @@ Topology::Owner Topology::OwnerOfBlock(uint32_t job, uint32_t key, uint32_t bloc
       best.aggregator = i;
     }
   }
-  uint32_t n = aggregators_.empty() ? 1 : aggregators_[best.aggregator].endpoints;
-  best.endpoint = static_cast<uint32_t>(Mix(item) % (n == 0 ? 1 : n));
+  best.endpoint = EndpointOf(best.aggregator, item);
   return best;
+}
+
+std::vector<Topology::Owner> Topology::OwnersOfTensor(uint32_t job, uint32_t key, uint32_t blocks) const {
+  std::vector<Owner> owners(blocks);
+  const uint32_t n = static_cast<uint32_t>(aggregators_.size());
+  if (n == 0) return owners;
+  const uint32_t cap = (blocks + n - 1) / n;
+  std::vector<uint32_t> load(n, 0);
+  std::vector<std::pair<uint64_t, uint32_t>> ranked(n);  // (score, aggregator), best first
+  for (uint32_t b = 0; b < blocks; ++b) {
+    const uint64_t item = Item(job, key, b);
+    for (uint32_t i = 0; i < n; ++i) ranked[i] = {StableHash64(item, seeds_[i]), i};
+    // Ties (never seen in 64 bits, but possible) go to the lower index, as in PreferredOwner.
+    std::sort(ranked.begin(), ranked.end(),
+              [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+    for (const auto& [score, i] : ranked) {
+      if (load[i] < cap) {
+        ++load[i];
+        owners[b] = Owner{i, EndpointOf(i, item)};
+        break;
+      }
+    }
+  }
+  return owners;
 }
 
 }  // namespace dlcp
