@@ -343,6 +343,7 @@ bool TransferEngine::PushSome(size_t budget) {
         }
         h.priority = repair ? 0 : op.classes[c];
         h.flags = repair ? wire::kFlagRepaired : 0;
+        h.lost_class = repair ? op.classes[c] : 0;
         h.payload_len = op.geometry.bytes(c, wire::EncodingWidth(op.encoding));
         op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
         if (injector_.Drop(h.priority)) {
@@ -547,8 +548,9 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
     for (uint32_t i = 0; i < op.geometry.elems(c); ++i) out[i] *= scale;
   }
   op.state[c] = kHave;
-  // A sealed chunk short of contributors lost someone's push as surely as a repaired one did.
-  const bool lost = (h.flags & wire::kFlagRepaired) || h.contributors < options_.world;
+  // Someone's push of it was lost (repaired, or left out of a sealed round) in a class at least
+  // as important as this worker's: in the queue this worker's push took, or one served first.
+  const bool lost = (h.flags & wire::kFlagRepaired) && h.lost_class <= op.classes[c];
   OnResultPosition(op, dest, op.plan->pos_in_dest[c], lost);
   (op.classes[c] == 0 ? op.class0_pending : op.droppable_pending)--;
   op.stats.bytes_received += m.len;

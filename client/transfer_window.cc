@@ -12,8 +12,11 @@ namespace dlcp {
 // pushed the window's reorder() stamps after it counts as lost. One whose result comes later
 // after all, never pushed again by anyone and not sent again (`lost` false: no
 // wire::kFlagRepaired), was only late: that undoes the cut it caused. One that another worker
-// had to push again keeps the cut: every worker's push of a chunk goes through the same switch
-// port into its aggregator, so that loss is congestion this worker shares in.
+// had to push again keeps the cut if that push was lost in this worker's class or a more
+// important one: every worker's push of a chunk goes through the same switch port into its
+// aggregator, so that loss is congestion in a queue this worker's push waited behind. A loss in
+// a less important class (wire::Header::lost_class) only says that queue overflowed, which
+// strict priority lets happen while the more important ones flow.
 void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lost) {
   Dest& d = op.dests[dest];
   CongestionWindow& w = windows_[dest];

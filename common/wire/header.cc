@@ -50,7 +50,9 @@ Reject ParseHeader(absl::Span<const uint8_t> d, Header* out) {
   if (type == 0 || type > kMaxMsgType) return Reject::kBadType;
   if (p[kOffClass] >= kNumClasses) return Reject::kBadClass;
   if ((p[kOffFlags] & ~kKnownFlags) != 0) return Reject::kBadFlags;
-  if (p[kOffReserved] != 0 || p[kOffReserved + 1] != 0 || p[kOffReserved + 2] != 0) return Reject::kReservedSet;
+  if (p[kOffReserved] != 0 || p[kOffReserved + 1] != 0) return Reject::kReservedSet;
+  if (p[kOffLostClass] >= kNumClasses) return Reject::kBadClass;
+  if (p[kOffLostClass] != 0 && !(p[kOffFlags] & kFlagRepaired)) return Reject::kReservedSet;
   if (p[kOffEncoding] >= kNumEncodings) return Reject::kBadEncoding;
   Header h;
   h.type = static_cast<MsgType>(type);
@@ -67,6 +69,7 @@ Reject ParseHeader(absl::Span<const uint8_t> d, Header* out) {
   h.epoch = GetLE32(p + kOffEpoch);
   h.payload_len = GetLE32(p + kOffPayloadLen);
   h.encoding = p[kOffEncoding];
+  h.lost_class = p[kOffLostClass];
   const size_t trailer = (h.flags & kFlagMac) ? kMacSize : 0;
   if (d.size() < kHeaderSize + trailer || h.payload_len != d.size() - kHeaderSize - trailer ||
       h.payload_len > kMaxPayload - trailer) {

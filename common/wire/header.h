@@ -37,9 +37,10 @@ inline constexpr uint8_t kFlagMac = 0x02;   // an 8-byte MAC trailer follows the
 // worker keeps it for error feedback.
 inline constexpr uint8_t kFlagLeftOut = 0x04;
 // kPush: a repair (this chunk was pushed before). kResult: the chunk was lost somewhere on its
-// way: a contribution to it came in a repair, or this result is itself sent again. Senders' loss
-// detection needs it: a result that comes late after all, unflagged, was only reordered or
-// delayed; flagged, it cost a repair (someone's loss at the switch port every worker shares).
+// way: a contribution to it came in a repair or was left out, or this result is itself sent
+// again. Senders' loss detection needs it: a result that comes late after all, unflagged, was
+// only reordered or delayed; flagged, it cost a repair (someone's loss at the switch port every
+// worker shares), in the class Header::lost_class names.
 inline constexpr uint8_t kFlagRepaired = 0x08;
 inline constexpr uint8_t kKnownFlags = kFlagDone | kFlagMac | kFlagLeftOut | kFlagRepaired;
 inline constexpr size_t kMacSize = 8;    // the trailer's length when kFlagMac is set
@@ -60,6 +61,12 @@ struct Header {
   uint32_t payload_len = 0;
   // How PUSH and RESULT payloads write their values (payload_encoding.h); 0 (float32) otherwise.
   uint8_t encoding = 0;
+  // With kFlagRepaired, where the loss was: on a PUSH, the class its first push rode (the repair
+  // itself rides class 0); on a RESULT, the most important class in which a contribution to the
+  // chunk was lost, or the class the result rode when it is sent again. Strict-priority switches
+  // give each class its own queue, so a loss in a less important class than a worker's own push
+  // says nothing about the queue that push took. 0 without the flag.
+  uint8_t lost_class = 0;
 };
 
 // Why a datagram was dropped. Every value has a counter at the receiver.

@@ -27,9 +27,10 @@ enum HeaderOffset : size_t {
   kOffEpoch = 36,
   kOffPayloadLen = 40,
   kOffEncoding = 44,
-  kOffReserved = 45,  // 3 bytes, zero
+  kOffLostClass = 45,
+  kOffReserved = 46,  // 2 bytes, zero
 };
-static_assert(kOffReserved + 3 == kHeaderSize);
+static_assert(kOffReserved + 2 == kHeaderSize);
 
 DLCP_HD inline void EncodeHeaderBytes(const Header& h, uint8_t* out) {
   PutLE32(out + kOffMagic, kMagic);
@@ -48,7 +49,8 @@ DLCP_HD inline void EncodeHeaderBytes(const Header& h, uint8_t* out) {
   PutLE32(out + kOffEpoch, h.epoch);
   PutLE32(out + kOffPayloadLen, h.payload_len);
   out[kOffEncoding] = h.encoding;
-  out[kOffReserved] = out[kOffReserved + 1] = out[kOffReserved + 2] = 0;
+  out[kOffLostClass] = h.lost_class;
+  out[kOffReserved] = out[kOffReserved + 1] = 0;
 }
 
 }  // namespace dlcp::wire

@@ -21,7 +21,7 @@ Round::Round(std::shared_ptr<Job> job, uint32_t key, uint32_t round, wire::Chunk
       got_(static_cast<size_t>(geometry.chunk_count()) * words_, 0),
       contributors_(geometry.chunk_count(), 0),
       result_class_(geometry.chunk_count(), wire::kNumClasses - 1),
-      repaired_(geometry.chunk_count(), false),
+      lost_class_(geometry.chunk_count(), wire::kNumClasses),
       done_(job_->world, false),
       created_(now),
       last_progress_(now) {

@@ -43,9 +43,11 @@ class Round {
   // The class results of `chunk` ride: the most important class any contribution to it had.
   uint8_t result_class(uint32_t chunk) const { return result_class_[chunk]; }
   void NoteClass(uint32_t chunk, uint8_t cls) { result_class_[chunk] = std::min(result_class_[chunk], cls); }
-  // A contribution to `chunk` came in a repair (wire::kFlagRepaired): its results say so.
-  void NoteRepaired(uint32_t chunk) { repaired_[chunk] = true; }
-  bool repaired(uint32_t chunk) const { return repaired_[chunk]; }
+  // A contribution to `chunk` came in a repair (wire::kFlagRepaired) after its first push was
+  // lost in class `cls`: its results say so, naming the most important such class.
+  void NoteRepaired(uint32_t chunk, uint8_t cls) { lost_class_[chunk] = std::min(lost_class_[chunk], cls); }
+  // That class, or wire::kNumClasses if no contribution to the chunk needed a repair.
+  uint8_t lost_class(uint32_t chunk) const { return lost_class_[chunk]; }
 
   // How the round's values travel, set by its first push; a push in another encoding does not
   // belong to it (false).
@@ -112,7 +114,7 @@ class Round {
   std::vector<uint64_t> got_;  // chunk_count x words_ bits: who contributed
   std::vector<uint16_t> contributors_;
   std::vector<uint8_t> result_class_;
-  std::vector<bool> repaired_;
+  std::vector<uint8_t> lost_class_;
   uint32_t open_chunks_ = 0;   // touched but not complete
   wire::Encoding encoding_ = wire::Encoding::kF32;
   bool encoding_set_ = false;

@@ -119,6 +119,26 @@ TEST(WireHeader, RejectsMalformedInput) {
   EXPECT_EQ(ParseHeader(Datagram(zero_elems, 16), &out), Reject::kBadChunk);
 }
 
+// lost_class says where a repaired chunk was lost; without the flag it must stay 0, and it is a
+// class like any other.
+TEST(WireHeader, LostClassComesWithTheRepairedFlag) {
+  Header h = Sample();
+  h.flags = kFlagRepaired;
+  h.lost_class = 3;
+  std::vector<uint8_t> d = Datagram(h, 16);
+  Header out;
+  ASSERT_EQ(ParseHeader(d, &out), Reject::kNone);
+  EXPECT_EQ(out.lost_class, 3);
+  d[45] = 4;
+  EXPECT_EQ(ParseHeader(d, &out), Reject::kBadClass);
+  d[45] = 1;
+  d[7] = 0;
+  EXPECT_EQ(ParseHeader(d, &out), Reject::kReservedSet);
+  d[7] = kFlagRepaired;
+  d[46] = 1;
+  EXPECT_EQ(ParseHeader(d, &out), Reject::kReservedSet);
+}
+
 // Every random mutation either parses to a header consistent with the datagram, or is rejected.
 TEST(WireHeader, RandomMutationsNeverYieldInconsistentHeaders) {
   std::mt19937 rng(42);
