@@ -260,6 +260,7 @@ class TransferEngine {
   std::vector<CongestionWindow> windows_;  // per dest (adaptive_window)
   std::vector<PathSteering> paths_;  // per dest; empty: no path steering
   std::vector<size_t> inflight_;     // PushSome's count per dest, kept to save an allocation per turn
+  std::vector<size_t> repairs_inflight_;  // PushSome's: the repairs among them
   Outbox outbox_;
 
   // Shared with Submit(), under mu_.

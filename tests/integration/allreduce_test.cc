@@ -368,6 +368,44 @@ TEST(AllReduceRepair, LossIsRepairedAtTheRoundsOwnPace) {
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
 }
 
+// A third of every worker's pushes lost at the aggregator: every endpoint's window fills with
+// chunks whose results wait for repairs, this worker's and others'. Repairs go out beyond the
+// full window (they ride class 0 and have a window's worth of their own), and the sums stay
+// exact without any round waiting for a worker's silence (the 3 s repair timeout). The old rule,
+// repairs only into free slots, also passes here (a stuck window is released at the round's
+// pace), just slower: 120-200 ms rounds against 40-110 ms on this machine.
+TEST(AllReduceRepair, HeavyLossWithFullWindowsIsRepairedAtTheRoundsPace) {
+  // Four endpoints: while one endpoint's window is stuck, results from the others keep coming,
+  // so the worker is never silent as a whole.
+  TestAggregatorOptions ao{TransportOptions::Kind::kUdp, 4, 0, 13};
+  ao.inject_class.rate = {0, 0.3, 0, 0};  // a third of every worker's pushes; repairs ride class 0
+  auto agg = TestAggregator::Start(ao);
+  ASSERT_NE(agg, nullptr);
+  constexpr int kWorkers = 3, kRounds = 3;
+  constexpr uint32_t kElems = 300000;
+  auto clients = ConnectAll(kWorkers, [&](int r) {
+    ClientOptions o =
+        Options(Case{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r, "full-window");
+    o.repair_timeout = absl::Seconds(3);
+    o.adaptive_window = true;
+    o.window_bytes = 16 * o.chunk_bytes;
+    o.class_policy.kind = ClassPolicyOptions::Kind::kUniform;
+    return o;
+  });
+  if (HasFailure()) return;
+  uint64_t retransmits = 0;
+  for (int k = 0; k < kRounds; ++k) {
+    std::vector<RoundStats> stats = ExactRoundOf(clients, k, kElems);
+    ASSERT_EQ(stats.size(), clients.size());
+    for (const RoundStats& s : stats) {
+      EXPECT_LT(s.time, absl::Milliseconds(1500)) << "round " << k << " waited for the 3 s repair timeout";
+      retransmits += s.retransmits;
+    }
+  }
+  EXPECT_GT(retransmits, 0u);
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
 // Congestion control: pushes lost on the way (injected at the workers, in every class) show up
 // as results missing behind later ones, and cut the endpoint's window; sums stay exact, and the
 // fixed window (adaptive_window = false) never reports a cut.
