@@ -67,7 +67,13 @@ void DataThread::Seal(Round* round, absl::Time now) {
   const wire::MacKey* key = round->job()->key();
   for (uint32_t c = 0; c < t.chunk_count(); ++c) {
     if (!t.owned(c) || round->IsComplete(c)) continue;  // complete chunks went out as they completed
-    for (uint32_t w = 0; w < world; ++w) round->NoteClass(c, std::min<uint8_t>(t.class_of(w, c), wire::kNumClasses - 1));
+    for (uint32_t w = 0; w < world; ++w) {
+      const uint8_t cls = t.class_of(w, c);
+      round->NoteClass(c, std::min<uint8_t>(cls, wire::kNumClasses - 1));
+      // Left out for good, in the class its worker declared (unknown: class 0, the most
+      // cautious answer for the others' windows).
+      if (!round->Has(w, c)) round->NoteLost(c, cls < wire::kNumClasses ? cls : 0);
+    }
     SendResultToAll(*round, c);
   }
   for (uint32_t w = 0; w < world; ++w) {

@@ -245,7 +245,7 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
   if (added == Round::AddResult::kAdded || added == Round::AddResult::kCompleted) {
     round->NoteClass(h.chunk, h.priority);
     // Only a repair that was needed: one whose first push arrives after all is a duplicate.
-    if (h.flags & wire::kFlagRepaired) round->NoteRepaired(h.chunk, h.lost_class);
+    if (h.flags & wire::kFlagRepaired) round->NoteLost(h.chunk, h.lost_class);
   }
   switch (added) {
     case Round::AddResult::kAdded:
@@ -353,7 +353,7 @@ void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl:
   if (payload.empty()) payload = ResultPayload(r, chunk, &storage);
   h.payload_len = static_cast<uint32_t>(payload.size());
   if (r.sealed() && !r.Has(rank, chunk)) h.flags |= wire::kFlagLeftOut;
-  const uint8_t lost = std::min(again ? priority : wire::kNumClasses, LostClass(r, chunk));
+  const uint8_t lost = std::min(again ? priority : wire::kNumClasses, r.lost_class(chunk));
   if (lost < wire::kNumClasses) {
     h.flags |= wire::kFlagRepaired;
     h.lost_class = lost;
@@ -365,20 +365,6 @@ void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl:
     Check(outbox_.AddOwned(m.address(), h, std::vector<uint8_t>(payload.begin(), payload.end()), r.job()->key(),
                            payload_digest));
   }
-}
-
-uint8_t DataThread::LostClass(const Round& r, uint32_t chunk) {
-  uint8_t lost = r.lost_class(chunk);
-  // A sealed chunk short of contributors lost those pushes for good, in the classes their
-  // workers declared (unknown: class 0, the most cautious answer).
-  if (r.sealed() && r.bounded != nullptr && r.contributors(chunk) < r.job()->world) {
-    for (uint32_t w = 0; w < r.job()->world && lost > 0; ++w) {
-      if (r.Has(w, chunk)) continue;
-      const uint8_t cls = r.bounded->class_of(w, chunk);
-      lost = std::min<uint8_t>(lost, cls < wire::kNumClasses ? cls : 0);
-    }
-  }
-  return lost;
 }
 
 absl::Span<const uint8_t> DataThread::ResultPayload(const Round& r, uint32_t chunk, std::vector<uint8_t>* storage) {

@@ -78,14 +78,11 @@ class DataThread {
   Round* RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now);
   // With kFlagLeftOut when rank's contribution is not in a sealed round's sum, and
   // kFlagRepaired when a contribution came in a repair or was left out, or the result goes
-  // `again`, with the most important class any of those was lost in (LostClass).
+  // `again`, with the most important class any of those was lost in (Round::lost_class).
   // It rides the chunk's result class (Round::result_class). `payload` (ResultPayload) and its
   // digest may come from the caller, which sends the same result to every worker.
   void SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload = {},
                   const uint64_t* payload_digest = nullptr, bool again = false);
-  // The most important class a contribution to `chunk` was lost in (repaired, or left out of a
-  // sealed round), or wire::kNumClasses if none was.
-  static uint8_t LostClass(const Round& r, uint32_t chunk);
   // A final result to every worker: one payload, encoded and digested once.
   void SendResultToAll(const Round& r, uint32_t chunk);
   // The result's payload in the round's encoding. Float32 points into the accumulator (or at

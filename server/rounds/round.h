@@ -43,10 +43,10 @@ class Round {
   // The class results of `chunk` ride: the most important class any contribution to it had.
   uint8_t result_class(uint32_t chunk) const { return result_class_[chunk]; }
   void NoteClass(uint32_t chunk, uint8_t cls) { result_class_[chunk] = std::min(result_class_[chunk], cls); }
-  // A contribution to `chunk` came in a repair (wire::kFlagRepaired) after its first push was
-  // lost in class `cls`: its results say so, naming the most important such class.
-  void NoteRepaired(uint32_t chunk, uint8_t cls) { lost_class_[chunk] = std::min(lost_class_[chunk], cls); }
-  // That class, or wire::kNumClasses if no contribution to the chunk needed a repair.
+  // A contribution to `chunk` was lost in class `cls`: it came in a repair (wire::kFlagRepaired),
+  // or the round sealed without it. Its results say so, naming the most important such class.
+  void NoteLost(uint32_t chunk, uint8_t cls) { lost_class_[chunk] = std::min(lost_class_[chunk], cls); }
+  // That class, or wire::kNumClasses if no contribution to the chunk was lost.
   uint8_t lost_class(uint32_t chunk) const { return lost_class_[chunk]; }
 
   // How the round's values travel, set by its first push; a push in another encoding does not
