@@ -34,21 +34,6 @@ uint32_t Topology::EndpointOf(uint32_t aggregator, uint64_t item) const {
   return static_cast<uint32_t>(Mix(item) % (n == 0 ? 1 : n));
 }
 
-Topology::Owner Topology::PreferredOwner(uint32_t job, uint32_t key, uint32_t block) const {
-  const uint64_t item = Item(job, key, block);
-  Owner best;
-  uint64_t best_score = 0;
-  for (uint32_t i = 0; i < aggregators_.size(); ++i) {
-    uint64_t score = StableHash64(item, seeds_[i]);
-    if (i == 0 || score > best_score) {
-      best_score = score;
-      best.aggregator = i;
-    }
-  }
-  best.endpoint = EndpointOf(best.aggregator, item);
-  return best;
-}
-
 std::vector<Topology::Owner> Topology::OwnersOfTensor(uint32_t job, uint32_t key, uint32_t blocks) const {
   std::vector<Owner> owners(blocks);
   const uint32_t n = static_cast<uint32_t>(aggregators_.size());
@@ -59,7 +44,7 @@ std::vector<Topology::Owner> Topology::OwnersOfTensor(uint32_t job, uint32_t key
   for (uint32_t b = 0; b < blocks; ++b) {
     const uint64_t item = Item(job, key, b);
     for (uint32_t i = 0; i < n; ++i) ranked[i] = {StableHash64(item, seeds_[i]), i};
-    // Ties (never seen in 64 bits, but possible) go to the lower index, as in PreferredOwner.
+    // Ties (never seen in 64 bits, but possible) go to the lower index.
     std::sort(ranked.begin(), ranked.end(),
               [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
     for (const auto& [score, i] : ranked) {

@@ -40,8 +40,6 @@ class Topology {
   // The owner of every block of a tensor of `blocks` blocks: no aggregator holds more than
   // ceil(blocks / aggregators) of them.
   std::vector<Owner> OwnersOfTensor(uint32_t job, uint32_t key, uint32_t blocks) const;
-  // The aggregator a block prefers (its highest HRW score), and that block's endpoint there.
-  Owner PreferredOwner(uint32_t job, uint32_t key, uint32_t block) const;
 
  private:
   std::vector<Aggregator> aggregators_;

@@ -51,16 +51,25 @@ TEST(Topology, NoAggregatorHoldsMoreThanItsShareOfATensor) {
   }
 }
 
-TEST(Topology, AOneBlockTensorGoesToItsPreferredOwner) {
-  Topology t = Make(5, 3);
+// A one-block tensor goes to its first choice by rendezvous hashing, so removing any other
+// aggregator leaves it where it is, and many small tensors spread by their keys alone.
+TEST(Topology, AOneBlockTensorStaysWhenAnotherAggregatorLeaves) {
+  Topology five = Make(5, 3);
   std::vector<uint32_t> load(5, 0);
   for (uint32_t key = 0; key < 5000; ++key) {
-    std::vector<Topology::Owner> owners = t.OwnersOfTensor(9, key, 1);
+    std::vector<Topology::Owner> owners = five.OwnersOfTensor(9, key, 1);
     ASSERT_EQ(owners.size(), 1u);
-    EXPECT_EQ(owners[0], t.PreferredOwner(9, key, 0));
     ++load[owners[0].aggregator];
+    const uint32_t gone = (owners[0].aggregator + 1 + key % 4) % 5;
+    std::vector<Topology::Aggregator> rest;
+    for (uint32_t i = 0; i < 5; ++i) {
+      if (i != gone) rest.push_back(five.aggregators()[i]);
+    }
+    Topology four(rest);
+    const Topology::Owner after = four.OwnersOfTensor(9, key, 1)[0];
+    EXPECT_EQ(four.aggregators()[after.aggregator].id, five.aggregators()[owners[0].aggregator].id) << key;
+    EXPECT_EQ(after.endpoint, owners[0].endpoint) << key;
   }
-  // Many small tensors spread by their keys alone.
   for (uint32_t l : load) EXPECT_NEAR(l, 1000, 100);
 }
 
