@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/base/hd.h"
 #include "common/policy/chunk_magnitude.h"
 #include "common/policy/class_policy.h"
 #include "common/wire/header.h"
@@ -23,7 +24,7 @@ namespace dlcp {
 
 // The element type of the tensors being packed (what a framework stores), not the wire encoding.
 enum class ElemType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
-inline uint32_t ElemWidth(ElemType t) { return t == ElemType::kF32 ? 4 : 2; }
+DLCP_HD inline uint32_t ElemWidth(ElemType t) { return t == ElemType::kF32 ? 4 : 2; }
 
 struct PackTensor {
   uint64_t offset = 0;  // its first element in PackInput::data
