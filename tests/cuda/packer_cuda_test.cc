@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -20,15 +21,17 @@ namespace {
   } while (0)
 #define ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-// Raw tensor bytes of `type`, with magnitudes that vary by chunk, some exact ties and a NaN.
-std::vector<uint8_t> RandomTensor(ElemType type, uint64_t n, uint32_t seed) {
+// Raw tensor bytes of `type`, with magnitudes that vary by chunk, some repeated values and a NaN;
+// or every element `constant`, so that every full chunk's magnitude ties and ranks by index.
+std::vector<uint8_t> RandomTensor(ElemType type, uint64_t n, uint32_t seed, std::optional<float> constant) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0, 1);
   std::vector<uint8_t> bytes(n * ElemWidth(type));
   for (uint64_t i = 0; i < n; ++i) {
     float v = normal(rng) * static_cast<float>(1 + (i / 331) % 17);
-    if (i % 5003 == 17) v = 0.25f;  // repeated values: equal magnitudes must rank by index
+    if (i % 5003 == 17) v = 0.25f;
     if (i == n / 2 && n > 1000) v = NAN;
+    if (constant) v = *constant;
     if (type == ElemType::kF32) {
       memcpy(&bytes[4 * i], &v, 4);
     } else {
@@ -45,12 +48,14 @@ struct Case {
   std::vector<uint32_t> sizes;  // tensors, packed together
   uint32_t chunk_elems;
   ClassPolicyOptions policy;
+  std::optional<float> constant;
 };
 
 std::string Describe(const Case& c) {
   std::string s = absl::StrCat("type ", static_cast<int>(c.type), " encoding ", wire::EncodingName(c.encoding),
                                " chunk ", c.chunk_elems, " sizes");
   for (uint32_t n : c.sizes) absl::StrAppend(&s, " ", n);
+  if (c.constant) absl::StrAppend(&s, " all ", *c.constant);
   return s;
 }
 
@@ -68,7 +73,7 @@ void CheckIdentical(const Case& c, bool pinned_output) {
                                     0xC0FFEE});
     total += c.sizes[t];
   }
-  const std::vector<uint8_t> host = RandomTensor(c.type, total, static_cast<uint32_t>(total));
+  const std::vector<uint8_t> host = RandomTensor(c.type, total, static_cast<uint32_t>(total), c.constant);
   in.data = host.data();
   absl::StatusOr<PackLayout> layout = PlanPack(in, c.policy);
   ASSERT_TRUE(layout.ok()) << layout.status();
@@ -151,6 +156,24 @@ TEST(CudaPacker, ByteIdenticalForSeveralTensorsAndPolicies) {
   }
   ASSERT_NO_FATAL_FAILURE(CheckIdentical(
       {ElemType::kF16, wire::Encoding::kF16, sizes, 1024, {ClassPolicyOptions::Kind::kUniform, 0, 3}}, false));
+}
+
+// The packer counts ranks for tensors of up to 8192 chunks and radix-sorts larger ones; each of
+// these cases has one of each, or a tensor just past the boundary alongside small ones (every
+// tensor of a call ranks the same way).
+TEST(CudaPacker, ByteIdenticalWhetherRanksAreCountedOrSorted) {
+  REQUIRE_CUDA();
+  for (uint32_t chunks : {8191u, 8192u, 8193u}) {
+    ASSERT_NO_FATAL_FAILURE(CheckIdentical({ElemType::kF32, wire::Encoding::kF32, {64 * chunks - 5}, 64, {}}, false));
+  }
+  ASSERT_NO_FATAL_FAILURE(
+      CheckIdentical({ElemType::kF32, wire::Encoding::kF32, {10, 64 * 8193, 1, 4096, 5000}, 64, {}}, false));
+  for (float constant : {1.0f, 0.0f}) {  // every full chunk ties: ranks by index alone
+    for (uint32_t n : {64u * 1000 + 3, 64u * 9000 + 3}) {
+      ASSERT_NO_FATAL_FAILURE(
+          CheckIdentical({ElemType::kF32, wire::Encoding::kF32, {n, 700}, 64, {}, constant}, false));
+    }
+  }
 }
 
 TEST(CudaPacker, WritesIntoPinnedHostMemory) {
