@@ -152,6 +152,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
       result.result_requests += stats->result_requests;
       result.window_cuts += stats->window_cuts;
       result.window_undos += stats->window_undos;
+      result.nacks_deferred += stats->nacks_deferred;
       result.min_contributors = std::min(result.min_contributors, stats->min_contributors);
       for (int c = 0; c < 4; ++c) {
         result.chunks_by_class[c] += stats->chunks_by_class[c];
@@ -225,7 +226,8 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       "\"retransmits\":%u,\"result_requests\":%u,\"min_contributors\":%u,\"exact\":%s,\"checked\":%s,"
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
-      "\"stop_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u}",
+      "\"stop_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,"
+      "\"nacks_deferred\":%u}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99), Percentile(r.round_ms, 1.0),
       r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
@@ -233,7 +235,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       r.checked ? "true" : "false", r.chunks_by_class[0], r.chunks_by_class[1], r.chunks_by_class[2],
       r.chunks_by_class[3], r.left_out_by_class[0], r.left_out_by_class[1], r.left_out_by_class[2],
       r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99), r.pull_missing,
-      r.retried, r.window_cuts, r.window_undos);
+      r.retried, r.window_cuts, r.window_undos, r.nacks_deferred);
 }
 
 }  // namespace dlcp::bench

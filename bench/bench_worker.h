@@ -36,6 +36,7 @@ struct WorkerResult {
   uint64_t result_requests = 0;
   uint64_t window_cuts = 0;
   uint64_t window_undos = 0;
+  uint64_t nacks_deferred = 0;
   uint32_t min_contributors = 0;
   bool exact = true;
   // false: bounded loss with more workers than the digit check can decode, or with a 16-bit

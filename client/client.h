@@ -66,6 +66,9 @@ struct ClientOptions {
   // window that follows its own loss, so a lossy or slow path carries less
   // (docs/path-spraying.md). false: the ports take equal turns.
   bool path_steering = true;
+  // A NACKed push that may still be waiting in a switch queue goes again only when the
+  // aggregator asks again (common/datapath/nack_filter.h). false: every NACK is answered at once.
+  bool nack_filter = true;
 
   // Bounded loss (docs/bounded-loss.md). ε: the largest fraction of droppable (worker, chunk)
   // contributions an aggregate may lack; class 0 is never lost. 0 makes every chunk
@@ -136,6 +139,7 @@ struct RoundStats {
   absl::Duration time;
   uint64_t chunks = 0;
   uint64_t retransmits = 0;      // chunks pushed again after a NACK
+  uint64_t nacks_deferred = 0;   // chunks NACKed while their push may still have been on its way
   uint64_t result_requests = 0;  // times this worker asked for missing results
   uint64_t window_cuts = 0;      // congestion events that halved an endpoint's window
   uint64_t window_undos = 0;     // ... found to have been late results, not losses, and undone

@@ -72,6 +72,7 @@ void TransferEngine::BuildDestinations() {
   cc.min = std::min<uint32_t>(cc.min, cc.max);
   windows_.assign(dest_addr_.size(), CongestionWindow(cc));
   BuildPaths();
+  BuildNackFilters();
 }
 
 uint32_t TransferEngine::WindowOf(uint32_t dest) const {
@@ -280,6 +281,8 @@ void TransferEngine::Launch(Op& op, absl::Time now) {
   op.state.assign(op.geometry.chunk_count(), kUnsent);
   op.stamps.assign(op.geometry.chunk_count(), 0);
   op.repushes.assign(op.geometry.chunk_count(), 0);
+  op.resending.assign(op.geometry.chunk_count(), 0);
+  op.deferred.assign(op.geometry.chunk_count(), 0);
   op.paths.assign(paths_.empty() ? 0 : op.geometry.chunk_count(), 0);
   op.dests.assign(dest_addr_.size(), Dest{});
   op.remaining = op.geometry.chunk_count();
@@ -339,6 +342,7 @@ bool TransferEngine::PushSome(size_t budget) {
         const uint64_t stamp = windows_[d].Stamp();
         if (!repair) op.stamps[c] = stamp;
         if (repair && op.repushes[c] < 255) ++op.repushes[c];
+        op.deferred[c] = 0;
         const int16_t path = PickPath(d);
         if (path >= 0) {
           paths_[d].OnSent(path, stamp);
@@ -371,6 +375,7 @@ bool TransferEngine::PushSome(size_t budget) {
       while (!dest.resend.empty() && budget > 0 && repair_room()) {
         uint32_t c = dest.resend.back();
         dest.resend.pop_back();
+        op.resending[c] = 0;
         if (op.state[c] == kHave) continue;
         push(c, true);
         ++dest.repairs_out;
@@ -609,12 +614,24 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
   if (ranges->empty() && op.loss_bound_ppm > 0) return SendManifest(op, from_dest);
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
-      // Only chunks already pushed: the rest go out under the window anyway. Every chunk asked
-      // for goes again: a bounded round's aggregator asks for each only once while data flows.
-      if (op.state[c] != kSent) continue;
+      // Only chunks already pushed: the rest go out under the window anyway. A chunk asked for
+      // twice before it went again goes once.
+      if (op.state[c] != kSent || op.resending[c]) continue;
+      // In a reliable round, one that may still be on its way waits for the next NACK
+      // (nack_filter.h). A repair's stamp is its first push's, so only a first push can be known
+      // lost. A bounded round's aggregator asks for each chunk once while data flows, and again
+      // only once the round goes quiet: waiting for that cost more than the duplicates.
+      if (op.loss_bound_ppm == 0 && !nack_filters_.empty() && !op.deferred[c] &&
+          (op.repushes[c] > 0 ||
+           !nack_filters_[from_dest].KnownLost(paths_.empty() ? 0 : op.paths[c], op.classes[c], op.stamps[c]))) {
+        op.deferred[c] = 1;
+        ++op.stats.nacks_deferred;
+        continue;
+      }
       // Not a loss signal for the window: it comes a quiet spell after the loss, and in a
       // reliable round mostly says that some worker is slow (transfer_window.cc reads losses
       // from the results instead).
+      op.resending[c] = 1;
       op.dests[op.plan->dest_of_chunk[c]].resend.push_back(c);
     }
   }

@@ -25,6 +25,7 @@
 #include "client/packer/packer.h"
 #include "common/datapath/congestion_window.h"
 #include "common/datapath/outbox.h"
+#include "common/datapath/nack_filter.h"
 #include "common/datapath/path_steering.h"
 #include "common/topology/topology.h"
 #include "common/transport/transport.h"
@@ -58,6 +59,9 @@ struct EngineOptions : EngineLayout {
   // spraying): pushes go out in runs of path_burst per path, each path's share following its
   // own loss (common/datapath/path_steering.h).
   bool path_steering = true;
+  // A NACKed push not known to be lost (common/datapath/nack_filter.h) goes again only when it
+  // is asked for again, not at once.
+  bool nack_filter = true;
   uint32_t path_burst = 8;
   uint32_t max_inflight = 64;
   uint32_t world = 1;
@@ -152,6 +156,8 @@ class TransferEngine {
     // result comes. Saturates at 255.
     std::vector<uint8_t> repushes;
     std::vector<uint8_t> paths;    // per chunk: the send path of its first push (path steering)
+    std::vector<uint8_t> resending;  // per chunk: waiting in its Dest::resend
+    std::vector<uint8_t> deferred;   // per chunk: a NACK for its latest push was let pass
     // How the values travel. A float32 push sends straight from `data`; other encodings send the
     // payloads of `packets` (the packer's headers there are rebuilt per destination at send time,
     // since each aggregator has its own epoch).
@@ -243,6 +249,7 @@ class TransferEngine {
   // Path steering: the send path for the next push to `dest`, or -1 (the transport's rotation).
   int16_t PickPath(uint32_t dest);
   void BuildPaths();
+  void BuildNackFilters();
   void Finish(uint32_t key, absl::StatusOr<RoundStats> result);
   std::shared_ptr<const Plan> PlanFor(uint32_t key, uint32_t tensor_elems);
   wire::Header BaseHeader(wire::MsgType type, uint32_t dest, uint32_t key, uint32_t round, uint32_t elems,
@@ -259,6 +266,7 @@ class TransferEngine {
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
   std::vector<CongestionWindow> windows_;  // per dest (adaptive_window)
   std::vector<PathSteering> paths_;  // per dest; empty: no path steering
+  std::vector<NackFilter> nack_filters_;  // per dest; empty: every NACKed push goes again
   std::vector<size_t> inflight_;     // PushSome's count per dest, kept to save an allocation per turn
   std::vector<size_t> repairs_inflight_;  // PushSome's: the repairs among them
   Outbox outbox_;

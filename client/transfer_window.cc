@@ -36,6 +36,9 @@ void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lo
     d.acked = pos + 1;
   }
   if (repushed) return;  // its stamp says little about when this result left
+  if (!nack_filters_.empty()) {
+    nack_filters_[dest].OnDelivered(paths_.empty() ? 0 : op.paths[chunk], op.classes[chunk], op.stamps[chunk]);
+  }
   const uint64_t newest = op.stamps[chunk];
   const uint64_t reorder = w.reorder();
   while (d.gap_scan < pos) {
@@ -70,6 +73,12 @@ void TransferEngine::BuildPaths() {
   cc.min = 1;
   cc.max = std::max<uint32_t>(cc.initial, options_.window_chunks);
   paths_.assign(dest_addr_.size(), PathSteering(static_cast<uint32_t>(n), options_.path_burst, cc));
+}
+
+void TransferEngine::BuildNackFilters() {
+  nack_filters_.clear();
+  if (!options_.nack_filter) return;
+  nack_filters_.assign(dest_addr_.size(), NackFilter(paths_.empty() ? 1 : paths_[0].paths()));
 }
 
 int16_t TransferEngine::PickPath(uint32_t dest) {
