@@ -66,6 +66,20 @@ def test_window_setting_and_its_stats(aggregators, adaptive):
             c.close()
 
 
+def test_nack_filter_off_never_defers(aggregators):
+    clients = connect_all(aggregators, "nack-filter-off", 2, loss_bound=0, nack_filter=False)
+    try:
+        bufs = [np.full(200_000, r + 1, dtype=np.float32) for r in range(2)]
+        stats = [h.wait(30) for h in [c.allreduce_async(4, b) for c, b in zip(clients, bufs)]]
+        for b in bufs:
+            assert np.all(b == 3)
+        for s in stats:
+            assert s["nacks_deferred"] == 0
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_torch_tensors_are_used_in_place(aggregators):
     torch = pytest.importorskip("torch")
     clients = connect_all(aggregators, "inplace", 2, loss_bound=0)
