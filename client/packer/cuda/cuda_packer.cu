@@ -100,9 +100,10 @@ __device__ void StoreQuad(uint8_t* payload, uint32_t i, const Quad& q, bool whol
   }
 }
 
-// A push's header, its class left 0 for ClassesInOrder or ClassesByCounting to fill in. Written here, beside the payload, the
-// packet's bytes go out in whole sectors; a later kernel writing 48 scattered bytes per chunk took
-// a quarter of the time of packing the payloads. Threads 0-2 of the warp store 16 bytes each.
+// A push's header, its class left 0 for ClassesInOrder or ClassesByCounting to fill in. Written
+// here, beside the payload, the packet's bytes go out in whole sectors; a later kernel writing 48
+// scattered bytes per chunk took a quarter of the time of packing the payloads. Threads 0-2 of
+// the warp store 16 bytes each.
 __device__ void WriteHeader(const Args& a, const DeviceTensor& t, uint32_t c, uint32_t payload_len, uint8_t* out,
                             uint32_t l) {
   const bool whole = reinterpret_cast<uintptr_t>(out) % 16 == 0;
@@ -222,8 +223,9 @@ __global__ void ClassesInOrder(Args a, uint32_t chunks, const uint32_t* order, u
 
 // Up to this many chunks per tensor, ranks are counted rather than sorted: a warp per chunk counts
 // the chunks of its tensor that rank before it (a smaller key, or an equal key and a lower
-// index), n^2 / 32 steps per warp in one kernel. The radix sort's ten dependent kernels take
-// about 100 us on an H200 at any size; counting 8192 chunks takes a fraction of that.
+// index), n / 32 steps per warp in one kernel. The radix sort's ten dependent kernels take about
+// 100 us on an H200 at any size; packing 64 MiB (8192 chunks) took 0.094 ms counting and 0.147 ms
+// sorting.
 constexpr uint32_t kMaxCountedChunks = 8192;
 
 __global__ void __launch_bounds__(kWarp * kChunksPerBlock)
