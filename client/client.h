@@ -66,8 +66,9 @@ struct ClientOptions {
   // window that follows its own loss, so a lossy or slow path carries less
   // (docs/path-spraying.md). false: the ports take equal turns.
   bool path_steering = true;
-  // A NACKed push that may still be waiting in a switch queue goes again only when the
-  // aggregator asks again (common/datapath/nack_filter.h). false: every NACK is answered at once.
+  // In a reliable round, a NACKed push that may still be waiting in a switch queue goes again
+  // only when the aggregator asks again (common/datapath/nack_filter.h). false: every NACK is
+  // answered at once.
   bool nack_filter = true;
 
   // Bounded loss (docs/bounded-loss.md). ε: the largest fraction of droppable (worker, chunk)

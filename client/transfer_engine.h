@@ -59,8 +59,8 @@ struct EngineOptions : EngineLayout {
   // spraying): pushes go out in runs of path_burst per path, each path's share following its
   // own loss (common/datapath/path_steering.h).
   bool path_steering = true;
-  // A NACKed push not known to be lost (common/datapath/nack_filter.h) goes again only when it
-  // is asked for again, not at once.
+  // In a reliable round, a NACKed push not known to be lost (common/datapath/nack_filter.h) goes
+  // again only when it is asked for again, not at once.
   bool nack_filter = true;
   uint32_t path_burst = 8;
   uint32_t max_inflight = 64;
