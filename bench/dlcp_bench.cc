@@ -42,6 +42,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddBool("adaptive-window", true, "adapt the window to loss (AIMD), up to --window-bytes; false: always --window-bytes");
   c->AddBool("path-steering", true, "with --adaptive-window and spraying: each source port's share follows its own loss");
   c->AddBool("nack-filter", true, "a NACKed push that may still be on its way goes again only when asked again");
+  c->AddBool("pacing", true, "pushes to an endpoint leave spread at a little above the rate its results come back");
   c->AddInt("op-timeout-ms", 60000, 1, 3600000, "deadline of each AllReduce");
   c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence before asking for missing results");
   c->AddInt("timeout-s", 600, 1, 86400, "spawn mode: kill the workers after this long");
@@ -91,6 +92,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.adaptive_window = c.GetBool("adaptive-window");
   w.client.path_steering = c.GetBool("path-steering");
   w.client.nack_filter = c.GetBool("nack-filter");
+  w.client.pacing = c.GetBool("pacing");
   w.client.op_timeout = absl::Milliseconds(c.GetInt("op-timeout-ms"));
   w.client.repair_timeout = absl::Milliseconds(c.GetInt("repair-timeout-ms"));
   w.client.data_host = c.GetString("data-host");

@@ -140,6 +140,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   eo.adaptive_window = options.adaptive_window;
   eo.path_steering = options.path_steering;
   eo.nack_filter = options.nack_filter;
+  eo.pacing = options.pacing;
   eo.path_burst = options.transport.spray_burst;
   eo.world = options.world_size;
   eo.loss_bound = options.loss_bound;

@@ -70,6 +70,9 @@ struct ClientOptions {
   // only when the aggregator asks again (common/datapath/nack_filter.h). false: every NACK is
   // answered at once.
   bool nack_filter = true;
+  // Pushes to each aggregator endpoint leave spread over time, at a little above the rate its
+  // results come back, rather than as the window opens (common/datapath/pacer.h). false: at once.
+  bool pacing = true;
 
   // Bounded loss (docs/bounded-loss.md). ε: the largest fraction of droppable (worker, chunk)
   // contributions an aggregate may lack; class 0 is never lost. 0 makes every chunk

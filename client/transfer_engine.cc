@@ -71,6 +71,9 @@ void TransferEngine::BuildDestinations() {
   cc.max = std::max<uint32_t>(1, options_.window_chunks);
   cc.min = std::min<uint32_t>(cc.min, cc.max);
   windows_.assign(dest_addr_.size(), CongestionWindow(cc));
+  PacerOptions pacing;
+  pacing.burst = std::max<uint32_t>(1, options_.path_burst);
+  pacers_.assign(dest_addr_.size(), Pacer(pacing));
   BuildPaths();
   BuildNackFilters();
 }
@@ -318,6 +321,13 @@ bool TransferEngine::PushSome(size_t budget) {
   std::vector<size_t>& repairs = repairs_inflight_;
   inflight.assign(dest_addr_.size(), 0);
   repairs.assign(dest_addr_.size(), 0);
+  const absl::Time now = absl::Now();
+  std::vector<uint32_t>& allow = allowance_;
+  allow.assign(dest_addr_.size(), std::numeric_limits<uint32_t>::max());
+  if (options_.pacing) {
+    for (uint32_t d = 0; d < dest_addr_.size(); ++d) allow[d] = pacers_[d].Allowance(now);
+  }
+  next_pace_ = absl::InfiniteFuture();
   for (auto& [key, op_ptr] : ops_) {
     for (uint32_t d = 0; d < op_ptr->dests.size(); ++d) {
       const Dest& dest = op_ptr->dests[d];
@@ -363,6 +373,10 @@ bool TransferEngine::PushSome(size_t budget) {
         absl::Status s = outbox_.Add(dest_addr_[d], h, payload, dest_key_[d], nullptr, path);
         if (!s.ok()) DLCP_LOG(Warning) << "push to " << dest_addr_[d].ToString() << ": " << s;
       };
+      const auto spend = [&] {
+        --allow[d];
+        if (options_.pacing) pacers_[d].OnSent(1);
+      };
       const size_t window = WindowOf(d);
       // A repair takes a free slot of the window, and when the window is full of chunks still
       // waiting for results, repairs have a window's worth of their own: those results often
@@ -372,19 +386,20 @@ bool TransferEngine::PushSome(size_t budget) {
       const auto repair_room = [&] {
         return !options_.adaptive_window || inflight[d] < window || repairs[d] < window;
       };
-      while (!dest.resend.empty() && budget > 0 && repair_room()) {
+      while (!dest.resend.empty() && budget > 0 && allow[d] > 0 && repair_room()) {
         uint32_t c = dest.resend.back();
         dest.resend.pop_back();
         op.resending[c] = 0;
         if (op.state[c] == kHave) continue;
         push(c, true);
+        spend();
         ++dest.repairs_out;
         ++inflight[d];
         ++repairs[d];
         ++op.stats.retransmits;
         --budget;
       }
-      while (dest.next < mine.size() && inflight[d] < window && budget > 0) {
+      while (dest.next < mine.size() && inflight[d] < window && budget > 0 && allow[d] > 0) {
         uint32_t c = mine[dest.next++];
         ++inflight[d];
         // A bounded round may seal before this worker pushed everything; a chunk whose final
@@ -392,11 +407,17 @@ bool TransferEngine::PushSome(size_t budget) {
         if (op.state[c] == kHave) continue;
         op.state[c] = kSent;
         push(c, false);
+        spend();
         --budget;
       }
       const bool room = inflight[d] < window;
       if ((!dest.resend.empty() && repair_room()) || (dest.next < mine.size() && room)) {
-        more = true;
+        // Held back by the pacer: the loop sleeps until it lets the next one out.
+        if (allow[d] == 0) {
+          next_pace_ = std::min(next_pace_, pacers_[d].NextSend(now));
+        } else {
+          more = true;
+        }
       }
     }
   }
@@ -421,6 +442,7 @@ void TransferEngine::Run() {
     ServeRegroup(absl::Now());
     ServeRejoin(absl::Now());
     TakeSubmissions(absl::Now());
+    next_pace_ = absl::InfiniteFuture();
     bool more = !paused_ && !job_failed && PushSome(kPushBudget);
     absl::Status s = outbox_.Flush();
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
@@ -430,6 +452,7 @@ void TransferEngine::Run() {
     }
     absl::Duration wait = more ? absl::ZeroDuration() : (ops_.empty() ? absl::Milliseconds(100) : tick);
     if (next_tail_ != absl::InfiniteFuture()) wait = std::clamp(next_tail_ - absl::Now(), absl::ZeroDuration(), wait);
+    if (next_pace_ != absl::InfiniteFuture()) wait = std::clamp(next_pace_ - absl::Now(), absl::ZeroDuration(), wait);
     s = transport_->Receive(&batch, wait);
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -569,6 +592,7 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   // as important as this worker's: in the queue this worker's push took, or one served first.
   const bool lost = (h.flags & wire::kFlagRepaired) && h.lost_class <= op.classes[c];
   OnResultPosition(op, dest, op.plan->pos_in_dest[c], lost);
+  pacers_[dest].OnDelivered(1, now);
   (op.classes[c] == 0 ? op.class0_pending : op.droppable_pending)--;
   op.stats.bytes_received += m.len;
   op.stats.min_contributors = std::min<uint32_t>(op.stats.min_contributors, h.contributors);

@@ -25,6 +25,7 @@
 #include "client/packer/packer.h"
 #include "common/datapath/congestion_window.h"
 #include "common/datapath/outbox.h"
+#include "common/datapath/pacer.h"
 #include "common/datapath/nack_filter.h"
 #include "common/datapath/path_steering.h"
 #include "common/topology/topology.h"
@@ -62,6 +63,9 @@ struct EngineOptions : EngineLayout {
   // In a reliable round, a NACKed push not known to be lost (common/datapath/nack_filter.h) goes
   // again only when it is asked for again, not at once.
   bool nack_filter = true;
+  // Spread pushes to each endpoint over time at a little above the rate its results come back
+  // (common/datapath/pacer.h), rather than sending each opening of the window at once.
+  bool pacing = true;
   uint32_t path_burst = 8;
   uint32_t max_inflight = 64;
   uint32_t world = 1;
@@ -265,6 +269,10 @@ class TransferEngine {
   std::unordered_map<uint64_t, uint32_t> dest_by_addr_;  // Address::Pack() -> dest
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
   std::vector<CongestionWindow> windows_;  // per dest (adaptive_window)
+  std::vector<Pacer> pacers_;              // per dest (pacing)
+  std::vector<uint32_t> allowance_;        // PushSome's: what each dest's pacer lets out this turn
+  // When a dest held back by its pacer may send again (PushSome); InfiniteFuture: none is.
+  absl::Time next_pace_ = absl::InfiniteFuture();
   std::vector<PathSteering> paths_;  // per dest; empty: no path steering
   std::vector<NackFilter> nack_filters_;  // per dest; empty: every NACKed push goes again
   std::vector<size_t> inflight_;     // PushSome's count per dest, kept to save an allocation per turn

@@ -62,10 +62,12 @@ absl::Status ApplySettings(const std::string& settings, dlcp::ClientOptions* co)
       s = Set(name, ParseBool(value), &co->path_steering);
     } else if (name == "nack_filter") {
       s = Set(name, ParseBool(value), &co->nack_filter);
+    } else if (name == "pacing") {
+      s = Set(name, ParseBool(value), &co->pacing);
     } else {
       s = absl::InvalidArgumentError(absl::StrCat("unknown setting '", name,
                                                   "' (on_aggregator_loss, payload_encoding, pull_mode, compensation, "
-                                                  "adaptive_window, path_steering, nack_filter)"));
+                                                  "adaptive_window, path_steering, nack_filter, pacing)"));
     }
     if (!s.ok()) return s;
   }

@@ -53,6 +53,7 @@ int dlcp_connect(const dlcp_options* options, dlcp_client** out, char* err, size
  *   adaptive_window     true | false   (docs/congestion.md)
  *   path_steering       true | false   (docs/path-spraying.md)
  *   nack_filter         true | false   (docs/congestion.md)
+ *   pacing              true | false   (docs/congestion.md)
  * An unknown name or value is INVALID_ARGUMENT (3), and the message names it. */
 int dlcp_connect_with(const dlcp_options* options, const char* settings, dlcp_client** out, char* err,
                       size_t err_len);

@@ -346,6 +346,7 @@ ClientOptions MakeOptions(py::kwargs kw) {
   opt("adaptive_window", o.adaptive_window);
   opt("path_steering", o.path_steering);
   opt("nack_filter", o.nack_filter);
+  opt("pacing", o.pacing);
   opt("loss_bound", o.loss_bound);
   opt("reliable_fraction", o.class_policy.reliable_fraction);
   py::object policy = take("class_policy");

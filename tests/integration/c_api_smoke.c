@@ -28,7 +28,7 @@ static void* run(void* arg) {
   o.plaintext = 1;
   dlcp_client* c = NULL;
   /* bfloat16 payloads: every value and sum here is a small integer, exact in 8 bits of mantissa. */
-  if (dlcp_connect_with(&o, "payload_encoding=bf16, on_aggregator_loss=fail, adaptive_window=true, path_steering=false, nack_filter=true", &c, err, sizeof(err)) != 0) {
+  if (dlcp_connect_with(&o, "payload_encoding=bf16, on_aggregator_loss=fail, adaptive_window=true, path_steering=false, nack_filter=true, pacing=true", &c, err, sizeof(err)) != 0) {
     fprintf(stderr, "rank %u connect: %s\n", w->rank, err);
     return NULL;
   }

@@ -50,9 +50,10 @@ def test_allreduce_sums_exactly(aggregators, world, elems):
 
 @pytest.mark.parametrize("adaptive", [True, False])
 def test_window_settings_and_their_stats(aggregators, adaptive):
-    # The NACK filter goes on and off with the adaptive window here: off, it never defers.
+    # The NACK filter and pacing go on and off with the adaptive window here: off, the filter never
+    # defers.
     clients = connect_all(aggregators, f"window-{adaptive}", 2, loss_bound=0, adaptive_window=adaptive,
-                          nack_filter=adaptive, window_bytes=1 << 20)
+                          nack_filter=adaptive, pacing=adaptive, window_bytes=1 << 20)
     try:
         bufs = [np.full(200_000, r + 1, dtype=np.float32) for r in range(2)]
         stats = [h.wait(30) for h in [c.allreduce_async(3, b) for c, b in zip(clients, bufs)]]
