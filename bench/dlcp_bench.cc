@@ -42,7 +42,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddBool("adaptive-window", true, "adapt the window to loss (AIMD), up to --window-bytes; false: always --window-bytes");
   c->AddBool("path-steering", true, "with --adaptive-window and spraying: each source port's share follows its own loss");
   c->AddBool("nack-filter", true, "a NACKed push that may still be on its way goes again only when asked again");
-  c->AddBool("pacing", true, "pushes to an endpoint leave spread at a little above the rate its results come back");
+  c->AddBool("pacing", true, "pushes to an endpoint leave spread at twice the rate its results come back");
   c->AddInt("op-timeout-ms", 60000, 1, 3600000, "deadline of each AllReduce");
   c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence before asking for missing results");
   c->AddInt("timeout-s", 600, 1, 86400, "spawn mode: kill the workers after this long");

@@ -70,7 +70,7 @@ struct ClientOptions {
   // only when the aggregator asks again (common/datapath/nack_filter.h). false: every NACK is
   // answered at once.
   bool nack_filter = true;
-  // Pushes to each aggregator endpoint leave spread over time, at a little above the rate its
+  // Pushes to each aggregator endpoint leave spread over time, at twice the rate its
   // results come back, rather than as the window opens (common/datapath/pacer.h). false: at once.
   bool pacing = true;
 

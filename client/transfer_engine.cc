@@ -373,8 +373,8 @@ bool TransferEngine::PushSome(size_t budget) {
         absl::Status s = outbox_.Add(dest_addr_[d], h, payload, dest_key_[d], nullptr, path);
         if (!s.ok()) DLCP_LOG(Warning) << "push to " << dest_addr_[d].ToString() << ": " << s;
       };
-      const auto spend = [&] {
-        --allow[d];
+      const auto spend = [&] {  // the pacer's tokens may go below zero, after repairs
+        if (allow[d] > 0) --allow[d];
         if (options_.pacing) pacers_[d].OnSent(1);
       };
       const size_t window = WindowOf(d);
@@ -386,7 +386,9 @@ bool TransferEngine::PushSome(size_t budget) {
       const auto repair_room = [&] {
         return !options_.adaptive_window || inflight[d] < window || repairs[d] < window;
       };
-      while (!dest.resend.empty() && budget > 0 && allow[d] > 0 && repair_room()) {
+      // Repairs are not held back by the pacer, only counted by it: they are what the round's tail
+      // waits for, and a NACK asks for few at a time.
+      while (!dest.resend.empty() && budget > 0 && repair_room()) {
         uint32_t c = dest.resend.back();
         dest.resend.pop_back();
         op.resending[c] = 0;
@@ -410,14 +412,13 @@ bool TransferEngine::PushSome(size_t budget) {
         spend();
         --budget;
       }
-      const bool room = inflight[d] < window;
-      if ((!dest.resend.empty() && repair_room()) || (dest.next < mine.size() && room)) {
+      const bool repairs_left = !dest.resend.empty() && repair_room();
+      const bool pushes_left = dest.next < mine.size() && inflight[d] < window;
+      if (repairs_left || (pushes_left && allow[d] > 0)) {
+        more = true;
+      } else if (pushes_left) {
         // Held back by the pacer: the loop sleeps until it lets the next one out.
-        if (allow[d] == 0) {
-          next_pace_ = std::min(next_pace_, pacers_[d].NextSend(now));
-        } else {
-          more = true;
-        }
+        next_pace_ = std::min(next_pace_, pacers_[d].NextSend(now));
       }
     }
   }

@@ -63,7 +63,7 @@ struct EngineOptions : EngineLayout {
   // In a reliable round, a NACKed push not known to be lost (common/datapath/nack_filter.h) goes
   // again only when it is asked for again, not at once.
   bool nack_filter = true;
-  // Spread pushes to each endpoint over time at a little above the rate its results come back
+  // Spread pushes to each endpoint over time at twice the rate its results come back
   // (common/datapath/pacer.h), rather than sending each opening of the window at once.
   bool pacing = true;
   uint32_t path_burst = 8;

@@ -59,7 +59,7 @@ TEST(PacerTest, TheBestRecentSampleSetsTheRate) {
   EXPECT_DOUBLE_EQ(p.rate(), fast);
   // Once every recent sample is slow, it is.
   Deliver(p, t + absl::Microseconds(400), 60, absl::Microseconds(400));
-  EXPECT_NEAR(p.rate(), 2500 * 1.25, 100);
+  EXPECT_NEAR(p.rate(), 2500 * PacerOptions().gain, 100);
 }
 
 TEST(PacerTest, AGapInTheAnswersIsNotASample) {
@@ -79,7 +79,7 @@ TEST(PacerTest, ALowRateStillRisesWithItsAnswers) {
   absl::Time t = Deliver(p, kT0, 12, absl::Milliseconds(15));  // 67 per second
   const double slow = p.rate();
   ASSERT_GT(slow, 0);
-  EXPECT_LT(slow, 100);
+  EXPECT_LT(slow, 200);
   // The path frees up: each answer comes as soon as the pacer lets its push out.
   for (int i = 0; i < 200; ++i) {
     t = std::max(t + absl::Microseconds(100), p.NextSend(t));
@@ -87,6 +87,19 @@ TEST(PacerTest, ALowRateStillRisesWithItsAnswers) {
     p.OnDelivered(1, t);
   }
   EXPECT_GT(p.rate(), 4 * slow);
+}
+
+// A datagram that may not wait (a repair) leaves beyond the allowance; the next ones wait for it.
+TEST(PacerTest, SendingBeyondTheAllowanceDelaysWhatFollows) {
+  PacerOptions o;
+  o.gain = 1;
+  Pacer p(o);
+  const absl::Time last = Deliver(p, kT0, 100, absl::Microseconds(100));  // 10,000 per second
+  const uint32_t all = p.Allowance(last);
+  p.OnSent(all + 5);  // five repairs more
+  EXPECT_EQ(p.Allowance(last), 0u);
+  // Six datagrams' time (600 us) before the next may leave.
+  EXPECT_NEAR(absl::ToDoubleMicroseconds(p.NextSend(last) - last), 600, 5);
 }
 
 }  // namespace
