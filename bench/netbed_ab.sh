@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# One dlcp setting against another on the emulated cluster, in interleaved runs: A, B, A, B, ...
+# so that both see the same machine (these 2 cores are shared and noisy; compare side by side).
+#   BED=switch (default): scripts/netbed/cluster.sh, 4 workers with a dlcpd on each, 20 MiB
+#     rounds; CROSS (e.g. 300M) adds best-effort cross traffic into every worker's port.
+#   BED=spines: scripts/netbed/multipath.sh, 4 workers in one rack, 2 aggregators in the other,
+#     2 spines at SPINE_MBIT Mbit/s each (400), 8 MiB rounds, spraying on.
+# A_FLAGS and B_FLAGS go to every dlcp-bench, A_DFLAGS and B_DFLAGS to every dlcpd. PAIRS (3),
+# ROUNDS (10), LB (ε, 0), MTU (1500) with CHUNK (1400; 8192 with MTU=9000). Prints one JSON line
+# per run (the slowest worker's p50 and p99, chunks pushed again), then medians and B / A.
+# Needs root.
+#   A_FLAGS=--pacing=true B_FLAGS=--pacing=false MTU=9000 bench/netbed_ab.sh [BUILD_DIR]
+set -Eeuo pipefail
+BUILD=$(cd "${1:-build}" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+BED=${BED:-switch}
+export PREFIX=${PREFIX:-dlcpab}
+export MTU=${MTU:-1500}
+CHUNK=${CHUNK:-$([[ $MTU -ge 9000 ]] && echo 8192 || echo 1400)}
+PAIRS=${PAIRS:-3}
+ROUNDS=${ROUNDS:-10}
+[[ $(id -u) == 0 ]] || { echo "netbed_ab: needs root" >&2; exit 1; }
+case $BED in
+  switch) CLUSTER="$HERE/../scripts/netbed/cluster.sh" ;;
+  spines) CLUSTER="$HERE/../scripts/netbed/multipath.sh" ;;
+  *) echo "netbed_ab: BED must be switch or spines" >&2; exit 2 ;;
+esac
+SPINE_MBIT=${SPINE_MBIT:-400}
+source "$HERE/../scripts/netbed/session.sh"
+if [[ $BED == spines ]]; then
+  export NAGGS=2 PATHS=2 RATES="${SPINE_MBIT}mbit ${SPINE_MBIT}mbit"
+  WORKERS_IP() { "$CLUSTER" ip "w$1"; }
+  AGG_HOSTS=(a1 a2)
+  AGG_IP() { "$CLUSTER" ip "$1"; }
+  TENSOR=$((8 << 20))
+else
+  WORKERS_IP() { netbed_ip_of "$1"; }
+  AGG_HOSTS=(w1 w2 w3 w4)
+  AGG_IP() { netbed_ip_of "${1#w}"; }
+  TENSOR=$((20 << 20))
+fi
+netbed_start dlcp-netbed-ab
+
+run() {  # LABEL BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.jsonl
+  local label=$1 flags=$2 dflags=$3 h i aggs=() pids=()
+  for h in "${AGG_HOSTS[@]}"; do
+    rm -f "$work/$h.ready"
+    # shellcheck disable=SC2086
+    ip netns exec "$PREFIX-$h" "$BUILD/server/dlcpd" --host="$(AGG_IP "$h")" --port=7400 --data-port=7500 \
+      --plaintext --transport=udp --log-level=warning --ready-file="$work/$h.ready" $dflags 2>"$work/$h.log" &
+    aggs+=("$(AGG_IP "$h"):7400")
+  done
+  for h in "${AGG_HOSTS[@]}"; do
+    netbed_wait_ready "$work/$h.ready" || { echo "netbed_ab: dlcpd on $h did not start" >&2; cat "$work/$h.log" >&2; exit 1; }
+  done
+  [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_start 300
+  local list job="ab-$label-$RANDOM"
+  list=$(IFS=,; echo "${aggs[*]}")
+  for i in 1 2 3 4; do
+    # shellcheck disable=SC2086
+    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$list" --workers=4 \
+      --rank=$((i - 1)) --job="$job" --data-host="$(WORKERS_IP "$i")" --transport=udp --tensor-bytes="$TENSOR" \
+      --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound="${LB:-0}" --timeout-s=600 --json $flags \
+      >"$work/w.$i" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || true; done
+  [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_stop
+  pkill -f "$BUILD/server/dlcpd" 2>/dev/null || true
+  while pgrep -f "$BUILD/server/dlcpd" >/dev/null; do sleep 0.2; done
+  rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/w" 4 "netbed_ab $label")
+  python3 - "$rows" "$label" >>"$work/runs.jsonl" <<'PY'
+import json, sys
+rows = json.loads(sys.argv[1])
+if None in rows:
+    sys.exit(0)
+print(json.dumps({"setting": sys.argv[2], "p50_ms": max(r["p50_ms"] for r in rows),
+                  "p99_ms": max(r["p99_ms"] for r in rows), "retransmits": sum(r["retransmits"] for r in rows),
+                  "exact": all(r["exact"] for r in rows)}))
+PY
+  tail -1 "$work/runs.jsonl"
+}
+
+for ((k = 1; k <= PAIRS; k++)); do
+  run A "${A_FLAGS:-}" "${A_DFLAGS:-}"
+  run B "${B_FLAGS:-}" "${B_DFLAGS:-}"
+done
+
+python3 - "$work/runs.jsonl" "$BED" "$MTU" "${A_FLAGS:-} ${A_DFLAGS:-}" "${B_FLAGS:-} ${B_DFLAGS:-}" <<'PY'
+import json, statistics, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+print(f"\n{sys.argv[2]} bed, MTU {sys.argv[3]}; A: {sys.argv[4].strip() or 'defaults'}; B: {sys.argv[5].strip() or 'defaults'}")
+print("| setting | runs | p50 ms (median) | p99 ms (median) | chunks pushed again (median) | exact |")
+print("|---|---|---|---|---|---|")
+med = {}
+for s in ("A", "B"):
+    r = [x for x in runs if x["setting"] == s]
+    if not r:
+        print(f"| {s} | 0 | - | - | - | failed |"); continue
+    med[s] = {k: statistics.median(x[k] for x in r) for k in ("p50_ms", "p99_ms", "retransmits")}
+    print(f"| {s} | {len(r)} | {med[s]['p50_ms']:.1f} | {med[s]['p99_ms']:.1f} | {med[s]['retransmits']:.0f} | {all(x['exact'] for x in r)} |")
+if len(med) == 2:
+    print(f"B / A: p50 {med['B']['p50_ms'] / med['A']['p50_ms']:.2f}, p99 {med['B']['p99_ms'] / med['A']['p99_ms']:.2f}")
+PY
