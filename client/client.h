@@ -59,7 +59,7 @@ struct ClientOptions {
   // Bounded so one worker's burst fits the aggregator's socket buffer.
   uint64_t window_bytes = 4 << 20;
   // Congestion control: the window per endpoint starts small, grows while results come back and
-  // halves on loss (AIMD, docs/congestion.md), never above window_bytes. false: window_bytes
+  // shrinks on loss (AIMD, docs/congestion.md), never above window_bytes. false: window_bytes
   // always, which suits only a network with room for every worker's full window at once.
   bool adaptive_window = true;
   // With the adaptive window and UDP spraying: each source port (path) gets a share of the

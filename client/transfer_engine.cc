@@ -68,6 +68,7 @@ void TransferEngine::BuildDestinations() {
   }
   // A new layout is a new set of paths: every window starts again.
   CongestionOptions cc;
+  cc.decrease = kWindowDecrease;
   cc.max = std::max<uint32_t>(1, options_.window_chunks);
   cc.min = std::min<uint32_t>(cc.min, cc.max);
   windows_.assign(dest_addr_.size(), CongestionWindow(cc));

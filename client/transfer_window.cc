@@ -70,6 +70,7 @@ void TransferEngine::BuildPaths() {
   // A chunk's path is kept in a byte.
   if (!options_.adaptive_window || !options_.path_steering || n < 2 || n > 256) return;
   CongestionOptions cc;
+  cc.decrease = kWindowDecrease;
   cc.min = 1;
   cc.max = std::max<uint32_t>(cc.initial, options_.window_chunks);
   paths_.assign(dest_addr_.size(), PathSteering(static_cast<uint32_t>(n), options_.path_burst, cc));

@@ -9,6 +9,8 @@ namespace dlcp {
 CongestionWindow::CongestionWindow(const CongestionOptions& options) : options_(options) {
   DLCP_CHECK_GE(options_.min, 1u);
   DLCP_CHECK_LE(options_.min, options_.max);
+  DLCP_CHECK_GT(options_.decrease, 0.0);
+  DLCP_CHECK_LT(options_.decrease, 1.0);
   cwnd_ = std::clamp(options_.initial, options_.min, options_.max);
   min_reorder_ = std::max<uint64_t>(1, options_.reorder);
   ssthresh_ = options_.max;
@@ -29,8 +31,8 @@ bool CongestionWindow::OnLate(uint64_t stamp) {
   if (stamp == 0) return false;
   auto it = std::find_if(undo_.begin(), undo_.end(), [&](const Undo& u) { return u.cause == stamp; });
   if (it == undo_.end()) return false;
-  // One halving taken back, never past the window before it (it may have grown since).
-  cwnd_ = std::max(cwnd_, std::min(it->cwnd, cwnd_ * 2));
+  // One cut taken back, never past the window before it (it may have grown since).
+  cwnd_ = std::max(cwnd_, std::min(it->cwnd, cwnd_ / options_.decrease));
   ssthresh_ = std::max(ssthresh_, cwnd_);
   it->cause = 0;
   ++undone_;
@@ -46,7 +48,7 @@ void CongestionWindow::OnSilence(uint64_t oldest) { Cut(oldest); }
 
 void CongestionWindow::Cut(uint64_t cause) {
   if (cause != 0) undo_[next_undo_++ % undo_.size()] = Undo{cause, cwnd_};
-  cwnd_ = std::max<double>(options_.min, cwnd_ / 2);
+  cwnd_ = std::max<double>(options_.min, cwnd_ * options_.decrease);
   ssthresh_ = cwnd_;
   recovery_ = sent_;
   ++cuts_;

@@ -1,9 +1,10 @@
 // How many datagrams one sender may have in flight to one peer: an AIMD window counted in
 // datagrams, with TCP NewReno's rules. Below the slow-start threshold it grows by one per datagram
-// acknowledged (doubling per round trip), above it by one per window's worth. A loss halves it,
-// once per congestion event: a loss of a datagram sent before the last cut is part of the event
-// that caused that cut (the cut has not had a round trip to take effect yet), so it is not cut
-// again. A silence (nothing acknowledged for a while) halves it too, without that exemption.
+// acknowledged (doubling per round trip), above it by one per window's worth. A loss cuts it to
+// CongestionOptions::decrease of itself (half by default), once per congestion event: a loss of a
+// datagram sent before the last cut is part of the event that caused that cut (the cut has not
+// had a round trip to take effect yet), so it is not cut again. A silence (nothing acknowledged
+// for a while) cuts it too, without that exemption.
 // A cut whose cause turns up after all (OnLate) is taken back.
 //
 // Why: a fixed window is either too small for the fabric, and the link idles, or too large, and
@@ -26,6 +27,9 @@ struct CongestionOptions {
   // after several windows, while the queue it overran goes on dropping (docs/congestion.md).
   uint64_t reorder = 16;
   uint32_t min = 4;       // a cut never goes below this (the repair path needs room)
+  // What a cut leaves of the window: TCP NewReno's half by default (TransferEngine uses less,
+  // docs/congestion.md).
+  double decrease = 0.5;
   uint32_t max = 512;     // the configured window: the most ever in flight
 };
 

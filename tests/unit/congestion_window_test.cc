@@ -115,5 +115,17 @@ TEST(CongestionWindowTest, AnyOfTheRecentCutsCanBeUndone) {
   EXPECT_EQ(w.undone(), 2u);
 }
 
+TEST(CongestionWindowTest, ACutLeavesTheConfiguredShareAndItsUndoRestoresTheWindow) {
+  CongestionOptions o = Opts(100, 4, 200);
+  o.decrease = 0.35;
+  CongestionWindow w(o);
+  const uint64_t a = w.Stamp();
+  ASSERT_EQ(w.window(), 100u);
+  EXPECT_TRUE(w.OnLoss(a));
+  EXPECT_EQ(w.window(), 35u);
+  EXPECT_TRUE(w.OnLate(a));
+  EXPECT_EQ(w.window(), 100u);  // all of it back, not just twice the cut window
+}
+
 }  // namespace
 }  // namespace dlcp
