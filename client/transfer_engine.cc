@@ -328,7 +328,6 @@ bool TransferEngine::PushSome(size_t budget) {
   if (options_.pacing) {
     for (uint32_t d = 0; d < dest_addr_.size(); ++d) allow[d] = pacers_[d].Allowance(now);
   }
-  next_pace_ = absl::InfiniteFuture();
   for (auto& [key, op_ptr] : ops_) {
     for (uint32_t d = 0; d < op_ptr->dests.size(); ++d) {
       const Dest& dest = op_ptr->dests[d];
