@@ -67,7 +67,8 @@ run() {  # LABEL BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.jsonl
   for i in "${pids[@]}"; do wait "$i" || true; done
   [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_stop
   pkill -f "$BUILD/server/dlcpd" 2>/dev/null || true
-  while pgrep -f "$BUILD/server/dlcpd" >/dev/null; do sleep 0.2; done
+  # The next run binds the same ports: wait for these to exit, 10 s at most.
+  for i in $(seq 1 50); do pgrep -f "$BUILD/server/dlcpd" >/dev/null || break; sleep 0.2; done
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/w" 4 "netbed_ab $label")
   python3 - "$rows" "$label" >>"$work/runs.jsonl" <<'PY'
 import json, sys
