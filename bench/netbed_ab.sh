@@ -4,7 +4,9 @@
 #   BED=switch (default): scripts/netbed/cluster.sh, 4 workers with a dlcpd on each, 20 MiB
 #     rounds; CROSS (e.g. 300M) adds best-effort cross traffic into every worker's port.
 #   BED=spines: scripts/netbed/multipath.sh, 4 workers in one rack, 2 aggregators in the other,
-#     2 spines at SPINE_MBIT Mbit/s each (400), 8 MiB rounds, spraying on.
+#     2 spines at SPINE_MBIT Mbit/s (400) and SPINE2_MBIT (the same), 8 MiB rounds, spraying
+#     on; each run's JSON adds the packets each spine's ports dropped, towards the aggregators
+#     (pushes) and towards the workers (results).
 # A_FLAGS and B_FLAGS go to every dlcp-bench, A_DFLAGS and B_DFLAGS to every dlcpd. PAIRS (3),
 # ROUNDS (10), LB (ε, 0), MTU (1500) with CHUNK (1400; 8192 with MTU=9000). Prints one JSON line
 # per run (the slowest worker's p50 and p99, chunks pushed again), then medians and B / A.
@@ -26,9 +28,10 @@ case $BED in
   *) echo "netbed_ab: BED must be switch or spines" >&2; exit 2 ;;
 esac
 SPINE_MBIT=${SPINE_MBIT:-400}
+SPINE2_MBIT=${SPINE2_MBIT:-$SPINE_MBIT}
 source "$HERE/../scripts/netbed/session.sh"
 if [[ $BED == spines ]]; then
-  export NAGGS=2 PATHS=2 RATES="${SPINE_MBIT}mbit ${SPINE_MBIT}mbit"
+  export NAGGS=2 PATHS=2 RATES="${SPINE_MBIT}mbit ${SPINE2_MBIT}mbit"
   WORKERS_IP() { "$CLUSTER" ip "w$1"; }
   AGG_HOSTS=(a1 a2)
   AGG_IP() { "$CLUSTER" ip "$1"; }
@@ -42,7 +45,8 @@ fi
 netbed_start dlcp-netbed-ab
 
 run() {  # LABEL BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.jsonl
-  local label=$1 flags=$2 dflags=$3 h i aggs=() pids=()
+  local label=$1 flags=$2 dflags=$3 h i aggs=() pids=() drops_before=""
+  [[ $BED == spines ]] && drops_before=$("$CLUSTER" drops)
   for h in "${AGG_HOSTS[@]}"; do
     rm -f "$work/$h.ready"
     # shellcheck disable=SC2086
@@ -70,14 +74,22 @@ run() {  # LABEL BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.jsonl
   # The next run binds the same ports: wait for these to exit, 10 s at most.
   for i in $(seq 1 50); do pgrep -f "$BUILD/server/dlcpd" >/dev/null || break; sleep 0.2; done
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/w" 4 "netbed_ab $label")
-  python3 - "$rows" "$label" >>"$work/runs.jsonl" <<'PY'
+  local drops_after=""
+  [[ $BED == spines ]] && drops_after=$("$CLUSTER" drops)
+  python3 - "$rows" "$label" "$drops_before" "$drops_after" >>"$work/runs.jsonl" <<'PY'
 import json, sys
 rows = json.loads(sys.argv[1])
 if None in rows:
     sys.exit(0)
-print(json.dumps({"setting": sys.argv[2], "p50_ms": max(r["p50_ms"] for r in rows),
-                  "p99_ms": max(r["p99_ms"] for r in rows), "retransmits": sum(r["retransmits"] for r in rows),
-                  "exact": all(r["exact"] for r in rows)}))
+out = {"setting": sys.argv[2], "p50_ms": max(r["p50_ms"] for r in rows),
+       "p99_ms": max(r["p99_ms"] for r in rows), "retransmits": sum(r["retransmits"] for r in rows),
+       "exact": all(r["exact"] for r in rows)}
+def parse(text):  # "s1 to_aggregators=N to_workers=M" per line
+    return {f"{l.split()[0]}_{k}": int(v) for l in text.splitlines() for k, v in (f.split("=") for f in l.split()[1:])}
+if sys.argv[4]:
+    before, after = parse(sys.argv[3]), parse(sys.argv[4])
+    out["drops"] = {k: after[k] - before.get(k, 0) for k in after}
+print(json.dumps(out))
 PY
   tail -1 "$work/runs.jsonl"
 }

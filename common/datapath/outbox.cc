@@ -40,9 +40,9 @@ absl::Status Outbox::Add(const Address& to, const wire::Header& h, const uint8_t
 }
 
 absl::Status Outbox::AddOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload,
-                              const wire::MacKey* key, const uint64_t* payload_digest) {
+                              const wire::MacKey* key, const uint64_t* payload_digest, int16_t path) {
   owned_.push_back(std::move(payload));
-  return Add(to, h, owned_.back().data(), key, payload_digest);
+  return Add(to, h, owned_.back().data(), key, payload_digest, path);
 }
 
 absl::Status Outbox::Flush() {

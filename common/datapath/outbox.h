@@ -28,7 +28,8 @@ class Outbox {
                    const wire::MacKey* key = nullptr, const uint64_t* payload_digest = nullptr, int16_t path = -1);
   // The same, keeping `payload` alive inside the outbox until it is sent.
   absl::Status AddOwned(const Address& to, const wire::Header& h, std::vector<uint8_t> payload,
-                        const wire::MacKey* key = nullptr, const uint64_t* payload_digest = nullptr);
+                        const wire::MacKey* key = nullptr, const uint64_t* payload_digest = nullptr,
+                        int16_t path = -1);
   absl::Status Flush();
   size_t pending() const { return messages_.size(); }
 

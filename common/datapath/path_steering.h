@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/datapath/congestion_window.h"
+#include "common/datapath/weighted_turns.h"
 
 namespace dlcp {
 
@@ -21,23 +22,18 @@ class PathSteering {
 
   // The path of the next datagram; the caller then reports OnSent with its stamp.
   uint32_t Pick();
-  void OnSent(uint32_t path, uint64_t stamp) { shares_[path].window.OnSent(stamp); }
-  void OnAcked(uint32_t path) { shares_[path].window.OnAcked(1); }
-  void OnLoss(uint32_t path, uint64_t stamp) { shares_[path].window.OnLoss(stamp); }
-  void OnLate(uint32_t path, uint64_t stamp) { shares_[path].window.OnLate(stamp); }
+  void OnSent(uint32_t path, uint64_t stamp) { windows_[path].OnSent(stamp); }
+  void OnAcked(uint32_t path) { windows_[path].OnAcked(1); }
+  void OnLoss(uint32_t path, uint64_t stamp) { windows_[path].OnLoss(stamp); }
+  void OnLate(uint32_t path, uint64_t stamp) { windows_[path].OnLate(stamp); }
 
-  uint32_t paths() const { return static_cast<uint32_t>(shares_.size()); }
-  uint32_t weight(uint32_t path) const { return shares_[path].window.window(); }
+  uint32_t paths() const { return static_cast<uint32_t>(windows_.size()); }
+  uint32_t weight(uint32_t path) const { return windows_[path].window(); }
 
  private:
-  struct Share {
-    CongestionWindow window;
-    double credit = 0;
-  };
-  std::vector<Share> shares_;
-  uint32_t burst_;
-  uint32_t current_ = 0;
-  uint32_t run_ = 0;  // datagrams sent in the current run
+  std::vector<CongestionWindow> windows_;
+  WeightedTurns turns_;
+  std::vector<double> weights_;  // Pick's scratch
 };
 
 }  // namespace dlcp

@@ -12,9 +12,12 @@
 # (towards either rack) are bottlenecks of their path's rate with the same strict-priority DSCP
 # queues as cluster.sh (scripts/netbed/qos.sh). Host links are not shaped.
 #
-# Usage:  multipath.sh up | down | bytes | hosts | ip <host>
+# Usage:  multipath.sh up | down | bytes | drops | rate <spine> <rate> | hosts | ip <host>
 #   bytes: per spine, the bytes its two egress ports sent
 #          ("s1 to_aggregators=... to_workers=...").
+#   drops: per spine, the packets its two egress ports' class queues dropped, in the same form.
+#   rate:  shapes both egress ports of spine K (1..PATHS) to a new rate, e.g. "rate 2 100mbit"
+#          (their counters start again from zero).
 # Env (defaults):
 #   PREFIX=mp  NWORKERS=4  NAGGS=2  PATHS=2  RATES="1gbit 1gbit" (one per path; the last repeats)
 #   QLEN_PKTS=64  MTU=1500  DSCP_CLASSES="46 34 18"  CLASSIFIER=u32  NET=10.71
@@ -111,10 +114,7 @@ cmd_up() {
     link "s$k" ra "$NET.$((20 + k)).1/24" la "sp$k" "$NET.$((20 + k)).2/24"
     ip -n "$(ns "s$k")" route add "$NET.2.0/24" via "$NET.$((20 + k)).2"
     ip -n "$(ns "s$k")" route add "$NET.1.0/24" via "$NET.$((10 + k)).1"
-    rate_bps rate_b "$(path_rate "$k")"
-    burst_b=$(( rate_b / 8 / 5000 )); (( burst_b >= 4 * (MTU + 14) )) || burst_b=$(( 4 * (MTU + 14) ))
-    setup_port_qos "$(ns "s$k")" ra "$rate_b" "$burst_b"
-    setup_port_qos "$(ns "s$k")" rw "$rate_b" "$burst_b"
+    shape_spine "$k" "$(path_rate "$k")"
     lw_hops+=(nexthop via "$NET.$((10 + k)).2" dev "sp$k" weight 1)
     la_hops+=(nexthop via "$NET.$((20 + k)).1" dev "sp$k" weight 1)
   done
@@ -122,6 +122,22 @@ cmd_up() {
   ip -n "$(ns la)" route add "$NET.1.0/24" "${la_hops[@]}"
   ip netns exec "$(ns w1)" ping -c 1 -W 2 "$(host_ip a1)" >/dev/null || die "w1 cannot reach a1 across the spines"
   echo "multipath '$PREFIX' up: $NWORKERS workers, $NAGGS aggregators, $PATHS paths ($(for ((k = 1; k <= PATHS; k++)); do printf '%s ' "$(path_rate "$k")"; done)), ECMP on L4"
+}
+
+# shape_spine K RATE: both egress ports of spine K, with a bucket of 200 us at the rate (4 frames
+# at least).
+shape_spine() {
+  local rate_b burst_b
+  rate_bps rate_b "$2"
+  burst_b=$(( rate_b / 8 / 5000 )); (( burst_b >= 4 * (MTU + 14) )) || burst_b=$(( 4 * (MTU + 14) ))
+  setup_port_qos "$(ns "s$1")" ra "$rate_b" "$burst_b"
+  setup_port_qos "$(ns "s$1")" rw "$rate_b" "$burst_b"
+}
+
+cmd_rate() {
+  [[ ${1:-} =~ ^[0-9]+$ ]] && (( $1 >= 1 && $1 <= PATHS )) || die "rate: spine must be 1..$PATHS"
+  [[ -e /run/netns/$(ns "s$1") ]] || die "rate: spine $1 is not up"
+  shape_spine "$1" "${2:?rate}"
 }
 
 cmd_down() {
@@ -141,10 +157,25 @@ cmd_bytes() {
   done
 }
 
+# The drops of one egress port: the sum over its per-class leaf queues.
+port_drops() {
+  ip netns exec "$(ns "$1")" tc -s qdisc show dev "$2" |
+    awk '/^qdisc (pfifo|bfifo)/{leaf=1; next} /^qdisc/{leaf=0} leaf && /dropped/{sub(/.*dropped /,""); sub(/,.*/,""); n+=$0} END{print n+0}'
+}
+
+cmd_drops() {
+  local k
+  for ((k = 1; k <= PATHS; k++)); do
+    echo "s$k to_aggregators=$(port_drops "s$k" ra) to_workers=$(port_drops "s$k" rw)"
+  done
+}
+
 case ${1:-} in
   up) cmd_up ;;
   down) cmd_down ;;
   bytes) cmd_bytes ;;
+  drops) cmd_drops ;;
+  rate) cmd_rate "${2:-}" "${3:-}" ;;
   hosts) hosts ;;
   ip) host_ip "${2:?host}" ;;
   *) sed -n '2,/^set -E/p' "$0" | sed '$d;s/^# \{0,1\}//' >&2; exit 2 ;;

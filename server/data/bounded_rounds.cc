@@ -64,7 +64,6 @@ void DataThread::Seal(Round* round, absl::Time now) {
   DLCP_CHECK_LE(t.droppable_missing(), t.allowed_missing());
   round->Seal();
   const uint32_t world = round->job()->world;
-  const wire::MacKey* key = round->job()->key();
   for (uint32_t c = 0; c < t.chunk_count(); ++c) {
     if (!t.owned(c) || round->IsComplete(c)) continue;  // complete chunks went out as they completed
     for (uint32_t w = 0; w < world; ++w) {

@@ -30,6 +30,9 @@ struct DataPlaneOptions {
   // Per-class drops of received packets and sent results, in bursts (each thread seeds it with
   // seed + its index).
   DropInjectorOptions inject_class;
+  // Share results to each worker over the spray paths by each path's loss rate, learnt from the
+  // results the worker asks for again (common/datapath/path_shares.h); off: equal turns.
+  bool result_steering = true;
 };
 
 class DataThread;

@@ -32,6 +32,9 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
       }()),
       rng_(options.inject_seed + index),
       last_scan_(absl::Now()) {
+  // A result's path is kept in a byte (Round::NoteResultPath).
+  const size_t paths = transport_->send_paths();
+  steer_results_ = options.result_steering && paths >= 2 && paths <= 255;
   static const char* kTypeNames[] = {"",      "push",  "result",   "push_nack", "result_req",
                                      "probe", "error", "manifest", "stop"};
   static_assert(sizeof(kTypeNames) / sizeof(kTypeNames[0]) == wire::kMaxMsgType + 1);
@@ -55,6 +58,9 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
   push_nacks_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "push_nack"}}, repairs_help);
   probes_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "probe"}}, repairs_help);
   results_resent_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "result_resent"}}, repairs_help);
+  result_share_updates_ = metrics->GetCounter(
+      "dlcp_result_share_updates_total", {},
+      "Times the shares of results to one worker over the spray paths were weighed again from their losses");
   stops_resent_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "stop_resent"}}, repairs_help);
   push_duplicate_ = metrics->GetCounter("dlcp_push_duplicates_total", {}, "Pushes already summed, ignored");
   stale_ = metrics->GetCounter("dlcp_stale_packets_total", {}, "Packets for rounds already delivered and released");
@@ -165,7 +171,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
     if (h.round > 0) {
       auto prev = rounds_.find(RoundKey{h.job, h.epoch, h.key, h.round - 1});
       if (prev != rounds_.end()) {
-        prev->second->MarkDone(h.rank);
+        MarkDone(*prev->second, h.rank);
         MaybeFree(prev);
       }
     }
@@ -272,7 +278,7 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
 
 void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, Round* round) {
   if (h.flags & wire::kFlagDone) {
-    round->MarkDone(h.rank);
+    MarkDone(*round, h.rank);
     MaybeFree(rounds_.find(RoundKey{h.job, h.epoch, h.key, h.round}));
     return;
   }
@@ -290,6 +296,10 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
       if (round->HasFinalResult(c)) {
         results_resent_->Add();
+        // Asked for again after a quiet spell: the copy sent last was lost on its path.
+        if (const int path = round->ResultPath(h.rank, c); path >= 0) {
+          if (PathShares* shares = ResultShares(*round, h.rank)) shares->OnLost(static_cast<uint32_t>(path));
+        }
         SendResult(*round, c, h.rank, {}, nullptr, /*again=*/true);
       } else if (!round->bounded && !round->Has(h.rank, c)) {
         nack.push_back(c);
@@ -327,7 +337,23 @@ wire::Header DataThread::RoundHeader(const Round& r, wire::MsgType type, uint32_
   return h;
 }
 
-void DataThread::SendResultToAll(const Round& r, uint32_t chunk) {
+PathShares* DataThread::ResultShares(const Round& r, uint32_t rank) {
+  if (!steer_results_) return nullptr;
+  const Job& job = *r.job();
+  std::vector<PathShares>& shares = result_shares_[static_cast<uint64_t>(job.id) << 32 | r.epoch()];
+  if (shares.empty()) {
+    shares.assign(job.world, PathShares(static_cast<uint32_t>(transport_->send_paths()),
+                                        options_.transport.spray_burst));
+  }
+  return &shares[rank];
+}
+
+void DataThread::MarkDone(Round& r, uint32_t rank) {
+  if (!r.MarkDone(rank)) return;
+  if (PathShares* shares = ResultShares(r, rank); shares != nullptr && shares->Update()) result_share_updates_->Add();
+}
+
+void DataThread::SendResultToAll(Round& r, uint32_t chunk) {
   // One payload and one digest for all the workers' copies; only the headers differ.
   std::vector<uint8_t> storage;
   const absl::Span<const uint8_t> payload = ResultPayload(r, chunk, &storage);
@@ -337,7 +363,7 @@ void DataThread::SendResultToAll(const Round& r, uint32_t chunk) {
   for (uint32_t w = 0; w < r.job()->world; ++w) SendResult(r, chunk, w, payload, key != nullptr ? &digest : nullptr);
 }
 
-void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload,
+void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload,
                             const uint64_t* payload_digest, bool again) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
@@ -358,12 +384,19 @@ void DataThread::SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl:
     h.flags |= wire::kFlagRepaired;
     h.lost_class = lost;
   }
+  int16_t path = -1;
+  if (PathShares* shares = ResultShares(r, rank)) {
+    const uint32_t p = shares->Pick();
+    shares->OnSent(p);
+    r.NoteResultPath(rank, chunk, p);
+    path = static_cast<int16_t>(p);
+  }
   CountTx(h);
   if (r.encoding() == wire::Encoding::kF32) {
-    Check(outbox_.Add(m.address(), h, payload.data(), r.job()->key(), payload_digest));
+    Check(outbox_.Add(m.address(), h, payload.data(), r.job()->key(), payload_digest, path));
   } else {
     Check(outbox_.AddOwned(m.address(), h, std::vector<uint8_t>(payload.begin(), payload.end()), r.job()->key(),
-                           payload_digest));
+                           payload_digest, path));
   }
 }
 
@@ -451,6 +484,10 @@ void DataThread::ScanTimers(absl::Time now) {
     for (auto it = floor_.begin(); it != floor_.end();) {
       std::shared_ptr<Job> job = jobs_->Find(it->first.job);
       it = (!job || job->epoch.load() != it->first.epoch) ? floor_.erase(it) : std::next(it);
+    }
+    for (auto it = result_shares_.begin(); it != result_shares_.end();) {
+      std::shared_ptr<Job> job = jobs_->Find(static_cast<uint32_t>(it->first >> 32));
+      it = (!job || job->epoch.load() != static_cast<uint32_t>(it->first)) ? result_shares_.erase(it) : std::next(it);
     }
 
   }

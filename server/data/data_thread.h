@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "common/datapath/outbox.h"
+#include "common/datapath/path_shares.h"
 #include "common/metrics/registry.h"
 #include "common/policy/drop_injector.h"
 #include "common/transport/transport.h"
@@ -81,10 +82,15 @@ class DataThread {
   // `again`, with the most important class any of those was lost in (Round::lost_class).
   // It rides the chunk's result class (Round::result_class). `payload` (ResultPayload) and its
   // digest may come from the caller, which sends the same result to every worker.
-  void SendResult(const Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload = {},
+  void SendResult(Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload = {},
                   const uint64_t* payload_digest = nullptr, bool again = false);
   // A final result to every worker: one payload, encoded and digested once.
-  void SendResultToAll(const Round& r, uint32_t chunk);
+  void SendResultToAll(Round& r, uint32_t chunk);
+  // The shares of the paths results take to `rank` of the round's job incarnation; nullptr when
+  // results are not steered.
+  PathShares* ResultShares(const Round& r, uint32_t rank);
+  // `rank` has every result of `r` (or gave up on the rest): weigh the paths' losses.
+  void MarkDone(Round& r, uint32_t rank);
   // The result's payload in the round's encoding. Float32 points into the accumulator (or at
   // zeros); other encodings are written into `storage`.
   absl::Span<const uint8_t> ResultPayload(const Round& r, uint32_t chunk, std::vector<uint8_t>* storage);
@@ -115,6 +121,10 @@ class DataThread {
   std::unordered_map<FloorKey, uint32_t, FloorKeyHash> floor_;
   // When each (round, worker) last got an ERROR; pruned by the timer scan.
   std::map<ErrorKey, absl::Time> errors_sent_;
+  // Result steering: per job incarnation (job << 32 | epoch), each rank's path shares. Dropped
+  // with the job's floors.
+  std::unordered_map<uint64_t, std::vector<PathShares>> result_shares_;
+  bool steer_results_ = false;
   std::vector<RoundKey> armed_;  // rounds waiting out their tail
   absl::Time next_tail_ = absl::InfiniteFuture();
   // The earliest time a round may need a repair (its quiet spell over, its backoff passed), so
@@ -135,6 +145,7 @@ class DataThread {
   Counter* rx_bytes_[wire::kNumClasses] = {};
   Counter* tx_bytes_[wire::kNumClasses] = {};
   Counter* results_resent_;
+  Counter* result_share_updates_;
   Counter* stops_resent_;
   Counter* push_nacks_;
   Counter* probes_;

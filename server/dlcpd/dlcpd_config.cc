@@ -60,6 +60,9 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
                });
   c->AddBool("data-auth", true, "give each job a key and require a MAC on every data packet (docs/security.md)");
   c->AddBool("busy-poll", false, "spin on the data socket instead of sleeping (dedicated cores only)");
+  c->AddBool("result-steering", true,
+             "share results to each worker over the spray paths by each path's loss rate (docs/path-spraying.md); "
+             "false: equal turns");
   c->AddString("log-level", "info", "debug, info, warning or error", [](const std::string& v) {
     LogLevel unused;
     return ParseLogLevel(v, &unused);
@@ -83,6 +86,7 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.data.transport.port = static_cast<uint16_t>(c.GetInt("data-port"));
   o.data.transport.socket_buffer_bytes = static_cast<size_t>(c.GetInt("socket-buffer-bytes"));
   o.data.transport.busy_poll = c.GetBool("busy-poll");
+  o.data.result_steering = c.GetBool("result-steering");
   if (absl::Status s = ParseDscpMap(c.GetString("dscp"), &o.data.transport.dscp); !s.ok()) return s;
   o.data.threads = static_cast<uint32_t>(c.GetInt("data-threads"));
   if (o.data.transport.port != 0 && o.data.transport.port + o.data.threads - 1 > 65535) {

@@ -102,11 +102,11 @@ std::vector<uint32_t> Round::MissingFrom(uint32_t rank) const {
   return out;
 }
 
-void Round::MarkDone(uint32_t rank) {
-  if (!done_[rank]) {
-    done_[rank] = true;
-    ++done_count_;
-  }
+bool Round::MarkDone(uint32_t rank) {
+  if (done_[rank]) return false;
+  done_[rank] = true;
+  ++done_count_;
+  return true;
 }
 
 }  // namespace dlcp::server

@@ -80,7 +80,18 @@ class Round {
   std::vector<uint32_t> MissingFrom(uint32_t rank) const;
   uint32_t open_chunks() const { return open_chunks_; }
 
-  void MarkDone(uint32_t rank);
+  // Result steering (common/datapath/path_shares.h): the send path the latest result of `chunk`
+  // to `rank` left on, -1 if none has. A worker that asks for the result again blames that path.
+  int ResultPath(uint32_t rank, uint32_t chunk) const {
+    return result_paths_.empty() ? -1 : result_paths_[size_t{rank} * geometry_.chunk_count() + chunk] - 1;
+  }
+  void NoteResultPath(uint32_t rank, uint32_t chunk, uint32_t path) {
+    if (result_paths_.empty()) result_paths_.assign(size_t{job_->world} * geometry_.chunk_count(), 0);
+    result_paths_[size_t{rank} * geometry_.chunk_count() + chunk] = static_cast<uint8_t>(path + 1);
+  }
+
+  // Returns true if `rank` was not done before.
+  bool MarkDone(uint32_t rank);
   bool IsDone(uint32_t rank) const { return done_[rank]; }
   bool AllDone() const { return done_count_ == job_->world; }
 
@@ -115,6 +126,7 @@ class Round {
   std::vector<uint16_t> contributors_;
   std::vector<uint8_t> result_class_;
   std::vector<uint8_t> lost_class_;
+  std::vector<uint8_t> result_paths_;  // world x chunk_count: 1 + path; 0: none (allocated on use)
   uint32_t open_chunks_ = 0;   // touched but not complete
   wire::Encoding encoding_ = wire::Encoding::kF32;
   bool encoding_set_ = false;

@@ -7,7 +7,10 @@
 #   2. spraying on, the same job: both spines carry each direction's traffic (16 ports, the
 #      default: each 10-90%; 64 ports: each 25-75%);
 #   3. spraying on, 4 workers and 2 aggregators: results exact with ε = 0, and with ε = 0.05 and
-#      drops injected the bound holds and every partial sum is exact over its contributions.
+#      drops injected the bound holds and every partial sum is exact over its contributions;
+#   4. one spine at a tenth of the other's rate: the worker steers its pushes, and the aggregator
+#      its results, mostly onto the fast one (at most 30% of each direction's bytes on the slow
+#      one), and results stay exact.
 # Needs root. Exits 77 (ctest: skipped) when it cannot run here.
 #   tests/netbed/multipath_test.sh BUILD_DIR
 set -Eeuo pipefail
@@ -120,4 +123,32 @@ done
 echo "multipath: bounded job, worker 1: $(grep -o '"max_round_loss":[0-9.e-]*' "$work/bounded-w1.json" || echo none)"
 check $r "spraying on, ε = 0.05 with drops: bound held, partial sums exact"
 stop_aggregators
+
+# The shares follow each path's losses (path_steering.h at the worker, path_shares.h at the
+# aggregator). With one spine at a twentieth of the other's rate, equal turns (64 ports: each
+# spine gets 25-75% of them) overrun it; steered, each direction puts there what it can carry,
+# after the first round's losses.
+"$MP" rate 2 50mbit
+drops() { "$MP" drops | tr '=' ' ' | awk '{print $3, $5}' | paste -sd' '; }
+slow_spine() {  # LABEL [dlcpd flags...]: a 1-worker job; "spine 2's share of the pushes, of the
+  # results, and the results it dropped" in $work/slow-LABEL
+  local label=$1 before after dropped
+  shift
+  aggregators 1 64 "$@" >/dev/null
+  before=$(bytes) dropped=$(drops)
+  job "slow-$label" 1 64 --tensor-bytes=$((8 << 20)) --rounds=16 --warmup=1 --loss-bound=0 || fail=1
+  grep -q '"exact":true' "$work/slow-$label-w1.json" || { echo "multipath: slow-$label not exact"; fail=1; }
+  after=$(bytes)
+  dropped=$(python3 -c "import sys; b=sys.argv[1].split(); a=sys.argv[2].split(); print(int(a[3]) - int(b[3]))" \
+    "$dropped" "$(drops)")
+  stop_aggregators
+  shares "$before" "$after" | awk -v d="$dropped" '{printf "%.3f %.3f %d\n", 1 - $1, 1 - $2, d}' > "$work/slow-$label"
+}
+slow_spine fixed --result-steering=false
+read -r fixed_up fixed_down fixed_drops < "$work/slow-fixed"
+slow_spine steered
+read -r steer_up steer_down steer_drops < "$work/slow-steered"
+echo "multipath: spine 2 at 50 Mbit/s carried $steer_up of the pushes and $steer_down of the results, and dropped $steer_drops results; with results in equal turns, $fixed_down and $fixed_drops"
+within "$steer_up" 0 0.3 && within "$steer_down" 0 0.3 && (( steer_drops * 2 <= fixed_drops )) && r=1 || r=0
+check $r "one slow spine: pushes and results steered off it, half the results' drops there or fewer"
 exit $fail
