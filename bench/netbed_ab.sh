@@ -32,47 +32,31 @@ SPINE2_MBIT=${SPINE2_MBIT:-$SPINE_MBIT}
 source "$HERE/../scripts/netbed/session.sh"
 if [[ $BED == spines ]]; then
   export NAGGS=2 PATHS=2 RATES="${SPINE_MBIT}mbit ${SPINE2_MBIT}mbit"
-  WORKERS_IP() { "$CLUSTER" ip "w$1"; }
-  AGG_HOSTS=(a1 a2)
-  AGG_IP() { "$CLUSTER" ip "$1"; }
   TENSOR=$((8 << 20))
 else
-  WORKERS_IP() { netbed_ip_of "$1"; }
-  AGG_HOSTS=(w1 w2 w3 w4)
-  AGG_IP() { netbed_ip_of "${1#w}"; }
   TENSOR=$((20 << 20))
 fi
 netbed_start dlcp-netbed-ab
+if [[ $BED == spines ]]; then
+  AGG_HOSTS="a1:$("$CLUSTER" ip a1) a2:$("$CLUSTER" ip a2)"
+  WORKER_HOSTS=$(for i in 1 2 3 4; do printf 'w%d:%s ' "$i" "$("$CLUSTER" ip "w$i")"; done)
+else
+  AGG_HOSTS=$(netbed_worker_hosts)
+  WORKER_HOSTS=$AGG_HOSTS
+fi
 
 run() {  # LABEL BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.jsonl
-  local label=$1 flags=$2 dflags=$3 h i aggs=() pids=() drops_before=""
+  local label=$1 flags=$2 dflags=$3 drops_before=""
   [[ $BED == spines ]] && drops_before=$("$CLUSTER" drops)
-  for h in "${AGG_HOSTS[@]}"; do
-    rm -f "$work/$h.ready"
-    # shellcheck disable=SC2086
-    ip netns exec "$PREFIX-$h" "$BUILD/server/dlcpd" --host="$(AGG_IP "$h")" --port=7400 --data-port=7500 \
-      --plaintext --transport=udp --log-level=warning --ready-file="$work/$h.ready" $dflags 2>"$work/$h.log" &
-    aggs+=("$(AGG_IP "$h"):7400")
-  done
-  for h in "${AGG_HOSTS[@]}"; do
-    netbed_wait_ready "$work/$h.ready" || { echo "netbed_ab: dlcpd on $h did not start" >&2; cat "$work/$h.log" >&2; exit 1; }
-  done
+  # shellcheck disable=SC2086
+  netbed_aggregators "$BUILD" "$AGG_HOSTS" --transport=udp $dflags || exit 1
   [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_start 300
-  local list job="ab-$label-$RANDOM"
-  list=$(IFS=,; echo "${aggs[*]}")
-  for i in 1 2 3 4; do
-    # shellcheck disable=SC2086
-    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$list" --workers=4 \
-      --rank=$((i - 1)) --job="$job" --data-host="$(WORKERS_IP "$i")" --transport=udp --tensor-bytes="$TENSOR" \
-      --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound="${LB:-0}" --timeout-s=600 --json $flags \
-      >"$work/w.$i" 2>&1 &
-    pids+=($!)
-  done
-  for i in "${pids[@]}"; do wait "$i" || true; done
+  # shellcheck disable=SC2086
+  netbed_workers "$BUILD" "$work/w" "$WORKER_HOSTS" --job="ab-$label-$RANDOM" --transport=udp \
+    --tensor-bytes="$TENSOR" --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound="${LB:-0}" \
+    --timeout-s=600 $flags
   [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_stop
-  pkill -f "$BUILD/server/dlcpd" 2>/dev/null || true
-  # The next run binds the same ports: wait for these to exit, 10 s at most.
-  for i in $(seq 1 50); do pgrep -f "$BUILD/server/dlcpd" >/dev/null || break; sleep 0.2; done
+  netbed_stop_aggregators
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/w" 4 "netbed_ab $label")
   local drops_after=""
   [[ $BED == spines ]] && drops_after=$("$CLUSTER" drops)

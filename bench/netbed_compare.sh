@@ -41,15 +41,10 @@ netbed_worker_aggregators "$BUILD"
 
 run_dlcp() {  # name loss_bound [nocross|cross] [encoding] [dlcp-bench flags; default: $TUNED]
   [[ ${3:-} == nocross ]] || netbed_cross_start 120
-  local pids=()
-  for i in 1 2 3 4; do
-    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers=$N \
-      --rank=$((i - 1)) --job="$1" --data-host="$(ip_of $i)" --tensor-bytes="$TENSOR" --chunk-bytes="$CHUNK" \
-      --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes="$WINDOW" --payload-encoding="${4:-f32}" \
-      ${5:-$TUNED} --json >"$work/$1.$i" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || true; done
+  # shellcheck disable=SC2086
+  netbed_workers "$BUILD" "$work/$1" "$(netbed_worker_hosts)" --job="$1" --tensor-bytes="$TENSOR" \
+    --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes="$WINDOW" \
+    --payload-encoding="${4:-f32}" ${5:-$TUNED}
   netbed_cross_stop
   local rows
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/$1" 4 "$1")

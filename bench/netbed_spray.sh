@@ -36,27 +36,17 @@ AGGS=${AGGS:-2}
 export NAGGS=$AGGS PATHS=2 RATES="${RATE}mbit $((RATE / 2))mbit"
 netbed_start dlcp-spray-bench  # the "half" scenario first
 
+AGG_HOSTS=$(for ((i = 1; i <= AGGS; i++)); do printf 'a%d:%s ' "$i" "$("$MP" ip "a$i")"; done)
+WORKER_HOSTS=$(for ((i = 1; i <= WORKERS; i++)); do printf 'w%d:%s ' "$i" "$("$MP" ip "w$i")"; done)
+
 run() {  # SCENARIO SPRAY TRIAL: AGGS aggregators and WORKERS workers, one JSON line into results.jsonl
-  local scenario=$1 spray=$2 trial=$3 i aggs=() pids=()
-  for ((i = 1; i <= AGGS; i++)); do
-    rm -f "$work/a$i.ready"
-    ip netns exec "$PREFIX-a$i" "$BUILD/server/dlcpd" --host="$("$MP" ip a$i)" --port=7400 --data-port=7500 \
-      --plaintext --transport=udp --spray-ports="$spray" --log-level=warning --ready-file="$work/a$i.ready" \
-      2>"$work/a$i.log" &
-    aggs+=("$("$MP" ip a$i):7400")
-  done
-  for ((i = 1; i <= AGGS; i++)); do netbed_wait_ready "$work/a$i.ready" || echo "netbed_spray: dlcpd on a$i did not start" >&2; done
-  local list; list=$(IFS=,; echo "${aggs[*]}")
-  for ((i = 1; i <= WORKERS; i++)); do
-    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$list" --workers="$WORKERS" \
-      --rank=$((i - 1)) --job="$scenario-$spray-$trial" --data-host="$("$MP" ip w$i)" --transport=udp --spray-ports="$spray" \
-      --tensor-bytes="$TENSOR" --tensors="$TENSORS" --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound=0 \
-      --window-bytes="$WINDOW" --timeout-s=600 --json ${BENCH_FLAGS:-} >"$work/$scenario-$spray.$i" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || true; done
-  pkill -f "$BUILD/server/dlcpd --host=$("$MP" ip a1 | cut -d. -f1-2)" 2>/dev/null || true
-  sleep 0.5
+  local scenario=$1 spray=$2 trial=$3
+  netbed_aggregators "$BUILD" "$AGG_HOSTS" --transport=udp --spray-ports="$spray" || return 0
+  # shellcheck disable=SC2086
+  netbed_workers "$BUILD" "$work/$scenario-$spray" "$WORKER_HOSTS" --job="$scenario-$spray-$trial" --transport=udp \
+    --spray-ports="$spray" --tensor-bytes="$TENSOR" --tensors="$TENSORS" --chunk-bytes="$CHUNK" --rounds="$ROUNDS" \
+    --warmup=1 --loss-bound=0 --window-bytes="$WINDOW" --timeout-s=600 ${BENCH_FLAGS:-}
+  netbed_stop_aggregators
   local rows
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/$scenario-$spray" "$WORKERS" "$scenario spray $spray")
   python3 - "$rows" "$scenario" "$spray" "$trial" >>"$work/results.jsonl" <<'PY'

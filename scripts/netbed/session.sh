@@ -33,20 +33,67 @@ netbed_wait_ready() {
 # The address of worker host wN in the emulated cluster.
 netbed_ip_of() { echo "198.18.0.$((10 + $1))"; }
 
+# netbed_aggregators BUILD "HOST:ADDRESS ..." [dlcpd flags...]: a dlcpd in each host's namespace
+# (control port 7400, data port 7500, plaintext); waits until all serve. Sets agg_list
+# (address:7400,...) and agg_pids; their logs are $work/HOST.log.
+netbed_aggregators() {
+  local build=$1 spec h list=()
+  local -a specs
+  read -r -a specs <<< "$2"
+  shift 2
+  agg_pids=()
+  for spec in "${specs[@]}"; do
+    h=${spec%%:*}
+    rm -f "$work/$h.ready"
+    ip netns exec "$PREFIX-$h" "$build/server/dlcpd" --host="${spec#*:}" --port=7400 --data-port=7500 --plaintext \
+      --log-level=warning --ready-file="$work/$h.ready" "$@" 2>"$work/$h.log" &
+    agg_pids+=($!)
+    list+=("${spec#*:}:7400")
+  done
+  for spec in "${specs[@]}"; do
+    h=${spec%%:*}
+    netbed_wait_ready "$work/$h.ready" || { echo "netbed: dlcpd on $h did not start" >&2; cat "$work/$h.log" >&2; return 1; }
+  done
+  agg_list=$(IFS=,; echo "${list[*]}")
+}
+
+# netbed_stop_aggregators: stops those and waits for them to exit (10 s at most), so that the
+# next ones can bind the same ports.
+netbed_stop_aggregators() {
+  local p _ alive
+  kill "${agg_pids[@]}" 2>/dev/null || true
+  for _ in $(seq 1 50); do
+    alive=0
+    for p in "${agg_pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [[ $alive == 0 ]] && break
+    sleep 0.2
+  done
+  agg_pids=()
+}
+
+# netbed_workers BUILD OUT "HOST:ADDRESS ..." [dlcp-bench flags...]: one dlcp-bench rank per host,
+# in order, against agg_list; waits for all of them. Rank I-1's output is OUT.I.
+netbed_workers() {
+  local build=$1 out=$2 spec i=0 pids=()
+  local -a specs
+  read -r -a specs <<< "$3"
+  shift 3
+  for spec in "${specs[@]}"; do
+    i=$((i + 1))
+    ip netns exec "$PREFIX-${spec%%:*}" "$build/bench/dlcp-bench" --plaintext --aggregators="$agg_list" \
+      --workers="${#specs[@]}" --rank=$((i - 1)) --data-host="${spec#*:}" --json "$@" >"$out.$i" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || true; done
+}
+
+# The worker hosts w1..w4 of the single-switch cluster, as netbed_aggregators and netbed_workers
+# take them.
+netbed_worker_hosts() { local i; for i in 1 2 3 4; do printf 'w%d:%s ' "$i" "$(netbed_ip_of "$i")"; done; }
+
 # netbed_worker_aggregators BUILD: one dlcpd on every worker host w1..w4, as with one aggregator
 # per node in production; sets agg_list (host:port,...).
-netbed_worker_aggregators() {
-  local i aggs=()
-  for i in 1 2 3 4; do
-    ip netns exec "$PREFIX-w$i" "$1/server/dlcpd" --host="$(netbed_ip_of $i)" --port=7400 --data-port=7500 \
-      --plaintext --log-level=warning --ready-file="$work/a$i.ready" 2>"$work/a$i.log" &
-    aggs+=("$(netbed_ip_of $i):7400")
-  done
-  for i in 1 2 3 4; do
-    netbed_wait_ready "$work/a$i.ready" || { echo "netbed: dlcpd on w$i did not start" >&2; return 1; }
-  done
-  agg_list=$(IFS=,; echo "${aggs[*]}")
-}
+netbed_worker_aggregators() { netbed_aggregators "$1" "$(netbed_worker_hosts)"; }
 
 # netbed_cross_start SECONDS: best-effort UDP cross traffic at $CROSS from a1 into every worker's
 # switch port; netbed_cross_stop ends it.
