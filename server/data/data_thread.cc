@@ -341,7 +341,7 @@ PathShares* DataThread::ResultShares(const Round& r, uint32_t rank) {
   if (!steer_results_) return nullptr;
   const Job& job = *r.job();
   std::vector<PathShares>& shares = result_shares_[static_cast<uint64_t>(job.id) << 32 | r.epoch()];
-  if (shares.empty()) {
+  if (shares.size() != job.world) {
     shares.assign(job.world, PathShares(static_cast<uint32_t>(transport_->send_paths()),
                                         options_.transport.spray_burst));
   }
