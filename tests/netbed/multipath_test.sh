@@ -33,30 +33,21 @@ ip_of() { "$MP" ip "$1"; }
 fail=0
 check() { if [[ $1 == 1 ]]; then echo "PASS: $2"; else echo "FAIL: $2"; fail=1; fi; }
 
-# aggregators N SPRAY [flags...]: dlcpd on a1..aN; sets aggs (host:port,...).
+# aggregators N SPRAY [flags...]: dlcpd on a1..aN (netbed_aggregators); sets agg_list.
 aggregators() {
-  local n=$1 spray=$2 i list=()
+  local n=$1 spray=$2 i hosts=""
   shift 2
-  for ((i = 1; i <= n; i++)); do
-    rm -f "$work/a$i.ready"
-    ip netns exec "$PREFIX-a$i" "$BUILD/server/dlcpd" --host="$(ip_of a$i)" --port=7400 --data-port=7500 --plaintext \
-      --transport=udp --spray-ports="$spray" --log-level=warning --ready-file="$work/a$i.ready" "$@" \
-      2>"$work/a$i.log" &
-    list+=("$(ip_of a$i):7400")
-  done
-  for ((i = 1; i <= n; i++)); do
-    netbed_wait_ready "$work/a$i.ready" || { echo "multipath: dlcpd on a$i did not start"; cat "$work/a$i.log"; exit 1; }
-  done
-  aggs=$(IFS=,; echo "${list[*]}")
+  for ((i = 1; i <= n; i++)); do hosts+="a$i:$(ip_of "a$i") "; done
+  netbed_aggregators "$BUILD" "$hosts" --transport=udp --spray-ports="$spray" "$@" || exit 1
 }
-stop_aggregators() { pkill -f "$BUILD/server/dlcpd --host=$(ip_of a1| cut -d. -f1-2)" 2>/dev/null || true; sleep 0.5; }
+stop_aggregators() { netbed_stop_aggregators; }
 
 # job NAME WORKERS SPRAY [flags...]: one dlcp-bench rank per worker host; JSON in $work/NAME-wI.json.
 job() {
   local name=$1 workers=$2 spray=$3 i pids=() ok=1
   shift 3
   for ((i = 1; i <= workers; i++)); do
-    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$aggs" --workers="$workers" \
+    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers="$workers" \
       --rank=$((i - 1)) --job="$name" --data-host="$(ip_of w$i)" --transport=udp --spray-ports="$spray" \
       --chunk-bytes=1400 --window-bytes=$((1 << 20)) --timeout-s=120 --json "$@" \
       >"$work/$name-w$i.json" 2>"$work/$name-w$i.err" &
