@@ -10,7 +10,9 @@ PathSteering::PathSteering(uint32_t paths, uint32_t burst, const CongestionOptio
 }
 
 uint32_t PathSteering::Pick() {
-  for (uint32_t p = 0; p < windows_.size(); ++p) weights_[p] = windows_[p].window();
+  if (!turns_.InRun()) {
+    for (uint32_t p = 0; p < windows_.size(); ++p) weights_[p] = windows_[p].window();
+  }
   return turns_.Pick(weights_);
 }
 

@@ -20,6 +20,10 @@ class WeightedTurns {
     run_ = burst_;  // the first Pick chooses
   }
 
+  // True while the current run goes on: the next Pick returns the same path without reading
+  // its weights, so callers need not compute them.
+  bool InRun() const { return run_ < burst_; }
+
   // `weights` has one entry per path, none negative and at least one positive.
   uint32_t Pick(absl::Span<const double> weights) {
     if (run_ < burst_) {
