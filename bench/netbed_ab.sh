@@ -7,13 +7,15 @@
 #     2 spines at SPINE_MBIT Mbit/s (400) and SPINE2_MBIT (the same), 8 MiB rounds, spraying
 #     on; each run's JSON adds the packets each spine's ports dropped, towards the aggregators
 #     (pushes) and towards the workers (results).
-# A_FLAGS and B_FLAGS go to every dlcp-bench, A_DFLAGS and B_DFLAGS to every dlcpd. PAIRS (3),
+# A_FLAGS and B_FLAGS go to every dlcp-bench, A_DFLAGS and B_DFLAGS to every dlcpd; B_BUILD (a
+# build directory) runs B from another build, to compare a change with the code before it. PAIRS (3),
 # ROUNDS (10), LB (ε, 0), MTU (1500) with CHUNK (1400; 8192 with MTU=9000). Prints one JSON line
 # per run (the slowest worker's p50 and p99, chunks pushed again), then medians and B / A.
 # Needs root.
 #   A_FLAGS=--pacing=true B_FLAGS=--pacing=false MTU=9000 bench/netbed_ab.sh [BUILD_DIR]
 set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
+B_BUILD=$(cd "${B_BUILD:-$BUILD}" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 BED=${BED:-switch}
 export PREFIX=${PREFIX:-dlcpab}
@@ -45,14 +47,14 @@ else
   WORKER_HOSTS=$AGG_HOSTS
 fi
 
-run() {  # LABEL BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.jsonl
-  local label=$1 flags=$2 dflags=$3 drops_before=""
+run() {  # LABEL BUILD BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.jsonl
+  local label=$1 build=$2 flags=$3 dflags=$4 drops_before=""
   [[ $BED == spines ]] && drops_before=$("$CLUSTER" drops)
   # shellcheck disable=SC2086
-  netbed_aggregators "$BUILD" "$AGG_HOSTS" --transport=udp $dflags || exit 1
+  netbed_aggregators "$build" "$AGG_HOSTS" --transport=udp $dflags || exit 1
   [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_start 300
   # shellcheck disable=SC2086
-  netbed_workers "$BUILD" "$work/w" "$WORKER_HOSTS" --job="ab-$label-$RANDOM" --transport=udp \
+  netbed_workers "$build" "$work/w" "$WORKER_HOSTS" --job="ab-$label-$RANDOM" --transport=udp \
     --tensor-bytes="$TENSOR" --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound="${LB:-0}" \
     --timeout-s=600 $flags
   [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_stop
@@ -79,11 +81,12 @@ PY
 }
 
 for ((k = 1; k <= PAIRS; k++)); do
-  run A "${A_FLAGS:-}" "${A_DFLAGS:-}"
-  run B "${B_FLAGS:-}" "${B_DFLAGS:-}"
+  run A "$BUILD" "${A_FLAGS:-}" "${A_DFLAGS:-}"
+  run B "$B_BUILD" "${B_FLAGS:-}" "${B_DFLAGS:-}"
 done
 
-python3 - "$work/runs.jsonl" "$BED" "$MTU" "${A_FLAGS:-} ${A_DFLAGS:-}" "${B_FLAGS:-} ${B_DFLAGS:-}" <<'PY'
+python3 - "$work/runs.jsonl" "$BED" "$MTU" "${A_FLAGS:-} ${A_DFLAGS:-}" \
+  "$([[ $B_BUILD != "$BUILD" ]] && echo "$B_BUILD:") ${B_FLAGS:-} ${B_DFLAGS:-}" <<'PY'
 import json, statistics, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 print(f"\n{sys.argv[2]} bed, MTU {sys.argv[3]}; A: {sys.argv[4].strip() or 'defaults'}; B: {sys.argv[5].strip() or 'defaults'}")

@@ -72,6 +72,7 @@ void TransferEngine::BuildPaths() {
   CongestionOptions cc;
   cc.decrease = kWindowDecrease;
   cc.min = 1;
+  cc.undo_threshold = true;  // these windows only share turns out: nothing overruns
   cc.max = std::max<uint32_t>(cc.initial, options_.window_chunks);
   paths_.assign(dest_addr_.size(), PathSteering(static_cast<uint32_t>(n), options_.path_burst, cc));
 }

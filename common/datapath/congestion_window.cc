@@ -29,12 +29,16 @@ bool CongestionWindow::OnLoss(uint64_t stamp) {
 
 bool CongestionWindow::OnLate(uint64_t stamp) {
   if (stamp == 0) return false;
-  auto it = std::find_if(undo_.begin(), undo_.end(), [&](const Undo& u) { return u.cause == stamp; });
+  auto it = std::find_if(undo_.begin(), undo_.end(),
+                         [&](const Undo& u) { return u.seq != 0 && !u.undone && u.cause == stamp; });
   if (it == undo_.end()) return false;
   // One cut taken back, never past the window before it (it may have grown since).
   cwnd_ = std::max(cwnd_, std::min(it->cwnd, cwnd_ / options_.decrease));
+  it->undone = true;
+  const bool later_stands =
+      std::any_of(undo_.begin(), undo_.end(), [&](const Undo& u) { return u.seq > it->seq && !u.undone; });
   ssthresh_ = std::max(ssthresh_, cwnd_);
-  it->cause = 0;
+  if (options_.undo_threshold && !later_stands) ssthresh_ = std::max(ssthresh_, ThresholdBefore(*it));
   ++undone_;
   // Spraying reorders by whole bursts (each source port's flow may take another path, or
   // another receive queue): twice the slack each time, up to 4 times the configured one.
@@ -42,16 +46,30 @@ bool CongestionWindow::OnLate(uint64_t stamp) {
   return true;
 }
 
+// Every cut from the one after the latest still standing through `undone` has been taken back;
+// the threshold before the first of them is where the window would be without any.
+double CongestionWindow::ThresholdBefore(const Undo& undone) const {
+  uint64_t standing = 0;
+  for (const Undo& u : undo_) {
+    if (u.seq != 0 && !u.undone) standing = std::max(standing, u.seq);
+  }
+  const Undo* first = &undone;
+  for (const Undo& u : undo_) {
+    if (u.seq > standing && u.seq < first->seq) first = &u;
+  }
+  return first->ssthresh;
+}
+
 uint64_t CongestionWindow::reorder() const { return min_reorder_; }
 
 void CongestionWindow::OnSilence(uint64_t oldest) { Cut(oldest); }
 
 void CongestionWindow::Cut(uint64_t cause) {
-  if (cause != 0) undo_[next_undo_++ % undo_.size()] = Undo{cause, cwnd_};
+  ++cuts_;
+  undo_[next_undo_++ % undo_.size()] = Undo{cuts_, cause, false, cwnd_, ssthresh_};
   cwnd_ = std::max<double>(options_.min, cwnd_ * options_.decrease);
   ssthresh_ = cwnd_;
   recovery_ = sent_;
-  ++cuts_;
 }
 
 }  // namespace dlcp

@@ -5,7 +5,8 @@
 // datagram sent before the last cut is part of the event that caused that cut (the cut has not
 // had a round trip to take effect yet), so it is not cut again. A silence (nothing acknowledged
 // for a while) cuts it too, without that exemption.
-// A cut whose cause turns up after all (OnLate) is taken back.
+// A cut whose cause turns up after all (OnLate) is taken back, and optionally the slow-start
+// threshold it set (CongestionOptions::undo_threshold).
 //
 // Why: a fixed window is either too small for the fabric, and the link idles, or too large, and
 // every round overruns a switch queue or socket buffer (incast, ports shared by pushes and
@@ -31,6 +32,14 @@ struct CongestionOptions {
   // docs/congestion.md).
   double decrease = 0.5;
   uint32_t max = 512;     // the configured window: the most ever in flight
+  // An undone cut also takes back the slow-start threshold it set, once no cut since still
+  // stands (as Linux's undo does), so a window only ever cut by reordering grows as fast as
+  // before. Path steering's windows want that: results that ride a slow path come back late
+  // and cut the windows of the fast paths their pushes took, and a fast path left in
+  // congestion avoidance after each undo never grows its share. A window that bounds what is
+  // in flight does not: back in slow start after every reordering, it overruns the switch
+  // queue (twice the repairs on the incast bed, docs/congestion.md).
+  bool undo_threshold = false;
 };
 
 class CongestionWindow {
@@ -76,11 +85,17 @@ class CongestionWindow {
   uint64_t recovery_ = 0;  // the last stamp before the latest cut
   uint64_t cuts_ = 0;
   uint64_t undone_ = 0;
-  // The recent cuts that can still be undone: the stamp that caused each, and the window before.
+  // The recent cuts, oldest overwritten first: the stamp that caused each (0: none to blame, so
+  // it stands), and the window and slow-start threshold before it.
   struct Undo {
-    uint64_t cause = 0;  // 0: free
+    uint64_t seq = 0;  // cuts_ once it was made; 0: free
+    uint64_t cause = 0;
+    bool undone = false;
     double cwnd = 0;
+    double ssthresh = 0;
   };
+  // What the slow-start threshold goes back to when `undone` was the last cut still standing.
+  double ThresholdBefore(const Undo& undone) const;
   std::array<Undo, 8> undo_{};
   size_t next_undo_ = 0;
   uint64_t min_reorder_ = 16;  // grows each time a loss turns out to have been reordering

@@ -8,9 +8,12 @@
 #      default: each 10-90%; 64 ports: each 25-75%);
 #   3. spraying on, 4 workers and 2 aggregators: results exact with ε = 0, and with ε = 0.05 and
 #      drops injected the bound holds and every partial sum is exact over its contributions;
-#   4. one spine at a tenth of the other's rate: the worker steers its pushes, and the aggregator
-#      its results, mostly onto the fast one (at most 30% of each direction's bytes on the slow
-#      one), and results stay exact.
+#   4. one spine at a twentieth of the other's rate: the worker steers its pushes, and the
+#      aggregator its results, mostly onto the fast one. Against equal turns on the same bed,
+#      each direction puts at most 4/5 of its share there, fewer results are dropped there, rounds
+#      take at most 3/4 as long, and results stay exact. (Not an absolute share: what the slow
+#      spine can carry is a larger part of the whole on a slower machine. Nor a count of drops:
+#      equal turns drop 4,000-20,000 results here from one run to the next.)
 # Needs root. Exits 77 (ctest: skipped) when it cannot run here.
 #   tests/netbed/multipath_test.sh BUILD_DIR
 set -Eeuo pipefail
@@ -118,28 +121,38 @@ stop_aggregators
 # The shares follow each path's losses (path_steering.h at the worker, path_shares.h at the
 # aggregator). With one spine at a twentieth of the other's rate, equal turns (64 ports: each
 # spine gets 25-75% of them) overrun it; steered, each direction puts there what it can carry,
-# after the first round's losses.
+# after the first round's losses. How much that is depends on how fast the rest of the job runs
+# (CI machines are slower than this one), so each direction is compared with equal turns on the
+# same bed: pushes in equal turns hold the whole job to the slow spine's pace (and their results
+# with it), so the results' baseline steers the pushes and only the results take equal turns.
 "$MP" rate 2 50mbit
 drops() { "$MP" drops | tr '=' ' ' | awk '{print $3, $5}' | paste -sd' '; }
-slow_spine() {  # LABEL [dlcpd flags...]: a 1-worker job; "spine 2's share of the pushes, of the
-  # results, and the results it dropped" in $work/slow-LABEL
-  local label=$1 before after dropped
-  shift
+slow_spine() {  # LABEL "WORKER FLAGS" [dlcpd flags...]: a 1-worker job; in $work/slow-LABEL, "spine
+  # 2's share of the pushes, of the results, the results it dropped, and the job's median round"
+  local label=$1 wflags=$2 before after dropped
+  shift 2
   aggregators 1 64 "$@" >/dev/null
   before=$(bytes) dropped=$(drops)
-  job "slow-$label" 1 64 --tensor-bytes=$((8 << 20)) --rounds=16 --warmup=1 --loss-bound=0 || fail=1
+  # shellcheck disable=SC2086  # the worker flags are words
+  job "slow-$label" 1 64 --tensor-bytes=$((8 << 20)) --rounds=16 --warmup=1 --loss-bound=0 $wflags || fail=1
   grep -q '"exact":true' "$work/slow-$label-w1.json" || { echo "multipath: slow-$label not exact"; fail=1; }
   after=$(bytes)
   dropped=$(python3 -c "import sys; b=sys.argv[1].split(); a=sys.argv[2].split(); print(int(a[3]) - int(b[3]))" \
     "$dropped" "$(drops)")
   stop_aggregators
-  shares "$before" "$after" | awk -v d="$dropped" '{printf "%.3f %.3f %d\n", 1 - $1, 1 - $2, d}' > "$work/slow-$label"
+  shares "$before" "$after" | awk -v d="$dropped" -v p="$(grep -o '"p50_ms":[0-9.]*' "$work/slow-$label-w1.json" | cut -d: -f2)" \
+    '{printf "%.3f %.3f %d %s\n", 1 - $1, 1 - $2, d, p}' > "$work/slow-$label"
 }
-slow_spine fixed --result-steering=false
-read -r fixed_up fixed_down fixed_drops < "$work/slow-fixed"
-slow_spine steered
-read -r steer_up steer_down steer_drops < "$work/slow-steered"
-echo "multipath: spine 2 at 50 Mbit/s carried $steer_up of the pushes and $steer_down of the results, and dropped $steer_drops results; with results in equal turns, $fixed_down and $fixed_drops"
-within "$steer_up" 0 0.3 && within "$steer_down" 0 0.3 && (( steer_drops * 2 <= fixed_drops )) && r=1 || r=0
-check $r "one slow spine: pushes and results steered off it, half the results' drops there or fewer"
+slow_spine equal --path-steering=false --result-steering=false
+read -r eq_up _ _ eq_p50 < "$work/slow-equal"
+slow_spine fixed "" --result-steering=false
+read -r _ fx_down fx_drops fx_p50 < "$work/slow-fixed"
+slow_spine steered ""
+read -r st_up st_down st_drops st_p50 < "$work/slow-steered"
+echo "multipath: spine 2 at 50 Mbit/s carried $st_up of the pushes (equal turns: $eq_up; median round $st_p50 ms, equal turns $eq_p50 ms) and $st_down of the results, dropping $st_drops of them (equal turns: $fx_down, $fx_drops, median round $fx_p50 ms)"
+r=$(awk -v su="$st_up" -v eu="$eq_up" -v sp="$st_p50" -v ep="$eq_p50" 'BEGIN{print (su <= 0.8 * eu && sp <= 0.75 * ep) ? 1 : 0}')
+check "$r" "one slow spine: pushes steered off it, to 4/5 of equal turns' share or less, rounds 3/4 as long or less"
+r=$(awk -v sd="$st_down" -v fd="$fx_down" -v s="$st_drops" -v f="$fx_drops" -v sp="$st_p50" -v fp="$fx_p50" \
+  'BEGIN{print (sd <= 0.8 * fd && s < f && sp <= 0.75 * fp) ? 1 : 0}')
+check "$r" "one slow spine: results steered off it, to 4/5 of equal turns' share or less, fewer dropped, rounds 3/4 as long or less"
 exit $fail

@@ -127,5 +127,63 @@ TEST(CongestionWindowTest, ACutLeavesTheConfiguredShareAndItsUndoRestoresTheWind
   EXPECT_EQ(w.window(), 100u);  // all of it back, not just twice the cut window
 }
 
+CongestionOptions Undoing(uint32_t initial, uint32_t min, uint32_t max) {
+  CongestionOptions o = Opts(initial, min, max);
+  o.undo_threshold = true;
+  return o;
+}
+
+TEST(CongestionWindowTest, WithEveryCutUndoneTheWindowSlowStartsAgain) {
+  CongestionWindow w(Undoing(16, 2, 100));
+  const uint64_t a = w.Stamp();
+  ASSERT_TRUE(w.OnLoss(a));
+  EXPECT_EQ(w.window(), 8u);
+  EXPECT_TRUE(w.OnLate(a));
+  EXPECT_EQ(w.window(), 16u);
+  w.OnAcked(16);  // doubling, as before the cut: not one more per window
+  EXPECT_EQ(w.window(), 32u);
+}
+
+TEST(CongestionWindowTest, TheThresholdComesBackOnlyOnceNoLaterCutStands) {
+  CongestionWindow w(Undoing(16, 2, 100));
+  const uint64_t a = w.Stamp();
+  ASSERT_TRUE(w.OnLoss(a));  // 16 -> 8
+  const uint64_t b = w.Stamp();
+  ASSERT_TRUE(w.OnLoss(b));  // 8 -> 4
+  EXPECT_TRUE(w.OnLate(a));  // b still stands: the window back to 8, growing one per window
+  EXPECT_EQ(w.window(), 8u);
+  w.OnAcked(8);
+  EXPECT_EQ(w.window(), 8u);  // 8 + 8 * (about 1/8): not yet 9
+  w.OnAcked(1);
+  EXPECT_EQ(w.window(), 9u);
+  EXPECT_TRUE(w.OnLate(b));  // none stands now: the threshold before a
+  EXPECT_EQ(w.window(), 9u);
+  w.OnAcked(9);
+  EXPECT_EQ(w.window(), 18u);
+}
+
+TEST(CongestionWindowTest, ASilenceWithNoneToBlameKeepsItsThreshold) {
+  CongestionWindow w(Undoing(16, 2, 100));
+  const uint64_t a = w.Stamp();
+  ASSERT_TRUE(w.OnLoss(a));  // 16 -> 8
+  w.OnSilence(0);            // 8 -> 4, for good
+  EXPECT_TRUE(w.OnLate(a));
+  EXPECT_EQ(w.window(), 8u);
+  w.OnAcked(4);
+  EXPECT_EQ(w.window(), 8u);  // one per window, below 9
+}
+
+TEST(CongestionWindowTest, WithoutUndoThresholdAnUndoneWindowGrowsOnePerWindow) {
+  CongestionWindow w(Opts(16, 2, 100));
+  const uint64_t a = w.Stamp();
+  ASSERT_TRUE(w.OnLoss(a));
+  ASSERT_TRUE(w.OnLate(a));
+  EXPECT_EQ(w.window(), 16u);
+  w.OnAcked(16);
+  EXPECT_EQ(w.window(), 16u);  // 16 + about 1, short of 17
+  w.OnAcked(1);
+  EXPECT_EQ(w.window(), 17u);
+}
+
 }  // namespace
 }  // namespace dlcp
