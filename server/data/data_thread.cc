@@ -292,15 +292,17 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
   // Results that are final go again. A reliable round also NACKs what it lacks from this
   // worker; a bounded one decides its repairs itself (never more than the bound needs).
   std::vector<uint32_t> nack;
+  std::vector<PathShares>* shares = JobResultShares(*round);
+  PathShares* rank_shares = shares != nullptr ? &(*shares)[h.rank] : nullptr;
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
       if (round->HasFinalResult(c)) {
         results_resent_->Add();
         // Asked for again after a quiet spell: the copy sent last was lost on its path.
-        if (const int path = round->ResultPath(h.rank, c); path >= 0) {
-          if (PathShares* shares = ResultShares(*round, h.rank)) shares->OnLost(static_cast<uint32_t>(path));
+        if (const int path = round->ResultPath(h.rank, c); path >= 0 && rank_shares != nullptr) {
+          rank_shares->OnLost(static_cast<uint32_t>(path));
         }
-        SendResult(*round, c, h.rank, {}, nullptr, /*again=*/true);
+        SendResult(*round, c, h.rank, rank_shares, {}, nullptr, /*again=*/true);
       } else if (!round->bounded && !round->Has(h.rank, c)) {
         nack.push_back(c);
       }
@@ -337,7 +339,7 @@ wire::Header DataThread::RoundHeader(const Round& r, wire::MsgType type, uint32_
   return h;
 }
 
-PathShares* DataThread::ResultShares(const Round& r, uint32_t rank) {
+std::vector<PathShares>* DataThread::JobResultShares(const Round& r) {
   if (!steer_results_) return nullptr;
   const Job& job = *r.job();
   std::vector<PathShares>& shares = result_shares_[static_cast<uint64_t>(job.id) << 32 | r.epoch()];
@@ -345,12 +347,13 @@ PathShares* DataThread::ResultShares(const Round& r, uint32_t rank) {
     shares.assign(job.world, PathShares(static_cast<uint32_t>(transport_->send_paths()),
                                         options_.transport.spray_burst));
   }
-  return &shares[rank];
+  return &shares;
 }
 
 void DataThread::MarkDone(Round& r, uint32_t rank) {
   if (!r.MarkDone(rank)) return;
-  if (PathShares* shares = ResultShares(r, rank); shares != nullptr && shares->Update()) result_share_updates_->Add();
+  std::vector<PathShares>* shares = JobResultShares(r);
+  if (shares != nullptr && (*shares)[rank].Update()) result_share_updates_->Add();
 }
 
 void DataThread::SendResultToAll(Round& r, uint32_t chunk) {
@@ -360,11 +363,14 @@ void DataThread::SendResultToAll(Round& r, uint32_t chunk) {
   const wire::MacKey* key = r.job()->key();
   uint64_t digest = 0;
   if (key != nullptr) digest = wire::PayloadDigest(*key, payload.data(), payload.size());
-  for (uint32_t w = 0; w < r.job()->world; ++w) SendResult(r, chunk, w, payload, key != nullptr ? &digest : nullptr);
+  std::vector<PathShares>* shares = JobResultShares(r);
+  for (uint32_t w = 0; w < r.job()->world; ++w) {
+    SendResult(r, chunk, w, shares != nullptr ? &(*shares)[w] : nullptr, payload, key != nullptr ? &digest : nullptr);
+  }
 }
 
-void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload,
-                            const uint64_t* payload_digest, bool again) {
+void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares* shares,
+                            absl::Span<const uint8_t> payload, const uint64_t* payload_digest, bool again) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
@@ -385,7 +391,7 @@ void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, absl::Span<
     h.lost_class = lost;
   }
   int16_t path = -1;
-  if (PathShares* shares = ResultShares(r, rank)) {
+  if (shares != nullptr) {
     const uint32_t p = shares->Pick();
     shares->OnSent(p);
     r.NoteResultPath(rank, chunk, p);

@@ -80,15 +80,17 @@ class DataThread {
   // With kFlagLeftOut when rank's contribution is not in a sealed round's sum, and
   // kFlagRepaired when a contribution came in a repair or was left out, or the result goes
   // `again`, with the most important class any of those was lost in (Round::lost_class).
-  // It rides the chunk's result class (Round::result_class). `payload` (ResultPayload) and its
+  // It rides the chunk's result class (Round::result_class), on a path `shares` picks (rank's
+  // entry of JobResultShares; nullptr: the transport's turns). `payload` (ResultPayload) and its
   // digest may come from the caller, which sends the same result to every worker.
-  void SendResult(Round& r, uint32_t chunk, uint32_t rank, absl::Span<const uint8_t> payload = {},
+  void SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares* shares, absl::Span<const uint8_t> payload = {},
                   const uint64_t* payload_digest = nullptr, bool again = false);
   // A final result to every worker: one payload, encoded and digested once.
   void SendResultToAll(Round& r, uint32_t chunk);
-  // The shares of the paths results take to `rank` of the round's job incarnation; nullptr when
-  // results are not steered.
-  PathShares* ResultShares(const Round& r, uint32_t rank);
+  // The shares of the paths results take to each rank of the round's job incarnation, indexed
+  // by rank; nullptr when results are not steered. Looked up once per batch of results: the
+  // pointer is good until the next lookup or prune.
+  std::vector<PathShares>* JobResultShares(const Round& r);
   // `rank` has every result of `r` (or gave up on the rest): weigh the paths' losses.
   void MarkDone(Round& r, uint32_t rank);
   // The result's payload in the round's encoding. Float32 points into the accumulator (or at
