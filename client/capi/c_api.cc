@@ -1,5 +1,7 @@
 #include "client/capi/dlcp.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -26,6 +28,13 @@ int Fail(const absl::Status& s, char* err, size_t err_len) {
     err[n] = '\0';
   }
   return s.ok() ? 0 : static_cast<int>(s.code());
+}
+absl::Status CheckStatsSize(const dlcp_round_stats* stats) {
+  constexpr size_t kLeast = offsetof(dlcp_round_stats, key) + sizeof(stats->key);
+  if (stats == nullptr || stats->size >= kLeast) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("dlcp_round_stats.size is ", stats->size,
+                                                 ": set it to sizeof(dlcp_round_stats) (", sizeof(dlcp_round_stats),
+                                                 " in this build)"));
 }
 // The same words the flag registry takes for a boolean (absl::SimpleAtob).
 absl::StatusOr<bool> ParseBool(const std::string& value) {
@@ -117,6 +126,7 @@ int dlcp_allreduce_start(dlcp_client* c, uint32_t key, float* data, size_t n, dl
 
 int dlcp_op_wait(dlcp_op* op, uint32_t timeout_ms, dlcp_round_stats* stats, char* err, size_t err_len) {
   if (op == nullptr) return Fail(absl::InvalidArgumentError("dlcp_op_wait: null op"), err, err_len);
+  if (absl::Status s = CheckStatsSize(stats); !s.ok()) return Fail(s, err, err_len);
   if (op->future.wait_for(std::chrono::milliseconds(timeout_ms)) != std::future_status::ready) {
     return Fail(absl::DeadlineExceededError("op not finished yet"), err, err_len);
   }
@@ -124,21 +134,27 @@ int dlcp_op_wait(dlcp_op* op, uint32_t timeout_ms, dlcp_round_stats* stats, char
   delete op;
   if (!r.ok()) return Fail(r.status(), err, err_len);
   if (stats != nullptr) {
-    stats->key = r->key;
-    stats->round = r->round;
-    stats->time_ms = absl::ToDoubleMilliseconds(r->time);
-    stats->retransmits = r->retransmits;
-    stats->min_contributors = r->min_contributors;
-    stats->left_out = 0;
-    for (uint64_t v : r->left_out_by_class) stats->left_out += v;
-    stats->droppable_total = r->droppable_total;
-    stats->droppable_missing = r->droppable_missing;
+    dlcp_round_stats full{};
+    full.key = r->key;
+    full.round = r->round;
+    full.time_ms = absl::ToDoubleMilliseconds(r->time);
+    full.retransmits = r->retransmits;
+    full.min_contributors = r->min_contributors;
+    for (uint64_t v : r->left_out_by_class) full.left_out += v;
+    full.droppable_total = r->droppable_total;
+    full.droppable_missing = r->droppable_missing;
+    // Only what the caller's struct holds: it may come from an older header.
+    constexpr size_t kFirst = offsetof(dlcp_round_stats, key);
+    const size_t end = std::min(stats->size, sizeof(full));
+    std::memcpy(reinterpret_cast<char*>(stats) + kFirst, reinterpret_cast<const char*>(&full) + kFirst, end - kFirst);
   }
   return 0;
 }
 
 int dlcp_allreduce(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_round_stats* stats, char* err,
                    size_t err_len) {
+  // Before the op starts: refused after, it would never be freed.
+  if (absl::Status s = CheckStatsSize(stats); !s.ok()) return Fail(s, err, err_len);
   dlcp_op* op = nullptr;
   if (int rc = dlcp_allreduce_start(c, key, data, n, &op, err, err_len); rc != 0) return rc;
   // The op completes by its own deadline; wait without a second one.

@@ -30,7 +30,11 @@ typedef struct {
   double loss_bound;           /* ε (docs/bounded-loss.md); 0: default (0.01); negative: fully reliable */
 } dlcp_options;
 
+/* Set size to sizeof(dlcp_round_stats) before passing one in. The library writes only the fields
+ * that fit in it, so a program built against this header keeps working with a later library
+ * whose stats have grown; a size too small for key is INVALID_ARGUMENT (3). */
 typedef struct {
+  size_t size;
   uint32_t key;
   uint32_t round;
   double time_ms;
@@ -59,7 +63,8 @@ int dlcp_connect_with(const dlcp_options* options, const char* settings, dlcp_cl
                       size_t err_len);
 /* Starts an in-place sum of data[0..n) over the job; data must stay valid until dlcp_op_wait. */
 int dlcp_allreduce_start(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_op** out, char* err, size_t err_len);
-/* Waits up to timeout_ms for the op; returns 4 (DEADLINE_EXCEEDED) if not done yet, else frees it. */
+/* Waits up to timeout_ms for the op; returns 4 (DEADLINE_EXCEEDED) if not done yet, else frees it.
+ * stats may be NULL; a bad stats->size is refused before the wait, and the op stays valid. */
 int dlcp_op_wait(dlcp_op* op, uint32_t timeout_ms, dlcp_round_stats* stats, char* err, size_t err_len);
 /* Blocking convenience: start and wait for the op's own deadline. */
 int dlcp_allreduce(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_round_stats* stats, char* err,

@@ -1,6 +1,7 @@
 /* Exercises the C API from C: two workers (threads) sum a tensor through a real dlcpd, and bad
  * calls return nonzero codes with messages. Usage: c_api_smoke HOST:PORT. Exit 0 on success. */
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,6 +37,8 @@ static void* run(void* arg) {
   for (int round = 0; round < 3; ++round) {
     for (int i = 0; i < 1000; ++i) data[i] = (float)(i % 17 + w->rank * 100 + round);
     dlcp_round_stats st;
+    memset(&st, 0, sizeof(st));
+    st.size = sizeof(st);
     if (dlcp_allreduce(c, 42, data, 1000, &st, err, sizeof(err)) != 0) {
       fprintf(stderr, "rank %u allreduce: %s\n", w->rank, err);
       return NULL;
@@ -51,6 +54,28 @@ static void* run(void* arg) {
       fprintf(stderr, "rank %u: stats round %u contributors %u\n", w->rank, st.round, st.min_contributors);
       return NULL;
     }
+  }
+  /* Stats without a size are refused before anything starts; stats from an older, shorter header
+   * get only the fields it has. */
+  dlcp_round_stats unsized;
+  memset(&unsized, 0, sizeof(unsized));
+  if (dlcp_allreduce(c, 42, data, 1000, &unsized, err, sizeof(err)) != 3 || !strstr(err, "sizeof(dlcp_round_stats)")) {
+    fprintf(stderr, "rank %u: stats without a size were not refused: %s\n", w->rank, err);
+    return NULL;
+  }
+  dlcp_round_stats older;
+  memset(&older, 0xab, sizeof(older));
+  older.size = offsetof(dlcp_round_stats, retransmits);
+  if (dlcp_allreduce(c, 42, data, 1000, &older, err, sizeof(err)) != 0) {
+    fprintf(stderr, "rank %u allreduce with shorter stats: %s\n", w->rank, err);
+    return NULL;
+  }
+  uint64_t untouched;
+  memset(&untouched, 0xab, sizeof(untouched));
+  if (older.round != 3 || older.retransmits != untouched || older.droppable_missing != untouched) {
+    fprintf(stderr, "rank %u: shorter stats: round %u, fields past its size %s\n", w->rank, older.round,
+            older.retransmits != untouched ? "written" : "kept");
+    return NULL;
   }
   /* An empty tensor is refused with INVALID_ARGUMENT (3) and a message. */
   dlcp_op* op = NULL;
