@@ -92,9 +92,22 @@ int dlcp_connect(const dlcp_options* o, dlcp_client** out, char* err, size_t err
   return dlcp_connect_with(o, nullptr, out, err, err_len);
 }
 
-int dlcp_connect_with(const dlcp_options* o, const char* settings, dlcp_client** out, char* err, size_t err_len) {
-  if (o == nullptr || out == nullptr || o->aggregators == nullptr || o->job_name == nullptr) {
-    return Fail(absl::InvalidArgumentError("dlcp_connect: null argument"), err, err_len);
+int dlcp_connect_with(const dlcp_options* given, const char* settings, dlcp_client** out, char* err,
+                      size_t err_len) {
+  if (given == nullptr || out == nullptr) return Fail(absl::InvalidArgumentError("dlcp_connect: null argument"), err, err_len);
+  // Only what the caller's struct holds (it may come from an older header); the rest defaults.
+  constexpr size_t kLeast = offsetof(dlcp_options, job_name) + sizeof(given->job_name);
+  if (given->size < kLeast) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("dlcp_options.size is ", given->size,
+                                                        ": set it to sizeof(dlcp_options) (", sizeof(dlcp_options),
+                                                        " in this build)")),
+                err, err_len);
+  }
+  dlcp_options options{};
+  std::memcpy(&options, given, std::min(given->size, sizeof(options)));
+  const dlcp_options* o = &options;
+  if (o->aggregators == nullptr || o->job_name == nullptr) {
+    return Fail(absl::InvalidArgumentError("dlcp_connect: null aggregators or job_name"), err, err_len);
   }
   dlcp::ClientOptions co;
   co.aggregators = absl::StrSplit(o->aggregators, ',', absl::SkipEmpty());

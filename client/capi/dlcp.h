@@ -14,7 +14,12 @@ extern "C" {
 typedef struct dlcp_client dlcp_client;
 typedef struct dlcp_op dlcp_op;
 
+/* Zero it, set size to sizeof(dlcp_options), then the fields. The library reads only the fields
+ * that fit in size, and takes the defaults for the rest, so a program built against this header
+ * keeps working with a later library whose options have grown; a size too small for job_name is
+ * INVALID_ARGUMENT (3). */
 typedef struct {
+  size_t size;
   const char* aggregators; /* "host:port[,host:port...]" */
   const char* job_name;
   uint32_t world_size;

@@ -19,6 +19,7 @@ static void* run(void* arg) {
   char err[256];
   dlcp_options o;
   memset(&o, 0, sizeof(o));
+  o.size = sizeof(o);
   o.aggregators = g_agg;
   o.job_name = "c-api-smoke";
   o.world_size = 2;
@@ -111,6 +112,18 @@ int main(int argc, char** argv) {
   bad.job_name = "c-api-bad";
   bad.world_size = 1;
   bad.plaintext = 1;
+  /* Options without a size are refused, saying what to set. */
+  if (dlcp_connect(&bad, &c, err, sizeof(err)) != 3 || !strstr(err, "sizeof(dlcp_options)")) {
+    fprintf(stderr, "options without a size were not refused: %s\n", err);
+    return 1;
+  }
+  /* One from an older, shorter header: the fields past its size are not read (world_size here). */
+  bad.size = offsetof(dlcp_options, world_size);
+  if (dlcp_connect(&bad, &c, err, sizeof(err)) != 3 || !strstr(err, "world_size must be")) {
+    fprintf(stderr, "a field past the options' size was read: %s\n", err);
+    return 1;
+  }
+  bad.size = sizeof(bad);
   if (dlcp_connect_with(&bad, "payload_encoding=fp8", &c, err, sizeof(err)) != 3 || !strstr(err, "payload_encoding")) {
     fprintf(stderr, "a bad payload_encoding was not refused: %s\n", err);
     return 1;
