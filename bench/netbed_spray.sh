@@ -7,7 +7,14 @@
 #     the path rates (each worker pushes and pulls its tensors once per round, so a round moves
 #     WORKERS x TENSORS x TENSOR bytes each way), and against what TCP moves both ways at once over the
 #     same fabric (iperf3, 8 streams each way, w1 <-> a1): on a small machine the emulated
-#     fabric's forwarding, not the shaped rate, can be the limit.
+#     fabric's forwarding, not the shaped rate, can be the limit;
+#   - "cross": both paths at RATE, and path 2 loaded by UDP cross traffic at CROSS Mbit/s (200)
+#     in each direction, sent from spine 2 itself to every host of the rack on the other side,
+#     so that it crosses that path's ports and no other: round time p50 and p99; its throughput
+#     is against the path rates less the cross traffic. The cross traffic rides DSCP CROSS_DSCP
+#     (46, the top class), which dlcp's classes cannot push aside: best-effort cross traffic
+#     (CROSS_DSCP=0) waits behind every class but the lowest, and hardly slows dlcp at all.
+# SCENARIOS ("half equal cross") picks which run.
 # Which path each unsprayed flow takes depends on its ephemeral ports, so each configuration runs
 # TRIALS times with fresh processes (fresh ports); the table gives the medians. Prints one JSON
 # line per run, then a ratio table. Env: RATE (Mbit/s of path 1, 400), TENSOR, TENSORS, ROUNDS,
@@ -26,6 +33,9 @@ SPRAY=${SPRAY:-16}
 WINDOW=${WINDOW:-262144}
 TENSORS=${TENSORS:-1}  # all-reduced concurrently each round
 TRIALS=${TRIALS:-3}
+SCENARIOS=${SCENARIOS:-half equal cross}
+CROSS=${CROSS:-200}          # Mbit/s of cross traffic per direction on path 2 ("cross")
+CROSS_DSCP=${CROSS_DSCP:-46}
 CHUNK=${CHUNK:-1400}  # payload bytes per datagram: 1400 fits MTU 1500; with MTU=9000, 8192
 [[ $(id -u) == 0 ]] || { echo "netbed_spray: needs root" >&2; exit 1; }
 
@@ -34,18 +44,38 @@ source "$HERE/../scripts/netbed/session.sh"
 WORKERS=${WORKERS:-4}
 AGGS=${AGGS:-2}
 export NAGGS=$AGGS PATHS=2 RATES="${RATE}mbit $((RATE / 2))mbit"
-netbed_start dlcp-spray-bench  # the "half" scenario first
+netbed_start dlcp-spray-bench  # each scenario reshapes path 2 (multipath.sh rate)
 
 AGG_HOSTS=$(for ((i = 1; i <= AGGS; i++)); do printf 'a%d:%s ' "$i" "$("$MP" ip "a$i")"; done)
 WORKER_HOSTS=$(for ((i = 1; i <= WORKERS; i++)); do printf 'w%d:%s ' "$i" "$("$MP" ip "w$i")"; done)
 
+# Cross traffic on path 2 only: iperf3 from spine 2's own namespace, which has a route to each
+# rack, to every host of the other rack (port 5400 + its index), CROSS Mbit/s in all per
+# direction; cross_stop ends it.
+cross_start() {
+  local h i=0 n rate
+  for h in $(for ((k = 1; k <= WORKERS; k++)); do echo "w$k"; done) $(for ((k = 1; k <= AGGS; k++)); do echo "a$k"; done); do
+    i=$((i + 1))
+    if [[ $h == w* ]]; then n=$WORKERS; else n=$AGGS; fi
+    rate=$(python3 -c "print(f'{$CROSS / $n:.1f}M')")
+    ip netns exec "$PREFIX-$h" iperf3 -s -p $((5400 + i)) >/dev/null 2>&1 &
+    sleep 0.2
+    ip netns exec "$PREFIX-s2" iperf3 -c "$("$MP" ip "$h")" -p $((5400 + i)) -u -b "$rate" -l $((${MTU:-1500} - 28)) \
+      --dscp "$CROSS_DSCP" -t 600 >/dev/null 2>&1 &
+  done
+  sleep 1
+}
+cross_stop() { pkill -f "iperf3 .*-p 54[0-9][0-9]" 2>/dev/null || true; sleep 0.5; }
+
 run() {  # SCENARIO SPRAY TRIAL: AGGS aggregators and WORKERS workers, one JSON line into results.jsonl
   local scenario=$1 spray=$2 trial=$3
   netbed_aggregators "$BUILD" "$AGG_HOSTS" --transport=udp --spray-ports="$spray" || return 0
+  [[ $scenario == cross ]] && cross_start
   # shellcheck disable=SC2086
   netbed_workers "$BUILD" "$work/$scenario-$spray" "$WORKER_HOSTS" --job="$scenario-$spray-$trial" --transport=udp \
     --spray-ports="$spray" --tensor-bytes="$TENSOR" --tensors="$TENSORS" --chunk-bytes="$CHUNK" --rounds="$ROUNDS" \
     --warmup=1 --loss-bound=0 --window-bytes="$WINDOW" --timeout-s=600 ${BENCH_FLAGS:-}
+  [[ $scenario == cross ]] && cross_stop
   netbed_stop_aggregators
   local rows
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/$scenario-$spray" "$WORKERS" "$scenario spray $spray")
@@ -61,11 +91,12 @@ PY
   tail -1 "$work/results.jsonl"
 }
 
-for scenario in half equal; do
-  if [[ $scenario == equal ]]; then
-    export RATES="${RATE}mbit ${RATE}mbit"
-    "$MP" up >/dev/null
-  fi
+for scenario in $SCENARIOS; do
+  case $scenario in
+    half) "$MP" rate 2 "$((RATE / 2))mbit" ;;
+    equal | cross) "$MP" rate 2 "${RATE}mbit" ;;
+    *) echo "netbed_spray: unknown scenario '$scenario' (half, equal, cross)" >&2; exit 2 ;;
+  esac
   for ((t = 1; t <= TRIALS; t++)); do
     run "$scenario" 1 "$t"
     run "$scenario" "$SPRAY" "$t"
@@ -73,6 +104,7 @@ for scenario in half equal; do
 done
 
 # TCP both ways at once over the equal fabric: the mean of the two directions' goodput.
+"$MP" rate 2 "${RATE}mbit"
 ip netns exec "$PREFIX-a1" iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
 sleep 0.5
 ip netns exec "$PREFIX-w1" iperf3 -c "$("$MP" ip a1)" -p 5299 -t 5 -P 8 --bidir -J >"$work/iperf.json" 2>/dev/null || true
@@ -85,7 +117,7 @@ except Exception:
     print(0)' "$work/iperf.json")
 echo "{\"scenario\": \"equal\", \"tcp_bidir_mbps\": $(python3 -c "print(round($tcp_bps / 1e6, 1))")}"
 
-python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$SPRAY" "$TENSORS" "$tcp_bps" "$WORKERS" "$AGGS" <<'PY'
+python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$SPRAY" "$TENSORS" "$tcp_bps" "$WORKERS" "$AGGS" "$CROSS" <<'PY'
 import json, statistics, sys
 runs = {}
 for r in map(json.loads, open(sys.argv[1])):
@@ -94,15 +126,18 @@ rows = {k: {"p50_ms": statistics.median(r["p50_ms"] for r in v), "p99_ms": stati
             "exact": all(r["exact"] for r in v), "trials": len(v)} for k, v in runs.items()}
 size, rate, spray, tensors = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 tcp = float(sys.argv[6])
-workers, aggs = int(sys.argv[7]), int(sys.argv[8])
+workers, aggs, cross = int(sys.argv[7]), int(sys.argv[8]), sys.argv[9]
 print(f"\n{workers} workers -> {aggs} aggregators over 2 ECMP paths, {tensors} x {size >> 20} MiB per round, reliable,"
       f" medians of {max(r['trials'] for r in rows.values())} trials;"
-      f" half: {rate} + {rate // 2} Mbit/s, equal: {rate} + {rate} Mbit/s")
+      f" half: {rate} + {rate // 2} Mbit/s, equal: {rate} + {rate} Mbit/s,"
+      f" cross: {rate} + {rate} Mbit/s with {cross} Mbit/s of cross traffic each way on path 2")
 print("| scenario | spraying | p50 ms | p99 ms | p99 / p99 off | rack throughput / sum of path rates | / TCP both ways | exact |")
 print("|---|---|---|---|---|---|---|---|")
-for scenario in ("half", "equal"):
+for scenario in ("half", "equal", "cross"):
+    if not any(k[0] == scenario for k in rows):
+        continue
     off = rows.get((scenario, 1))
-    path_sum = rate * (1.5 if scenario == "half" else 2) * 1e6
+    path_sum = rate * {"half": 1.5, "equal": 2, "cross": 2 - int(cross) / rate}[scenario] * 1e6
     for ports in (1, spray):
         r = rows.get((scenario, ports))
         if not r:
