@@ -35,10 +35,11 @@ bool CongestionWindow::OnLate(uint64_t stamp) {
   // One cut taken back, never past the window before it (it may have grown since).
   cwnd_ = std::max(cwnd_, std::min(it->cwnd, cwnd_ / options_.decrease));
   it->undone = true;
-  const bool later_stands =
-      std::any_of(undo_.begin(), undo_.end(), [&](const Undo& u) { return u.seq > it->seq && !u.undone; });
   ssthresh_ = std::max(ssthresh_, cwnd_);
-  if (options_.undo_threshold && !later_stands) ssthresh_ = std::max(ssthresh_, ThresholdBefore(*it));
+  if (options_.undo_threshold &&
+      std::none_of(undo_.begin(), undo_.end(), [&](const Undo& u) { return u.seq > it->seq && !u.undone; })) {
+    ssthresh_ = std::max(ssthresh_, ThresholdBefore(*it));
+  }
   ++undone_;
   // Spraying reorders by whole bursts (each source port's flow may take another path, or
   // another receive queue): twice the slack each time, up to 4 times the configured one.

@@ -13,7 +13,7 @@
 #      each direction puts at most 4/5 of its share there, fewer results are dropped there, rounds
 #      take at most 3/4 as long, and results stay exact. (Not an absolute share: what the slow
 #      spine can carry is a larger part of the whole on a slower machine. Nor a count of drops:
-#      equal turns drop 4,000-20,000 results here from one run to the next.)
+#      equal turns drop 4,000-34,000 results here from one run to the next.)
 # Needs root. Exits 77 (ctest: skipped) when it cannot run here.
 #   tests/netbed/multipath_test.sh BUILD_DIR
 set -Eeuo pipefail
