@@ -29,12 +29,17 @@ int Fail(const absl::Status& s, char* err, size_t err_len) {
   }
   return s.ok() ? 0 : static_cast<int>(s.code());
 }
+// The caller's structs start with their size (dlcp.h): they may come from an older header, and
+// must hold at least `least` bytes.
+template <typename T>
+absl::Status CheckSize(const T& s, size_t least, const char* name) {
+  if (s.size >= least) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(name, ".size is ", s.size, ": set it to sizeof(", name, ") (", sizeof(T), " in this build)"));
+}
 absl::Status CheckStatsSize(const dlcp_round_stats* stats) {
-  constexpr size_t kLeast = offsetof(dlcp_round_stats, key) + sizeof(stats->key);
-  if (stats == nullptr || stats->size >= kLeast) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("dlcp_round_stats.size is ", stats->size,
-                                                 ": set it to sizeof(dlcp_round_stats) (", sizeof(dlcp_round_stats),
-                                                 " in this build)"));
+  if (stats == nullptr) return absl::OkStatus();
+  return CheckSize(*stats, offsetof(dlcp_round_stats, key) + sizeof(stats->key), "dlcp_round_stats");
 }
 // The same words the flag registry takes for a boolean (absl::SimpleAtob).
 absl::StatusOr<bool> ParseBool(const std::string& value) {
@@ -94,15 +99,12 @@ int dlcp_connect(const dlcp_options* o, dlcp_client** out, char* err, size_t err
 
 int dlcp_connect_with(const dlcp_options* given, const char* settings, dlcp_client** out, char* err,
                       size_t err_len) {
-  if (given == nullptr || out == nullptr) return Fail(absl::InvalidArgumentError("dlcp_connect: null argument"), err, err_len);
-  // Only what the caller's struct holds (it may come from an older header); the rest defaults.
-  constexpr size_t kLeast = offsetof(dlcp_options, job_name) + sizeof(given->job_name);
-  if (given->size < kLeast) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("dlcp_options.size is ", given->size,
-                                                        ": set it to sizeof(dlcp_options) (", sizeof(dlcp_options),
-                                                        " in this build)")),
-                err, err_len);
+  if (given == nullptr || out == nullptr) {
+    return Fail(absl::InvalidArgumentError("dlcp_connect: null argument"), err, err_len);
   }
+  absl::Status size = CheckSize(*given, offsetof(dlcp_options, job_name) + sizeof(given->job_name), "dlcp_options");
+  if (!size.ok()) return Fail(size, err, err_len);
+  // Only what the caller's struct holds; the rest defaults.
   dlcp_options options{};
   std::memcpy(&options, given, std::min(given->size, sizeof(options)));
   const dlcp_options* o = &options;
