@@ -52,6 +52,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("start-delay-ms", 0, 0, 600000, "sleep this long before joining");
   c->AddDouble("loss-bound", 0.01, 0.0, 1.0, "ε: fraction of droppable contributions a round may lose; 0: reliable");
   c->AddDouble("reliable-fraction", 0.1, 0.0, 1.0, "chunks with the largest L2 norms that go to class 0");
+  c->AddBool("rank-reliable", false, "rank a reliable round's chunks into classes by magnitude too; false: one class per tensor");
   c->AddString("pull-mode", "consistent",
                "consistent: every worker receives the identical aggregate; bounded: up to ε of the droppable "
                "results may be given up on (zeroed)",
@@ -101,6 +102,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.tls = TlsOptionsFromConfig(c, /*server=*/false);
   w.client.loss_bound = c.GetDouble("loss-bound");
   w.client.class_policy.reliable_fraction = c.GetDouble("reliable-fraction");
+  w.client.class_policy.rank_reliable = c.GetBool("rank-reliable");
   w.client.pull_mode = *ParsePullMode(c.GetString("pull-mode"));  // validated as a flag
   w.client.on_aggregator_loss = *ParseAggregatorLoss(c.GetString("on-aggregator-loss"));
   w.client.payload_encoding = *wire::ParseEncoding(c.GetString("payload-encoding"));  // validated as a flag

@@ -349,6 +349,7 @@ ClientOptions MakeOptions(py::kwargs kw) {
   opt("pacing", o.pacing);
   opt("loss_bound", o.loss_bound);
   opt("reliable_fraction", o.class_policy.reliable_fraction);
+  opt("rank_reliable", o.class_policy.rank_reliable);
   py::object policy = take("class_policy");
   if (!policy.is_none()) o.class_policy.kind = Parsed(ParseClassPolicyKind(policy.cast<std::string>()));
   opt("num_layers", o.num_layers);

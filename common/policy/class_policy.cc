@@ -14,19 +14,18 @@ namespace {
 
 class MagnitudeLayerPolicy : public ClassPolicy {
  public:
-  explicit MagnitudeLayerPolicy(double reliable_fraction) : reliable_fraction_(reliable_fraction) {}
+  explicit MagnitudeLayerPolicy(const ClassPolicyOptions& options) : options_(options) {}
 
   void Classify(absl::Span<const float> data, const wire::ChunkGeometry& g, const TensorInfo& tensor,
                 absl::Span<uint8_t> classes) override {
     const uint32_t n = g.chunk_count();
     norms_.resize(n);
     for (uint32_t c = 0; c < n; ++c) norms_[c] = ChunkMagnitude(data.data() + g.offset(c), g.elems(c));
-    ClassesByMagnitude(norms_, MagnitudeTiers(reliable_fraction_, n, tensor.layer, tensor.num_layers), classes, &keys_,
-                       &order_);
+    ClassesByMagnitude(norms_, TiersFor(options_, n, tensor), classes, &keys_, &order_);
   }
 
  private:
-  double reliable_fraction_;
+  ClassPolicyOptions options_;
   std::vector<double> norms_;
   std::vector<uint64_t> keys_;
   std::vector<uint32_t> order_;
@@ -83,14 +82,20 @@ void ClassesByMagnitude(absl::Span<const double> magnitudes, const ClassTiers& t
   for (uint32_t i = 0; i < n; ++i) classes[(*order)[i]] = ClassAtRank(i, tiers);
 }
 
-ClassTiers TiersFor(const ClassPolicyOptions& options, uint32_t chunks, uint32_t layer, uint32_t num_layers) {
+ClassTiers TiersFor(const ClassPolicyOptions& options, uint32_t chunks, const TensorInfo& tensor) {
   if (options.kind == ClassPolicyOptions::Kind::kUniform) {
     ClassTiers t;
     t.chunks = chunks;
     t.uniform = options.uniform_class;
     return t;
   }
-  return MagnitudeTiers(options.reliable_fraction, chunks, layer, num_layers);
+  ClassTiers t = MagnitudeTiers(options.reliable_fraction, chunks, tensor.layer, tensor.num_layers);
+  if (tensor.reliable && !options.rank_reliable) {
+    // The class of the tensor's least important chunk that its layer alone would give.
+    const int tier = static_cast<int>(3 * t.layer);
+    t.uniform = static_cast<uint8_t>(1 + std::clamp(tier, 0, 2));
+  }
+  return t;
 }
 
 absl::StatusOr<ClassPolicyOptions::Kind> ParseClassPolicyKind(const std::string& name) {
@@ -116,7 +121,7 @@ absl::Status ValidateClassPolicy(const ClassPolicyOptions& o) {
 absl::StatusOr<std::unique_ptr<ClassPolicy>> CreateClassPolicy(const ClassPolicyOptions& o) {
   if (absl::Status s = ValidateClassPolicy(o); !s.ok()) return s;
   if (o.kind == ClassPolicyOptions::Kind::kUniform) return std::make_unique<UniformPolicy>(o.uniform_class);
-  return std::make_unique<MagnitudeLayerPolicy>(o.reliable_fraction);
+  return std::make_unique<MagnitudeLayerPolicy>(o);
 }
 
 }  // namespace dlcp

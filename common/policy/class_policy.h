@@ -20,6 +20,7 @@ namespace dlcp {
 struct TensorInfo {
   uint32_t layer = 0;       // position from the input (0) towards the output
   uint32_t num_layers = 0;  // 0: unknown, every tensor counts as layer 0
+  bool reliable = false;    // its round has ε = 0: every chunk must arrive
 };
 
 class ClassPolicy {
@@ -37,6 +38,12 @@ struct ClassPolicyOptions {
   double reliable_fraction = 0.1;
   // kUniform: every chunk gets this class (class 0 everywhere is fully reliable).
   uint8_t uniform_class = 1;
+  // kMagnitudeLayer, in a reliable round (TensorInfo::reliable): rank its chunks by magnitude as
+  // well. Off by default: where every chunk must arrive, magnitude says nothing about which may
+  // wait, and strict priority between a tensor's own chunks only reorders them. The least
+  // important class then sits starved in its switch queue until it overflows, and its late
+  // results read as losses (docs/congestion.md, "One class per reliable tensor").
+  bool rank_reliable = false;
 };
 
 absl::StatusOr<ClassPolicyOptions::Kind> ParseClassPolicyKind(const std::string& name);
@@ -46,6 +53,8 @@ absl::StatusOr<ClassPolicyOptions::Kind> ParseClassPolicyKind(const std::string&
 // with the layer position (layer / num_layers) when the depth is known. Thirds of the score range
 // are classes 1, 2 and 3. Layers near the input come first because the next forward pass needs
 // them first; a tensor of unknown depth spreads over all three classes by magnitude alone.
+// A reliable tensor (unless rank_reliable) rides one class: the third its layer position falls
+// in, class 1 when the depth is unknown. Class 0 stays for control messages and repairs.
 absl::StatusOr<std::unique_ptr<ClassPolicy>> CreateClassPolicy(const ClassPolicyOptions& options);
 // What CreateClassPolicy checks, without making a policy.
 absl::Status ValidateClassPolicy(const ClassPolicyOptions& options);
@@ -55,6 +64,6 @@ absl::Status ValidateClassPolicy(const ClassPolicyOptions& options);
 void ClassesByMagnitude(absl::Span<const double> magnitudes, const ClassTiers& tiers, absl::Span<uint8_t> classes,
                         std::vector<uint64_t>* keys, std::vector<uint32_t>* order);
 // The tiers of one tensor of `chunks` chunks under `options`, which CreateClassPolicy accepted.
-ClassTiers TiersFor(const ClassPolicyOptions& options, uint32_t chunks, uint32_t layer, uint32_t num_layers);
+ClassTiers TiersFor(const ClassPolicyOptions& options, uint32_t chunks, const TensorInfo& tensor);
 
 }  // namespace dlcp

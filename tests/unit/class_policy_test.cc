@@ -67,6 +67,31 @@ TEST(ClassPolicy, LayersNearTheInputRankFirst) {
   EXPECT_EQ(*std::min_element(output.begin() + 10, output.end()), 2);  // nor the output layer class 1
 }
 
+// In a reliable round every chunk must arrive, so its magnitude says nothing about which may wait:
+// the whole tensor rides the class its layer earns, and class 0 stays free for control and repairs.
+TEST(ClassPolicy, AReliableTensorRidesTheClassItsLayerEarns) {
+  std::vector<float> mags(100);
+  for (int c = 0; c < 100; ++c) mags[c] = static_cast<float>(100 - c);
+  auto only = [](const std::vector<uint8_t>& cls, uint8_t want) {
+    return std::all_of(cls.begin(), cls.end(), [&](uint8_t c) { return c == want; });
+  };
+  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{0, 0, true}), 1)) << "depth unknown";
+  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{0, 10, true}), 1));
+  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{5, 10, true}), 2));
+  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{9, 10, true}), 3));
+  ClassPolicyOptions all;
+  all.reliable_fraction = 1;
+  EXPECT_TRUE(only(Classify(all, Tensor(mags), TensorInfo{9, 10, true}), 3)) << "the fraction ranks, and nothing is ranked";
+  // rank_reliable: ranked as in a bounded round.
+  ClassPolicyOptions ranked;
+  ranked.rank_reliable = true;
+  EXPECT_EQ(Classify(ranked, Tensor(mags), TensorInfo{5, 10, true}), Classify({}, Tensor(mags), TensorInfo{5, 10}));
+  EXPECT_EQ(Classify(ranked, Tensor(mags), TensorInfo{5, 10, true})[0], 0);
+  // The uniform policy's class wins either way.
+  ClassPolicyOptions uniform{ClassPolicyOptions::Kind::kUniform, 0, 0};
+  EXPECT_TRUE(only(Classify(uniform, Tensor(mags), TensorInfo{9, 10, true}), 0));
+}
+
 TEST(ClassPolicy, NonFiniteGradientsAreNeverDropped) {
   std::vector<float> mags(20, 1.0f);
   mags[7] = NAN;

@@ -199,6 +199,27 @@ TEST(Packer, SeveralTensorsAreClassedEachOnItsOwn) {
   EXPECT_EQ(p.out.classes, classes);
 }
 
+// The data path marks a round with ε = 0 reliable; the packer then classes by the layer alone, as
+// the policy does, and still measures every chunk.
+TEST(Packer, AReliableTensorRidesOneClass) {
+  const std::vector<float> a = RandomValues(3000, 1), b = RandomValues(3000, 2);
+  std::vector<float> both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  PackInput in = Input(both, 64, wire::Encoding::kF32);
+  in.num_layers = 8;
+  in.tensors = {PackTensor{0, 3000, 1, 0, 7, 5, /*reliable=*/true}, PackTensor{3000, 3000, 2, 0, 7, 5}};
+  Packed p = Pack(in);
+  const uint32_t chunks = wire::ChunkGeometry{3000, 64}.chunk_count();
+  ASSERT_EQ(p.out.classes.size(), 2u * chunks);
+  for (uint32_t c = 0; c < chunks; ++c) ASSERT_EQ(p.out.classes[c], 3) << c;
+  auto policy = CreateClassPolicy({});
+  std::vector<uint8_t> want(chunks);
+  (*policy)->Classify(b, wire::ChunkGeometry{3000, 64}, TensorInfo{7, 8}, absl::MakeSpan(want));
+  EXPECT_EQ(std::vector<uint8_t>(p.out.classes.begin() + chunks, p.out.classes.end()), want);
+  EXPECT_NE(*std::min_element(want.begin(), want.end()), 3) << "the bounded tensor is ranked";
+  EXPECT_GT(p.out.magnitudes[0], 0.0);
+}
+
 TEST(Packer, NonFiniteChunksAreClassZero) {
   std::vector<float> data(1024, 0.5f);
   data[700] = NAN;
