@@ -9,7 +9,8 @@
 # what ring all-reduce carries); and dlcp once more without cross traffic, for goodput against
 # the link rate. MODES may add reliable_bf16 and clean_bf16: the same dlcp runs with bfloat16
 # payloads (half the bytes; the floor stays float32's); clean_default, bounded_default and
-# reliable_default: the client's default window (adaptive, at most 4 MiB), and clean_4mib_fixed,
+# reliable_default: the client's default window (adaptive, at most 4 MiB), clean_reliable_default:
+# reliable without cross traffic with that window, and clean_4mib_fixed,
 # bounded_4mib_fixed and reliable_4mib_fixed: 4 MiB without adaptation. Also prints the physical floor: ring all-reduce's bytes per link, 2 S (N-1) / N,
 # over the link rate. Prints one JSON line per system, then a ratio table. MTU (1500) and CHUNK
 # (dlcp's payload bytes per datagram: 1400, or 8192 with MTU=9000) set the frame size.
@@ -88,6 +89,7 @@ has() { [[ " $MODES " == *" $1 "* ]]; }
   has clean_default && run_dlcp dlcp_bounded_no_congestion_default_window 0.01 nocross f32 "$DEFAULTS"
   has bounded_default && run_dlcp dlcp_bounded_eps0.01_default_window 0.01 cross f32 "$DEFAULTS"
   has reliable_default && run_dlcp dlcp_reliable_default_window 0 cross f32 "$DEFAULTS"
+  has clean_reliable_default && run_dlcp dlcp_reliable_no_congestion_default_window 0 nocross f32 "$DEFAULTS"
   has clean_4mib_fixed && run_dlcp dlcp_bounded_no_congestion_4mib_fixed 0.01 nocross f32 "--window-bytes=4194304 $TUNED"
   has bounded_4mib_fixed && run_dlcp dlcp_bounded_eps0.01_4mib_fixed 0.01 cross f32 "--window-bytes=4194304 $TUNED"
   has reliable_4mib_fixed && run_dlcp dlcp_reliable_4mib_fixed 0 cross f32 "--window-bytes=4194304 $TUNED"
@@ -114,7 +116,8 @@ rel = rows.get("dlcp_reliable", {}).get("p99_ms") or float("nan")
 names = ["dlcp_bounded_eps0.01", "dlcp_reliable", "gloo_ring_tcp", "dlcp_bounded_no_congestion"]
 names += [n for n in ("dlcp_reliable_bf16", "dlcp_reliable_bf16_no_congestion") if n in rows]
 names += [f"{m}_{w}" for w in ("default_window", "4mib_fixed")
-          for m in ("dlcp_bounded_no_congestion", "dlcp_bounded_eps0.01", "dlcp_reliable") if f"{m}_{w}" in rows]
+          for m in ("dlcp_bounded_no_congestion", "dlcp_bounded_eps0.01", "dlcp_reliable", "dlcp_reliable_no_congestion")
+          if f"{m}_{w}" in rows]
 for name in names:
     r = rows.get(name)
     if not r:
@@ -122,7 +125,8 @@ for name in names:
     print(f"| {name} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / floor_ms:.2f} | {r['p99_ms'] / g:.2f} |"
           f" {r['p99_ms'] / rel:.2f} | {r.get('max_round_loss', 0):.4f} | {r.get('retransmits', '-')} | {r['exact']} |")
 for name, how in (("dlcp_bounded_no_congestion", "with the tuned fixed window"),
-                  ("dlcp_bounded_no_congestion_default_window", "with the default window")):
+                  ("dlcp_bounded_no_congestion_default_window", "with the default window"),
+                  ("dlcp_reliable_no_congestion_default_window", "reliable, with the default window,")):
     c = rows.get(name)
     if c and c["p50_ms"] > 0:
         print(f"\nWithout congestion dlcp {how} reaches {floor_ms / c['p50_ms'] * 100:.0f}% of the link rate at p50"

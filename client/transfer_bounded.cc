@@ -34,7 +34,8 @@ PackInput TransferEngine::PackInputOf(const Op& op, const void* data) const {
   PackInput in;
   in.data = data;
   // The epoch differs per aggregator; PushSome writes each header for its destination anyway.
-  in.tensors = {PackTensor{0, op.geometry.tensor_elems, op.key, op.round, op.tensor.layer, 0, op.loss_bound_ppm == 0}};
+  in.tensors = {PackTensor{0, op.geometry.tensor_elems, op.key, op.round, op.tensor.layer, 0,
+                                static_cast<double>(op.loss_bound_ppm) / wire::kPpm}};
   in.chunk_elems = op.geometry.chunk_elems;
   in.job = options_.job;
   in.rank = options_.rank;

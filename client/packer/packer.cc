@@ -38,7 +38,7 @@ absl::StatusOr<PackLayout> PlanPack(const PackInput& in, const ClassPolicyOption
     if (static_cast<uint64_t>(layout.first_chunk.back()) + chunks > std::numeric_limits<uint32_t>::max()) {
       return absl::InvalidArgumentError("pack: more than 2^32 - 1 chunks");
     }
-    layout.tiers.push_back(TiersFor(policy, chunks, TensorInfo{t.layer, in.num_layers, t.reliable}));
+    layout.tiers.push_back(TiersFor(policy, chunks, TensorInfo{t.layer, in.num_layers, t.loss_bound}));
     layout.first_chunk.push_back(layout.first_chunk.back() + chunks);
     const uint64_t bytes = (chunks - 1) * layout.stride + wire::kHeaderSize + static_cast<uint64_t>(g.elems(chunks - 1)) * width;
     layout.packet_offset.push_back(layout.packet_offset.back() + bytes);

@@ -33,7 +33,7 @@ struct PackTensor {
   uint32_t round = 0;
   uint32_t layer = 0;   // position from the input, for the class policy
   uint32_t epoch = 0;   // the epoch its packets carry
-  bool reliable = false;  // its round has ε = 0 (TensorInfo::reliable)
+  double loss_bound = -1;  // its round's ε (TensorInfo::loss_bound)
 };
 
 struct PackInput {

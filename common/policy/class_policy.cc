@@ -90,10 +90,12 @@ ClassTiers TiersFor(const ClassPolicyOptions& options, uint32_t chunks, const Te
     return t;
   }
   ClassTiers t = MagnitudeTiers(options.reliable_fraction, chunks, tensor.layer, tensor.num_layers);
-  if (tensor.reliable && !options.rank_reliable) {
+  if (tensor.loss_bound == 0 && !options.rank_reliable) {
     // The class of the tensor's least important chunk that its layer alone would give.
     const int tier = static_cast<int>(3 * t.layer);
     t.uniform = static_cast<uint8_t>(1 + std::clamp(tier, 0, 2));
+  } else if (tensor.loss_bound > 0 && tensor.loss_bound < t.tail) {
+    t.tail = tensor.loss_bound;
   }
   return t;
 }

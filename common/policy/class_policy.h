@@ -20,7 +20,8 @@ namespace dlcp {
 struct TensorInfo {
   uint32_t layer = 0;       // position from the input (0) towards the output
   uint32_t num_layers = 0;  // 0: unknown, every tensor counts as layer 0
-  bool reliable = false;    // its round has ε = 0: every chunk must arrive
+  // Its round's ε: 0 is reliable (every chunk must arrive); < 0 unknown.
+  double loss_bound = -1;
 };
 
 class ClassPolicy {
@@ -38,7 +39,7 @@ struct ClassPolicyOptions {
   double reliable_fraction = 0.1;
   // kUniform: every chunk gets this class (class 0 everywhere is fully reliable).
   uint8_t uniform_class = 1;
-  // kMagnitudeLayer, in a reliable round (TensorInfo::reliable): rank its chunks by magnitude as
+  // kMagnitudeLayer, in a reliable round (TensorInfo::loss_bound 0): rank its chunks by magnitude as
   // well. Off by default: where every chunk must arrive, magnitude says nothing about which may
   // wait, and strict priority between a tensor's own chunks only reorders them. The least
   // important class then sits starved in its switch queue until it overflows, and its late
@@ -55,6 +56,10 @@ absl::StatusOr<ClassPolicyOptions::Kind> ParseClassPolicyKind(const std::string&
 // them first; a tensor of unknown depth spreads over all three classes by magnitude alone.
 // A reliable tensor (unless rank_reliable) rides one class: the third its layer position falls
 // in, class 1 when the depth is unknown. Class 0 stays for control messages and repairs.
+// Under a bound ε below 1/3, the lowest class takes only the bottom ε of the score range and the
+// middle one the next 2ε, rather than thirds: a round must still receive all but ε of the
+// droppable chunks, and a class that strict priority starves (and that shares DSCP 0 with
+// best-effort traffic) should hold no more than the bound lets it lose.
 absl::StatusOr<std::unique_ptr<ClassPolicy>> CreateClassPolicy(const ClassPolicyOptions& options);
 // What CreateClassPolicy checks, without making a policy.
 absl::Status ValidateClassPolicy(const ClassPolicyOptions& options);

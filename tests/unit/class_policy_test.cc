@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "common/policy/class_policy.h"
@@ -75,21 +76,38 @@ TEST(ClassPolicy, AReliableTensorRidesTheClassItsLayerEarns) {
   auto only = [](const std::vector<uint8_t>& cls, uint8_t want) {
     return std::all_of(cls.begin(), cls.end(), [&](uint8_t c) { return c == want; });
   };
-  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{0, 0, true}), 1)) << "depth unknown";
-  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{0, 10, true}), 1));
-  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{5, 10, true}), 2));
-  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{9, 10, true}), 3));
+  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{0, 0, 0.0}), 1)) << "depth unknown";
+  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{0, 10, 0.0}), 1));
+  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{5, 10, 0.0}), 2));
+  EXPECT_TRUE(only(Classify({}, Tensor(mags), TensorInfo{9, 10, 0.0}), 3));
   ClassPolicyOptions all;
   all.reliable_fraction = 1;
-  EXPECT_TRUE(only(Classify(all, Tensor(mags), TensorInfo{9, 10, true}), 3)) << "the fraction ranks, and nothing is ranked";
+  EXPECT_TRUE(only(Classify(all, Tensor(mags), TensorInfo{9, 10, 0.0}), 3)) << "the fraction ranks, and nothing is ranked";
   // rank_reliable: ranked as in a bounded round.
   ClassPolicyOptions ranked;
   ranked.rank_reliable = true;
-  EXPECT_EQ(Classify(ranked, Tensor(mags), TensorInfo{5, 10, true}), Classify({}, Tensor(mags), TensorInfo{5, 10}));
-  EXPECT_EQ(Classify(ranked, Tensor(mags), TensorInfo{5, 10, true})[0], 0);
+  EXPECT_EQ(Classify(ranked, Tensor(mags), TensorInfo{5, 10, 0.0}), Classify({}, Tensor(mags), TensorInfo{5, 10}));
+  EXPECT_EQ(Classify(ranked, Tensor(mags), TensorInfo{5, 10, 0.0})[0], 0);
   // The uniform policy's class wins either way.
   ClassPolicyOptions uniform{ClassPolicyOptions::Kind::kUniform, 0, 0};
-  EXPECT_TRUE(only(Classify(uniform, Tensor(mags), TensorInfo{9, 10, true}), 0));
+  EXPECT_TRUE(only(Classify(uniform, Tensor(mags), TensorInfo{9, 10, 0.0}), 0));
+}
+
+// Under a bound ε, class 3 holds the bottom ε of the droppable chunks and class 2 the next 2ε:
+// the round must receive all but ε of them, so the class strict priority starves holds no more.
+TEST(ClassPolicy, TheLowestClassesAreSizedByTheBound) {
+  std::vector<float> mags(100);
+  for (int c = 0; c < 100; ++c) mags[c] = static_cast<float>(100 - c);  // chunk 0 largest
+  ClassPolicyOptions none;
+  none.reliable_fraction = 0;
+  const auto cls = Classify(none, Tensor(mags), TensorInfo{0, 0, 0.05});
+  std::array<int, 4> count{};
+  for (uint8_t c : cls) ++count[c];
+  EXPECT_EQ(count, (std::array<int, 4>{0, 85, 10, 5}));
+  EXPECT_TRUE(std::is_sorted(cls.begin(), cls.end()));
+  // A bound of a third or more, or none known, keeps thirds.
+  EXPECT_EQ(Classify(none, Tensor(mags), TensorInfo{0, 0, 0.5}), Classify(none, Tensor(mags)));
+  EXPECT_EQ(Classify(none, Tensor(mags), TensorInfo{0, 0, 1.0 / 3}), Classify(none, Tensor(mags)));
 }
 
 TEST(ClassPolicy, NonFiniteGradientsAreNeverDropped) {

@@ -207,7 +207,7 @@ TEST(Packer, AReliableTensorRidesOneClass) {
   both.insert(both.end(), b.begin(), b.end());
   PackInput in = Input(both, 64, wire::Encoding::kF32);
   in.num_layers = 8;
-  in.tensors = {PackTensor{0, 3000, 1, 0, 7, 5, /*reliable=*/true}, PackTensor{3000, 3000, 2, 0, 7, 5}};
+  in.tensors = {PackTensor{0, 3000, 1, 0, 7, 5, /*loss_bound=*/0.0}, PackTensor{3000, 3000, 2, 0, 7, 5}};
   Packed p = Pack(in);
   const uint32_t chunks = wire::ChunkGeometry{3000, 64}.chunk_count();
   ASSERT_EQ(p.out.classes.size(), 2u * chunks);
