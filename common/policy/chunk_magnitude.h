@@ -43,21 +43,24 @@ struct ClassTiers {
   double layer = 0;       // layer / num_layers, at most 1
   // Uniform policy: every chunk gets this class (kNoUniform: rank by magnitude).
   uint8_t uniform = 0xff;
-  // The share of the score range in class 3, the next 2 tail in class 2; thirds by default.
-  double tail = 1.0 / 3;
+  // Sized by a bound (class_policy.h): scores from class3_from up are class 3, from class2_from
+  // up class 2, the rest class 1. The host computes both once, so that no device contracts the
+  // arithmetic differently; otherwise thirds.
+  bool by_bound = false;
+  double class3_from = 1;
+  double class2_from = 1;
 };
 inline constexpr uint8_t kNoUniform = 0xff;
 
 // The top `reliable` ranks are class 0. The rest score their rank among themselves as a fraction
 // (0: largest), averaged with the layer position when the depth is known; thirds of the score
-// range are classes 1, 2 and 3, or with a smaller tail: the bottom tail of it class 3, the next
-// 2 tail class 2, the rest class 1.
+// range are classes 1, 2 and 3, or the tiers' thresholds where a bound sized them.
 DLCP_HD inline uint8_t ClassAtRank(uint32_t rank, const ClassTiers& t) {
   if (t.uniform != kNoUniform) return t.uniform;
   if (rank < t.reliable) return 0;
   const double magnitude = static_cast<double>(rank - t.reliable) / (t.chunks - t.reliable);
   const double score = t.layered ? (magnitude + t.layer) / 2 : magnitude;
-  if (t.tail < 1.0 / 3) return score >= 1 - t.tail ? 3 : (score >= 1 - 3 * t.tail ? 2 : 1);
+  if (t.by_bound) return score >= t.class3_from ? 3 : (score >= t.class2_from ? 2 : 1);
   int tier = static_cast<int>(3 * score);
   tier = tier < 0 ? 0 : (tier > 2 ? 2 : tier);
   return static_cast<uint8_t>(1 + tier);

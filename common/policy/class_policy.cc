@@ -94,8 +94,11 @@ ClassTiers TiersFor(const ClassPolicyOptions& options, uint32_t chunks, const Te
     // The class of the tensor's least important chunk that its layer alone would give.
     const int tier = static_cast<int>(3 * t.layer);
     t.uniform = static_cast<uint8_t>(1 + std::clamp(tier, 0, 2));
-  } else if (tensor.loss_bound > 0 && tensor.loss_bound < t.tail) {
-    t.tail = tensor.loss_bound;
+  } else if (tensor.loss_bound > 0 && tensor.loss_bound < 1.0 / 3) {
+    // The bottom ε of the score range is class 3, the next 2ε class 2.
+    t.by_bound = true;
+    t.class3_from = 1 - tensor.loss_bound;
+    t.class2_from = 1 - 3 * tensor.loss_bound;
   }
   return t;
 }
