@@ -91,7 +91,7 @@ ClassTiers TiersFor(const ClassPolicyOptions& options, uint32_t chunks, const Te
   }
   ClassTiers t = MagnitudeTiers(options.reliable_fraction, chunks, tensor.layer, tensor.num_layers);
   if (tensor.loss_bound == 0 && !options.rank_reliable) {
-    // The class of the tensor's least important chunk that its layer alone would give.
+    // The third its layer position falls in.
     const int tier = static_cast<int>(3 * t.layer);
     t.uniform = static_cast<uint8_t>(1 + std::clamp(tier, 0, 2));
   } else if (tensor.loss_bound > 0 && tensor.loss_bound < 1.0 / 3) {
