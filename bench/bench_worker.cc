@@ -117,7 +117,9 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     for (uint32_t t = 0; t < config.tensors; ++t) {
       values_of(round, t).Fill(rank, 0, absl::MakeSpan(data[t]));
       // The classes the client will give this data, to check that no class-0 chunk was lost.
-      if (digits) (*policy)->Classify(data[t], geometry, TensorInfo{}, absl::MakeSpan(classes[t]));
+      if (digits) {
+        (*policy)->Classify(data[t], geometry, TensorInfo{0, 0, config.client.loss_bound}, absl::MakeSpan(classes[t]));
+      }
     }
     // A one-element all-reduce is a barrier: the timed region starts with every worker ready, so
     // it measures the all-reduce and not a peer still checking the last round.
