@@ -66,8 +66,7 @@ DLCP_HD inline uint8_t ClassAtRank(uint32_t rank, const ClassTiers& t) {
   return static_cast<uint8_t>(1 + tier);
 }
 
-// Host helpers (class_policy.cc).
+// Host helper (class_policy.cc). Tiers come from TiersFor (class_policy.h), which knows the round.
 double ChunkMagnitude(const float* values, uint32_t n);
-ClassTiers MagnitudeTiers(double reliable_fraction, uint32_t chunks, uint32_t layer, uint32_t num_layers);
 
 }  // namespace dlcp

@@ -58,6 +58,8 @@ DLCP_AVX2_CLONES double ChunkMagnitude(const float* values, uint32_t n) {
   return lanes[0];
 }
 
+namespace {
+// The magnitude-layer tiers before the round's bound has a say (TiersFor).
 ClassTiers MagnitudeTiers(double reliable_fraction, uint32_t chunks, uint32_t layer, uint32_t num_layers) {
   ClassTiers t;
   t.chunks = chunks;
@@ -66,6 +68,7 @@ ClassTiers MagnitudeTiers(double reliable_fraction, uint32_t chunks, uint32_t la
   t.layer = t.layered ? std::min(1.0, static_cast<double>(layer) / num_layers) : 0;
   return t;
 }
+}  // namespace
 
 void ClassesByMagnitude(absl::Span<const double> magnitudes, const ClassTiers& tiers, absl::Span<uint8_t> classes,
                         std::vector<uint64_t>* keys, std::vector<uint32_t>* order) {
