@@ -58,6 +58,9 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
   push_nacks_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "push_nack"}}, repairs_help);
   probes_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "probe"}}, repairs_help);
   results_resent_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "result_resent"}}, repairs_help);
+  results_in_flight_ = metrics->GetCounter(
+      "dlcp_results_not_resent_total", {},
+      "Results asked for again within a repair interval of their last copy, not sent again: that copy may still arrive");
   result_share_updates_ = metrics->GetCounter(
       "dlcp_result_share_updates_total", {},
       "Times the shares of results to one worker over the spray paths were weighed again from their losses");
@@ -294,9 +297,17 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
   std::vector<uint32_t> nack;
   std::vector<PathShares>* shares = JobResultShares(*round);
   PathShares* rank_shares = shares != nullptr ? &(*shares)[h.rank] : nullptr;
+  const absl::Time now = absl::Now();
+  const absl::Duration interval = ResultResendInterval(*round);
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
       if (round->HasFinalResult(c)) {
+        // A copy sent within a repair interval (longer after each copy) may still be on its
+        // way; the next request asks again if it was lost.
+        if (round->ResultMayBeOnItsWay(h.rank, c, now, interval)) {
+          results_in_flight_->Add();
+          continue;
+        }
         results_resent_->Add();
         // Asked for again after a quiet spell: the copy sent last was lost on its path.
         if (const int path = round->ResultPath(h.rank, c); path >= 0 && rank_shares != nullptr) {
@@ -318,12 +329,21 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
     }
     if (h.chunk > 0) round->bounded->MarkSentThrough(h.rank, std::min(h.chunk, h.chunk_count) - 1);
     // Planning walks the whole round: once per half repair interval, however many ask.
-    const absl::Time now = absl::Now();
     if (now - round->last_plan < options_.repair_timeout / 2) return;
     round->last_plan = now;
     return RepairBounded(*round, h.rank);
   }
   if (!nack.empty()) SendRanges(wire::MsgType::kPushNack, *round, h.rank, nack);
+}
+
+absl::Duration DataThread::RepairInterval(const Round& r) const {
+  return QuietSpellEnd(r.created(), r.last_progress(), r.contributions(), kRepairGaps, kMinRepair,
+                       options_.repair_timeout) -
+         r.last_progress();
+}
+
+absl::Duration DataThread::ResultResendInterval(const Round& r) const {
+  return std::max(RepairInterval(r), std::min(options_.repair_timeout, kMinResultResend));
 }
 
 wire::Header DataThread::RoundHeader(const Round& r, wire::MsgType type, uint32_t rank) {
@@ -364,6 +384,7 @@ void DataThread::SendResultToAll(Round& r, uint32_t chunk) {
   uint64_t digest = 0;
   if (key != nullptr) digest = wire::PayloadDigest(*key, payload.data(), payload.size());
   std::vector<PathShares>* shares = JobResultShares(r);
+  r.NoteResultsSent(chunk);
   for (uint32_t w = 0; w < r.job()->world; ++w) {
     SendResult(r, chunk, w, shares != nullptr ? &(*shares)[w] : nullptr, payload, key != nullptr ? &digest : nullptr);
   }
@@ -397,6 +418,7 @@ void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares*
     r.NoteResultPath(rank, chunk, p);
     path = static_cast<int16_t>(p);
   }
+  if (again) r.NoteResultSentAgain(rank, chunk);
   CountTx(h);
   if (r.encoding() == wire::Encoding::kF32) {
     Check(outbox_.Add(m.address(), h, payload.data(), r.job()->key(), payload_digest, path));
@@ -565,8 +587,7 @@ void DataThread::ScanTimers(absl::Time now) {
       r.last_plan = now;
       RepairBounded(r, -1, /*ask_manifests=*/false);
     }
-    const absl::Time quiet_end = QuietSpellEnd(r.created(), r.last_progress(), r.contributions(), kRepairGaps,
-                                               kMinRepair, options_.repair_timeout);
+    const absl::Time quiet_end = r.last_progress() + RepairInterval(r);
     if (now >= r.next_repair && now >= quiet_end) {
       if (r.bounded && !r.sealed()) {
         r.last_plan = now;

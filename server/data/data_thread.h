@@ -75,6 +75,15 @@ class DataThread {
   absl::Time FireTails(absl::Time now);
   // When an armed round's tail ends: a quiet spell after its latest contribution.
   absl::Time TailEnd(const Round& r) const;
+  // The quiet spell after a round's latest contribution that makes a repair due: 16 of its own
+  // mean gaps, within [1 ms, repair_timeout] (common/policy/quiet_spell.h).
+  absl::Duration RepairInterval(const Round& r) const;
+  // How long a result copy counts as on its way (Round::ResultMayBeOnItsWay): the repair
+  // interval, and at least kMinResultResend (or repair_timeout, if less). Results asked for
+  // again while the round still runs queue behind its pushes; on the congested test bed, copies
+  // sent again after 1 ms still multiplied into storms of 40 s rounds, and after 5 ms did not.
+  absl::Duration ResultResendInterval(const Round& r) const;
+  static constexpr absl::Duration kMinResultResend = absl::Milliseconds(5);
   // Finds or creates the round for a validated header; nullptr when the packet is to be dropped.
   Round* RoundFor(const wire::Header& h, const std::shared_ptr<Job>& job, absl::Time now);
   // With kFlagLeftOut when rank's contribution is not in a sealed round's sum, and
@@ -147,6 +156,7 @@ class DataThread {
   Counter* rx_bytes_[wire::kNumClasses] = {};
   Counter* tx_bytes_[wire::kNumClasses] = {};
   Counter* results_resent_;
+  Counter* results_in_flight_;
   Counter* result_share_updates_;
   Counter* stops_resent_;
   Counter* push_nacks_;

@@ -22,6 +22,7 @@ Round::Round(std::shared_ptr<Job> job, uint32_t key, uint32_t round, wire::Chunk
       contributors_(geometry.chunk_count(), 0),
       result_class_(geometry.chunk_count(), wire::kNumClasses - 1),
       lost_class_(geometry.chunk_count(), wire::kNumClasses),
+      result_out_us_(geometry.chunk_count(), 0),
       done_(job_->world, false),
       created_(now),
       last_progress_(now) {

@@ -90,6 +90,34 @@ class Round {
     result_paths_[size_t{rank} * geometry_.chunk_count() + chunk] = static_cast<uint8_t>(path + 1);
   }
 
+  // Whether a copy of `chunk`'s result may still be on its way to `rank`, so that sending it
+  // again would only add to the congestion that delays it. A worker asks for every result it
+  // lacks, including copies queued behind that congestion; answering each request in full
+  // multiplied the results in flight until they crowded out the pushes the round waited for
+  // (docs/congestion.md, "Results asked for again"). A copy counts as on its way for `interval`
+  // after it left, and each copy sent again doubles that for the next (up to 4 times), as a
+  // retransmission timeout backs off.
+  void NoteResultsSent(uint32_t chunk) { result_out_us_[chunk] = MicrosSinceCreated(); }
+  void NoteResultSentAgain(uint32_t rank, uint32_t chunk) {
+    // Kept from the first copy sent again on: world x chunk_count, so only rounds that repair
+    // results pay for it.
+    if (result_again_.empty()) result_again_.assign(size_t{job_->world} * geometry_.chunk_count(), Again{});
+    Again& a = result_again_[size_t{rank} * geometry_.chunk_count() + chunk];
+    a.us = MicrosSinceCreated();
+    a.copies = static_cast<uint8_t>(std::min(a.copies + 1, 2));
+  }
+  bool ResultMayBeOnItsWay(uint32_t rank, uint32_t chunk, absl::Time now, absl::Duration interval) const {
+    uint32_t last = result_out_us_[chunk];
+    if (!result_again_.empty()) {
+      const Again& a = result_again_[size_t{rank} * geometry_.chunk_count() + chunk];
+      if (a.us > last) {
+        last = a.us;
+        interval *= 1 << a.copies;
+      }
+    }
+    return last != 0 && now - (created_ + absl::Microseconds(last - 1)) < interval;
+  }
+
   // Returns true if `rank` was not done before.
   bool MarkDone(uint32_t rank);
   bool IsDone(uint32_t rank) const { return done_[rank]; }
@@ -127,6 +155,17 @@ class Round {
   std::vector<uint8_t> result_class_;
   std::vector<uint8_t> lost_class_;
   std::vector<uint8_t> result_paths_;  // world x chunk_count: 1 + path; 0: none (allocated on use)
+  // When results last went out, as 1 + microseconds after created_ (0: never): per chunk to
+  // everyone, and per worker x chunk again, with how many copies went again.
+  struct Again {
+    uint32_t us = 0;
+    uint8_t copies = 0;
+  };
+  std::vector<uint32_t> result_out_us_;
+  std::vector<Again> result_again_;
+  uint32_t MicrosSinceCreated() const {
+    return static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Microseconds(absl::Now() - created_) + 1, 1, UINT32_MAX));
+  }
   uint32_t open_chunks_ = 0;   // touched but not complete
   wire::Encoding encoding_ = wire::Encoding::kF32;
   bool encoding_set_ = false;

@@ -51,6 +51,39 @@ TEST(Round, DoneTrackingAndRelease) {
   EXPECT_EQ(job->rounds_in_flight.load(), 0u);
 }
 
+TEST(Round, KnowsWhichResultCopiesMayStillBeOnTheirWay) {
+  BlockPool pool(1 << 20);
+  auto job = MakeJob(2);
+  Round r(job, 1, 0, wire::ChunkGeometry{48, 16}, &pool, absl::Now());
+  const absl::Duration interval = absl::Minutes(1);
+  // Chunk 0 went to every worker, chunk 1 again to rank 1, chunk 2 never.
+  r.NoteResultsSent(0);
+  r.NoteResultSentAgain(1, 1);
+  absl::Time now = absl::Now();
+  EXPECT_TRUE(r.ResultMayBeOnItsWay(0, 0, now, interval));
+  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 0, now, interval));
+  EXPECT_FALSE(r.ResultMayBeOnItsWay(0, 1, now, interval));
+  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 1, now, interval));
+  EXPECT_FALSE(r.ResultMayBeOnItsWay(0, 2, now, interval));
+  EXPECT_FALSE(r.ResultMayBeOnItsWay(1, 2, now, interval));
+  // A copy sent to everyone is given one interval; one sent again, two.
+  EXPECT_FALSE(r.ResultMayBeOnItsWay(0, 0, now + interval, interval));
+  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 1, now + interval, interval));
+  EXPECT_FALSE(r.ResultMayBeOnItsWay(1, 1, now + 2 * interval, interval));
+  // Each further copy doubles the wait, up to 4 intervals.
+  r.NoteResultSentAgain(1, 1);
+  now = absl::Now();
+  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 1, now + 3 * interval, interval));
+  EXPECT_FALSE(r.ResultMayBeOnItsWay(1, 1, now + 4 * interval, interval));
+  for (int i = 0; i < 10; ++i) r.NoteResultSentAgain(1, 1);
+  now = absl::Now();
+  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 1, now + 3 * interval, interval));
+  EXPECT_FALSE(r.ResultMayBeOnItsWay(1, 1, now + 4 * interval, interval));
+  // A later copy to everyone (the round sealed) starts over at one interval.
+  r.NoteResultsSent(1);
+  EXPECT_FALSE(r.ResultMayBeOnItsWay(1, 1, absl::Now() + interval, interval));
+}
+
 TEST(Round, RefusesPastTheJobBudget) {
   BlockPool pool(1 << 20);
   auto job = MakeJob(2, /*budget=*/64 * 64);  // exactly one block of 64 chunks x 64 bytes
