@@ -73,7 +73,7 @@ void DataThread::Seal(Round* round, absl::Time now) {
       // cautious answer for the others' windows).
       if (!round->Has(w, c)) round->NoteLost(c, cls < wire::kNumClasses ? cls : 0);
     }
-    SendResultToAll(*round, c);
+    SendResultToAll(*round, c, now);
   }
   for (uint32_t w = 0; w < world; ++w) {
     for (uint32_t c = 0; c < t.chunk_count(); ++c) {

@@ -273,7 +273,7 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
                              round->job()->max_bytes, " bytes (dlcpd --max-job-bytes)"));
       return;
     case Round::AddResult::kCompleted:
-      SendResultToAll(*round, h.chunk);
+      SendResultToAll(*round, h.chunk, now);
       if (round->bounded) CheckBound(round, now);
       return;
   }
@@ -314,6 +314,7 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
           rank_shares->OnLost(static_cast<uint32_t>(path));
         }
         SendResult(*round, c, h.rank, rank_shares, {}, nullptr, /*again=*/true);
+        round->NoteResultSentAgain(h.rank, c, now);
       } else if (!round->bounded && !round->Has(h.rank, c)) {
         nack.push_back(c);
       }
@@ -376,7 +377,7 @@ void DataThread::MarkDone(Round& r, uint32_t rank) {
   if (shares != nullptr && (*shares)[rank].Update()) result_share_updates_->Add();
 }
 
-void DataThread::SendResultToAll(Round& r, uint32_t chunk) {
+void DataThread::SendResultToAll(Round& r, uint32_t chunk, absl::Time now) {
   // One payload and one digest for all the workers' copies; only the headers differ.
   std::vector<uint8_t> storage;
   const absl::Span<const uint8_t> payload = ResultPayload(r, chunk, &storage);
@@ -384,7 +385,7 @@ void DataThread::SendResultToAll(Round& r, uint32_t chunk) {
   uint64_t digest = 0;
   if (key != nullptr) digest = wire::PayloadDigest(*key, payload.data(), payload.size());
   std::vector<PathShares>* shares = JobResultShares(r);
-  r.NoteResultsSent(chunk);
+  r.NoteResultsSent(chunk, now);
   for (uint32_t w = 0; w < r.job()->world; ++w) {
     SendResult(r, chunk, w, shares != nullptr ? &(*shares)[w] : nullptr, payload, key != nullptr ? &digest : nullptr);
   }
@@ -418,7 +419,6 @@ void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares*
     r.NoteResultPath(rank, chunk, p);
     path = static_cast<int16_t>(p);
   }
-  if (again) r.NoteResultSentAgain(rank, chunk);
   CountTx(h);
   if (r.encoding() == wire::Encoding::kF32) {
     Check(outbox_.Add(m.address(), h, payload.data(), r.job()->key(), payload_digest, path));

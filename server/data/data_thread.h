@@ -95,7 +95,7 @@ class DataThread {
   void SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares* shares, absl::Span<const uint8_t> payload = {},
                   const uint64_t* payload_digest = nullptr, bool again = false);
   // A final result to every worker: one payload, encoded and digested once.
-  void SendResultToAll(Round& r, uint32_t chunk);
+  void SendResultToAll(Round& r, uint32_t chunk, absl::Time now);
   // The shares of the paths results take to each rank of the round's job incarnation, indexed
   // by rank; nullptr when results are not steered. Looked up once per batch of results: the
   // pointer is good until the next lookup or prune.

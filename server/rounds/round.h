@@ -97,13 +97,13 @@ class Round {
   // (docs/congestion.md, "Results asked for again"). A copy counts as on its way for `interval`
   // after it left, and each copy sent again doubles that for the next (up to 4 times), as a
   // retransmission timeout backs off.
-  void NoteResultsSent(uint32_t chunk) { result_out_us_[chunk] = MicrosSinceCreated(); }
-  void NoteResultSentAgain(uint32_t rank, uint32_t chunk) {
+  void NoteResultsSent(uint32_t chunk, absl::Time now) { result_out_us_[chunk] = MicrosSinceCreated(now); }
+  void NoteResultSentAgain(uint32_t rank, uint32_t chunk, absl::Time now) {
     // Kept from the first copy sent again on: world x chunk_count, so only rounds that repair
     // results pay for it.
     if (result_again_.empty()) result_again_.assign(size_t{job_->world} * geometry_.chunk_count(), Again{});
     Again& a = result_again_[size_t{rank} * geometry_.chunk_count() + chunk];
-    a.us = MicrosSinceCreated();
+    a.us = MicrosSinceCreated(now);
     a.copies = static_cast<uint8_t>(std::min(a.copies + 1, 2));
   }
   bool ResultMayBeOnItsWay(uint32_t rank, uint32_t chunk, absl::Time now, absl::Duration interval) const {
@@ -163,8 +163,8 @@ class Round {
   };
   std::vector<uint32_t> result_out_us_;
   std::vector<Again> result_again_;
-  uint32_t MicrosSinceCreated() const {
-    return static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Microseconds(absl::Now() - created_) + 1, 1, UINT32_MAX));
+  uint32_t MicrosSinceCreated(absl::Time now) const {
+    return static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Microseconds(now - created_) + 1, 1, UINT32_MAX));
   }
   uint32_t open_chunks_ = 0;   // touched but not complete
   wire::Encoding encoding_ = wire::Encoding::kF32;
