@@ -13,6 +13,7 @@
 #include "common/datapath/outbox.h"
 #include "common/wire/header.h"
 #include "common/wire/mac.h"
+#include "common/wire/ranges.h"
 #include "dlcp/v1/control.grpc.pb.h"
 #include "server/jobs/job_registry.h"
 #include "tests/integration/test_aggregator.h"
@@ -352,6 +353,95 @@ TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
   EXPECT_EQ(agg->Counter("dlcp_stale_packets_total") - stale_before, 5);
   EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);  // genuine, just old
   EXPECT_EQ(round(100, 200), std::make_pair(300.0f, 300.0f));
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+// A worker that keeps asking for results whose copies are still on their way (behind congestion,
+// say) must not make the aggregator send them again each time: answering every request in full
+// set off storms of results that held rounds for 10-40 s (docs/congestion.md). Rank 1 here is
+// driven by hand: its pushes complete the round late, so the round's repair interval is long,
+// and then it asks again and again for every result, through the real data thread.
+TEST(DataPlaneValidation, RequestsForResultsOnTheirWayAreNotAnsweredAgain) {
+  TestAggregatorOptions ao;
+  ao.repair_timeout = absl::Seconds(3);  // the interval follows the round's pace, up to this
+  auto agg = TestAggregator::Start(ao);
+  ASSERT_NE(agg, nullptr);
+  std::vector<std::unique_ptr<Client>> clients(2);
+  std::vector<std::thread> joins;
+  for (int r = 0; r < 2; ++r) {
+    joins.emplace_back([&, r] { clients[r] = std::move(*Client::Connect(Opts(agg->address(), "asks-again", 2, r))); });
+  }
+  for (auto& j : joins) j.join();
+  ASSERT_NE(clients[0], nullptr);
+  ASSERT_NE(clients[1], nullptr);
+  std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("asks-again"));
+  ASSERT_NE(job, nullptr);
+  ASSERT_NE(job->key(), nullptr);
+
+  constexpr uint32_t kChunks = 8, kElems = kChunks * 256;  // 1024-byte chunks of float32
+  std::vector<float> d0(kElems, 1.0f);
+  auto f0 = clients[0]->AllReduce(7, absl::MakeSpan(d0));
+  // Rank 0's pushes open the round; rank 1's come 600 ms later, so the round's 16 contributions
+  // span 600 ms and 16 of its mean gaps (the repair interval) are about as long.
+  absl::SleepFor(absl::Milliseconds(600));
+  TransportOptions t;
+  t.bind_host = "127.0.0.1";
+  auto tx = CreateTransport(t);
+  ASSERT_TRUE(tx.ok());
+  const Address target = agg->data().endpoints()[0];
+  auto send = [&](wire::Header h, const uint8_t* payload) {
+    h.job = job->id;
+    h.key = 7;
+    h.round = 0;
+    h.chunk_count = kChunks;
+    h.tensor_elems = kElems;
+    h.rank = 1;
+    h.epoch = job->epoch;
+    h.flags |= wire::kFlagMac;
+    uint8_t header[wire::kHeaderSize], tag[wire::kMacSize];
+    wire::EncodeHeader(h, header);
+    wire::ComputeMac(*job->key(), header, payload, h.payload_len, tag);
+    OutMessage m{target, 1, header, wire::kHeaderSize, payload, h.payload_len, tag, wire::kMacSize};
+    ASSERT_TRUE((*tx)->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+  };
+  std::vector<float> twos(256, 2.0f);
+  for (uint32_t c = 0; c < kChunks; ++c) {
+    wire::Header h;
+    h.type = wire::MsgType::kPush;
+    h.priority = 1;
+    h.chunk = c;
+    h.payload_len = 1024;
+    send(h, reinterpret_cast<const uint8_t*>(twos.data()));
+  }
+  auto result = f0.get();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(d0, std::vector<float>(kElems, 3.0f));
+
+  const std::vector<uint8_t> all = wire::EncodeRanges(std::vector<wire::ChunkRange>{{0, kChunks}}, 1024)[0];
+  auto ask = [&](int times) {
+    for (int i = 0; i < times; ++i) {
+      wire::Header h;
+      h.type = wire::MsgType::kResultReq;
+      h.chunk = kChunks;  // pushed through the last chunk
+      h.payload_len = static_cast<uint32_t>(all.size());
+      send(h, all.data());
+    }
+    absl::SleepFor(absl::Milliseconds(50));  // handled by the data thread
+  };
+  const char* kResent = "dlcp_repairs_total{kind=\"result_resent\"}";
+  const char* kNotResent = "dlcp_results_not_resent_total";
+  // Just sent to everyone when each chunk completed: twenty requests for all of them send nothing.
+  ask(20);
+  EXPECT_EQ(agg->Counter(kResent), 0);
+  EXPECT_EQ(agg->Counter(kNotResent), 20 * kChunks);
+  // Once the copy had time to arrive, the next request is a loss and gets each result once.
+  absl::SleepFor(absl::Milliseconds(1500));
+  ask(1);
+  EXPECT_EQ(agg->Counter(kResent), kChunks);
+  // Those copies are on their way in turn, for twice as long: asking at once sends nothing more.
+  ask(20);
+  EXPECT_EQ(agg->Counter(kResent), kChunks);
+  EXPECT_EQ(agg->Counter(kNotResent), 40 * kChunks);
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
 }
 
