@@ -106,6 +106,13 @@ absl::Status TransferEngine::PackHost(Op& op) {
   in.write_packets = op.encoding != wire::Encoding::kF32;
   absl::StatusOr<PackLayout> layout = PlanPack(in, options_.class_policy);
   if (!layout.ok()) return layout.status();
+  // One class for the whole tensor (a reliable round's, by default) and float32 sent straight
+  // from it: the packer would only read every value for magnitudes nobody uses, a pass over the
+  // tensor that delays the round's first push (about 3 ms of CPU for 20 MiB).
+  if (const uint8_t uniform = layout->tiers[0].uniform; uniform != kNoUniform && !in.write_packets) {
+    op.classes.assign(op.geometry.chunk_count(), uniform);
+    return absl::OkStatus();
+  }
   PackOutput out;
   if (in.write_packets) {
     op.packets.resize(layout->packet_bytes());
