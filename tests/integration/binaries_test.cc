@@ -148,13 +148,13 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   ASSERT_FALSE(body.empty());
   EXPECT_NE(body.find("# TYPE dlcp_round_duration_ms histogram"), std::string::npos) << body;
 
-  // Each round all-reduces the tensor and a one-element barrier.
-  const double tensor_rounds = rounds + warmup;
-  const double chunks = (tensor_bytes + chunk - 1) / chunk + 1;
+  // Each round all-reduces the tensor between two one-element barriers (bench_worker.cc).
+  const double tensor_rounds = rounds + warmup, ops = 3 * tensor_rounds;
+  const double chunks = (tensor_bytes + chunk - 1) / chunk + 2;
   const double retransmits = JsonField(r.out, "retransmits");
   ASSERT_GE(retransmits, 0) << r.out;
-  EXPECT_EQ(Scraped(body, "dlcp_rounds_total{outcome=\"completed\"}"), 2 * tensor_rounds);
-  EXPECT_EQ(Scraped(body, "dlcp_round_duration_ms_count"), 2 * tensor_rounds);
+  EXPECT_EQ(Scraped(body, "dlcp_rounds_total{outcome=\"completed\"}"), ops);
+  EXPECT_EQ(Scraped(body, "dlcp_round_duration_ms_count"), ops);
   // Chunks ride classes 0..3 by magnitude; the totals must balance over all of them.
   auto all_classes = [&](const std::string& metric, const std::string& type) {
     double total = 0;
@@ -171,13 +171,13 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
             workers * tensor_rounds * chunks);
   // Every round is bounded (ε = 0.01 by default) and sealed with a STOP to each worker; nothing
   // was lost, so every contribution was summed.
-  EXPECT_EQ(Scraped(body, "dlcp_time_to_stop_ms_count"), 2 * tensor_rounds);
+  EXPECT_EQ(Scraped(body, "dlcp_time_to_stop_ms_count"), ops);
   // A worker that asked again after the seal (its quiet spell ran out first) got its STOP again.
   EXPECT_EQ(Scraped(body, "dlcp_tx_packets_total{class=\"0\",type=\"stop\"}") -
                 Scraped(body, "dlcp_repairs_total{kind=\"stop_resent\"}"),
-            2 * tensor_rounds * workers);
+            ops * workers);
   EXPECT_EQ(Scraped(body, "dlcp_contributions_total{class=\"0\",outcome=\"left_out\"}"), 0);
-  EXPECT_EQ(Scraped(body, "dlcp_round_loss_fraction_count"), 2 * tensor_rounds);
+  EXPECT_EQ(Scraped(body, "dlcp_round_loss_fraction_count"), ops);
   EXPECT_EQ(Scraped(body, "dlcp_rejects_total"), 0);
   EXPECT_EQ(Scraped(body, "dlcp_workers "), 0);  // the job left
   EXPECT_EQ(Scraped(body, "dlcp_jobs "), 0);
