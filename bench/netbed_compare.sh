@@ -13,7 +13,9 @@
 # reliable without cross traffic with that window, and clean_4mib_fixed,
 # bounded_4mib_fixed and reliable_4mib_fixed: 4 MiB without adaptation. Also prints the physical floor: ring all-reduce's bytes per link, 2 S (N-1) / N,
 # over the link rate. Prints one JSON line per system, then a ratio table. MTU (1500) and CHUNK
-# (dlcp's payload bytes per datagram: 1400, or 8192 with MTU=9000) set the frame size.
+# (dlcp's payload bytes per datagram: 1400, or 8192 with MTU=9000) set the frame size. CROSS (300M)
+# is the cross traffic's rate per worker port and CROSS_DSCP (0, best effort) its code point: 34
+# puts it in the class dlcp's bulk data rides (another tenant's gradients, say).
 # Needs root.
 #   bench/netbed_compare.sh [BUILD_DIR]
 set -Eeuo pipefail

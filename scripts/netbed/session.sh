@@ -95,11 +95,11 @@ netbed_worker_hosts() { local i; for i in 1 2 3 4; do printf 'w%d:%s ' "$i" "$(n
 # per node in production; sets agg_list (host:port,...).
 netbed_worker_aggregators() { netbed_aggregators "$1" "$(netbed_worker_hosts)"; }
 
-# netbed_cross_start SECONDS: best-effort UDP cross traffic at $CROSS from a1 into every worker's
-# switch port; netbed_cross_stop ends it.
+# netbed_cross_start SECONDS: UDP cross traffic at $CROSS from a1 into every worker's switch port,
+# best effort unless CROSS_DSCP gives another code point; netbed_cross_stop ends it.
 netbed_cross_start() {
   local i
-  for i in 1 2 3 4; do "$CLUSTER" cross a1 "w$i" "$CROSS" 0 "$1" udp $((5300 + i)) >/dev/null 2>&1 & done
+  for i in 1 2 3 4; do "$CLUSTER" cross a1 "w$i" "$CROSS" "${CROSS_DSCP:-0}" "$1" udp $((5300 + i)) >/dev/null 2>&1 & done
   sleep 1
 }
 netbed_cross_stop() { pkill -f "iperf3 .*-p 53[0-9][0-9]" 2>/dev/null || true; sleep 1; }
