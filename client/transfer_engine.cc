@@ -665,11 +665,16 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
 void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only, const std::vector<uint8_t>* wanted) {
   std::vector<uint32_t> missing;
   if (!done_only) {
-    // At most a window's worth, lowest first: every result asked for that is final comes back
-    // at once, and more than a window would overrun our own socket buffer, lose results again
-    // and ask again, round after round (a repair storm).
+    // At most the endpoint's window, lowest first: every result asked for that is final comes
+    // back at once, and more than the path holds overruns a switch queue or our own socket
+    // buffer, loses results again and asks again (a repair storm). The configured window alone
+    // (thousands of datagrams at MTU 1500) let a worker whose window losses had cut to 4 ask for
+    // 3,000 results a time: bursts into 64-packet queues that lost 90% of them, and rounds of
+    // 10-50 s on the two-spine bed (docs/congestion.md). At least the initial window, so that
+    // a cut window still recovers at a useful pace.
+    const size_t cap = std::max<size_t>(WindowOf(dest), std::min<uint32_t>(kMinResultRequest, options_.window_chunks));
     for (uint32_t c : op.plan->chunks_by_dest[dest]) {
-      if (missing.size() >= options_.window_chunks) break;
+      if (missing.size() >= cap) break;
       if (op.state[c] == kSent && (wanted == nullptr || wanted->empty() || (*wanted)[c])) missing.push_back(c);
     }
     // Nothing pushed there lacks a result yet; a bounded round may still lack its STOP.
