@@ -37,6 +37,20 @@ ClientOptions Opts(const std::string& agg, const std::string& job, uint32_t worl
   return o;
 }
 
+// Connects ranks 0..n-1 of `job` at once (Connect waits for the whole world); a rank that could
+// not connect stays null.
+std::vector<std::unique_ptr<Client>> ConnectAll(const std::string& agg, const std::string& job, int n) {
+  std::vector<std::unique_ptr<Client>> clients(n);
+  std::vector<std::thread> joins;
+  for (int r = 0; r < n; ++r) {
+    joins.emplace_back([&, r] {
+      if (auto c = Client::Connect(Opts(agg, job, n, r)); c.ok()) clients[r] = std::move(*c);
+    });
+  }
+  for (auto& j : joins) j.join();
+  return clients;
+}
+
 TEST(ClientErrors, UnreachableAggregatorFailsWithinTheRpcDeadline) {
   ClientOptions o = Opts("127.0.0.1:1", "j");  // nothing listens on port 1
   absl::Time start = absl::Now();
@@ -305,12 +319,9 @@ TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
 TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
   auto agg = TestAggregator::Start({});
   ASSERT_NE(agg, nullptr);
-  std::vector<std::unique_ptr<Client>> clients(2);
-  std::vector<std::thread> joins;
-  for (int r = 0; r < 2; ++r) {
-    joins.emplace_back([&, r] { clients[r] = std::move(*Client::Connect(Opts(agg->address(), "replay", 2, r))); });
-  }
-  for (auto& j : joins) j.join();
+  std::vector<std::unique_ptr<Client>> clients = ConnectAll(agg->address(), "replay", 2);
+  ASSERT_NE(clients[0], nullptr);
+  ASSERT_NE(clients[1], nullptr);
   auto round = [&](float a, float b) {
     std::vector<float> d0(500, a), d1(500, b);
     auto f0 = clients[0]->AllReduce(3, absl::MakeSpan(d0));
@@ -366,12 +377,7 @@ TEST(DataPlaneValidation, RequestsForResultsOnTheirWayAreNotAnsweredAgain) {
   ao.repair_timeout = absl::Seconds(3);  // the interval follows the round's pace, up to this
   auto agg = TestAggregator::Start(ao);
   ASSERT_NE(agg, nullptr);
-  std::vector<std::unique_ptr<Client>> clients(2);
-  std::vector<std::thread> joins;
-  for (int r = 0; r < 2; ++r) {
-    joins.emplace_back([&, r] { clients[r] = std::move(*Client::Connect(Opts(agg->address(), "asks-again", 2, r))); });
-  }
-  for (auto& j : joins) j.join();
+  std::vector<std::unique_ptr<Client>> clients = ConnectAll(agg->address(), "asks-again", 2);
   ASSERT_NE(clients[0], nullptr);
   ASSERT_NE(clients[1], nullptr);
   std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("asks-again"));
