@@ -99,7 +99,7 @@ has() { [[ " $MODES " == *" $1 "* ]]; }
 } | tee "$work/results.jsonl"
 "$CLUSTER" stats >"$work/stats.txt"
 
-python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$N" "$CROSS" "$MTU" <<'PY'
+python3 - "$work/results.jsonl" "$TENSOR" "$RATE" "$N" "$CROSS" "$MTU" "${CROSS_DSCP:-0}" <<'PY'
 import json, re, sys
 rows = {}
 for l in open(sys.argv[1]):
@@ -109,7 +109,8 @@ size, n = int(sys.argv[2]), int(sys.argv[4])
 m = re.match(r"([\d.]+)([kmg]?)", sys.argv[3].lower())
 rate = float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]]
 floor_ms = 2 * size * (n - 1) / n * 8 / rate * 1e3
-print(f"\n{n} workers, {size >> 20} MiB per round, {sys.argv[3]} ports (MTU {sys.argv[6]}), {sys.argv[5]} best-effort"
+cross = "best-effort" if sys.argv[7] == "0" else f"DSCP {sys.argv[7]}"
+print(f"\n{n} workers, {size >> 20} MiB per round, {sys.argv[3]} ports (MTU {sys.argv[6]}), {sys.argv[5]} {cross}"
       f" cross traffic into each worker port; physical floor {floor_ms:.1f} ms per round\n")
 print("| system | p50 ms | p99 ms | p50 / floor | p99 / gloo p99 | p99 / reliable p99 | worst round loss | chunks pushed again | exact |")
 print("|---|---|---|---|---|---|---|---|---|")
