@@ -670,9 +670,9 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only, 
     // buffer, loses results again and asks again (a repair storm). The configured window alone
     // (thousands of datagrams at MTU 1500) let a worker whose window losses had cut to 4 ask for
     // 3,000 results a time: bursts into 64-packet queues that lost 90% of them, and rounds of
-    // 10-50 s on the two-spine bed (docs/congestion.md). At least the initial window, so that
-    // a cut window still recovers at a useful pace.
-    const size_t cap = std::max<size_t>(WindowOf(dest), std::min<uint32_t>(kMinResultRequest, options_.window_chunks));
+    // 3-54 s on the two-spine bed (docs/congestion.md). At least the initial window, so that a
+    // cut window still recovers at a useful pace.
+    const size_t cap = std::max<size_t>(WindowOf(dest), std::min(CongestionOptions{}.initial, options_.window_chunks));
     for (uint32_t c : op.plan->chunks_by_dest[dest]) {
       if (missing.size() >= cap) break;
       if (op.state[c] == kSent && (wanted == nullptr || wanted->empty() || (*wanted)[c])) missing.push_back(c);

@@ -43,10 +43,6 @@ namespace dlcp {
 // at p99 and pushed a third as many chunks again; 0.7 was 6% slower (docs/congestion.md).
 inline constexpr double kWindowDecrease = 0.35;
 
-// The fewest results one request asks for (when that many are missing), whatever the window:
-// CongestionOptions' initial window.
-inline constexpr uint32_t kMinResultRequest = 16;
-
 // Where the job's aggregators are, one entry per aggregator, in the same order in every field.
 struct EngineLayout {
   std::vector<uint32_t> epochs;  // the job's epoch at each
