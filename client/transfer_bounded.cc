@@ -144,7 +144,8 @@ void TransferEngine::ReleaseStalledWindows(Op& op, absl::Time now) {
     Dest& dest = op.dests[d];
     if ((dest.next < op.plan->chunks_by_dest[d].size() || !dest.resend.empty()) &&
         dest.next - dest.acked + dest.repairs_out >= WindowOf(d)) {
-      ReleaseWindow(op, d);
+      dest.acked = dest.next;
+      dest.repairs_out = 0;
     }
   }
 }

@@ -696,18 +696,6 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only, 
   if (!s.ok()) DLCP_LOG(Warning) << "result request: " << s;
 }
 
-void TransferEngine::ReleaseWindow(Op& op, uint32_t d) {
-  Dest& dest = op.dests[d];
-  if (options_.adaptive_window && (dest.next > dest.acked || dest.repairs_out > 0)) {
-    const uint32_t oldest = dest.next > dest.acked ? op.plan->chunks_by_dest[d][dest.acked] : 0;
-    const bool blame = dest.next > dest.acked && op.state[oldest] == kSent && op.repushes[oldest] == 0;
-    windows_[d].OnSilence(blame ? op.stamps[oldest] : 0);
-    ++op.stats.window_cuts;
-  }
-  dest.acked = dest.next;
-  dest.repairs_out = 0;
-}
-
 void TransferEngine::SendDone(uint32_t key, uint32_t round, uint32_t dest, uint32_t tensor_elems,
                               uint32_t chunk_count) {
   wire::Header h = BaseHeader(wire::MsgType::kResultReq, dest, key, round, tensor_elems, chunk_count);
@@ -759,7 +747,15 @@ void TransferEngine::ScanTimers(absl::Time now) {
         // and under bounded loss it may not need these at all, so waiting for them could stall
         // the round for good. For the window it is a loss unless the oldest push out turns up
         // after all (CongestionWindow::OnSilence).
-        ReleaseWindow(op, d);
+        Dest& dest = op.dests[d];
+        if (options_.adaptive_window && (dest.next > dest.acked || dest.repairs_out > 0)) {
+          const uint32_t oldest = dest.next > dest.acked ? op.plan->chunks_by_dest[d][dest.acked] : 0;
+          const bool blame = dest.next > dest.acked && op.state[oldest] == kSent && op.repushes[oldest] == 0;
+          windows_[d].OnSilence(blame ? op.stamps[oldest] : 0);
+          ++op.stats.window_cuts;
+        }
+        dest.acked = dest.next;
+        dest.repairs_out = 0;
         // An aggregator that has never answered may have missed the whole manifest, or the round.
         if (op.loss_bound_ppm > 0 && !op.stopped[d] && !op.heard[d]) SendManifest(op, d);
         SendResultReq(op, d, false, &wanted);

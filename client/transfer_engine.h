@@ -252,9 +252,6 @@ class TransferEngine {
   // aggregator may never repair. Treat them as gone, like a retransmission timeout, so the rest
   // of the tensor can follow; the aggregator NACKs what it needs.
   void ReleaseStalledWindows(Op& op, absl::Time now);
-  // What is in flight to `dest` no longer holds its window. For the window that is a silence (a
-  // cut, undone if the oldest push out turns up after all: CongestionWindow::OnSilence).
-  void ReleaseWindow(Op& op, uint32_t dest);
   // A result came back for dest position `pos`: the window grows, and chunks pushed well before
   // it that still lack a result count as lost (like TCP's duplicate acknowledgements).
   void OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lost);

@@ -35,6 +35,7 @@ class HandAggregator {
 
   enum class Mode {
     kAnswer,  // every push, and every result asked for
+    kLossy,   // every push but one in 20 (chunk % 20 == 7: its result is "lost"); no request
     kSilent,  // nothing
   };
   // Serves datagrams for up to `wait`, until `enough` says so, recording every result request.
@@ -64,14 +65,14 @@ class HandAggregator {
     if (h.type == wire::MsgType::kPush) {
       ASSERT_EQ(h.payload_len, kChunkBytes);
       pushes_[h.chunk].assign(payload, payload + h.payload_len);
-      if (mode == Mode::kAnswer) Answer(m.from, h.chunk);
+      if (mode == Mode::kAnswer || (mode == Mode::kLossy && h.chunk % 20 != 7)) Answer(m.from, h.chunk);
     } else if (h.type == wire::MsgType::kResultReq && !(h.flags & wire::kFlagDone)) {
       auto ranges = wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), kChunks);
       ASSERT_TRUE(ranges.ok()) << ranges.status();
       size_t asked = 0;
       for (const wire::ChunkRange& r : *ranges) asked += r.length;
       requests.emplace_back(asked, unanswered());
-      if (mode == Mode::kSilent || ranges->empty()) return;
+      if (mode != Mode::kAnswer) return;
       for (const wire::ChunkRange& r : *ranges) {
         for (uint32_t c = r.first; c < r.first + r.length; ++c) {
           if (pushes_.count(c)) Answer(m.from, c);
@@ -107,15 +108,12 @@ class HandAggregator {
   std::set<uint32_t> answered_;
 };
 
-// A worker whose results stop coming (a path gone black, or a queue losing everything) asks for
-// them again once per quiet spell, and each quiet spell is a retransmission timeout: it frees the
-// window and cuts it. Each request asks for at most what the window allows now (never below the
-// initial 16), not the configured window: on the two-spine bed at MTU 1500, requests for 3,000
-// results from windows cut to 4 burst into 64-packet switch queues, lost 90% of what came back,
-// and made storms of 3-54 s rounds. And a released window was not cut: 375 more pushes went into
-// the silence every spell, without end (docs/congestion.md, "How much one request asks for",
-// "Quiet spells cut").
-TEST(ResultRequests, QuietSpellsCutTheWindowAndWhatIsAskedFor) {
+// A worker whose results stop coming asks for them again, once per quiet spell, and each request
+// asks for at most what its window to that endpoint allows now (never below the initial 16), not
+// the configured window. On the two-spine bed at MTU 1500, workers whose windows losses had cut
+// to 4 asked for 3,000 results at a time; the bursts into 64-packet switch queues lost 90% of what
+// came back, and rounds grew to 3-54 s (docs/congestion.md, "How much one request asks for").
+TEST(ResultRequests, AskForTheWindowLeftNotTheConfiguredOne) {
   HandAggregator agg;
   ASSERT_NE(agg.transport(), nullptr);
   EngineOptions o;
@@ -143,30 +141,18 @@ TEST(ResultRequests, QuietSpellsCutTheWindowAndWhatIsAskedFor) {
   engine.Submit(kKey, absl::MakeSpan(data), AllReduceOptions{}, -1,
                 [&](absl::StatusOr<RoundStats> r) { done.set_value(std::move(r)); });
 
-  // Results flow for the first 1,000 chunks, so the window opens wide; then nothing comes back.
-  agg.Serve(absl::Seconds(10), HandAggregator::Mode::kAnswer, [&] { return agg.answered() >= 1000; });
+  // Results come back for the first 1,000 chunks but one in 20: the losses keep the window near
+  // its minimum (4). Then nothing comes back at all.
+  agg.Serve(absl::Seconds(10), HandAggregator::Mode::kLossy, [&] { return agg.answered() >= 1000; });
   ASSERT_GE(agg.answered(), 1000u);
-  // A request before this, if any, came of a quiet spell that only a busy machine made.
-  agg.requests.clear();
+  agg.requests.clear();  // any before this came of a quiet spell that only a busy machine made
   agg.Serve(absl::Seconds(10), HandAggregator::Mode::kSilent, [&] { return agg.requests.size() >= 8; });
-  const auto& asks = agg.requests;
-  ASSERT_GE(asks.size(), 8u);
-  for (size_t i = 0; i < asks.size(); ++i) {
-    const auto [asked, missing] = asks[i];
-    SCOPED_TRACE(::testing::Message() << "request " << i << " asked for " << asked << " of " << missing);
-    // Each quiet spell cut the window to 0.35 of itself: less asked each time, and never below
-    // the initial window.
-    if (i > 0) {
-      EXPECT_LE(asked, asks[i - 1].first);
-    }
-    EXPECT_GE(asked, std::min<size_t>(16, missing));
+  ASSERT_GE(agg.requests.size(), 8u);
+  for (const auto& [asked, missing] : agg.requests) {
+    ASSERT_GE(missing, 50u);  // every 20th of 1,000, and the window's pushes since
+    // The configured window (2,000) would have asked for all of them.
+    EXPECT_EQ(asked, 16u) << "of " << missing;
   }
-  // Down to the floor, though far more is missing (all of it, without the window).
-  EXPECT_EQ(asks.back().first, 16u);
-  EXPECT_GE(asks.back().second, 32u);
-  // What goes out into the silence dwindles with the window (at least 4): a quiet spell is a
-  // retransmission timeout, not a licence for another full window.
-  for (size_t i = asks.size() - 3; i < asks.size(); ++i) EXPECT_LE(asks[i].second - asks[i - 1].second, 16u) << i;
 
   // Answered again, the round completes, exact.
   agg.Serve(absl::Seconds(10), HandAggregator::Mode::kAnswer,
@@ -175,7 +161,8 @@ TEST(ResultRequests, QuietSpellsCutTheWindowAndWhatIsAskedFor) {
   absl::StatusOr<RoundStats> stats = result.get();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(data, input);
-  EXPECT_GE(stats->result_requests, 6u);
+  EXPECT_GE(stats->result_requests, 8u);
+  EXPECT_GT(stats->window_cuts, 10u);
 }
 
 }  // namespace
