@@ -127,17 +127,18 @@ TEST(ResultRequests, AskForTheWindowLeftNotTheConfiguredOne) {
   o.window_chunks = 2000;  // configured: more than the requests below may ask for
   o.repair_timeout = absl::Milliseconds(20);
   o.op_timeout = absl::Seconds(30);
-  TransportOptions t;
-  t.kind = TransportOptions::Kind::kLoopback;
-  auto tx = CreateTransport(t);
-  ASSERT_TRUE(tx.ok()) << tx.status();
-  TransferEngine engine(o, std::move(*tx));
-
   std::vector<float> data(kElems);
   std::iota(data.begin(), data.end(), 0.0f);
   const std::vector<float> input = data;
   std::promise<absl::StatusOr<RoundStats>> done;
   auto result = done.get_future();
+  // Made after the buffer and the promise it writes to, so that it is gone before them, even if
+  // the test stops half-way.
+  TransportOptions t;
+  t.kind = TransportOptions::Kind::kLoopback;
+  auto tx = CreateTransport(t);
+  ASSERT_TRUE(tx.ok()) << tx.status();
+  TransferEngine engine(o, std::move(*tx));
   engine.Submit(kKey, absl::MakeSpan(data), AllReduceOptions{}, -1,
                 [&](absl::StatusOr<RoundStats> r) { done.set_value(std::move(r)); });
 
@@ -145,7 +146,7 @@ TEST(ResultRequests, AskForTheWindowLeftNotTheConfiguredOne) {
   // its minimum (4). Then nothing comes back at all.
   agg.Serve(absl::Seconds(10), HandAggregator::Mode::kLossy, [&] { return agg.answered() >= 1000; });
   ASSERT_GE(agg.answered(), 1000u);
-  agg.requests.clear();  // any before this came of a quiet spell that only a busy machine made
+  agg.requests.clear();  // only the silence's count
   agg.Serve(absl::Seconds(10), HandAggregator::Mode::kSilent, [&] { return agg.requests.size() >= 8; });
   ASSERT_GE(agg.requests.size(), 8u);
   for (const auto& [asked, missing] : agg.requests) {
