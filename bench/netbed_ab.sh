@@ -9,8 +9,10 @@
 #     (pushes) and towards the workers (results).
 # A_FLAGS and B_FLAGS go to every dlcp-bench, A_DFLAGS and B_DFLAGS to every dlcpd; B_BUILD (a
 # build directory) runs B from another build, to compare a change with the code before it. PAIRS (3),
-# ROUNDS (10), LB (ε, 0), MTU (1500) with CHUNK (1400; 8192 with MTU=9000). Prints one JSON line
-# per run (the slowest worker's p50 and p99, chunks pushed again), then medians and B / A.
+# ROUNDS (10), LB (ε, 0), MTU (1500) with CHUNK (1400; 8192 with MTU=9000). STRAGGLE=STOP:EVERY
+# (ms, e.g. 60:400) makes the last worker a straggler: stopped (SIGSTOP) for STOP every EVERY, as a
+# peer whose step ran long. Prints one JSON line per run (the slowest worker's p50 and p99, chunks
+# pushed again), then medians and B / A.
 # Needs root.
 #   A_FLAGS=--pacing=true B_FLAGS=--pacing=false MTU=9000 bench/netbed_ab.sh [BUILD_DIR]
 set -Eeuo pipefail
@@ -47,16 +49,36 @@ else
   WORKER_HOSTS=$AGG_HOSTS
 fi
 
+straggle() {  # JOB: stops the job's last worker for STOP ms every EVERY ms (STRAGGLE), until it exits
+  local stop every pid="" i
+  stop=$(awk -v v="${STRAGGLE%%:*}" 'BEGIN { print v / 1000 }')
+  every=$(awk -v v="${STRAGGLE#*:}" 'BEGIN { print v / 1000 }')
+  for ((i = 0; i < 100 && ${#pid} == 0; i++)); do
+    pid=$(pgrep -f -- "--rank=3 .*--job=$1 " | head -1) || sleep 0.1
+  done
+  [[ -n $pid ]] || { echo "netbed_ab: no worker of $1 to stop" >&2; return 1; }
+  while sleep "$every" && kill -STOP "$pid" 2>/dev/null; do
+    sleep "$stop"
+    kill -CONT "$pid" 2>/dev/null || break
+  done
+}
+
 run() {  # LABEL BUILD BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.jsonl
   local label=$1 build=$2 flags=$3 dflags=$4 drops_before=""
   [[ $BED == spines ]] && drops_before=$("$CLUSTER" drops)
   # shellcheck disable=SC2086
   netbed_aggregators "$build" "$AGG_HOSTS" --transport=udp $dflags || exit 1
   [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_start 300
+  local job="ab-$label-$RANDOM" stopper=""
+  if [[ -n ${STRAGGLE:-} ]]; then
+    straggle "$job" &
+    stopper=$!
+  fi
   # shellcheck disable=SC2086
-  netbed_workers "$build" "$work/w" "$WORKER_HOSTS" --job="ab-$label-$RANDOM" --transport=udp \
+  netbed_workers "$build" "$work/w" "$WORKER_HOSTS" --job="$job" --transport=udp \
     --tensor-bytes="$TENSOR" --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound="${LB:-0}" \
     --timeout-s=600 $flags
+  [[ -n $stopper ]] && { kill "$stopper" 2>/dev/null; wait "$stopper" 2>/dev/null || true; }
   [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_stop
   netbed_stop_aggregators
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/w" 4 "netbed_ab $label")
