@@ -2,7 +2,6 @@
 // what a worker asks for when its results stop coming.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <future>
 #include <map>
 #include <numeric>
