@@ -112,21 +112,26 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
   absl::StatusOr<std::unique_ptr<ClassPolicy>> policy = CreateClassPolicy(config.client.class_policy);
   if (!policy.ok()) return policy.status();
   std::vector<std::vector<uint8_t>> classes(config.tensors, std::vector<uint8_t>(geometry.chunk_count()));
-  // A one-element all-reduce is a barrier.
-  auto barrier = [&]() -> absl::Status {
-    float token = 1;
+  // A one-element all-reduce is a barrier. Each worker puts in 1, or 2 to say it has run long
+  // enough (--min-seconds): every worker sees the same sum, so all agree whether any has, and
+  // the job ends after the same round everywhere. Returns whether any had.
+  auto barrier = [&](bool enough = false) -> absl::StatusOr<bool> {
+    float token = enough ? 2 : 1;
     absl::StatusOr<RoundStats> b = (*client)->AllReduce(kBarrierKey, absl::MakeSpan(&token, 1)).get();
     if (!b.ok()) return b.status();
     // Its repairs are traffic the job sent too, and the metrics test balances them.
     result.retransmits += b->retransmits;
     result.result_requests += b->result_requests;
-    if (token != static_cast<float>(world)) {
-      return absl::InternalError(absl::StrCat("barrier summed to ", token, ", expected ", world));
+    if (token < static_cast<float>(world) || token > static_cast<float>(2 * world) || token != std::floor(token)) {
+      return absl::InternalError(absl::StrCat("barrier summed to ", token, ", expected ", world, " to ", 2 * world));
     }
-    return absl::OkStatus();
+    return token > static_cast<float>(world);
   };
   const uint32_t total_rounds = config.warmup + config.rounds;
-  for (uint32_t round = 0; round < total_rounds; ++round) {
+  absl::Time timed_start = absl::InfiniteFuture();  // of the first timed round
+  bool more = true;  // past --rounds: whether --min-seconds asks for more
+  for (uint32_t round = 0; round < total_rounds || more; ++round) {
+    if (round == config.warmup && timed_start == absl::InfiniteFuture()) timed_start = absl::Now();
     for (uint32_t t = 0; t < config.tensors; ++t) {
       values_of(round, t).Fill(rank, 0, absl::MakeSpan(data[t]));
       // The classes the client will give this data, to check that no class-0 chunk was lost.
@@ -136,12 +141,12 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     }
     // The timed region starts with every worker ready, so it measures the all-reduce and not a
     // peer still checking the last round.
-    if (absl::Status b = barrier(); !b.ok()) {
-      if (retry(round, b)) {
+    if (absl::StatusOr<bool> b = barrier(); !b.ok()) {
+      if (retry(round, b.status())) {
         --round;
         continue;
       }
-      return b;
+      return b.status();
     }
     const absl::Time start = absl::Now();
     std::vector<std::future<absl::StatusOr<RoundStats>>> futures;
@@ -191,13 +196,16 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     // And no worker checks its results (a pass over its tensors) before every worker's round has
     // ended: on a shared host those checks took CPU from the peers still timed, 4% of a bounded
     // round on the 2-core test bed.
-    if (absl::Status b = barrier(); !b.ok()) {
-      if (retry(round, b)) {
+    const bool enough = round + 1 >= total_rounds && absl::Now() - timed_start >= config.min_duration;
+    absl::StatusOr<bool> any_enough = barrier(enough);
+    if (!any_enough.ok()) {
+      if (retry(round, any_enough.status())) {
         --round;
         continue;
       }
-      return b;
+      return any_enough.status();
     }
+    more = !*any_enough;
     if (digits) {
       for (uint32_t t = 0; t < config.tensors; ++t) {
         absl::Status s = CheckPartialSums(data[t], geometry, classes[t], rank, world, reported_missing[t], pull_missing[t],
@@ -228,7 +236,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
       result.total_s += ms / 1000.0;
       ++result.rounds;
     }
-    if (config.progress) Progress(round + 1, total_rounds);
+    if (config.progress) Progress(round + 1, std::max(total_rounds, round + 1));
   }
   if (absl::Status s = (*client)->Close(); !s.ok()) return s;
   return result;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "bench/round_values.h"
 #include "client/client.h"
 
@@ -19,6 +20,9 @@ struct WorkerConfig {
   uint32_t tensors = 1;
   uint32_t rounds = 10;
   uint32_t warmup = 1;
+  // Past `rounds`, more rounds until this long since the first timed one (soak and rotation
+  // runs); the workers agree on when to stop.
+  absl::Duration min_duration = absl::ZeroDuration();
   uint32_t start_delay_ms = 0;
   bool progress = false;
   // Run a round again when the job failed (ABORTED: a worker was lost), as a trainer that waits

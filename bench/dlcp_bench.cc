@@ -37,6 +37,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("tensors", 1, 1, 4096, "tensors all-reduced concurrently each round");
   c->AddInt("rounds", 10, 1, 10000000, "timed rounds");
   c->AddInt("warmup", 1, 0, 1000, "untimed rounds first");
+  c->AddInt("min-seconds", 0, 0, 86400, "past --rounds, go on until this many seconds of timed rounds have passed");
   c->AddInt("chunk-bytes", 0, 0, 65456, "payload bytes per chunk (datagram); 0: fit the transport, at most 8192");
   c->AddInt("window-bytes", 4 << 20, 64, int64_t{1} << 32, "the most bytes in flight per aggregator endpoint");
   c->AddBool("adaptive-window", true, "adapt the window to loss (AIMD), up to --window-bytes; false: always --window-bytes");
@@ -116,6 +117,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.tensors = static_cast<uint32_t>(c.GetInt("tensors"));
   w.rounds = static_cast<uint32_t>(c.GetInt("rounds"));
   w.warmup = static_cast<uint32_t>(c.GetInt("warmup"));
+  w.min_duration = absl::Seconds(c.GetInt("min-seconds"));
   w.start_delay_ms = static_cast<uint32_t>(c.GetInt("start-delay-ms"));
   w.progress = c.GetBool("progress") && w.client.rank == 0;
   w.retry_aborted = c.GetBool("retry-aborted");
