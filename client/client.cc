@@ -76,6 +76,7 @@ static EngineLayout LayoutOf(const std::vector<AggregatorInfo>& aggregators, con
     if (epoch == 0) continue;
     layout.epochs.push_back(epoch);
     layout.keys.push_back(aggregators[i].data_key);
+    layout.previous_keys.push_back(aggregators[i].previous_data_key);
     layout.endpoints.push_back(aggregators[i].data_endpoints);
     layout.sources.push_back(aggregators[i].data_sources);
     layout.aggregator_ids.push_back(aggregators[i].control);
@@ -166,6 +167,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   c->session_ = std::move(*session);
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
   c->session_->set_fatal_handler([engine = c->engine_.get()](const absl::Status& s) { engine->FailFatal(s); });
+  c->session_->set_key_handler([engine = c->engine_.get()](const AggregatorInfo& info) {
+    engine->UpdateKeys(info.control, *info.data_key, info.previous_data_key);
+  });
   // A job that lost a worker goes on once it is back: rounds count from 0 in the new epochs.
   c->session_->set_rejoin_handler([raw = c.get()](const std::vector<uint32_t>& epochs) {
     std::vector<uint32_t> layout;
@@ -305,6 +309,7 @@ absl::Status Client::Close() {
     session_->set_fatal_handler(nullptr);  // the engine is going away
     session_->set_layout_handler(nullptr);
     session_->set_rejoin_handler(nullptr);
+    session_->set_key_handler(nullptr);
   }
   if (engine_) engine_->Stop(absl::CancelledError("dlcp client closed"));
   if (regroup_.joinable()) regroup_.join();  // its waits end with the engine stopped, or by deadline

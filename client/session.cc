@@ -19,6 +19,27 @@ absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& context) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat(context, ": ", s.error_message()));
 }
 
+namespace {
+// An aggregator's data keys as Join and Heartbeat answers carry them, into `info`.
+absl::Status ParseKeys(const std::string& control, const std::string& newest, const std::string& previous,
+                       uint32_t generation, AggregatorInfo* info) {
+  if (newest.empty()) return absl::OkStatus();
+  if (newest.size() != 32 || (!previous.empty() && previous.size() != 32)) {
+    return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " sent a data key of ", newest.size(),
+                                                      " bytes (and one before it of ", previous.size(),
+                                                      "), not 32"));
+  }
+  const auto key_of = [](const std::string& b) {
+    return wire::MacKeyFromBytes(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()), b.size()));
+  };
+  info->data_key = key_of(newest);
+  info->previous_data_key.reset();
+  if (!previous.empty()) info->previous_data_key = key_of(previous);
+  info->data_key_generation = generation;
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, v1::Aggregator::Stub* stub,
                                                   const std::string& control) {
   absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(control);
@@ -51,13 +72,9 @@ absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, 
   info.max_rounds_in_flight = resp.max_rounds_in_flight();
   info.epoch = resp.epoch();
   info.rejoins = resp.rejoins();
-  if (!resp.data_key().empty()) {
-    if (resp.data_key().size() != 32) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("aggregator ", control, " sent a data key of ", resp.data_key().size(), " bytes, not 32"));
-    }
-    info.data_key = wire::MacKeyFromBytes(absl::MakeConstSpan(
-        reinterpret_cast<const uint8_t*>(resp.data_key().data()), resp.data_key().size()));
+  if (absl::Status s = ParseKeys(control, resp.data_key(), resp.previous_data_key(), resp.data_key_generation(), &info);
+      !s.ok()) {
+    return s;
   }
   for (const v1::Endpoint& e : resp.data_endpoints()) {
     absl::StatusOr<Address> a =
@@ -146,6 +163,10 @@ void Session::HeartbeatLoop() {
       v1::HeartbeatRequest req;
       req.set_job_id(job_id_);
       req.set_rank(options_.rank);
+      {
+        std::lock_guard<std::mutex> guard(mu_);
+        req.set_data_key_generation(aggregators_[i].data_key_generation);
+      }
       v1::HeartbeatResponse resp;
       // Bounded by the heartbeat interval, so one dead aggregator cannot delay the others' beats.
       grpc::Status st = CallWithDeadline(
@@ -156,6 +177,7 @@ void Session::HeartbeatLoop() {
       if (st.ok()) {
         last_ok_[i] = absl::Now();
         if (resp.rejoins() > rejoins_) rejoined_epochs_[i] = resp.epoch();
+        NoteKeys(i, resp);
       } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
                  st.error_code() == grpc::StatusCode::NOT_FOUND) {
         // The aggregator answered: it no longer counts this worker in the job (e.g. after it was
@@ -195,6 +217,39 @@ void Session::HeartbeatLoop() {
     }
     lock.lock();
   }
+}
+
+void Session::NoteKeys(size_t i, const v1::HeartbeatResponse& resp) {
+  if (resp.data_key().empty()) return;  // an aggregator without data authentication
+  AggregatorInfo next;
+  KeyHandler handler;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    AggregatorInfo& info = aggregators_[i];
+    if (!info.data_key.has_value()) return;  // joined without: the data path does not sign there
+    next = info;
+    if (absl::Status s = ParseKeys(info.control, resp.data_key(), resp.previous_data_key(),
+                                   resp.data_key_generation(), &next);
+        !s.ok()) {
+      DLCP_LOG(Warning) << "heartbeat answer ignored: " << s;
+      return;
+    }
+    if (next.data_key_generation < info.data_key_generation ||
+        (next.data_key_generation == info.data_key_generation &&
+         next.previous_data_key.has_value() == info.previous_data_key.has_value())) {
+      return;  // nothing new (or an answer that overtook a newer one)
+    }
+    info = next;
+    handler = key_handler_;
+  }
+  DLCP_LOG(Info) << "aggregator " << next.control << ": data key " << next.data_key_generation
+                 << (next.previous_data_key ? ", the one before it still accepted" : ", the one before it dropped");
+  if (handler) handler(next);
+}
+
+void Session::set_key_handler(KeyHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  key_handler_ = std::move(handler);
 }
 
 void Session::NoteRejoin(const std::vector<bool>& lost) {

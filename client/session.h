@@ -30,7 +30,11 @@ struct AggregatorInfo {
   uint32_t max_rounds_in_flight = 0;
   uint32_t epoch = 0;                   // of this job's incarnation at this aggregator
   uint32_t rejoins = 0;                 // times the job went on after losing a worker (JoinResponse)
-  std::optional<wire::MacKey> data_key; // the job's data-plane key there, if it authenticates
+  std::optional<wire::MacKey> data_key; // the job's newest data-plane key there, if it authenticates
+  // Key rotation (docs/security.md): the key before data_key, still accepted while the
+  // aggregator may sign with it, and data_key's generation.
+  std::optional<wire::MacKey> previous_data_key;
+  uint32_t data_key_generation = 0;
 };
 
 struct SessionOptions {
@@ -75,6 +79,12 @@ class Session {
   // after losing a worker (its rejoin count grew): with each one's new epoch (0 for lost ones).
   using RejoinHandler = std::function<void(const std::vector<uint32_t>& epochs)>;
   void set_rejoin_handler(RejoinHandler handler);
+  // Called on the heartbeat thread (it must not block) when an aggregator's heartbeat answer
+  // moves its data keys on: sign with `info.data_key`, accept it and `info.previous_data_key`.
+  // The next heartbeat there says this worker holds the new key, so the handler must have made
+  // the data path use it by then (the transfer engine does within a turn of its loop).
+  using KeyHandler = std::function<void(const AggregatorInfo& info)>;
+  void set_key_handler(KeyHandler handler);
   std::vector<bool> lost() const;
 
   struct RegroupResult {
@@ -103,6 +113,8 @@ class Session {
   // After a heartbeat pass: once every aggregator not lost has said the job went on, tell the
   // rejoin handler.
   void NoteRejoin(const std::vector<bool>& lost);
+  // A heartbeat answer from aggregator i: takes its keys if they moved on.
+  void NoteKeys(size_t i, const v1::HeartbeatResponse& resp);
   void Fatal(const absl::Status& status);
 
   SessionOptions options_;
@@ -113,6 +125,7 @@ class Session {
   std::function<void(const absl::Status&)> fatal_;  // under mu_
   LayoutHandler layout_handler_;  // under mu_
   RejoinHandler rejoin_handler_;  // under mu_
+  KeyHandler key_handler_;        // under mu_
   uint32_t rejoins_ = 0;          // the count this worker works under (heartbeat thread)
   std::vector<uint32_t> rejoined_epochs_;  // per aggregator: its epoch once its count grew, else 0
   std::vector<bool> lost_;    // per aggregator, under mu_

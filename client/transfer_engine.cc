@@ -50,6 +50,9 @@ void TransferEngine::BuildDestinations() {
   dest_addr_.clear();
   dest_epoch_.clear();
   dest_key_.clear();
+  dest_prev_key_.clear();
+  // Sized once per layout: dest_prev_key_ points into it, and ServeKeys only assigns.
+  options_.previous_keys.resize(options_.keys.size());
   dest_by_addr_.clear();
   dest_base_.clear();
   plans_.clear();
@@ -64,6 +67,7 @@ void TransferEngine::BuildDestinations() {
       dest_addr_.push_back(ep);
       dest_epoch_.push_back(options_.epochs[a]);
       dest_key_.push_back(options_.keys[a] ? &*options_.keys[a] : nullptr);
+      dest_prev_key_.push_back(options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr);
     }
   }
   // A new layout is a new set of paths: every window starts again.
@@ -441,6 +445,7 @@ void TransferEngine::Run() {
     // The job lost a worker: nothing can finish until it is back (ServeRejoin).
     if (!fail_ops.ok()) FailAll(fail_ops);
     ServeRegroup(absl::Now());
+    ServeKeys();
     ServeRejoin(absl::Now());
     TakeSubmissions(absl::Now());
     next_pace_ = absl::InfiniteFuture();
@@ -492,7 +497,11 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   }
   const uint32_t from_dest = src->second;
   if (const wire::MacKey* key = dest_key_[from_dest]) {
-    if (!(h.flags & wire::kFlagMac) || !wire::VerifyMac(*key, absl::MakeConstSpan(m.data, m.len), h.payload_len)) {
+    const absl::Span<const uint8_t> datagram(m.data, m.len);
+    const wire::MacKey* previous = dest_prev_key_[from_dest];
+    if (!(h.flags & wire::kFlagMac) ||
+        !(wire::VerifyMac(*key, datagram, h.payload_len) ||
+          (previous != nullptr && wire::VerifyMac(*previous, datagram, h.payload_len)))) {
       rejected_.fetch_add(1, std::memory_order_relaxed);
       return;
     }

@@ -47,6 +47,8 @@ inline constexpr double kWindowDecrease = 0.35;
 struct EngineLayout {
   std::vector<uint32_t> epochs;  // the job's epoch at each
   std::vector<std::optional<wire::MacKey>> keys;  // its data key for this job there
+  // Key rotation: the key before, still accepted from there while set (may be shorter than keys).
+  std::vector<std::optional<wire::MacKey>> previous_keys;
   // Data endpoints of each aggregator.
   std::vector<std::vector<Address>> endpoints;
   // Per aggregator and endpoint, the other addresses that endpoint's datagrams come from (path
@@ -129,7 +131,19 @@ class TransferEngine {
   // slowest worker (`agreed`), it pushes that round again first, so the others can finish it.
   void Resume(EngineLayout layout, std::vector<KeyProgress> agreed);
 
+  // Any thread: the aggregator `aggregator_id` (as in EngineLayout) moved its data keys on (key
+  // rotation, docs/security.md). Pushes to it are signed with `newest` and its packets checked
+  // under `newest` or `previous` from the I/O thread's next turn on. Ignored for an aggregator
+  // not in the layout or without a key.
+  void UpdateKeys(const std::string& aggregator_id, const wire::MacKey& newest, std::optional<wire::MacKey> previous);
+
  private:
+  struct KeyUpdate {
+    std::string aggregator_id;
+    wire::MacKey newest;
+    std::optional<wire::MacKey> previous;
+  };
+  void ServeKeys();  // I/O thread: applies key_updates_
   // Which endpoint owns each chunk, for one (key, length). Immutable once built.
   struct Plan {
     uint32_t tensor_elems = 0;
@@ -273,6 +287,8 @@ class TransferEngine {
   std::vector<Address> dest_addr_;
   std::vector<uint32_t> dest_epoch_;
   std::vector<const wire::MacKey*> dest_key_;  // into options_.keys; nullptr: no authentication
+  std::vector<const wire::MacKey*> dest_prev_key_;  // into options_.previous_keys; nullptr: none
+  std::vector<KeyUpdate> key_updates_;  // under mu_
   std::unordered_map<uint64_t, uint32_t> dest_by_addr_;  // Address::Pack() -> dest
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
   std::vector<CongestionWindow> windows_;  // per dest (adaptive_window)

@@ -78,7 +78,8 @@ std::string JobsJson(const dlcp::v1::Stats& s) {
     const auto& j = s.jobs(i);
     absl::StrAppend(&out, i ? "," : "", "{\"job_id\":", j.job_id(), ",\"name\":", Json(j.job_name()),
                     ",\"world_size\":", j.world_size(), ",\"members\":", j.members(),
-                    ",\"rounds_completed\":", j.rounds_completed(), ",\"rounds_in_flight\":", j.rounds_in_flight(), "}");
+                    ",\"rounds_completed\":", j.rounds_completed(), ",\"rounds_in_flight\":", j.rounds_in_flight(),
+                    ",\"data_key_generation\":", j.data_key_generation(), "}");
   }
   return out + "]";
 }
@@ -109,8 +110,8 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
                                  "WORKERS", "ROUNDS", "REJECTS");
   }
   if (!json && cmd == "jobs") {
-    std::cout << absl::StrFormat("%-22s %-24s %10s %6s %8s %10s %9s\n", "AGGREGATOR", "JOB", "ID", "WORLD", "MEMBERS",
-                                 "ROUNDS", "IN_FLIGHT");
+    std::cout << absl::StrFormat("%-22s %-24s %10s %6s %8s %10s %9s %8s\n", "AGGREGATOR", "JOB", "ID", "WORLD",
+                                 "MEMBERS", "ROUNDS", "IN_FLIGHT", "DATA_KEY");
   }
   for (const Reply& r : replies) {
     if (!r.status.ok()) {
@@ -151,8 +152,9 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
                                    r.stats.uptime_ms() / 1000, r.stats.jobs_size(), workers, rounds, rejects);
     } else if (cmd == "jobs") {
       for (const auto& j : r.stats.jobs()) {
-        std::cout << absl::StrFormat("%-22s %-24s %10u %6u %8u %10u %9u\n", r.address, j.job_name(), j.job_id(),
-                                     j.world_size(), j.members(), j.rounds_completed(), j.rounds_in_flight());
+        std::cout << absl::StrFormat("%-22s %-24s %10u %6u %8u %10u %9u %8u\n", r.address, j.job_name(), j.job_id(),
+                                     j.world_size(), j.members(), j.rounds_completed(), j.rounds_in_flight(),
+                                     j.data_key_generation());
       }
     } else {
       std::cout << r.address << " (" << r.stats.aggregator_id() << ")\n";

@@ -99,14 +99,25 @@ absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::Jo
   const uint32_t threads = static_cast<uint32_t>(data_->endpoints().size());
   resp->set_max_rounds_in_flight(std::max<uint32_t>(1, jobs_->limits().max_rounds_in_flight / (2 * threads)));
   resp->set_aggregator_id(id());
-  if (const wire::MacKey* key = (*job)->key()) {
-    std::array<uint8_t, 32> bytes = wire::MacKeyToBytes(*key);
-    resp->set_data_key(std::string(bytes.begin(), bytes.end()));
+  if (const KeyRing::Keys* keys = (*job)->keys()) {
+    // The joiner signs with the newest key from now on.
+    (*job)->ring->Holds(req.rank(), keys->generation);
+    FillKeys(*keys, resp->mutable_data_key(), resp->mutable_previous_data_key());
+    resp->set_data_key_generation(keys->generation);
   }
   resp->set_heartbeat_timeout_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(jobs_->limits().heartbeat_timeout)));
   FillEndpoints(resp->mutable_data_endpoints());
   return absl::OkStatus();
+}
+
+void AggregatorService::FillKeys(const KeyRing::Keys& keys, std::string* newest, std::string* previous) {
+  const std::array<uint8_t, 32> n = wire::MacKeyToBytes(keys.newest);
+  newest->assign(n.begin(), n.end());
+  if (keys.previous) {
+    const std::array<uint8_t, 32> p = wire::MacKeyToBytes(*keys.previous);
+    previous->assign(p.begin(), p.end());
+  }
 }
 
 #define DLCP_UNARY(ctx, expr)                     \
@@ -172,11 +183,17 @@ absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req) {
 }
 
 absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+  absl::Status s = jobs_->Heartbeat(req.job_id(), req.rank(), req.data_key_generation());
   if (std::shared_ptr<Job> job = jobs_->Find(req.job_id())) {
     resp->set_epoch(job->epoch.load());
     resp->set_rejoins(job->rejoins.load());
+    // After the heartbeat, which may have moved a rotation on: the member learns the new phase at once.
+    if (const KeyRing::Keys* keys = job->keys(); keys != nullptr && s.ok()) {
+      FillKeys(*keys, resp->mutable_data_key(), resp->mutable_previous_data_key());
+      resp->set_data_key_generation(keys->generation);
+    }
   }
-  return jobs_->Heartbeat(req.job_id(), req.rank());
+  return s;
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Regroup(grpc::CallbackServerContext* ctx, const v1::RegroupRequest* req,
@@ -245,6 +262,7 @@ absl::Status AggregatorService::HandleGetStats(v1::Stats* resp) {
     js->set_members(job->member_count.load());
     js->set_rounds_completed(job->rounds_completed.load());
     js->set_rounds_in_flight(job->rounds_in_flight.load());
+    if (const KeyRing::Keys* keys = job->keys()) js->set_data_key_generation(keys->generation);
   }
   for (const auto& [name, value] : metrics_->Snapshot()) (*resp->mutable_counters())[name] = value;
   return absl::OkStatus();

@@ -58,6 +58,9 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
 
  private:
   void FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const;
+  // A job's keys as Join and Heartbeat hand them out: the newest, and the one before it while a
+  // rotation may still sign or check with it.
+  static void FillKeys(const KeyRing::Keys& keys, std::string* newest, std::string* previous);
 
   std::string id() const {
     std::lock_guard<std::mutex> lock(id_mu_);

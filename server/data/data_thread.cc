@@ -141,9 +141,9 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
     return Reject(wire::Reject::kUnknownJob);
   }
   // Authentication first: nothing else about a packet is believed before its MAC checks out.
-  if (const wire::MacKey* key = job->key()) {
+  if (const KeyRing::Keys* keys = job->keys()) {
     if (!(h.flags & wire::kFlagMac)) return Reject(wire::Reject::kMissingMac);
-    if (!wire::VerifyMac(*key, absl::MakeConstSpan(m.data, m.len), h.payload_len)) return Reject(wire::Reject::kBadMac);
+    if (!keys->Verify(absl::MakeConstSpan(m.data, m.len), h.payload_len)) return Reject(wire::Reject::kBadMac);
   }
   if (h.rank >= job->world) return Reject(wire::Reject::kNotMember);
   if (!job->members[h.rank].joined()) {
@@ -381,18 +381,19 @@ void DataThread::SendResultToAll(Round& r, uint32_t chunk, absl::Time now) {
   // One payload and one digest for all the workers' copies; only the headers differ.
   std::vector<uint8_t> storage;
   const absl::Span<const uint8_t> payload = ResultPayload(r, chunk, &storage);
+  // Every copy signed with the same key: a rotation may switch keys between two of them.
   const wire::MacKey* key = r.job()->key();
-  uint64_t digest = 0;
-  if (key != nullptr) digest = wire::PayloadDigest(*key, payload.data(), payload.size());
+  ResultDigest digest{key, 0};
+  if (key != nullptr) digest.digest = wire::PayloadDigest(*key, payload.data(), payload.size());
   std::vector<PathShares>* shares = JobResultShares(r);
   r.NoteResultsSent(chunk, now);
   for (uint32_t w = 0; w < r.job()->world; ++w) {
-    SendResult(r, chunk, w, shares != nullptr ? &(*shares)[w] : nullptr, payload, key != nullptr ? &digest : nullptr);
+    SendResult(r, chunk, w, shares != nullptr ? &(*shares)[w] : nullptr, payload, &digest);
   }
 }
 
 void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares* shares,
-                            absl::Span<const uint8_t> payload, const uint64_t* payload_digest, bool again) {
+                            absl::Span<const uint8_t> payload, const ResultDigest* digest, bool again) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
@@ -420,11 +421,13 @@ void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares*
     path = static_cast<int16_t>(p);
   }
   CountTx(h);
+  const wire::MacKey* key = digest != nullptr ? digest->key : r.job()->key();
+  const uint64_t* payload_digest = digest != nullptr && digest->key != nullptr ? &digest->digest : nullptr;
   if (r.encoding() == wire::Encoding::kF32) {
-    Check(outbox_.Add(m.address(), h, payload.data(), r.job()->key(), payload_digest, path));
+    Check(outbox_.Add(m.address(), h, payload.data(), key, payload_digest, path));
   } else {
-    Check(outbox_.AddOwned(m.address(), h, std::vector<uint8_t>(payload.begin(), payload.end()), r.job()->key(),
-                           payload_digest, path));
+    Check(outbox_.AddOwned(m.address(), h, std::vector<uint8_t>(payload.begin(), payload.end()), key, payload_digest,
+                           path));
   }
 }
 

@@ -92,8 +92,12 @@ class DataThread {
   // It rides the chunk's result class (Round::result_class), on a path `shares` picks (rank's
   // entry of JobResultShares; nullptr: the transport's turns). `payload` (ResultPayload) and its
   // digest may come from the caller, which sends the same result to every worker.
+  struct ResultDigest {
+    const wire::MacKey* key;  // signs every copy; null: no authentication
+    uint64_t digest;          // wire::PayloadDigest under it
+  };
   void SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares* shares, absl::Span<const uint8_t> payload = {},
-                  const uint64_t* payload_digest = nullptr, bool again = false);
+                  const ResultDigest* digest = nullptr, bool again = false);
   // A final result to every worker: one payload, encoded and digested once.
   void SendResultToAll(Round& r, uint32_t chunk, absl::Time now);
   // The shares of the paths results take to each rank of the round's job incarnation, indexed

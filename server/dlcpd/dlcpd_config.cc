@@ -59,6 +59,9 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
                  return ParseDscpMap(v, &unused);
                });
   c->AddBool("data-auth", true, "give each job a key and require a MAC on every data packet (docs/security.md)");
+  c->AddInt("data-key-rotation-s", 0, 0, 30 * 86400,
+            "draw a new data key for each job this often, seconds; workers move to it without a pause "
+            "(docs/security.md); 0: never");
   c->AddBool("busy-poll", false, "spin on the data socket instead of sleeping (dedicated cores only)");
   c->AddBool("result-steering", true,
              "share results to each worker over the spray paths by each path's loss rate (docs/path-spraying.md); "
@@ -107,6 +110,10 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.job_idle_timeout = absl::Milliseconds(c.GetInt("job-idle-timeout-ms"));
   o.limits.heartbeat_timeout = absl::Milliseconds(c.GetInt("heartbeat-timeout-ms"));
   o.limits.data_auth = c.GetBool("data-auth");
+  o.limits.data_key_rotation = absl::Seconds(c.GetInt("data-key-rotation-s"));
+  if (o.limits.data_key_rotation > absl::ZeroDuration() && !o.limits.data_auth) {
+    return absl::InvalidArgumentError("--data-key-rotation-s rotates data keys, which --data-auth=false turns off");
+  }
   if (o.job_idle_timeout <= o.limits.heartbeat_timeout) {
     return absl::InvalidArgumentError("--job-idle-timeout-ms must exceed --heartbeat-timeout-ms");
   }

@@ -134,8 +134,8 @@ int Main(int argc, char** argv) {
     }
   }
 
-  // The main thread waits for a signal and, four times a second, fails jobs with a silent worker
-  // and removes jobs whose workers all vanished.
+  // The main thread waits for a signal and, four times a second, fails jobs with a silent worker,
+  // moves key rotations on and removes jobs whose workers all vanished.
   int sig = 0;
   for (;;) {
     timespec quarter{0, 250 * 1000 * 1000};
@@ -145,6 +145,7 @@ int Main(int argc, char** argv) {
       DLCP_LOG(Warning) << line;
     }
     for (const std::string& line : jobs.ExpireRegroups(absl::Now())) DLCP_LOG(Warning) << line;
+    for (const std::string& line : jobs.TendKeys(absl::Now())) DLCP_LOG(Info) << line;
     for (const std::string& name : jobs.ReapIdle(absl::GetCurrentTimeNanos(), opts->job_idle_timeout)) {
       DLCP_LOG(Warning) << "job " << name << " removed: no heartbeat from any member for "
                         << absl::FormatDuration(opts->job_idle_timeout);

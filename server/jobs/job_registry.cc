@@ -195,7 +195,7 @@ std::vector<std::string> JobRegistry::ExpireRegroups(absl::Time now) {
   return lines;
 }
 
-absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank) {
+absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank, uint32_t key_generation) {
   std::shared_ptr<Job> job = Find(job_id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   if (rank >= job->world || !job->members[rank].joined()) {
@@ -203,7 +203,54 @@ absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is not a member of job ", job->name, why));
   }
   job->members[rank].last_heartbeat_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+  if (job->ring && key_generation > 0) {
+    // A generation never handed out is a confused or hostile client; it must not switch keys.
+    job->ring->Holds(rank, std::min(key_generation, job->ring->Current().generation));
+    if (std::optional<std::string> line = AdvanceKeys(*job, absl::Now())) DLCP_LOG(Info) << *line;
+  }
   return absl::OkStatus();
+}
+
+std::vector<bool> JobRegistry::JoinedRanks(const Job& job) {
+  std::vector<bool> joined(job.world);
+  for (uint32_t r = 0; r < job.world; ++r) joined[r] = job.members[r].joined();
+  return joined;
+}
+
+std::optional<std::string> JobRegistry::AdvanceKeys(Job& job, absl::Time now) {
+  if (!job.ring->Advance(JoinedRanks(job), now, limits_.data_key_grace)) return std::nullopt;
+  const KeyRing::Keys& k = job.ring->Current();
+  if (!k.previous) keys_settled_.fetch_add(1, std::memory_order_relaxed);
+  return absl::StrCat("job ", job.name, ": data key ", k.generation,
+                      k.previous ? " signs now: every member holds it" : " settled, the key before it dropped");
+}
+
+std::vector<std::string> JobRegistry::TendKeys(absl::Time now) {
+  std::vector<std::string> lines;
+  for (const std::shared_ptr<Job>& job : List()) {
+    if (!job->ring) continue;
+    const uint32_t before = job->ring->Current().generation;
+    if (std::optional<std::string> line = AdvanceKeys(*job, now)) lines.push_back(std::move(*line));
+    if (limits_.data_key_rotation > absl::ZeroDuration() && now - job->ring->drawn() >= limits_.data_key_rotation) {
+      absl::StatusOr<bool> started = job->ring->Rotate(now);
+      if (!started.ok()) {
+        lines.push_back(absl::StrCat("job ", job->name, ": cannot draw a new data key: ", started.status().ToString()));
+      } else if (*started) {
+        keys_drawn_.fetch_add(1, std::memory_order_relaxed);
+        lines.push_back(absl::StrCat("job ", job->name, ": data key ", before + 1, " drawn, rolling out"));
+      }
+    }
+  }
+  return lines;
+}
+
+absl::StatusOr<bool> JobRegistry::RotateKey(uint32_t job_id, absl::Time now) {
+  std::shared_ptr<Job> job = Find(job_id);
+  if (!job) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  if (!job->ring) return absl::FailedPreconditionError("this aggregator runs without data authentication");
+  absl::StatusOr<bool> started = job->ring->Rotate(now);
+  if (started.ok() && *started) keys_drawn_.fetch_add(1, std::memory_order_relaxed);
+  return started;
 }
 
 std::vector<std::string> JobRegistry::FailSilentMembers(int64_t now_ns, absl::Duration timeout) {
@@ -290,6 +337,11 @@ void JobRegistry::ExportMetrics(MetricsRegistry* metrics) {
     for (const auto& j : List()) n += j->rounds_in_flight.load();
     return n;
   });
+  const std::string rotations = "Data-key rotations (docs/security.md): keys drawn, and rotations ended with the old key dropped";
+  metrics->AddComputed("dlcp_data_key_rotations_total", {{"phase", "drawn"}}, K::kCounter, rotations,
+                       [this] { return static_cast<double>(keys_drawn_.load(std::memory_order_relaxed)); });
+  metrics->AddComputed("dlcp_data_key_rotations_total", {{"phase", "settled"}}, K::kCounter, rotations,
+                       [this] { return static_cast<double>(keys_settled_.load(std::memory_order_relaxed)); });
 }
 
 std::vector<std::shared_ptr<Job>> JobRegistry::List() const {

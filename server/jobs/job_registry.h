@@ -19,6 +19,7 @@
 #include "common/metrics/registry.h"
 #include "common/transport/address.h"
 #include "common/wire/mac.h"
+#include "server/jobs/key_ring.h"
 #include "server/jobs/regroup_barrier.h"
 
 namespace dlcp::server {
@@ -32,6 +33,10 @@ struct JobLimits {
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   // Give every job a data-plane key and require a valid MAC on every data packet.
   bool data_auth = true;
+  // Draw a new data key for each job this often (KeyRing, docs/security.md); zero: never.
+  absl::Duration data_key_rotation = absl::ZeroDuration();
+  // How long the key before the newest is still accepted once every member holds the newest.
+  absl::Duration data_key_grace = absl::Seconds(1);
 };
 
 struct Member {
@@ -47,7 +52,7 @@ struct Job {
   Job(uint32_t id, std::string name, uint32_t world, uint32_t chunk_bytes, uint64_t max_bytes, uint32_t epoch,
       std::optional<wire::MacKey> mac_key = std::nullopt)
       : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes), epoch(epoch),
-        mac_key(mac_key), members(world), regroup(world) {}
+        ring(mac_key ? std::make_unique<KeyRing>(*mac_key, world) : nullptr), members(world), regroup(world) {}
 
   const uint32_t id;
   const std::string name;
@@ -57,9 +62,12 @@ struct Job {
   // Random per incarnation of a job name, so packets of an earlier incarnation never match, and
   // new again at each regroup (aggregator fail-over), so no round of the old layout mixes in.
   std::atomic<uint32_t> epoch;
-  // The job's data-plane key here; absent when data authentication is off.
-  const std::optional<wire::MacKey> mac_key;
-  const wire::MacKey* key() const { return mac_key ? &*mac_key : nullptr; }
+  // The job's data-plane keys here; null when data authentication is off.
+  const std::unique_ptr<KeyRing> ring;
+  // What packets from members may be signed with now; null without data authentication.
+  const KeyRing::Keys* keys() const { return ring ? &ring->Current() : nullptr; }
+  // What this aggregator signs with now.
+  const wire::MacKey* key() const { return ring ? &ring->Current().send() : nullptr; }
   std::vector<Member> members;
   std::atomic<uint32_t> member_count{0};
   std::atomic<bool> closed{false};  // set when the job ends; data threads then release its rounds
@@ -135,7 +143,15 @@ class JobRegistry {
   absl::StatusOr<std::shared_ptr<Job>> Join(const JoinSpec& spec);
   // `reason`: why the worker left, if on an error; kept for the failure it may cause (Job::LeftBecause).
   absl::Status Leave(uint32_t job_id, uint32_t rank, const std::string& reason = "");
-  absl::Status Heartbeat(uint32_t job_id, uint32_t rank);
+  // `key_generation`: the data key the member holds (KeyRing::Holds); 0 says nothing.
+  absl::Status Heartbeat(uint32_t job_id, uint32_t rank, uint32_t key_generation = 0);
+
+  // Key rotation (KeyRing): moves every job's rotation on, and starts one for each job whose
+  // newest key is data_key_rotation old. Returns one line per phase change, for the log.
+  std::vector<std::string> TendKeys(absl::Time now);
+  // Starts a rotation of one job's key now. False if one is under way; NotFound, FailedPrecondition
+  // (no data authentication) otherwise.
+  absl::StatusOr<bool> RotateKey(uint32_t job_id, absl::Time now);
 
   // Fails every job with a member whose last heartbeat (or join) is older than `timeout`, and
   // removes that member. Returns one line per failure, for the log.
@@ -160,11 +176,16 @@ class JobRegistry {
   void ExportMetrics(MetricsRegistry* metrics);
 
  private:
+  static std::vector<bool> JoinedRanks(const Job& job);
+  // KeyRing::Advance, counting rotations settled; a line for the log if the phase changed.
+  std::optional<std::string> AdvanceKeys(Job& job, absl::Time now);
   void RememberClosed(uint32_t job_id);  // with mu_ held
   uint32_t NextEpoch(uint32_t job_id);  // lock-free: a regroup calls it under its barrier's lock
 
   JobLimits limits_;
   std::atomic<uint64_t> epoch_seed_;
+  std::atomic<uint64_t> keys_drawn_{0};
+  std::atomic<uint64_t> keys_settled_{0};
   std::deque<std::pair<uint32_t, int64_t>> closed_;  // (job id, when), oldest first
   mutable std::shared_mutex mu_;
   std::unordered_map<uint32_t, std::shared_ptr<Job>> jobs_;

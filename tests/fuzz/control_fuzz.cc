@@ -2,8 +2,9 @@
 // (Join, Leave, Heartbeat, GetTopology, GetStats, Regroup) and the peer string, the rest is the request as
 // protobuf bytes. The handlers run against a real JobRegistry and data plane (loopback
 // transport). Properties, beyond "no crash, no sanitizer report": every job's member count equals
-// its joined members, limits hold, a refused Join changes nothing, and a Regroup is answered
-// exactly once (at once, or when its deadline passes).
+// its joined members, limits hold, a refused Join changes nothing, a Regroup is answered
+// exactly once (at once, or when its deadline passes), and a heartbeat answer carries whole keys
+// while data keys rotate all the time.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,6 +32,9 @@ struct World {
     dlcp::server::JobLimits limits;
     limits.max_jobs = 4;
     limits.max_workers = 16;
+    // Every TendKeys starts or moves on a key rotation, so heartbeats meet every phase.
+    limits.data_key_rotation = absl::Nanoseconds(1);
+    limits.data_key_grace = absl::ZeroDuration();
     jobs = new JobRegistry(limits);
     dlcp::server::DataPlaneOptions d;
     d.transport.kind = dlcp::TransportOptions::Kind::kLoopback;
@@ -83,7 +87,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       dlcp::v1::HeartbeatRequest req;
       dlcp::v1::HeartbeatResponse resp;
       if (!req.ParseFromArray(body, len)) return 0;
-      w->service->HandleHeartbeat(req, &resp).IgnoreError();
+      const bool ok = w->service->HandleHeartbeat(req, &resp).ok();
+      // A member always learns the job's keys: the newest, and the one before it only whole.
+      if (ok && (resp.data_key().size() != 32 || resp.data_key_generation() == 0 ||
+                 (!resp.previous_data_key().empty() && resp.previous_data_key().size() != 32))) {
+        __builtin_trap();
+      }
+      for (const std::string& line : w->jobs->TendKeys(absl::Now())) (void)line;
       break;
     }
     case 3: {

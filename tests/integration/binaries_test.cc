@@ -2,11 +2,15 @@
 // 127.0.0.1, and dlcpctl. Every result is checked exactly by dlcp-bench itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
@@ -183,6 +187,58 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   EXPECT_EQ(Scraped(body, "dlcp_jobs "), 0);
   EXPECT_GE(Scraped(body, "dlcp_transport_packets_total{direction=\"rx\"}"),
             Scraped(body, "dlcp_rx_packets_total"));
+}
+
+// Data-key rotation through the real binaries (docs/security.md): dlcpd draws a new key for the
+// running job every second; the workers move to each without a pause, every round stays exact,
+// and not one packet is refused on the way.
+TEST(Binaries, DataKeysRotateUnderARunningJob) {
+  // A 600 ms heartbeat deadline makes the workers beat every 200 ms, so a rotation takes about
+  // 1.5 s (two beats, then a second's grace) and 6 s of rounds see at least two end.
+  const std::vector<std::string> flags{"--data-key-rotation-s=1", "--heartbeat-timeout-ms=600", "--metrics-port=0"};
+  std::vector<std::unique_ptr<Daemon>> daemons;
+  std::vector<std::string> controls;
+  for (int a = 0; a < 2; ++a) {
+    daemons.push_back(Daemon::Start(DLCPD_PATH, flags));
+    ASSERT_NE(daemons.back(), nullptr) << "dlcpd did not start";
+    controls.push_back(daemons.back()->control());
+  }
+  const std::string aggs = absl::StrCat("--aggregators=", absl::StrJoin(controls, ","));
+  auto bench = BackgroundProcess::Start({DLCP_BENCH_PATH, aggs, "--plaintext", "--workers=3", "--tensor-bytes=300000",
+                                         "--rounds=5", "--min-seconds=6", "--loss-bound=0", "--timeout-s=60"});
+  ASSERT_NE(bench, nullptr);
+  // dlcpctl shows the running job's key generation move on at each aggregator.
+  bool moved_on = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(30); !moved_on && absl::Now() < end;) {
+    ProcessResult jobs = RunProcess({DLCPCTL_PATH, "jobs", aggs, "--plaintext", "--output=json"}, absl::Seconds(10));
+    // Every job listed (one per aggregator) at generation 3 or later.
+    int listed = 0, least = 1 << 30;
+    const std::string field = "\"data_key_generation\":";
+    for (size_t at = jobs.out.find(field); at != std::string::npos; at = jobs.out.find(field, at + 1)) {
+      ++listed;
+      least = std::min(least, std::atoi(jobs.out.c_str() + at + field.size()));
+    }
+    moved_on = listed == 2 && least >= 3;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(moved_on) << "no aggregator reached data key 3";
+  ProcessResult r = bench->Wait(absl::Seconds(70));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"exact\":true"), std::string::npos) << r.out;
+  for (auto& d : daemons) {
+    const std::string body = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
+    ASSERT_FALSE(body.empty());
+    EXPECT_GE(Scraped(body, "dlcp_data_key_rotations_total{phase=\"settled\"}"), 2) << body;
+    EXPECT_EQ(Scraped(body, "dlcp_rejects_total"), 0) << body;
+  }
+  for (auto& d : daemons) EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
+}
+
+TEST(Binaries, DlcpdRefusesKeyRotationWithoutDataAuthentication) {
+  ProcessResult r = RunProcess({DLCPD_PATH, "--data-key-rotation-s=60", "--data-auth=false", "--plaintext"},
+                               absl::Seconds(10));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.out.find("--data-key-rotation-s"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -87,7 +87,8 @@ for overlay in udp rdma; do
     echo "dlcpd refuses the $overlay overlay's configuration:"; cat "$WORK/$overlay.config"; exit 1
   fi
   for want in "metrics-port=9400  # env DLCP_METRICS_PORT" "health-port=7410  # env DLCP_HEALTH_PORT" \
-              "tls-ca=/etc/dlcp/tls/ca.crt  # env DLCP_TLS_CA" "plaintext=false  # default"; do
+              "tls-ca=/etc/dlcp/tls/ca.crt  # env DLCP_TLS_CA" "plaintext=false  # default" \
+              "data-key-rotation-s=3600  # env DLCP_DATA_KEY_ROTATION_S"; do
     grep -qF "$want" "$WORK/$overlay.config" || {
       echo "dlcpd did not take '$want' from the $overlay ConfigMap"; cat "$WORK/$overlay.config"; exit 1; }
   done

@@ -1,0 +1,72 @@
+#include "server/jobs/key_ring.h"
+
+#include "common/base/check.h"
+
+namespace dlcp::server {
+
+bool KeyRing::Keys::Verify(absl::Span<const uint8_t> datagram, size_t payload_len) const {
+  return wire::VerifyMac(newest, datagram, payload_len) ||
+         (previous.has_value() && wire::VerifyMac(*previous, datagram, payload_len));
+}
+
+KeyRing::KeyRing(const wire::MacKey& first, uint32_t world) : held_(world, 1), drawn_(absl::Now()) {
+  Keys k;
+  k.newest = first;
+  history_.push_back(k);
+  current_.store(&history_.back(), std::memory_order_release);
+}
+
+void KeyRing::Publish(Keys next) {
+  history_.push_back(std::move(next));  // a deque never moves the elements it already holds
+  current_.store(&history_.back(), std::memory_order_release);
+}
+
+absl::StatusOr<bool> KeyRing::Rotate(absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Keys& cur = history_.back();
+  if (cur.previous.has_value()) return false;
+  absl::StatusOr<wire::MacKey> key = wire::NewMacKey();
+  if (!key.ok()) return key.status();
+  Keys next;
+  next.generation = cur.generation + 1;
+  next.newest = *key;
+  next.previous = cur.newest;
+  next.switched = false;
+  drawn_ = now;
+  Publish(std::move(next));
+  return true;
+}
+
+void KeyRing::Holds(uint32_t rank, uint32_t generation) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank < held_.size()) held_[rank] = std::max(held_[rank], generation);
+}
+
+bool KeyRing::Advance(const std::vector<bool>& joined, absl::Time now, absl::Duration grace) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Keys& cur = history_.back();
+  if (!cur.previous.has_value()) return false;
+  if (!cur.switched) {
+    DLCP_CHECK_EQ(joined.size(), held_.size());
+    for (size_t r = 0; r < held_.size(); ++r) {
+      if (joined[r] && held_[r] < cur.generation) return false;
+    }
+    Keys next = cur;
+    next.switched = true;
+    switched_at_ = now;
+    Publish(std::move(next));
+    return true;
+  }
+  if (now - switched_at_ < grace) return false;
+  Keys next = cur;
+  next.previous.reset();
+  Publish(std::move(next));
+  return true;
+}
+
+absl::Time KeyRing::drawn() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return drawn_;
+}
+
+}  // namespace dlcp::server
