@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# What data-key rotation costs a running job (docs/security.md, "Key rotation"): the same jobs
+# against two aggregators, one drawing a new key every second (--data-key-rotation-s=1) and one
+# keeping its key, interleaved in one run. Both announce a 600 ms heartbeat deadline, so workers
+# beat every 200 ms and a rotation takes about 1.5 s. Each job runs JOB_SECONDS (6) of rounds.
+# Prints JSON lines and a ratio table (rotating / fixed), with the rotations the rotating
+# aggregator settled during the run.  bench/key_rotation_cost.sh [BUILD_DIR]
+set -euo pipefail
+BUILD=${1:-build}
+REPS=${REPS:-3}
+JOB_SECONDS=${JOB_SECONDS:-6}
+out=$(mktemp /tmp/dlcp-rot.XXXXXX)
+work=$(mktemp -d /tmp/dlcp-rot-aggs.XXXXXX)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$out" "$work"; }
+trap cleanup EXIT
+declare -A agg metrics
+for mode in rotating fixed; do
+  rotation=$([ $mode = rotating ] && echo 1 || echo 0)
+  "$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --metrics-port=0 --plaintext --log-level=warning \
+    --heartbeat-timeout-ms=600 --data-key-rotation-s="$rotation" --ready-file="$work/$mode.ready" 2>"$work/$mode.log" &
+  pids+=($!)
+done
+for mode in rotating fixed; do
+  for _ in $(seq 1 100); do [ -s "$work/$mode.ready" ] && break; sleep 0.05; done
+  agg[$mode]="127.0.0.1:$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$work/$mode.ready")"
+  metrics[$mode]=$(sed -E 's/.*"metrics_port":([0-9]+).*/\1/' "$work/$mode.ready")
+done
+settled() {
+  curl -s "http://127.0.0.1:${metrics[rotating]}/metrics" |
+    sed -n 's/^dlcp_data_key_rotations_total{phase="settled"} \([0-9.e+]*\)$/\1/p'
+}
+for rep in $(seq 1 "$REPS"); do
+  for spec in "4 4194304" "2 104857600"; do
+    read -r n size <<<"$spec"
+    for mode in rotating fixed; do
+      before=$(settled)
+      j=$("$BUILD/bench/dlcp-bench" --plaintext --aggregators="${agg[$mode]}" --workers="$n" --tensor-bytes="$size" \
+          --rounds=3 --min-seconds="$JOB_SECONDS" --warmup=2 --json | tail -1)
+      rotations=$([ $mode = rotating ] && python3 -c "print(int(float('$(settled)') - float('$before')))" || echo 0)
+      echo "{\"keys\":\"$mode\",\"rotations_settled\":$rotations,${j#\{}" | tee -a "$out"
+    done
+  done
+done
+python3 - "$out" <<'PY'
+import json, sys, statistics
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+groups = {}
+for r in rows:
+    groups.setdefault((r["workers"], r["tensor_bytes"]), {}).setdefault(r["keys"], []).append(r)
+print()
+print("| workers | size | p50 / p99 ms, fixed key | p50 / p99 ms, rotating | rotating / fixed p50, p99 | rotations per job | exact |")
+print("|---|---|---|---|---|---|---|")
+for (n, b), g in sorted(groups.items()):
+    med = lambda mode, k: statistics.median(r[k] for r in g[mode])
+    exact = all(r["exact"] for m in g.values() for r in m)
+    rot = statistics.median(r["rotations_settled"] for r in g["rotating"])
+    print(f"| {n} | {b / 1048576:.0f} MiB | {med('fixed', 'p50_ms'):.1f} / {med('fixed', 'p99_ms'):.1f} |"
+          f" {med('rotating', 'p50_ms'):.1f} / {med('rotating', 'p99_ms'):.1f} |"
+          f" {med('rotating', 'p50_ms') / med('fixed', 'p50_ms'):.2f}, {med('rotating', 'p99_ms') / med('fixed', 'p99_ms'):.2f} |"
+          f" {rot:.0f} | {exact} |")
+PY
