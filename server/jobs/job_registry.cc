@@ -204,7 +204,8 @@ absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank, uint32_t key
   }
   job->members[rank].last_heartbeat_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
   if (job->ring && key_generation > 0) {
-    // A generation never handed out is a confused or hostile client; it must not switch keys.
+    // A generation past the newest counts as the newest: a member claiming a key it does not
+    // hold can only lose its own results, which it then cannot check.
     job->ring->Holds(rank, std::min(key_generation, job->ring->Current().generation));
     if (std::optional<std::string> line = AdvanceKeys(*job, absl::Now())) DLCP_LOG(Info) << *line;
   }
@@ -229,28 +230,31 @@ std::vector<std::string> JobRegistry::TendKeys(absl::Time now) {
   std::vector<std::string> lines;
   for (const std::shared_ptr<Job>& job : List()) {
     if (!job->ring) continue;
-    const uint32_t before = job->ring->Current().generation;
     if (std::optional<std::string> line = AdvanceKeys(*job, now)) lines.push_back(std::move(*line));
     if (limits_.data_key_rotation > absl::ZeroDuration() && now - job->ring->drawn() >= limits_.data_key_rotation) {
-      absl::StatusOr<bool> started = job->ring->Rotate(now);
+      absl::StatusOr<bool> started = DrawKey(*job, now);
       if (!started.ok()) {
         lines.push_back(absl::StrCat("job ", job->name, ": cannot draw a new data key: ", started.status().ToString()));
       } else if (*started) {
-        keys_drawn_.fetch_add(1, std::memory_order_relaxed);
-        lines.push_back(absl::StrCat("job ", job->name, ": data key ", before + 1, " drawn, rolling out"));
+        lines.push_back(absl::StrCat("job ", job->name, ": data key ", job->ring->Current().generation,
+                                     " drawn, rolling out"));
       }
     }
   }
   return lines;
 }
 
+absl::StatusOr<bool> JobRegistry::DrawKey(Job& job, absl::Time now) {
+  absl::StatusOr<bool> started = job.ring->Rotate(now);
+  if (started.ok() && *started) keys_drawn_.fetch_add(1, std::memory_order_relaxed);
+  return started;
+}
+
 absl::StatusOr<bool> JobRegistry::RotateKey(uint32_t job_id, absl::Time now) {
   std::shared_ptr<Job> job = Find(job_id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   if (!job->ring) return absl::FailedPreconditionError("this aggregator runs without data authentication");
-  absl::StatusOr<bool> started = job->ring->Rotate(now);
-  if (started.ok() && *started) keys_drawn_.fetch_add(1, std::memory_order_relaxed);
-  return started;
+  return DrawKey(*job, now);
 }
 
 std::vector<std::string> JobRegistry::FailSilentMembers(int64_t now_ns, absl::Duration timeout) {

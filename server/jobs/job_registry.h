@@ -179,6 +179,7 @@ class JobRegistry {
   static std::vector<bool> JoinedRanks(const Job& job);
   // KeyRing::Advance, counting rotations settled; a line for the log if the phase changed.
   std::optional<std::string> AdvanceKeys(Job& job, absl::Time now);
+  absl::StatusOr<bool> DrawKey(Job& job, absl::Time now);  // KeyRing::Rotate, counting keys drawn
   void RememberClosed(uint32_t job_id);  // with mu_ held
   uint32_t NextEpoch(uint32_t job_id);  // lock-free: a regroup calls it under its barrier's lock
 
