@@ -248,8 +248,18 @@ void Session::NoteKeys(size_t i, const v1::HeartbeatResponse& resp) {
 }
 
 void Session::set_key_handler(KeyHandler handler) {
-  std::lock_guard<std::mutex> lock(mu_);
-  key_handler_ = std::move(handler);
+  std::vector<AggregatorInfo> now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    key_handler_ = handler;
+    for (const AggregatorInfo& info : aggregators_) {
+      if (info.data_key.has_value()) now.push_back(info);
+    }
+  }
+  // Keys may have moved on since the caller read aggregators(): it hears of where they are now.
+  if (handler) {
+    for (const AggregatorInfo& info : now) handler(info);
+  }
 }
 
 void Session::NoteRejoin(const std::vector<bool>& lost) {

@@ -82,7 +82,8 @@ class Session {
   // Called on the heartbeat thread (it must not block) when an aggregator's heartbeat answer
   // moves its data keys on: sign with `info.data_key`, accept it and `info.previous_data_key`.
   // The next heartbeat there says this worker holds the new key, so the handler must have made
-  // the data path use it by then (the transfer engine does within a turn of its loop).
+  // the data path use it by then (the transfer engine does within a turn of its loop). Setting
+  // it also calls it at once, on the caller's thread, with every aggregator's keys as they are.
   using KeyHandler = std::function<void(const AggregatorInfo& info)>;
   void set_key_handler(KeyHandler handler);
   std::vector<bool> lost() const;

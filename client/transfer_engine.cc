@@ -51,8 +51,9 @@ void TransferEngine::BuildDestinations() {
   dest_epoch_.clear();
   dest_key_.clear();
   dest_prev_key_.clear();
-  // Sized once per layout: dest_prev_key_ points into it, and ServeKeys only assigns.
+  // Sized once per layout: dest_prev_key_ points into it, and ApplyLatestKeys only assigns.
   options_.previous_keys.resize(options_.keys.size());
+  options_.key_generations.resize(options_.keys.size());
   dest_by_addr_.clear();
   dest_base_.clear();
   plans_.clear();
@@ -70,6 +71,7 @@ void TransferEngine::BuildDestinations() {
       dest_prev_key_.push_back(options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr);
     }
   }
+  ApplyLatestKeys();
   // A new layout is a new set of paths: every window starts again.
   CongestionOptions cc;
   cc.decrease = kWindowDecrease;

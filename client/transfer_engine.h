@@ -47,8 +47,10 @@ inline constexpr double kWindowDecrease = 0.35;
 struct EngineLayout {
   std::vector<uint32_t> epochs;  // the job's epoch at each
   std::vector<std::optional<wire::MacKey>> keys;  // its data key for this job there
-  // Key rotation: the key before, still accepted from there while set (may be shorter than keys).
+  // Key rotation: the key before, still accepted from there while set, and the generation of
+  // `keys` (both may be shorter than keys).
   std::vector<std::optional<wire::MacKey>> previous_keys;
+  std::vector<uint32_t> key_generations;
   // Data endpoints of each aggregator.
   std::vector<std::vector<Address>> endpoints;
   // Per aggregator and endpoint, the other addresses that endpoint's datagrams come from (path
@@ -131,19 +133,23 @@ class TransferEngine {
   // slowest worker (`agreed`), it pushes that round again first, so the others can finish it.
   void Resume(EngineLayout layout, std::vector<KeyProgress> agreed);
 
-  // Any thread: the aggregator `aggregator_id` (as in EngineLayout) moved its data keys on (key
-  // rotation, docs/security.md). Pushes to it are signed with `newest` and its packets checked
-  // under `newest` or `previous` from the I/O thread's next turn on. Ignored for an aggregator
-  // not in the layout or without a key.
-  void UpdateKeys(const std::string& aggregator_id, const wire::MacKey& newest, std::optional<wire::MacKey> previous);
+  // Any thread: the aggregator `aggregator_id` (as in EngineLayout) moved its data keys on to
+  // `generation` (key rotation, docs/security.md). Pushes to it are signed with `newest` and its
+  // packets checked under `newest` or `previous` from the I/O thread's next turn on, and in any
+  // later layout that has older keys for it. Ignored for an aggregator not in the layout or
+  // without a key, and where the engine already has these keys or newer ones.
+  void UpdateKeys(const std::string& aggregator_id, uint32_t generation, const wire::MacKey& newest,
+                  std::optional<wire::MacKey> previous);
 
  private:
   struct KeyUpdate {
     std::string aggregator_id;
+    uint32_t version;  // KeyVersion (transfer_keys.cc)
     wire::MacKey newest;
     std::optional<wire::MacKey> previous;
   };
-  void ServeKeys();  // I/O thread: applies key_updates_
+  void ServeKeys();  // I/O thread: takes key_updates_ into latest_keys_ and applies them
+  void ApplyLatestKeys();  // I/O thread: latest_keys_ over the layout's where newer
   // Which endpoint owns each chunk, for one (key, length). Immutable once built.
   struct Plan {
     uint32_t tensor_elems = 0;
@@ -289,6 +295,7 @@ class TransferEngine {
   std::vector<const wire::MacKey*> dest_key_;  // into options_.keys; nullptr: no authentication
   std::vector<const wire::MacKey*> dest_prev_key_;  // into options_.previous_keys; nullptr: none
   std::vector<KeyUpdate> key_updates_;  // under mu_
+  std::unordered_map<std::string, KeyUpdate> latest_keys_;  // I/O thread: newest heard, by aggregator id
   std::unordered_map<uint64_t, uint32_t> dest_by_addr_;  // Address::Pack() -> dest
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
   std::vector<CongestionWindow> windows_;  // per dest (adaptive_window)

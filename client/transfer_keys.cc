@@ -5,11 +5,18 @@
 
 namespace dlcp {
 
-void TransferEngine::UpdateKeys(const std::string& aggregator_id, const wire::MacKey& newest,
+namespace {
+// Orders an aggregator's key states: a newer generation, or the same one once the key before it
+// is dropped.
+uint32_t KeyVersion(uint32_t generation, bool has_previous) { return 2 * generation + (has_previous ? 0 : 1); }
+}  // namespace
+
+void TransferEngine::UpdateKeys(const std::string& aggregator_id, uint32_t generation, const wire::MacKey& newest,
                                 std::optional<wire::MacKey> previous) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    key_updates_.push_back(KeyUpdate{aggregator_id, newest, std::move(previous)});
+    const uint32_t version = KeyVersion(generation, previous.has_value());
+    key_updates_.push_back(KeyUpdate{aggregator_id, version, newest, std::move(previous)});
   }
   transport_->Wake();
 }
@@ -22,16 +29,29 @@ void TransferEngine::ServeKeys() {
     updates.swap(key_updates_);
   }
   for (KeyUpdate& u : updates) {
-    for (size_t a = 0; a < options_.aggregator_ids.size() && a < options_.keys.size(); ++a) {
-      // An aggregator that never gave a key does not check MACs: signing for it would not help.
-      if (options_.aggregator_ids[a] != u.aggregator_id || !options_.keys[a].has_value()) continue;
-      options_.keys[a] = u.newest;
-      options_.previous_keys[a] = u.previous;
-      const size_t end = a + 1 < dest_base_.size() ? dest_base_[a + 1] : dest_addr_.size();
-      for (size_t d = dest_base_[a]; d < end; ++d) {
-        dest_key_[d] = &*options_.keys[a];
-        dest_prev_key_[d] = options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr;
-      }
+    auto known = latest_keys_.find(u.aggregator_id);
+    if (known == latest_keys_.end() || known->second.version < u.version) latest_keys_[u.aggregator_id] = std::move(u);
+  }
+  ApplyLatestKeys();
+}
+
+void TransferEngine::ApplyLatestKeys() {
+  // A layout (a regroup's) may have been taken from the session just before keys moved on: the
+  // newest keys heard of win over older ones, whichever arrived last.
+  options_.key_generations.resize(options_.keys.size());
+  for (size_t a = 0; a < options_.aggregator_ids.size() && a < options_.keys.size(); ++a) {
+    auto latest = latest_keys_.find(options_.aggregator_ids[a]);
+    // An aggregator that never gave a key does not check MACs: signing for it would not help.
+    if (latest == latest_keys_.end() || !options_.keys[a].has_value()) continue;
+    const KeyUpdate& u = latest->second;
+    if (u.version <= KeyVersion(options_.key_generations[a], options_.previous_keys[a].has_value())) continue;
+    options_.keys[a] = u.newest;
+    options_.previous_keys[a] = u.previous;
+    options_.key_generations[a] = u.version / 2;
+    const size_t end = a + 1 < dest_base_.size() ? dest_base_[a + 1] : dest_addr_.size();
+    for (size_t d = dest_base_[a]; d < end; ++d) {
+      dest_key_[d] = &*options_.keys[a];
+      dest_prev_key_[d] = options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr;
     }
   }
 }

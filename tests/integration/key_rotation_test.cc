@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/transfer_engine.h"
 #include "common/wire/header.h"
 #include "common/wire/mac.h"
 #include "server/jobs/job_registry.h"
@@ -171,6 +173,80 @@ TEST(KeyRotation, RoundsRunOnThroughTwoRotationsAndTheFirstKeyStopsWorking) {
   }
   EXPECT_EQ(aggs[0]->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 1);
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+// A regroup's layout is read from the session and handed to the engine later; keys that moved
+// on in between must not be taken back by it. Here the engine hears of key 2 from an aggregator
+// played by hand, then resumes after a regroup with a layout that still has key 1: its pushes
+// must be signed with key 2, which is all the aggregator accepts once the rotation settles.
+TEST(KeyRotation, ALayoutOlderThanTheKeysHeardOfDoesNotTakeThemBack) {
+  constexpr uint32_t kJob = 91, kKey = 4, kEpoch = 2, kChunkBytes = 1024, kChunks = 6;
+  const wire::MacKey k1{1, 2, 3, 4}, k2{5, 6, 7, 8};
+  TransportOptions lo;
+  lo.kind = TransportOptions::Kind::kLoopback;
+  auto agg = CreateTransport(lo);
+  ASSERT_TRUE(agg.ok()) << agg.status();
+  EngineLayout layout;
+  layout.epochs = {kEpoch};
+  layout.keys = {k1};
+  layout.previous_keys = {std::nullopt};
+  layout.key_generations = {1};
+  layout.endpoints = {{(*agg)->local_address()}};
+  layout.sources = {{{}}};
+  layout.aggregator_ids = {"hand"};
+  EngineOptions o;
+  static_cast<EngineLayout&>(o) = layout;
+  o.job = kJob;
+  o.chunk_bytes = kChunkBytes;
+  o.retain_inputs = true;  // what a regroup needs
+  o.repair_timeout = absl::Milliseconds(20);
+  o.op_timeout = absl::Seconds(10);
+  std::vector<float> data(kChunks * kChunkBytes / 4, 1.5f);
+  std::promise<absl::StatusOr<RoundStats>> done;
+  auto result = done.get_future();
+  auto tx = CreateTransport(lo);
+  ASSERT_TRUE(tx.ok()) << tx.status();
+  TransferEngine engine(o, std::move(*tx));
+
+  engine.UpdateKeys("hand", 2, k2, k1);
+  ASSERT_TRUE(engine.PauseForRegroup(absl::Seconds(5)).ok());  // the I/O thread has turned since
+  engine.Resume(layout, {});
+  engine.Submit(kKey, absl::MakeSpan(data), AllReduceOptions{}, -1,
+                [&](absl::StatusOr<RoundStats> r) { done.set_value(std::move(r)); });
+
+  // Answer every push, signed with key 2, and count which key the pushes verify under.
+  int under_k2 = 0, other = 0;
+  std::vector<InMessage> batch;
+  for (const absl::Time end = absl::Now() + absl::Seconds(10);
+       result.wait_for(std::chrono::seconds(0)) != std::future_status::ready && absl::Now() < end;) {
+    ASSERT_TRUE((*agg)->Receive(&batch, absl::Milliseconds(5)).ok());
+    for (const InMessage& m : batch) {
+      wire::Header h;
+      ASSERT_EQ(wire::ParseHeader(absl::MakeConstSpan(m.data, m.len), &h), wire::Reject::kNone);
+      if (h.type != wire::MsgType::kPush) continue;
+      if (!wire::VerifyMac(k2, absl::MakeConstSpan(m.data, m.len), h.payload_len)) {
+        ++other;
+        continue;
+      }
+      ++under_k2;
+      wire::Header r = h;
+      r.type = wire::MsgType::kResult;
+      r.contributors = 1;
+      r.flags = wire::kFlagMac;
+      uint8_t header[wire::kHeaderSize], tag[wire::kMacSize];
+      wire::EncodeHeader(r, header);
+      const uint8_t* payload = m.data + wire::kHeaderSize;
+      wire::ComputeMac(k2, header, payload, r.payload_len, tag);
+      OutMessage out{m.from, 1, header, wire::kHeaderSize, payload, r.payload_len, tag, wire::kMacSize};
+      ASSERT_TRUE((*agg)->Send({&out, 1}, absl::Now() + absl::Seconds(1)).ok());
+    }
+  }
+  EXPECT_EQ(other, 0);
+  EXPECT_GE(under_k2, static_cast<int>(kChunks));
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  absl::StatusOr<RoundStats> stats = result.get();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(data, std::vector<float>(data.size(), 1.5f));
 }
 
 }  // namespace
