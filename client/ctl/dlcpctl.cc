@@ -3,6 +3,8 @@
 //   dlcpctl jobs   --aggregators=...             every job on every aggregator
 //   dlcpctl stats  --aggregators=...             every counter (nonzero ones in table form)
 //   dlcpctl health --aggregators=...             grpc.health.v1; exit 0 only if all SERVING
+//   dlcpctl rotate-key --job=NAME --aggregators=...
+//                                                 start a rotation of the job's data key at each
 // --output=table|json for all. Exit 1 if any aggregator is unreachable.
 #include <grpcpp/create_channel.h>
 
@@ -11,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/session.h"
 #include "common/config/registry.h"
@@ -70,6 +73,44 @@ std::vector<Reply> Query(const dlcp::ConfigRegistry& config, bool health,
   return out;
 }
 
+// rotate-key: one RotateDataKey per aggregator. Exit 1 if any failed (unreachable, or the job is
+// not there).
+int RotateKey(const dlcp::ConfigRegistry& config, const dlcp::ChannelSecurity& security, bool json) {
+  const std::string job = config.GetString("job");
+  if (job.empty()) {
+    std::cerr << "dlcpctl: rotate-key needs --job=NAME\n";
+    return 2;
+  }
+  const absl::Duration timeout = absl::Milliseconds(config.GetInt("timeout-ms"));
+  int failures = 0;
+  std::vector<std::string> items;
+  for (absl::string_view agg : absl::StrSplit(config.GetString("aggregators"), ',', absl::SkipEmpty())) {
+    const std::string address(agg);
+    auto stub = dlcp::v1::Aggregator::NewStub(grpc::CreateCustomChannel(address, security.credentials, security.arguments));
+    dlcp::v1::RotateDataKeyRequest req;
+    req.set_job_name(job);
+    dlcp::v1::RotateDataKeyResponse resp;
+    grpc::Status st = dlcp::CallWithDeadline(
+        [&](grpc::ClientContext* ctx, const dlcp::v1::RotateDataKeyRequest* rq, dlcp::v1::RotateDataKeyResponse* rs,
+            auto cb) { stub->async()->RotateDataKey(ctx, rq, rs, std::move(cb)); },
+        req, &resp, timeout);
+    if (!st.ok()) ++failures;
+    if (json) {
+      items.push_back(st.ok() ? absl::StrCat("{\"aggregator\":", Json(address), ",\"started\":",
+                                             resp.started() ? "true" : "false", ",\"data_key_generation\":",
+                                             resp.data_key_generation(), "}")
+                              : absl::StrCat("{\"aggregator\":", Json(address), ",\"error\":", Json(st.error_message()), "}"));
+    } else if (!st.ok()) {
+      std::cout << address << ": ERROR (" << st.error_message() << ")\n";
+    } else {
+      std::cout << address << ": data key " << resp.data_key_generation()
+                << (resp.started() ? " drawn, rolling out\n" : " still rolling out from an earlier rotation; try again\n");
+    }
+  }
+  if (json) std::cout << "[" << absl::StrJoin(items, ",") << "]\n";
+  return failures == 0 ? 0 : 1;
+}
+
 std::map<std::string, double> Sorted(const dlcp::v1::Stats& s) { return {s.counters().begin(), s.counters().end()}; }
 
 std::string JobsJson(const dlcp::v1::Stats& s) {
@@ -102,6 +143,7 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
     std::cerr << "dlcpctl: " << security.status().message() << "\n";
     return 2;
   }
+  if (cmd == "rotate-key") return RotateKey(config, *security, json);
   std::vector<Reply> replies = Query(config, cmd == "health", *security);
   int failures = 0;
   std::vector<std::string> items;
@@ -174,18 +216,19 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dlcp::ConfigRegistry config("dlcpctl", "commands: status (default), jobs, stats, health");
+  dlcp::ConfigRegistry config("dlcpctl", "commands: status (default), jobs, stats, health, rotate-key");
   config.AddString("aggregators", "127.0.0.1:7400", "aggregators to query, HOST:PORT[,HOST:PORT...]",
                    dlcp::ValidateHostPortList);
   config.AddString("output", "table", "table or json", [](const std::string& v) {
     return v == "table" || v == "json" ? absl::OkStatus() : absl::InvalidArgumentError("must be table or json");
   });
   config.AddInt("timeout-ms", 3000, 1, 600000, "deadline of each RPC");
+  config.AddString("job", "", "rotate-key: the job whose data key to rotate");
   dlcp::DeclareTlsFlags(&config, /*server=*/false);
   if (std::optional<int> exit_code = config.StartMain(argc, argv)) return *exit_code;
   const std::string cmd = config.positional().empty() ? "status" : config.positional()[0];
-  if (cmd != "status" && cmd != "jobs" && cmd != "stats" && cmd != "health") {
-    std::cerr << "dlcpctl: unknown command '" << cmd << "' (status|jobs|stats|health)\n";
+  if (cmd != "status" && cmd != "jobs" && cmd != "stats" && cmd != "health" && cmd != "rotate-key") {
+    std::cerr << "dlcpctl: unknown command '" << cmd << "' (status|jobs|stats|health|rotate-key)\n";
     return 2;
   }
   return Run(cmd, config);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/log.h"
 
 namespace dlcp::server {
 
@@ -130,6 +131,29 @@ void AggregatorService::FillKeys(const KeyRing::Keys& keys, std::string* newest,
 grpc::ServerUnaryReactor* AggregatorService::Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                                   v1::JoinResponse* resp) {
   DLCP_UNARY(ctx, HandleJoin(ctx->peer(), *req, resp));
+}
+
+grpc::ServerUnaryReactor* AggregatorService::RotateDataKey(grpc::CallbackServerContext* ctx,
+                                                           const v1::RotateDataKeyRequest* req,
+                                                           v1::RotateDataKeyResponse* resp) {
+  DLCP_UNARY(ctx, HandleRotateDataKey(*req, resp));
+}
+
+absl::Status AggregatorService::HandleRotateDataKey(const v1::RotateDataKeyRequest& req,
+                                                    v1::RotateDataKeyResponse* resp) {
+  if (req.job_name().empty() || req.job_name().size() > 256) {
+    return absl::InvalidArgumentError("job_name must be 1 to 256 bytes");
+  }
+  std::shared_ptr<Job> job = jobs_->Find(JobIdForName(req.job_name()));
+  if (!job || job->name != req.job_name()) {
+    return absl::NotFoundError(absl::StrCat("no job '", req.job_name(), "' at this aggregator"));
+  }
+  absl::StatusOr<bool> started = jobs_->RotateKey(job->id, absl::Now());
+  if (!started.ok()) return started.status();
+  if (*started) DLCP_LOG(Info) << "job " << job->name << ": data key " << job->keys()->generation << " drawn on request";
+  resp->set_started(*started);
+  resp->set_data_key_generation(job->keys()->generation);
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,

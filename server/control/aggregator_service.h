@@ -42,6 +42,8 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   // once (RegroupBarrier, bounded by the request's wait_ms).
   grpc::ServerUnaryReactor* Regroup(grpc::CallbackServerContext* ctx, const v1::RegroupRequest* req,
                                     v1::RegroupResponse* resp) override;
+  grpc::ServerUnaryReactor* RotateDataKey(grpc::CallbackServerContext* ctx, const v1::RotateDataKeyRequest* req,
+                                          v1::RotateDataKeyResponse* resp) override;
 
   // The handlers proper, behind the gRPC reactors above (and driven directly by the control-plane
   // fuzz target). `peer` is gRPC's peer string ("ipv4:10.0.0.7:51234").
@@ -52,6 +54,8 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   absl::Status HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
   absl::Status HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp);
   absl::Status HandleGetStats(v1::Stats* resp);
+  // NotFound for a job not here; FailedPrecondition without data authentication.
+  absl::Status HandleRotateDataKey(const v1::RotateDataKeyRequest& req, v1::RotateDataKeyResponse* resp);
   // Validates; then `done` gets the outcome, at once or when the coordination ends.
   absl::Status HandleRegroup(const v1::RegroupRequest& req, v1::RegroupResponse* resp,
                              std::function<void(absl::Status)> done);

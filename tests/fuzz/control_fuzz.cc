@@ -1,6 +1,6 @@
 // libFuzzer target for the control-plane request handlers: the first byte picks the handler
-// (Join, Leave, Heartbeat, GetTopology, GetStats, Regroup) and the peer string, the rest is the request as
-// protobuf bytes. The handlers run against a real JobRegistry and data plane (loopback
+// (Join, Leave, Heartbeat, GetTopology, GetStats, Regroup, RotateDataKey) and the peer string, the
+// rest is the request as protobuf bytes. The handlers run against a real JobRegistry and data plane (loopback
 // transport). Properties, beyond "no crash, no sanitizer report": every job's member count equals
 // its joined members, limits hold, a refused Join changes nothing, a Regroup is answered
 // exactly once (at once, or when its deadline passes), and a heartbeat answer carries whole keys
@@ -66,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string peer = kPeers[(data[0] >> 4) % 5];
   const char* body = reinterpret_cast<const char*>(data + 1);
   const int len = static_cast<int>(size - 1);
-  switch (data[0] % 6) {
+  switch (data[0] % 7) {
     case 0: {
       dlcp::v1::JoinRequest req;
       dlcp::v1::JoinResponse resp;
@@ -119,6 +119,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       // Whatever still waits has passed its deadline by then.
       for (const std::string& line : w->jobs->ExpireRegroups(absl::Now() + absl::Minutes(3))) (void)line;
+      break;
+    }
+    case 5: {
+      dlcp::v1::RotateDataKeyRequest req;
+      dlcp::v1::RotateDataKeyResponse resp;
+      if (!req.ParseFromArray(body, len)) return 0;
+      const bool ok = w->service->HandleRotateDataKey(req, &resp).ok();
+      if (ok && resp.data_key_generation() < 2 && resp.started()) __builtin_trap();  // a new key is 2 or later
       break;
     }
     default: {

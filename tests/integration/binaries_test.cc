@@ -235,6 +235,46 @@ TEST(Binaries, DataKeysRotateUnderARunningJob) {
   for (auto& d : daemons) EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
 }
 
+// On request (dlcpctl rotate-key), with no schedule: a key may have leaked. The running job moves
+// to the new key without a pause, a second request while the first is rolling out is told so,
+// and a job that is not there is an error.
+TEST(Binaries, DlcpctlRotatesAJobsKeyOnRequest) {
+  auto d = Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=600", "--metrics-port=0"});
+  ASSERT_NE(d, nullptr);
+  const std::string aggs = "--aggregators=" + d->control();
+  auto bench = BackgroundProcess::Start({DLCP_BENCH_PATH, aggs, "--plaintext", "--workers=2", "--job=leaky",
+                                         "--tensor-bytes=200000", "--rounds=5", "--min-seconds=4", "--loss-bound=0",
+                                         "--timeout-s=60"});
+  ASSERT_NE(bench, nullptr);
+  bool running = false;
+  for (const absl::Time end = absl::Now() + absl::Seconds(30); !running && absl::Now() < end;) {
+    running = absl::StrContains(RunProcess({DLCPCTL_PATH, "jobs", aggs, "--plaintext"}, absl::Seconds(10)).out, "leaky");
+    if (!running) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(running) << "the job never showed up";
+  ProcessResult first = RunProcess({DLCPCTL_PATH, "rotate-key", "--job=leaky", aggs, "--plaintext"}, absl::Seconds(10));
+  EXPECT_EQ(first.exit_code, 0) << first.out;
+  EXPECT_NE(first.out.find("data key 2 drawn, rolling out"), std::string::npos) << first.out;
+  // Rolling out takes two heartbeats and a second's grace: the request right after finds it so.
+  ProcessResult again = RunProcess({DLCPCTL_PATH, "rotate-key", "--job=leaky", aggs, "--plaintext", "--output=json"},
+                                   absl::Seconds(10));
+  EXPECT_EQ(again.exit_code, 0) << again.out;
+  EXPECT_NE(again.out.find("\"started\":false,\"data_key_generation\":2"), std::string::npos) << again.out;
+  ProcessResult missing = RunProcess({DLCPCTL_PATH, "rotate-key", "--job=nope", aggs, "--plaintext"}, absl::Seconds(10));
+  EXPECT_EQ(missing.exit_code, 1) << missing.out;
+  EXPECT_NE(missing.out.find("no job 'nope'"), std::string::npos) << missing.out;
+  EXPECT_EQ(RunProcess({DLCPCTL_PATH, "rotate-key", aggs, "--plaintext"}, absl::Seconds(10)).exit_code, 2);
+
+  ProcessResult r = bench->Wait(absl::Seconds(60));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"exact\":true"), std::string::npos) << r.out;
+  const std::string body = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
+  ASSERT_FALSE(body.empty());
+  EXPECT_EQ(Scraped(body, "dlcp_data_key_rotations_total{phase=\"drawn\"}"), 1) << body;
+  EXPECT_EQ(Scraped(body, "dlcp_data_key_rotations_total{phase=\"settled\"}"), 1) << body;
+  EXPECT_EQ(Scraped(body, "dlcp_rejects_total"), 0) << body;
+}
+
 TEST(Binaries, DlcpdRefusesKeyRotationWithoutDataAuthentication) {
   ProcessResult r = RunProcess({DLCPD_PATH, "--data-key-rotation-s=60", "--data-auth=false", "--plaintext"},
                                absl::Seconds(10));
