@@ -499,11 +499,8 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   }
   const uint32_t from_dest = src->second;
   if (const wire::MacKey* key = dest_key_[from_dest]) {
-    const absl::Span<const uint8_t> datagram(m.data, m.len);
-    const wire::MacKey* previous = dest_prev_key_[from_dest];
     if (!(h.flags & wire::kFlagMac) ||
-        !(wire::VerifyMac(*key, datagram, h.payload_len) ||
-          (previous != nullptr && wire::VerifyMac(*previous, datagram, h.payload_len)))) {
+        !wire::VerifyMacEither(*key, dest_prev_key_[from_dest], absl::MakeConstSpan(m.data, m.len), h.payload_len)) {
       rejected_.fetch_add(1, std::memory_order_relaxed);
       return;
     }

@@ -37,8 +37,8 @@ void TransferEngine::ServeKeys() {
 
 void TransferEngine::ApplyLatestKeys() {
   // A layout (a regroup's) may have been taken from the session just before keys moved on: the
-  // newest keys heard of win over older ones, whichever arrived last.
-  options_.key_generations.resize(options_.keys.size());
+  // newest keys heard of win over older ones, whichever arrived last. BuildDestinations has sized
+  // previous_keys and key_generations to the layout.
   for (size_t a = 0; a < options_.aggregator_ids.size() && a < options_.keys.size(); ++a) {
     auto latest = latest_keys_.find(options_.aggregator_ids[a]);
     // An aggregator that never gave a key does not check MACs: signing for it would not help.

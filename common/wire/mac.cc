@@ -69,4 +69,9 @@ bool VerifyMac(const MacKey& key, absl::Span<const uint8_t> d, size_t payload_le
   return diff == 0;
 }
 
+bool VerifyMacEither(const MacKey& key, const MacKey* previous, absl::Span<const uint8_t> datagram,
+                     size_t payload_len) {
+  return VerifyMac(key, datagram, payload_len) || (previous != nullptr && VerifyMac(*previous, datagram, payload_len));
+}
+
 }  // namespace dlcp::wire

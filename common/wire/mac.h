@@ -36,5 +36,8 @@ void MacFromDigest(const MacKey& key, const uint8_t* header, uint64_t payload_di
 
 // For a datagram whose parsed header has kFlagMac: true if its trailer matches.
 bool VerifyMac(const MacKey& key, absl::Span<const uint8_t> datagram, size_t payload_len);
+// Key rotation: true if the trailer matches under `key` or, when given, the key before it.
+bool VerifyMacEither(const MacKey& key, const MacKey* previous, absl::Span<const uint8_t> datagram,
+                     size_t payload_len);
 
 }  // namespace dlcp::wire

@@ -5,8 +5,7 @@
 namespace dlcp::server {
 
 bool KeyRing::Keys::Verify(absl::Span<const uint8_t> datagram, size_t payload_len) const {
-  return wire::VerifyMac(newest, datagram, payload_len) ||
-         (previous.has_value() && wire::VerifyMac(*previous, datagram, payload_len));
+  return wire::VerifyMacEither(newest, previous ? &*previous : nullptr, datagram, payload_len);
 }
 
 KeyRing::KeyRing(const wire::MacKey& first, uint32_t world) : held_(world, 1), drawn_(absl::Now()) {
