@@ -26,9 +26,11 @@ for mode in rotating fixed; do
   agg[$mode]="127.0.0.1:$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$work/$mode.ready")"
   metrics[$mode]=$(sed -E 's/.*"metrics_port":([0-9]+).*/\1/' "$work/$mode.ready")
 done
-settled() {
-  curl -s "http://127.0.0.1:${metrics[rotating]}/metrics" |
-    sed -n 's/^dlcp_data_key_rotations_total{phase="settled"} \([0-9.e+]*\)$/\1/p'
+settled() {  # python3, not curl: the project's set-up installs the one, not the other
+  python3 -c 'import sys, urllib.request
+body = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+print(next(l.split()[-1] for l in body.splitlines() if l.startswith("dlcp_data_key_rotations_total{phase=\"settled\"}")))' \
+    "${metrics[rotating]}"
 }
 for rep in $(seq 1 "$REPS"); do
   for spec in "4 4194304" "2 104857600"; do
