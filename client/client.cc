@@ -78,6 +78,7 @@ static EngineLayout LayoutOf(const std::vector<AggregatorInfo>& aggregators, con
     layout.keys.push_back(aggregators[i].data_key);
     layout.previous_keys.push_back(aggregators[i].previous_data_key);
     layout.key_generations.push_back(aggregators[i].data_key_generation);
+    layout.worker_keys.push_back(aggregators[i].worker_key);
     layout.endpoints.push_back(aggregators[i].data_endpoints);
     layout.sources.push_back(aggregators[i].data_sources);
     layout.aggregator_ids.push_back(aggregators[i].control);
@@ -169,7 +170,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
   c->session_->set_fatal_handler([engine = c->engine_.get()](const absl::Status& s) { engine->FailFatal(s); });
   c->session_->set_key_handler([engine = c->engine_.get()](const AggregatorInfo& info) {
-    engine->UpdateKeys(info.control, info.data_key_generation, *info.data_key, info.previous_data_key);
+    engine->UpdateKeys(info.control, info.data_key_generation, *info.data_key, info.previous_data_key,
+                       info.worker_key);
   });
   // A job that lost a worker goes on once it is back: rounds count from 0 in the new epochs.
   c->session_->set_rejoin_handler([raw = c.get()](const std::vector<uint32_t>& epochs) {

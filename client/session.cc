@@ -22,12 +22,12 @@ absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& context) {
 namespace {
 // An aggregator's data keys as Join and Heartbeat answers carry them, into `info`.
 absl::Status ParseKeys(const std::string& control, const std::string& newest, const std::string& previous,
-                       uint32_t generation, AggregatorInfo* info) {
+                       const std::string& worker, uint32_t generation, AggregatorInfo* info) {
   if (newest.empty()) return absl::OkStatus();
-  if (newest.size() != 32 || (!previous.empty() && previous.size() != 32)) {
+  if (newest.size() != 32 || (!previous.empty() && previous.size() != 32) || (!worker.empty() && worker.size() != 32)) {
     return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " sent a data key of ", newest.size(),
-                                                      " bytes (and one before it of ", previous.size(),
-                                                      "), not 32"));
+                                                      " bytes (one before it of ", previous.size(),
+                                                      ", this worker's of ", worker.size(), "), not 32"));
   }
   const auto key_of = [](const std::string& b) {
     return wire::MacKeyFromBytes(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()), b.size()));
@@ -35,6 +35,8 @@ absl::Status ParseKeys(const std::string& control, const std::string& newest, co
   info->data_key = key_of(newest);
   info->previous_data_key.reset();
   if (!previous.empty()) info->previous_data_key = key_of(previous);
+  info->worker_key.reset();
+  if (!worker.empty()) info->worker_key = key_of(worker);
   info->data_key_generation = generation;
   return absl::OkStatus();
 }
@@ -72,7 +74,8 @@ absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, 
   info.max_rounds_in_flight = resp.max_rounds_in_flight();
   info.epoch = resp.epoch();
   info.rejoins = resp.rejoins();
-  if (absl::Status s = ParseKeys(control, resp.data_key(), resp.previous_data_key(), resp.data_key_generation(), &info);
+  if (absl::Status s = ParseKeys(control, resp.data_key(), resp.previous_data_key(), resp.worker_key(),
+                                 resp.data_key_generation(), &info);
       !s.ok()) {
     return s;
   }
@@ -228,7 +231,7 @@ void Session::NoteKeys(size_t i, const v1::HeartbeatResponse& resp) {
     AggregatorInfo& info = aggregators_[i];
     if (!info.data_key.has_value()) return;  // joined without: the data path does not sign there
     next = info;
-    if (absl::Status s = ParseKeys(info.control, resp.data_key(), resp.previous_data_key(),
+    if (absl::Status s = ParseKeys(info.control, resp.data_key(), resp.previous_data_key(), resp.worker_key(),
                                    resp.data_key_generation(), &next);
         !s.ok()) {
       DLCP_LOG(Warning) << "heartbeat answer ignored: " << s;

@@ -35,6 +35,9 @@ struct AggregatorInfo {
   // aggregator may sign with it, and data_key's generation.
   std::optional<wire::MacKey> previous_data_key;
   uint32_t data_key_generation = 0;
+  // What this worker signs with there: a key of its rank alone (per-worker keys), of
+  // data_key_generation; unset: data_key.
+  std::optional<wire::MacKey> worker_key;
 };
 
 struct SessionOptions {

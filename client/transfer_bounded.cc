@@ -198,7 +198,7 @@ void TransferEngine::SendManifest(const Op& op, uint32_t dest) {
   for (std::vector<uint8_t>& p : wire::EncodeManifest(op.loss_bound_ppm, classes, max_payload)) {
     if (injector_.Drop(0)) continue;
     h.payload_len = static_cast<uint32_t>(p.size());
-    absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_key_[dest]);
+    absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_sign_key_[dest]);
     if (!s.ok()) DLCP_LOG(Warning) << "manifest: " << s;
   }
 }

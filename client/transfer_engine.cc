@@ -51,9 +51,12 @@ void TransferEngine::BuildDestinations() {
   dest_epoch_.clear();
   dest_key_.clear();
   dest_prev_key_.clear();
-  // Sized once per layout: dest_prev_key_ points into it, and ApplyLatestKeys only assigns.
+  dest_sign_key_.clear();
+  // Sized once per layout: dest_prev_key_ and dest_sign_key_ point into them, and
+  // ApplyLatestKeys only assigns.
   options_.previous_keys.resize(options_.keys.size());
   options_.key_generations.resize(options_.keys.size());
+  options_.worker_keys.resize(options_.keys.size());
   dest_by_addr_.clear();
   dest_base_.clear();
   plans_.clear();
@@ -69,6 +72,7 @@ void TransferEngine::BuildDestinations() {
       dest_epoch_.push_back(options_.epochs[a]);
       dest_key_.push_back(options_.keys[a] ? &*options_.keys[a] : nullptr);
       dest_prev_key_.push_back(options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr);
+      dest_sign_key_.push_back(SignKey(a));
     }
   }
   ApplyLatestKeys();
@@ -376,7 +380,7 @@ bool TransferEngine::PushSome(size_t budget) {
         const uint8_t* payload = op.packets.empty()
                                      ? reinterpret_cast<const uint8_t*>(op.data + op.geometry.offset(c))
                                      : op.packets.data() + c * op.packet_stride + wire::kHeaderSize;
-        absl::Status s = outbox_.Add(dest_addr_[d], h, payload, dest_key_[d], nullptr, path);
+        absl::Status s = outbox_.Add(dest_addr_[d], h, payload, dest_sign_key_[d], nullptr, path);
         if (!s.ok()) DLCP_LOG(Warning) << "push to " << dest_addr_[d].ToString() << ": " << s;
       };
       const auto spend = [&] {  // the pacer's tokens may go below zero, after repairs
@@ -700,7 +704,7 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only, 
   std::vector<uint8_t> p =
       std::move(wire::EncodeRanges(ranges, wire::ControlPayloadLimit(transport_->max_datagram(), options_.chunk_bytes))[0]);
   h.payload_len = static_cast<uint32_t>(p.size());
-  absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_key_[dest]);
+  absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_sign_key_[dest]);
   if (!s.ok()) DLCP_LOG(Warning) << "result request: " << s;
 }
 
@@ -710,7 +714,7 @@ void TransferEngine::SendDone(uint32_t key, uint32_t round, uint32_t dest, uint3
   h.flags = wire::kFlagDone;
   std::vector<uint8_t> empty = wire::EncodeRanges({}, 16)[0];
   h.payload_len = static_cast<uint32_t>(empty.size());
-  absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(empty), dest_key_[dest]);
+  absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(empty), dest_sign_key_[dest]);
   if (!s.ok()) DLCP_LOG(Warning) << "done: " << s;
 }
 

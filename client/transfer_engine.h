@@ -51,6 +51,8 @@ struct EngineLayout {
   // `keys` (both may be shorter than keys).
   std::vector<std::optional<wire::MacKey>> previous_keys;
   std::vector<uint32_t> key_generations;
+  // What this worker signs with there (per-worker keys); unset, or shorter than keys: `keys`.
+  std::vector<std::optional<wire::MacKey>> worker_keys;
   // Data endpoints of each aggregator.
   std::vector<std::vector<Address>> endpoints;
   // Per aggregator and endpoint, the other addresses that endpoint's datagrams come from (path
@@ -134,12 +136,13 @@ class TransferEngine {
   void Resume(EngineLayout layout, std::vector<KeyProgress> agreed);
 
   // Any thread: the aggregator `aggregator_id` (as in EngineLayout) moved its data keys on to
-  // `generation` (key rotation, docs/security.md). Pushes to it are signed with `newest` and its
-  // packets checked under `newest` or `previous` from the I/O thread's next turn on, and in any
-  // later layout that has older keys for it. Ignored for an aggregator not in the layout or
-  // without a key, and where the engine already has these keys or newer ones.
+  // `generation` (key rotation, docs/security.md). Pushes to it are signed with `worker` (with
+  // `newest` when unset) and its packets checked under `newest` or `previous` from the I/O
+  // thread's next turn on, and in any later layout that has older keys for it. Ignored for an
+  // aggregator not in the layout or without a key, and where the engine already has these keys
+  // or newer ones.
   void UpdateKeys(const std::string& aggregator_id, uint32_t generation, const wire::MacKey& newest,
-                  std::optional<wire::MacKey> previous);
+                  std::optional<wire::MacKey> previous, std::optional<wire::MacKey> worker = std::nullopt);
 
  private:
   struct KeyUpdate {
@@ -147,9 +150,13 @@ class TransferEngine {
     uint32_t version;  // KeyVersion (transfer_keys.cc)
     wire::MacKey newest;
     std::optional<wire::MacKey> previous;
+    std::optional<wire::MacKey> worker;
   };
   void ServeKeys();  // I/O thread: takes key_updates_ into latest_keys_ and applies them
   void ApplyLatestKeys();  // I/O thread: latest_keys_ over the layout's where newer
+  // What pushes to aggregator `a` are signed with: this worker's own key there, else the job's;
+  // nullptr where it does not authenticate.
+  const wire::MacKey* SignKey(size_t a) const;
   // Which endpoint owns each chunk, for one (key, length). Immutable once built.
   struct Plan {
     uint32_t tensor_elems = 0;
@@ -293,6 +300,7 @@ class TransferEngine {
   std::vector<Address> dest_addr_;
   std::vector<uint32_t> dest_epoch_;
   std::vector<const wire::MacKey*> dest_key_;  // into options_.keys; nullptr: no authentication
+  std::vector<const wire::MacKey*> dest_sign_key_;  // what pushes there are signed with (SignKey)
   std::vector<const wire::MacKey*> dest_prev_key_;  // into options_.previous_keys; nullptr: none
   std::vector<KeyUpdate> key_updates_;  // under mu_
   std::unordered_map<std::string, KeyUpdate> latest_keys_;  // I/O thread: newest heard, by aggregator id

@@ -1,6 +1,7 @@
-// Key rotation on the worker's side (docs/security.md): the session hears of an aggregator's new
-// data keys in heartbeat answers and hands them here; the I/O thread switches to them between
-// two turns of its loop, so no packet is signed or checked with a key half replaced.
+// Data keys on the worker's side (docs/security.md): the session hears of an aggregator's new
+// keys in heartbeat answers (key rotation) and hands them here; the I/O thread switches to them
+// between two turns of its loop, so no packet is signed or checked with a key half replaced.
+// Pushes are signed with this worker's own key where the aggregator gave one (per-worker keys).
 #include "client/transfer_engine.h"
 
 namespace dlcp {
@@ -12,11 +13,11 @@ uint32_t KeyVersion(uint32_t generation, bool has_previous) { return 2 * generat
 }  // namespace
 
 void TransferEngine::UpdateKeys(const std::string& aggregator_id, uint32_t generation, const wire::MacKey& newest,
-                                std::optional<wire::MacKey> previous) {
+                                std::optional<wire::MacKey> previous, std::optional<wire::MacKey> worker) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint32_t version = KeyVersion(generation, previous.has_value());
-    key_updates_.push_back(KeyUpdate{aggregator_id, version, newest, std::move(previous)});
+    key_updates_.push_back(KeyUpdate{aggregator_id, version, newest, std::move(previous), std::move(worker)});
   }
   transport_->Wake();
 }
@@ -47,13 +48,20 @@ void TransferEngine::ApplyLatestKeys() {
     if (u.version <= KeyVersion(options_.key_generations[a], options_.previous_keys[a].has_value())) continue;
     options_.keys[a] = u.newest;
     options_.previous_keys[a] = u.previous;
+    options_.worker_keys[a] = u.worker;
     options_.key_generations[a] = u.version / 2;
     const size_t end = a + 1 < dest_base_.size() ? dest_base_[a + 1] : dest_addr_.size();
     for (size_t d = dest_base_[a]; d < end; ++d) {
       dest_key_[d] = &*options_.keys[a];
       dest_prev_key_[d] = options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr;
+      dest_sign_key_[d] = SignKey(a);
     }
   }
+}
+
+const wire::MacKey* TransferEngine::SignKey(size_t a) const {
+  if (!options_.keys[a].has_value()) return nullptr;
+  return options_.worker_keys[a].has_value() ? &*options_.worker_keys[a] : &*options_.keys[a];
 }
 
 }  // namespace dlcp

@@ -44,6 +44,18 @@ std::array<uint8_t, 32> MacKeyToBytes(const MacKey& key) {
   return out;
 }
 
+MacKey DeriveMacKey(const MacKey& secret, KeyPurpose purpose, uint32_t index) {
+  uint8_t in[20] = {'d', 'l', 'c', 'p', '-', 'k', 'd', 'f'};
+  PutLE32(in + 8, static_cast<uint32_t>(purpose));
+  PutLE32(in + 12, index);
+  MacKey out;
+  for (uint32_t w = 0; w < 4; ++w) {
+    PutLE32(in + 16, w);
+    out[w] = Hash(secret, in, sizeof(in));
+  }
+  return out;
+}
+
 uint64_t PayloadDigest(const MacKey& key, const uint8_t* payload, size_t payload_len) {
   return Hash(key, payload, payload_len);
 }

@@ -34,6 +34,16 @@ void ComputeMac(const MacKey& key, const uint8_t* header, const uint8_t* payload
 uint64_t PayloadDigest(const MacKey& key, const uint8_t* payload, size_t payload_len);
 void MacFromDigest(const MacKey& key, const uint8_t* header, uint64_t payload_digest, uint8_t* tag);
 
+// Per-worker keys (docs/security.md): keys derived from a job's secret at one aggregator, so that
+// the secret itself never has to leave it. Each is HH64 keyed with the secret over a label, the
+// purpose, `index` and the word's position, four times for 256 bits: a pseudo-random function of
+// the secret, so holding one derived key tells nothing of the secret or of any other.
+enum class KeyPurpose : uint32_t {
+  kResults = 1,  // the aggregator signs with it; every member checks it (index 0)
+  kWorker = 2,   // the member of rank `index` signs with it; only the aggregator checks it
+};
+MacKey DeriveMacKey(const MacKey& secret, KeyPurpose purpose, uint32_t index);
+
 // For a datagram whose parsed header has kFlagMac: true if its trailer matches.
 bool VerifyMac(const MacKey& key, absl::Span<const uint8_t> datagram, size_t payload_len);
 // Key rotation: true if the trailer matches under `key` or, when given, the key before it.

@@ -103,7 +103,8 @@ absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::Jo
   if (const KeyRing::Keys* keys = (*job)->keys()) {
     // The joiner signs with the newest key from now on.
     (*job)->ring->Holds(req.rank(), keys->generation);
-    FillKeys(*keys, resp->mutable_data_key(), resp->mutable_previous_data_key());
+    FillKeys(*keys, req.rank(), resp->mutable_data_key(), resp->mutable_previous_data_key(),
+             resp->mutable_worker_key());
     resp->set_data_key_generation(keys->generation);
   }
   resp->set_heartbeat_timeout_ms(
@@ -112,12 +113,17 @@ absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::Jo
   return absl::OkStatus();
 }
 
-void AggregatorService::FillKeys(const KeyRing::Keys& keys, std::string* newest, std::string* previous) {
-  const std::array<uint8_t, 32> n = wire::MacKeyToBytes(keys.newest);
-  newest->assign(n.begin(), n.end());
-  if (keys.previous) {
-    const std::array<uint8_t, 32> p = wire::MacKeyToBytes(*keys.previous);
-    previous->assign(p.begin(), p.end());
+void AggregatorService::FillKeys(const KeyRing::Keys& keys, uint32_t rank, std::string* newest, std::string* previous,
+                                 std::string* worker) {
+  const auto fill = [](const wire::MacKey& key, std::string* out) {
+    const std::array<uint8_t, 32> b = wire::MacKeyToBytes(key);
+    out->assign(b.begin(), b.end());
+  };
+  fill(keys.newest->results, newest);
+  if (keys.previous) fill(keys.previous->results, previous);
+  // Without per-worker keys the member signs with data_key, as clients from before expect.
+  if (!keys.newest->workers.empty()) {
+    if (const wire::MacKey* mine = keys.newest->worker(rank)) fill(*mine, worker);
   }
 }
 
@@ -213,7 +219,8 @@ absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req,
     resp->set_rejoins(job->rejoins.load());
     // After the heartbeat, which may have moved a rotation on: the member learns the new phase at once.
     if (const KeyRing::Keys* keys = job->keys(); keys != nullptr && s.ok()) {
-      FillKeys(*keys, resp->mutable_data_key(), resp->mutable_previous_data_key());
+      FillKeys(*keys, req.rank(), resp->mutable_data_key(), resp->mutable_previous_data_key(),
+               resp->mutable_worker_key());
       resp->set_data_key_generation(keys->generation);
     }
   }

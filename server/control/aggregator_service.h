@@ -62,9 +62,11 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
 
  private:
   void FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const;
-  // A job's keys as Join and Heartbeat hand them out: the newest, and the one before it while a
-  // rotation may still sign or check with it.
-  static void FillKeys(const KeyRing::Keys& keys, std::string* newest, std::string* previous);
+  // A job's keys as Join and Heartbeat hand them out to rank `rank`: the newest key its results
+  // are signed with, the one before it while a rotation may still sign with it, and what the
+  // rank signs with (left empty without per-worker keys).
+  static void FillKeys(const KeyRing::Keys& keys, uint32_t rank, std::string* newest, std::string* previous,
+                       std::string* worker);
 
   std::string id() const {
     std::lock_guard<std::mutex> lock(id_mu_);

@@ -143,7 +143,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   // Authentication first: nothing else about a packet is believed before its MAC checks out.
   if (const KeyRing::Keys* keys = job->keys()) {
     if (!(h.flags & wire::kFlagMac)) return Reject(wire::Reject::kMissingMac);
-    if (!keys->Verify(absl::MakeConstSpan(m.data, m.len), h.payload_len)) return Reject(wire::Reject::kBadMac);
+    if (!keys->Verify(absl::MakeConstSpan(m.data, m.len), h.payload_len, h.rank)) return Reject(wire::Reject::kBadMac);
   }
   if (h.rank >= job->world) return Reject(wire::Reject::kNotMember);
   if (!job->members[h.rank].joined()) {

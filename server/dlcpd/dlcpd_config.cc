@@ -62,6 +62,9 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("data-key-rotation-s", 0, 0, 30 * 86400,
             "draw a new data key for each job this often, seconds; workers move to it without a pause "
             "(docs/security.md); 0: never");
+  c->AddBool("per-worker-data-keys", true,
+             "hand each worker keys derived for its rank, so no member can sign as another (docs/security.md); "
+             "false: every member gets the job's key, for clients from before");
   c->AddBool("busy-poll", false, "spin on the data socket instead of sleeping (dedicated cores only)");
   c->AddBool("result-steering", true,
              "share results to each worker over the spray paths by each path's loss rate (docs/path-spraying.md); "
@@ -111,6 +114,7 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.limits.heartbeat_timeout = absl::Milliseconds(c.GetInt("heartbeat-timeout-ms"));
   o.limits.data_auth = c.GetBool("data-auth");
   o.limits.data_key_rotation = absl::Seconds(c.GetInt("data-key-rotation-s"));
+  o.limits.per_worker_data_keys = c.GetBool("per-worker-data-keys");
   if (o.limits.data_key_rotation > absl::ZeroDuration() && !o.limits.data_auth) {
     return absl::InvalidArgumentError("--data-key-rotation-s rotates data keys, which --data-auth=false turns off");
   }

@@ -70,7 +70,8 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
         if (!k.ok()) return k.status();
         key = *k;
       }
-      job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes, epoch, key);
+      job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes, epoch, key,
+                                   limits_.per_worker_data_keys);
       jobs_[id] = job;
     } else {
       job = it->second;

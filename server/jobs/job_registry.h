@@ -37,6 +37,9 @@ struct JobLimits {
   absl::Duration data_key_rotation = absl::ZeroDuration();
   // How long the key before the newest is still accepted once every member holds the newest.
   absl::Duration data_key_grace = absl::Seconds(1);
+  // Hand each member keys derived for its rank, not the job's secret (KeyRing): no member can
+  // then sign as another. False: every member gets the secret, for clients from before.
+  bool per_worker_data_keys = true;
 };
 
 struct Member {
@@ -50,9 +53,10 @@ struct Member {
 
 struct Job {
   Job(uint32_t id, std::string name, uint32_t world, uint32_t chunk_bytes, uint64_t max_bytes, uint32_t epoch,
-      std::optional<wire::MacKey> mac_key = std::nullopt)
+      std::optional<wire::MacKey> mac_key = std::nullopt, bool per_worker_keys = true)
       : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes), epoch(epoch),
-        ring(mac_key ? std::make_unique<KeyRing>(*mac_key, world) : nullptr), members(world), regroup(world) {}
+        ring(mac_key ? std::make_unique<KeyRing>(*mac_key, world, per_worker_keys) : nullptr), members(world),
+        regroup(world) {}
 
   const uint32_t id;
   const std::string name;
@@ -68,6 +72,8 @@ struct Job {
   const KeyRing::Keys* keys() const { return ring ? &ring->Current() : nullptr; }
   // What this aggregator signs with now.
   const wire::MacKey* key() const { return ring ? &ring->Current().send() : nullptr; }
+  // What rank `rank` signs with now (its per-worker key); null without data authentication.
+  const wire::MacKey* worker_key(uint32_t rank) const { return ring ? ring->Current().newest->worker(rank) : nullptr; }
   std::vector<Member> members;
   std::atomic<uint32_t> member_count{0};
   std::atomic<bool> closed{false};  // set when the job ends; data threads then release its rounds

@@ -4,13 +4,35 @@
 
 namespace dlcp::server {
 
-bool KeyRing::Keys::Verify(absl::Span<const uint8_t> datagram, size_t payload_len) const {
-  return wire::VerifyMacEither(newest, previous ? &*previous : nullptr, datagram, payload_len);
+std::shared_ptr<const KeyRing::Generation> KeyRing::Generation::Make(const wire::MacKey& secret, uint32_t number,
+                                                                    uint32_t world, bool per_worker) {
+  auto g = std::make_shared<Generation>();
+  g->number = number;
+  g->secret = secret;
+  g->results = secret;
+  if (per_worker) {
+    g->results = wire::DeriveMacKey(secret, wire::KeyPurpose::kResults, 0);
+    g->workers.reserve(world);
+    for (uint32_t r = 0; r < world; ++r) g->workers.push_back(wire::DeriveMacKey(secret, wire::KeyPurpose::kWorker, r));
+  }
+  return g;
 }
 
-KeyRing::KeyRing(const wire::MacKey& first, uint32_t world) : held_(world, 1), drawn_(absl::Now()) {
+const wire::MacKey* KeyRing::Generation::worker(uint32_t rank) const {
+  if (workers.empty()) return &results;
+  return rank < workers.size() ? &workers[rank] : nullptr;
+}
+
+bool KeyRing::Keys::Verify(absl::Span<const uint8_t> datagram, size_t payload_len, uint32_t rank) const {
+  const wire::MacKey* now = newest->worker(rank);
+  if (now == nullptr) return false;
+  return wire::VerifyMacEither(*now, previous ? previous->worker(rank) : nullptr, datagram, payload_len);
+}
+
+KeyRing::KeyRing(const wire::MacKey& first, uint32_t world, bool per_worker)
+    : world_(world), per_worker_(per_worker), held_(world, 1), drawn_(absl::Now()) {
   Keys k;
-  k.newest = first;
+  k.newest = Generation::Make(first, 1, world, per_worker);
   history_.push_back(k);
   current_.store(&history_.back(), std::memory_order_release);
 }
@@ -23,12 +45,12 @@ void KeyRing::Publish(Keys next) {
 absl::StatusOr<bool> KeyRing::Rotate(absl::Time now) {
   std::lock_guard<std::mutex> lock(mu_);
   const Keys& cur = history_.back();
-  if (cur.previous.has_value()) return false;
+  if (cur.previous) return false;
   absl::StatusOr<wire::MacKey> key = wire::NewMacKey();
   if (!key.ok()) return key.status();
   Keys next;
   next.generation = cur.generation + 1;
-  next.newest = *key;
+  next.newest = Generation::Make(*key, next.generation, world_, per_worker_);
   next.previous = cur.newest;
   next.switched = false;
   drawn_ = now;
@@ -44,7 +66,7 @@ void KeyRing::Holds(uint32_t rank, uint32_t generation) {
 bool KeyRing::Advance(const std::vector<bool>& joined, absl::Time now, absl::Duration grace) {
   std::lock_guard<std::mutex> lock(mu_);
   const Keys& cur = history_.back();
-  if (!cur.previous.has_value()) return false;
+  if (!cur.previous) return false;
   if (!cur.switched) {
     DLCP_CHECK_EQ(joined.size(), held_.size());
     for (size_t r = 0; r < held_.size(); ++r) {

@@ -10,15 +10,22 @@
 //   3. Settled. After the grace period the old key is dropped here, and heartbeats tell members to
 //      drop it too. Only then can the next rotation start.
 //
+// Each generation is a secret drawn here. With per-worker keys (the default), the secret never
+// leaves the aggregator: members get keys derived from it (wire::DeriveMacKey), one that checks
+// what the aggregator sends and one per rank that signs what that rank sends, so no member can
+// push as another.
+//
 // Threading: Rotate, Holds and Advance run on control threads and serialize on the ring's mutex.
 // Data threads call Current() once per packet: one atomic load, never blocking. Snapshots are
-// immutable and kept for the ring's lifetime (under 200 bytes per phase), so a pointer a data
-// thread loaded stays valid however long it is preempted.
+// immutable and kept for the ring's lifetime (a few dozen bytes per phase; the keys of a
+// generation, 32 bytes per rank, are shared by its snapshots), so a pointer a data thread loaded
+// stays valid however long it is preempted.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -32,18 +39,34 @@ namespace dlcp::server {
 
 class KeyRing {
  public:
-  struct Keys {
-    uint32_t generation = 1;  // of `newest`; the job's first key is 1
-    wire::MacKey newest{};
-    std::optional<wire::MacKey> previous;  // still accepted (rolling, switched); absent once settled
-    bool switched = true;  // the aggregator signs with `newest`; else (rolling) with `previous`
+  // One generation's secret and the keys derived from it.
+  struct Generation {
+    uint32_t number = 1;  // the job's first key is 1
+    wire::MacKey secret{};
+    wire::MacKey results{};  // what the aggregator signs with: the secret, without per-worker keys
+    std::vector<wire::MacKey> workers;  // by rank: what each member signs with; empty: `results`
 
-    const wire::MacKey& send() const { return switched ? newest : *previous; }
-    // A datagram's MAC checks out under `newest` or, during a rotation, `previous`.
-    bool Verify(absl::Span<const uint8_t> datagram, size_t payload_len) const;
+    static std::shared_ptr<const Generation> Make(const wire::MacKey& secret, uint32_t number, uint32_t world,
+                                                  bool per_worker);
+    // What rank `rank` signs with; nullptr for a rank the job does not have.
+    const wire::MacKey* worker(uint32_t rank) const;
   };
 
-  KeyRing(const wire::MacKey& first, uint32_t world);
+  struct Keys {
+    uint32_t generation = 1;  // of `newest`
+    std::shared_ptr<const Generation> newest;
+    std::shared_ptr<const Generation> previous;  // still accepted (rolling, switched); null once settled
+    bool switched = true;  // the aggregator signs with `newest`; else (rolling) with `previous`
+
+    const wire::MacKey& send() const { return switched ? newest->results : previous->results; }
+    // A datagram from rank `rank` checks out under that rank's key of `newest` or, during a
+    // rotation, of `previous`.
+    bool Verify(absl::Span<const uint8_t> datagram, size_t payload_len, uint32_t rank) const;
+  };
+
+  // `per_worker`: derive the keys members get from each secret (above); false hands every member
+  // the secret itself, for clients from before per-worker keys.
+  KeyRing(const wire::MacKey& first, uint32_t world, bool per_worker = true);
   KeyRing(const KeyRing&) = delete;
   KeyRing& operator=(const KeyRing&) = delete;
 
@@ -66,6 +89,8 @@ class KeyRing {
   mutable std::mutex mu_;
   std::deque<Keys> history_;  // every snapshot ever published; the back one is current
   std::atomic<const Keys*> current_{nullptr};
+  const uint32_t world_;
+  const bool per_worker_;
   std::vector<uint32_t> held_;  // per rank: the newest generation it said it holds
   absl::Time drawn_;
   absl::Time switched_at_ = absl::InfinitePast();

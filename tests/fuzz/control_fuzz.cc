@@ -74,7 +74,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const size_t jobs_before = w->jobs->List().size();
       absl::Status s = w->service->HandleJoin(peer, req, &resp);
       if (!s.ok() && w->jobs->List().size() > jobs_before) __builtin_trap();  // a refusal left a job behind
-      if (s.ok() && (resp.data_endpoints_size() != 1 || resp.data_key().size() != 32)) __builtin_trap();
+      // A joiner gets the job's key and one of its own rank (per-worker keys), never the other's.
+      if (s.ok() && (resp.data_endpoints_size() != 1 || resp.data_key().size() != 32 || resp.worker_key().size() != 32 ||
+                     resp.worker_key() == resp.data_key())) {
+        __builtin_trap();
+      }
       break;
     }
     case 1: {
@@ -88,8 +92,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       dlcp::v1::HeartbeatResponse resp;
       if (!req.ParseFromArray(body, len)) return 0;
       const bool ok = w->service->HandleHeartbeat(req, &resp).ok();
-      // A member always learns the job's keys: the newest, and the one before it only whole.
-      if (ok && (resp.data_key().size() != 32 || resp.data_key_generation() == 0 ||
+      // A member always learns the job's keys: the newest, its own, and the one before only whole.
+      if (ok && (resp.data_key().size() != 32 || resp.data_key_generation() == 0 || resp.worker_key().size() != 32 ||
                  (!resp.previous_data_key().empty() && resp.previous_data_key().size() != 32))) {
         __builtin_trap();
       }

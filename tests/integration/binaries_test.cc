@@ -76,7 +76,9 @@ INSTANTIATE_TEST_SUITE_P(
                   {"--tensor-bytes=1000000", "--tensors=2", "--rounds=5"}},
         BenchCase{"late_joiner", 2, 4, {}, {"--tensor-bytes=200000", "--rounds=5", "--late-rank=3", "--late-ms=1500"}},
         BenchCase{"odd_size", 2, 3, {}, {"--tensor-bytes=123460", "--chunk-bytes=1000", "--rounds=5"}},
-        BenchCase{"tensor_smaller_than_a_chunk", 1, 2, {}, {"--tensor-bytes=12", "--rounds=5"}}),
+        BenchCase{"tensor_smaller_than_a_chunk", 1, 2, {}, {"--tensor-bytes=12", "--rounds=5"}},
+        // One key for the whole job, as for clients from before per-worker keys.
+        BenchCase{"shared_data_key", 2, 3, {"--per-worker-data-keys=false"}, {"--tensor-bytes=300000", "--rounds=5"}}),
     [](const auto& info) { return info.param.name; });
 
 TEST(Binaries, CApiFromC) {

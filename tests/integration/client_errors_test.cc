@@ -314,6 +314,47 @@ TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
   EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);
 }
 
+// Two workers of one job: a round of key 3 (500 floats, 2 chunks of 1 KiB) where they put in a
+// and b, returning what rank 0 got at element 499 and rank 1 at element 0.
+std::pair<float, float> TwoWorkerRound(std::vector<std::unique_ptr<Client>>& clients, float a, float b) {
+  std::vector<float> d0(500, a), d1(500, b);
+  auto f0 = clients[0]->AllReduce(3, absl::MakeSpan(d0));
+  auto f1 = clients[1]->AllReduce(3, absl::MakeSpan(d1));
+  EXPECT_TRUE(f0.get().ok());
+  EXPECT_TRUE(f1.get().ok());
+  return std::make_pair(d0[499], d1[0]);
+}
+
+// Sends `copies` of a push of chunk 0 of key 3 (as TwoWorkerRound runs it) for `round` as
+// `rank`, every value `value`, signed with `key`, from a socket of its own.
+void SendPush(TestAggregator& agg, const server::Job& job, const wire::MacKey& key, uint16_t rank, uint32_t round,
+              float value, int copies) {
+  wire::Header h;
+  h.type = wire::MsgType::kPush;
+  h.priority = 1;
+  h.job = job.id;
+  h.key = 3;
+  h.round = round;
+  h.chunk = 0;
+  h.chunk_count = 2;
+  h.tensor_elems = 500;
+  h.rank = rank;
+  h.epoch = job.epoch;
+  h.payload_len = 1024;
+  h.flags = wire::kFlagMac;
+  std::vector<float> values(256, value);
+  uint8_t header[wire::kHeaderSize], tag[wire::kMacSize];
+  wire::EncodeHeader(h, header);
+  wire::ComputeMac(key, header, reinterpret_cast<uint8_t*>(values.data()), h.payload_len, tag);
+  TransportOptions t;
+  t.bind_host = "127.0.0.1";
+  auto tx = CreateTransport(t);
+  ASSERT_TRUE(tx.ok());
+  OutMessage m{agg.data().endpoints()[0], 1, header, wire::kHeaderSize, reinterpret_cast<uint8_t*>(values.data()),
+               h.payload_len, tag, wire::kMacSize};
+  for (int i = 0; i < copies; ++i) ASSERT_TRUE((*tx)->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+}
+
 // A member's genuine, correctly signed packet of a finished round, sent again later (a replay),
 // must change nothing: it is counted as stale and the next rounds stay exact.
 TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
@@ -322,48 +363,63 @@ TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
   std::vector<std::unique_ptr<Client>> clients = ConnectAll(agg->address(), "replay", 2);
   ASSERT_NE(clients[0], nullptr);
   ASSERT_NE(clients[1], nullptr);
-  auto round = [&](float a, float b) {
-    std::vector<float> d0(500, a), d1(500, b);
-    auto f0 = clients[0]->AllReduce(3, absl::MakeSpan(d0));
-    auto f1 = clients[1]->AllReduce(3, absl::MakeSpan(d1));
-    EXPECT_TRUE(f0.get().ok());
-    EXPECT_TRUE(f1.get().ok());
-    return std::make_pair(d0[499], d1[0]);
-  };
-  EXPECT_EQ(round(1, 2), std::make_pair(3.0f, 3.0f));
-  EXPECT_EQ(round(10, 20), std::make_pair(30.0f, 30.0f));
-  // Rebuild rank 0's round-0 push of chunk 0 exactly as it was sent, signed with the job's key.
+  EXPECT_EQ(TwoWorkerRound(clients, 1, 2), std::make_pair(3.0f, 3.0f));
+  EXPECT_EQ(TwoWorkerRound(clients, 10, 20), std::make_pair(30.0f, 30.0f));
   std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("replay"));
   ASSERT_NE(job, nullptr);
   ASSERT_NE(job->key(), nullptr);
-  wire::Header h;
-  h.type = wire::MsgType::kPush;
-  h.priority = 1;
-  h.job = job->id;
-  h.key = 3;
-  h.round = 0;
-  h.chunk = 0;
-  h.chunk_count = 2;  // 500 floats in 1024-byte chunks
-  h.tensor_elems = 500;
-  h.rank = 0;
-  h.epoch = job->epoch;
-  h.payload_len = 1024;
-  h.flags = wire::kFlagMac;
-  std::vector<float> old(256, 1.0f);
-  uint8_t header[48], tag[8];
-  wire::EncodeHeader(h, header);
-  wire::ComputeMac(*job->key(), header, reinterpret_cast<uint8_t*>(old.data()), 1024, tag);
-  TransportOptions t;
-  t.bind_host = "127.0.0.1";
-  auto tx = CreateTransport(t);
-  ASSERT_TRUE(tx.ok());
   const double stale_before = agg->Counter("dlcp_stale_packets_total");
-  OutMessage m{agg->data().endpoints()[0], 1, header, 48, reinterpret_cast<uint8_t*>(old.data()), 1024, tag, 8};
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*tx)->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+  // Rank 0's round-0 push of chunk 0 exactly as it was sent, signed with rank 0's key.
+  SendPush(*agg, *job, *job->worker_key(0), 0, 0, 1.0f, 5);
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(agg->Counter("dlcp_stale_packets_total") - stale_before, 5);
   EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);  // genuine, just old
-  EXPECT_EQ(round(100, 200), std::make_pair(300.0f, 300.0f));
+  EXPECT_EQ(TwoWorkerRound(clients, 100, 200), std::make_pair(300.0f, 300.0f));
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+// Per-worker keys (docs/security.md): a member holds the key results are checked with and a key
+// of its own rank, and with neither can it push as another rank. Rank 0 forges rank 1's push of
+// the next round with each key it holds; both are refused as forged, and the round's sum is
+// rank 1's own. (With one key for the whole job the forgery would be summed, and rank 1's real
+// push dropped as a duplicate.)
+TEST(DataPlaneValidation, AMemberCannotPushAsAnotherRank) {
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  std::vector<std::unique_ptr<Client>> clients = ConnectAll(agg->address(), "impersonate", 2);
+  ASSERT_NE(clients[0], nullptr);
+  ASSERT_NE(clients[1], nullptr);
+  EXPECT_EQ(TwoWorkerRound(clients, 1, 2), std::make_pair(3.0f, 3.0f));
+  std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("impersonate"));
+  ASSERT_NE(job, nullptr);
+
+  // What rank 0 holds, as its heartbeats hand it out.
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(agg->address(), grpc::InsecureChannelCredentials()));
+  v1::HeartbeatRequest hb;
+  hb.set_job_id(job->id);
+  hb.set_rank(0);
+  hb.set_data_key_generation(1);
+  v1::HeartbeatResponse held;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(stub->Heartbeat(&ctx, hb, &held).ok());
+  ASSERT_EQ(held.data_key().size(), 32u);
+  ASSERT_EQ(held.worker_key().size(), 32u);
+  const auto key_of = [](const std::string& b) {
+    return wire::MacKeyFromBytes(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()), b.size()));
+  };
+  const wire::MacKey results = key_of(held.data_key()), own = key_of(held.worker_key());
+  EXPECT_EQ(own, *job->worker_key(0));
+  EXPECT_NE(own, *job->worker_key(1));
+  EXPECT_NE(results, job->keys()->newest->secret);  // the secret never leaves the aggregator
+
+  for (const wire::MacKey& key : {own, results}) SendPush(*agg, *job, key, 1, 1, 1000.0f, 1);
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}") < 2 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 2);
+  EXPECT_EQ(TwoWorkerRound(clients, 10, 20), std::make_pair(30.0f, 30.0f));
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
 }
 
@@ -406,7 +462,7 @@ TEST(DataPlaneValidation, RequestsForResultsOnTheirWayAreNotAnsweredAgain) {
     h.flags |= wire::kFlagMac;
     uint8_t header[wire::kHeaderSize], tag[wire::kMacSize];
     wire::EncodeHeader(h, header);
-    wire::ComputeMac(*job->key(), header, payload, h.payload_len, tag);
+    wire::ComputeMac(*job->worker_key(1), header, payload, h.payload_len, tag);
     OutMessage m{target, 1, header, wire::kHeaderSize, payload, h.payload_len, tag, wire::kMacSize};
     ASSERT_TRUE((*tx)->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
   };

@@ -78,7 +78,7 @@ TEST(KeyRotation, RoundsRunOnThroughTwoRotationsAndTheFirstKeyStopsWorking) {
     std::shared_ptr<server::Job> job = a->jobs().Find(job_id);
     ASSERT_NE(job, nullptr);
     ASSERT_EQ(job->keys()->generation, 1u);
-    first_keys.push_back(job->keys()->newest);
+    first_keys.push_back(*job->worker_key(0));  // what rank 0 signed with
   }
 
   // Every worker runs rounds until told the last one (the rounds are in lock step, so each can
@@ -166,7 +166,7 @@ TEST(KeyRotation, RoundsRunOnThroughTwoRotationsAndTheFirstKeyStopsWorking) {
     ASSERT_TRUE((*tx)->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
   };
   // One socket, one data thread: the push under the current key is checked before the other.
-  send_push(job->keys()->newest);
+  send_push(*job->worker_key(0));
   send_push(first_keys[0]);
   const absl::Time end = absl::Now() + absl::Seconds(5);
   while (aggs[0]->Counter("dlcp_rejects_total{reason=\"bad_mac\"}") < 1 && absl::Now() < end) {

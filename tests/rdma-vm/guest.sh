@@ -64,6 +64,24 @@ fi
 stop_dlcpd agg1
 stop_dlcpd agg2
 
+# 2b. Data keys rotating every second under a running job (per-worker keys, the default): each
+#     worker moves to its new key over heartbeats while its pushes go over verbs; every round is
+#     exact and at least one rotation settles.
+p=$(start_dlcpd agg5 --transport=rdma --data-key-rotation-s=1)
+if [ -z "$p" ]; then
+  fail rotation "dlcpd did not start: $(tail -3 $OUT/agg5.log | tr '\n' ' ')"
+else
+  $B/bench/dlcp-bench --aggregators=127.0.0.1:$p --plaintext --transport=rdma --workers=2 --loss-bound=0 \
+    --tensor-bytes=100000 --rounds=3 --min-seconds=5 --timeout-s=120 > $OUT/rotation.txt 2>&1 || true
+  settled=$(grep -c 'settled, the key before it dropped' $OUT/agg5.log || true)
+  if grep -q '"exact":true' $OUT/rotation.txt && [ "$settled" -ge 1 ]; then
+    pass "data keys rotate under an RDMA job: $settled rotation(s) settled, $(field rounds $OUT/rotation.txt) rounds exact"
+  else
+    fail rotation "$settled settled; $(tail -3 $OUT/rotation.txt | tr '\n' ' ')"
+  fi
+fi
+stop_dlcpd agg5
+
 # 3. A bounded-loss job with drops injected at the workers and the aggregator: the bound holds,
 #    class 0 arrives, every partial sum is exact over the contributions it reports.
 p=$(start_dlcpd agg3 --transport=rdma --inject-drop-class=1:0.1,2:0.1,3:0.2 --inject-seed=3)

@@ -19,12 +19,12 @@ std::vector<uint8_t> Signed(const wire::MacKey& key) {
 wire::MacKey Key(uint64_t seed) { return wire::MacKey{seed, seed + 1, seed + 2, seed + 3}; }
 
 TEST(KeyRing, RotationAcceptsBothKeysUntilEveryMemberHoldsTheNewOneAndTheGraceHasPassed) {
-  KeyRing ring(Key(10), 3);
+  KeyRing ring(Key(10), 3, /*per_worker=*/false);
   const absl::Time t0 = absl::Now();
   const std::vector<bool> joined{true, true, false};  // rank 2 has not joined: it holds nothing
   const std::vector<uint8_t> old_packet = Signed(Key(10));
   EXPECT_EQ(ring.Current().generation, 1u);
-  EXPECT_TRUE(ring.Current().Verify(old_packet, 16));
+  EXPECT_TRUE(ring.Current().Verify(old_packet, 16, 0));
   EXPECT_FALSE(ring.Advance(joined, t0, absl::Seconds(1)));  // nothing under way
 
   ASSERT_TRUE(*ring.Rotate(t0));
@@ -32,9 +32,9 @@ TEST(KeyRing, RotationAcceptsBothKeysUntilEveryMemberHoldsTheNewOneAndTheGraceHa
   EXPECT_EQ(rolling.generation, 2u);
   EXPECT_FALSE(rolling.switched);
   EXPECT_EQ(rolling.send(), Key(10));  // members that have not heard of the new key check this
-  EXPECT_TRUE(rolling.Verify(old_packet, 16));
-  EXPECT_TRUE(rolling.Verify(Signed(rolling.newest), 16));
-  EXPECT_FALSE(rolling.Verify(Signed(Key(99)), 16));
+  EXPECT_TRUE(rolling.Verify(old_packet, 16, 0));
+  EXPECT_TRUE(rolling.Verify(Signed(rolling.newest->secret), 16, 0));
+  EXPECT_FALSE(rolling.Verify(Signed(Key(99)), 16, 0));
   EXPECT_FALSE(*ring.Rotate(t0));  // one rotation at a time
 
   ring.Holds(0, 2);
@@ -44,34 +44,78 @@ TEST(KeyRing, RotationAcceptsBothKeysUntilEveryMemberHoldsTheNewOneAndTheGraceHa
   EXPECT_TRUE(ring.Advance(joined, t0 + absl::Milliseconds(5), absl::Seconds(1)));
   const KeyRing::Keys& switched = ring.Current();
   EXPECT_TRUE(switched.switched);
-  EXPECT_EQ(switched.send(), switched.newest);
-  EXPECT_TRUE(switched.Verify(old_packet, 16));  // pushes signed before the switch may be in flight
+  EXPECT_EQ(switched.send(), switched.newest->results);
+  EXPECT_TRUE(switched.Verify(old_packet, 16, 0));  // pushes signed before the switch may be in flight
 
   EXPECT_FALSE(ring.Advance(joined, t0 + absl::Milliseconds(900), absl::Seconds(1)));
   EXPECT_TRUE(ring.Advance(joined, t0 + absl::Milliseconds(1005), absl::Seconds(1)));
   const KeyRing::Keys& settled = ring.Current();
-  EXPECT_FALSE(settled.previous.has_value());
-  EXPECT_FALSE(settled.Verify(old_packet, 16));
-  EXPECT_TRUE(settled.Verify(Signed(settled.newest), 16));
+  EXPECT_EQ(settled.previous, nullptr);
+  EXPECT_FALSE(settled.Verify(old_packet, 16, 0));
+  EXPECT_TRUE(settled.Verify(Signed(settled.newest->secret), 16, 0));
   // Snapshots a data thread may still hold stay as they were.
-  EXPECT_TRUE(rolling.Verify(old_packet, 16));
+  EXPECT_TRUE(rolling.Verify(old_packet, 16, 0));
   EXPECT_EQ(rolling.generation, 2u);
 
   ASSERT_TRUE(*ring.Rotate(t0 + absl::Seconds(2)));
   EXPECT_EQ(ring.Current().generation, 3u);
-  EXPECT_EQ(*ring.Current().previous, settled.newest);
-  EXPECT_NE(ring.Current().newest, settled.newest);
+  EXPECT_EQ(ring.Current().previous->secret, settled.newest->secret);
+  EXPECT_NE(ring.Current().newest->secret, settled.newest->secret);
+}
+
+// Per-worker keys: each rank signs with a key derived for it alone, so a member that holds its
+// own keys (and the results key every member holds) cannot sign as another rank, not even during
+// a rotation; the secret itself signs nothing.
+TEST(KeyRing, EachRankSignsWithAKeyOfItsOwnThatNoOtherRankHolds) {
+  KeyRing ring(Key(10), 3);
+  const KeyRing::Keys& first = ring.Current();
+  const KeyRing::Generation& g = *first.newest;
+  ASSERT_EQ(g.workers.size(), 3u);
+  EXPECT_EQ(g.results, wire::DeriveMacKey(Key(10), wire::KeyPurpose::kResults, 0));
+  std::vector<wire::MacKey> seen{g.secret, g.results};
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSERT_NE(g.worker(r), nullptr);
+    EXPECT_EQ(*g.worker(r), wire::DeriveMacKey(Key(10), wire::KeyPurpose::kWorker, r));
+    for (const wire::MacKey& k : seen) EXPECT_NE(*g.worker(r), k) << "rank " << r;
+    seen.push_back(*g.worker(r));
+  }
+  EXPECT_EQ(g.worker(3), nullptr);
+  EXPECT_EQ(first.send(), g.results);
+
+  const std::vector<uint8_t> from_1 = Signed(*g.worker(1));
+  EXPECT_TRUE(first.Verify(from_1, 16, 1));
+  EXPECT_FALSE(first.Verify(from_1, 16, 0));  // rank 1's key does not sign for rank 0
+  EXPECT_FALSE(first.Verify(from_1, 16, 3));  // nor for a rank the job does not have
+  EXPECT_FALSE(first.Verify(Signed(g.results), 16, 1));
+  EXPECT_FALSE(first.Verify(Signed(g.secret), 16, 1));
+
+  // While a rotation rolls out, each rank's key of either generation signs for that rank only.
+  ASSERT_TRUE(*ring.Rotate(absl::Now()));
+  const KeyRing::Keys& rolling = ring.Current();
+  EXPECT_NE(*rolling.newest->worker(1), *g.worker(1));
+  EXPECT_TRUE(rolling.Verify(from_1, 16, 1));
+  EXPECT_TRUE(rolling.Verify(Signed(*rolling.newest->worker(1)), 16, 1));
+  EXPECT_FALSE(rolling.Verify(Signed(*rolling.newest->worker(1)), 16, 2));
+  EXPECT_FALSE(rolling.Verify(Signed(*g.worker(2)), 16, 1));
+  EXPECT_EQ(rolling.send(), g.results);
+
+  // Without per-worker keys every member signs with the secret, as clients from before expect.
+  KeyRing shared(Key(10), 3, /*per_worker=*/false);
+  EXPECT_TRUE(shared.Current().newest->workers.empty());
+  EXPECT_EQ(*shared.Current().newest->worker(2), Key(10));
+  EXPECT_EQ(shared.Current().send(), Key(10));
+  EXPECT_TRUE(shared.Current().Verify(Signed(Key(10)), 16, 2));
 }
 
 TEST(KeyRing, AJoinedRankThatNeverHoldsTheNewKeyKeepsTheOldOneSigning) {
-  KeyRing ring(Key(10), 2);
+  KeyRing ring(Key(10), 2, /*per_worker=*/false);
   const absl::Time t0 = absl::Now();
   ASSERT_TRUE(*ring.Rotate(t0));
   ring.Holds(0, 2);
   ring.Holds(1, 1);  // a heartbeat from before the rotation
   for (int i = 1; i <= 10; ++i) EXPECT_FALSE(ring.Advance({true, true}, t0 + absl::Seconds(i), absl::Seconds(1)));
   EXPECT_EQ(ring.Current().send(), Key(10));
-  EXPECT_TRUE(ring.Current().previous.has_value());
+  EXPECT_TRUE(ring.Current().previous != nullptr);
   // Once it leaves, the members left decide.
   EXPECT_TRUE(ring.Advance({true, false}, t0 + absl::Seconds(11), absl::Seconds(1)));
   EXPECT_TRUE(ring.Current().switched);
@@ -101,7 +145,7 @@ TEST(KeyRing, RegistryRotatesOnScheduleAndCountsOnlyGenerationsItHandedOut) {
   EXPECT_TRUE((*job)->keys()->switched);
   absl::SleepFor(absl::Milliseconds(150));
   EXPECT_EQ(jobs.TendKeys(absl::Now()).size(), 1u);  // settled
-  EXPECT_FALSE((*job)->keys()->previous.has_value());
+  EXPECT_FALSE((*job)->keys()->previous != nullptr);
   EXPECT_TRUE(*jobs.RotateKey(id, absl::Now()));
   EXPECT_FALSE(*jobs.RotateKey(id, absl::Now()));
   EXPECT_EQ(jobs.RotateKey(id + 1, absl::Now()).status().code(), absl::StatusCode::kNotFound);

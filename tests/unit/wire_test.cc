@@ -265,5 +265,21 @@ TEST(WireMac, KeyBytesRoundTrip) {
   EXPECT_EQ(MacKeyFromBytes(bytes), *key);
 }
 
+// Derived keys are a function of the secret, the purpose and the index alone, and any change to
+// one of them gives an unrelated key (every word differs).
+TEST(WireMac, DerivedKeysDependOnSecretPurposeAndIndex) {
+  const MacKey secret{1, 2, 3, 4}, other{1, 2, 3, 5};
+  const MacKey k = DeriveMacKey(secret, KeyPurpose::kWorker, 7);
+  EXPECT_EQ(DeriveMacKey(secret, KeyPurpose::kWorker, 7), k);
+  for (const MacKey& d : {DeriveMacKey(other, KeyPurpose::kWorker, 7), DeriveMacKey(secret, KeyPurpose::kResults, 7),
+                          DeriveMacKey(secret, KeyPurpose::kWorker, 6), DeriveMacKey(secret, KeyPurpose::kWorker, 8),
+                          secret}) {
+    for (size_t w = 0; w < 4; ++w) EXPECT_NE(d[w], k[w]) << "word " << w;
+  }
+  std::vector<uint8_t> d = Signed(k, Sample(), 16);
+  EXPECT_TRUE(VerifyMac(k, d, 16));
+  EXPECT_FALSE(VerifyMac(DeriveMacKey(secret, KeyPurpose::kWorker, 8), d, 16));
+}
+
 }  // namespace
 }  // namespace dlcp::wire
