@@ -56,6 +56,7 @@ absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, 
   req.set_data_port(options.data_port);
   req.set_data_qpn(options.data_qpn);
   req.set_data_qkey(options.data_qkey);
+  req.set_worker_keys(true);
   v1::JoinResponse resp;
   grpc::Status st = CallWithDeadline(
       [&](grpc::ClientContext* ctx, const v1::JoinRequest* rq, v1::JoinResponse* rs, auto cb) {

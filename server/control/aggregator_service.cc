@@ -82,6 +82,12 @@ absl::Status AggregatorService::CheckDataTransport(const v1::JoinRequest& req) c
 absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::JoinRequest& req,
                                            v1::JoinResponse* resp) {
   if (absl::Status s = CheckDataTransport(req); !s.ok()) return s;
+  if (jobs_->limits().data_auth && jobs_->limits().per_worker_data_keys && !req.worker_keys()) {
+    return absl::FailedPreconditionError(
+        "this aggregator gives each worker a data key of its own rank, and this client predates them (it would sign "
+        "with the job's shared key and every packet would be refused): upgrade it, or run dlcpd with "
+        "--per-worker-data-keys=false");
+  }
   std::string host = req.data_host().empty() ? PeerHost(peer) : req.data_host();
   if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("no data_host given and peer '", peer, "' is not IPv4"));
   absl::StatusOr<Address> addr = ResolveAddress(host, static_cast<uint16_t>(req.data_port()));

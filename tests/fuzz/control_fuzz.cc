@@ -71,8 +71,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       dlcp::v1::JoinRequest req;
       dlcp::v1::JoinResponse resp;
       if (!req.ParseFromArray(body, len)) return 0;
+      // Mostly a client that takes per-worker keys, so joins get far; with bit 3 set, as parsed.
+      if (!(data[0] & 8)) req.set_worker_keys(true);
       const size_t jobs_before = w->jobs->List().size();
       absl::Status s = w->service->HandleJoin(peer, req, &resp);
+      if (s.ok() && !req.worker_keys()) __builtin_trap();  // it would sign with the shared key
       if (!s.ok() && w->jobs->List().size() > jobs_before) __builtin_trap();  // a refusal left a job behind
       // A joiner gets the job's key and one of its own rank (per-worker keys), never the other's.
       if (s.ok() && (resp.data_endpoints_size() != 1 || resp.data_key().size() != 32 || resp.worker_key().size() != 32 ||

@@ -325,10 +325,19 @@ std::pair<float, float> TwoWorkerRound(std::vector<std::unique_ptr<Client>>& cli
   return std::make_pair(d0[499], d1[0]);
 }
 
+// A socket of the test's own on 127.0.0.1.
+std::unique_ptr<Transport> TestSocket() {
+  TransportOptions t;
+  t.bind_host = "127.0.0.1";
+  auto tx = CreateTransport(t);
+  EXPECT_TRUE(tx.ok()) << tx.status();
+  return tx.ok() ? std::move(*tx) : nullptr;
+}
+
 // Sends `copies` of a push of chunk 0 of key 3 (as TwoWorkerRound runs it) for `round` as
-// `rank`, every value `value`, signed with `key`, from a socket of its own.
-void SendPush(TestAggregator& agg, const server::Job& job, const wire::MacKey& key, uint16_t rank, uint32_t round,
-              float value, int copies) {
+// `rank`, every value `value`, signed with `key`, from `tx`.
+void SendPush(Transport& tx, TestAggregator& agg, const server::Job& job, const wire::MacKey& key, uint16_t rank,
+              uint32_t round, float value, int copies) {
   wire::Header h;
   h.type = wire::MsgType::kPush;
   h.priority = 1;
@@ -346,13 +355,9 @@ void SendPush(TestAggregator& agg, const server::Job& job, const wire::MacKey& k
   uint8_t header[wire::kHeaderSize], tag[wire::kMacSize];
   wire::EncodeHeader(h, header);
   wire::ComputeMac(key, header, reinterpret_cast<uint8_t*>(values.data()), h.payload_len, tag);
-  TransportOptions t;
-  t.bind_host = "127.0.0.1";
-  auto tx = CreateTransport(t);
-  ASSERT_TRUE(tx.ok());
   OutMessage m{agg.data().endpoints()[0], 1, header, wire::kHeaderSize, reinterpret_cast<uint8_t*>(values.data()),
                h.payload_len, tag, wire::kMacSize};
-  for (int i = 0; i < copies; ++i) ASSERT_TRUE((*tx)->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+  for (int i = 0; i < copies; ++i) ASSERT_TRUE(tx.Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
 }
 
 // A member's genuine, correctly signed packet of a finished round, sent again later (a replay),
@@ -370,7 +375,9 @@ TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
   ASSERT_NE(job->key(), nullptr);
   const double stale_before = agg->Counter("dlcp_stale_packets_total");
   // Rank 0's round-0 push of chunk 0 exactly as it was sent, signed with rank 0's key.
-  SendPush(*agg, *job, *job->worker_key(0), 0, 0, 1.0f, 5);
+  std::unique_ptr<Transport> tx = TestSocket();
+  ASSERT_NE(tx, nullptr);
+  SendPush(*tx, *agg, *job, *job->worker_key(0), 0, 0, 1.0f, 5);
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_EQ(agg->Counter("dlcp_stale_packets_total") - stale_before, 5);
   EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);  // genuine, just old
@@ -413,7 +420,9 @@ TEST(DataPlaneValidation, AMemberCannotPushAsAnotherRank) {
   EXPECT_NE(own, *job->worker_key(1));
   EXPECT_NE(results, job->keys()->newest->secret);  // the secret never leaves the aggregator
 
-  for (const wire::MacKey& key : {own, results}) SendPush(*agg, *job, key, 1, 1, 1000.0f, 1);
+  std::unique_ptr<Transport> tx = TestSocket();
+  ASSERT_NE(tx, nullptr);
+  for (const wire::MacKey& key : {own, results}) SendPush(*tx, *agg, *job, key, 1, 1, 1000.0f, 1);
   const absl::Time end = absl::Now() + absl::Seconds(5);
   while (agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}") < 2 && absl::Now() < end) {
     absl::SleepFor(absl::Milliseconds(10));
@@ -421,6 +430,41 @@ TEST(DataPlaneValidation, AMemberCannotPushAsAnotherRank) {
   EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 2);
   EXPECT_EQ(TwoWorkerRound(clients, 10, 20), std::make_pair(30.0f, 30.0f));
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+// A client from before per-worker keys would sign with the job's shared key and see every packet
+// refused; it is refused at Join instead, with the switch that lets it in named. With the switch
+// off the same request joins, and gets the shared key only.
+TEST(DataPlaneValidation, AClientFromBeforeWorkerKeysIsRefusedAtJoinNamingTheSwitch) {
+  v1::JoinRequest req;
+  req.set_job_name("old-client");
+  req.set_world_size(1);
+  req.set_chunk_bytes(1024);
+  req.set_data_host("127.0.0.1");
+  req.set_data_port(9);
+  auto join = [&](TestAggregator& agg, v1::JoinResponse* resp) {
+    auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(agg.address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return stub->Join(&ctx, req, resp);
+  };
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  v1::JoinResponse resp;
+  grpc::Status st = join(*agg, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_NE(st.error_message().find("run dlcpd with --per-worker-data-keys=false"), std::string::npos)
+      << st.error_message();
+  EXPECT_TRUE(agg->jobs().List().empty());
+
+  TestAggregatorOptions shared;
+  shared.limits.per_worker_data_keys = false;
+  auto open = TestAggregator::Start(shared);
+  ASSERT_NE(open, nullptr);
+  st = join(*open, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.data_key().size(), 32u);
+  EXPECT_TRUE(resp.worker_key().empty());
 }
 
 // A worker that keeps asking for results whose copies are still on their way (behind congestion,
