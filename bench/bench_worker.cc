@@ -109,9 +109,11 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     return true;
   };
   const wire::ChunkGeometry geometry{static_cast<uint32_t>(elems), (*client)->chunk_bytes() / 4};
-  absl::StatusOr<std::unique_ptr<ClassPolicy>> policy = CreateClassPolicy(config.client.class_policy);
-  if (!policy.ok()) return policy.status();
-  std::vector<std::vector<uint8_t>> classes(config.tensors, std::vector<uint8_t>(geometry.chunk_count()));
+  // The class the client gave each chunk (RoundStats::classes), to check that no class-0 chunk
+  // was left out.
+  std::vector<std::vector<uint8_t>> classes(config.tensors);
+  AllReduceOptions op_options;
+  op_options.report_classes = digits;
   // A one-element all-reduce is a barrier. Each worker puts in 1, or 2 to say it has run long
   // enough (--min-seconds): every worker sees the same sum, so all agree whether any has, and
   // the job ends after the same round everywhere. Returns whether any had.
@@ -134,10 +136,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     if (round == config.warmup && timed_start == absl::InfiniteFuture()) timed_start = absl::Now();
     for (uint32_t t = 0; t < config.tensors; ++t) {
       values_of(round, t).Fill(rank, 0, absl::MakeSpan(data[t]));
-      // The classes the client will give this data, to check that no class-0 chunk was lost.
-      if (digits) {
-        (*policy)->Classify(data[t], geometry, TensorInfo{0, 0, config.client.loss_bound}, absl::MakeSpan(classes[t]));
-      }
+      classes[t].clear();
     }
     // The timed region starts with every worker ready, so it measures the all-reduce and not a
     // peer still checking the last round.
@@ -150,7 +149,9 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     }
     const absl::Time start = absl::Now();
     std::vector<std::future<absl::StatusOr<RoundStats>>> futures;
-    for (uint32_t t = 0; t < config.tensors; ++t) futures.push_back((*client)->AllReduce(t, absl::MakeSpan(data[t])));
+    for (uint32_t t = 0; t < config.tensors; ++t) {
+      futures.push_back((*client)->AllReduce(t, absl::MakeSpan(data[t]), op_options));
+    }
     std::vector<uint64_t> reported_missing(config.tensors), pull_missing(config.tensors);
     double stop_ms = 0;
     absl::Status failed;
@@ -172,6 +173,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
       }
       result.bound_violations += stats->bound_violations;
       reported_missing[t] = stats->droppable_missing;
+      classes[t] = std::move(stats->classes);
       pull_missing[t] = stats->pull_missing;
       result.pull_missing += stats->pull_missing;
       if (stats->droppable_total > 0) {
@@ -208,8 +210,12 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     more = !*any_enough;
     if (digits) {
       for (uint32_t t = 0; t < config.tensors; ++t) {
-        absl::Status s = CheckPartialSums(data[t], geometry, classes[t], rank, world, reported_missing[t], pull_missing[t],
-                                          values_of(round, t));
+        absl::Status s =
+            classes[t].size() == geometry.chunk_count()
+                ? CheckPartialSums(data[t], geometry, classes[t], rank, world, reported_missing[t], pull_missing[t],
+                                   values_of(round, t))
+                : absl::InternalError(absl::StrCat("the client reported the classes of ", classes[t].size(), " of ",
+                                                   geometry.chunk_count(), " chunks"));
         if (!s.ok()) {
           if (result.exact) std::fprintf(stderr, "rank %u: round %u tensor %u: %s\n", rank, round, t, s.ToString().c_str());
           result.exact = false;

@@ -127,6 +127,7 @@ struct AllReduceOptions {
   uint32_t layer = 0;        // position from the input; see ClientOptions::num_layers
   double loss_bound = -1;    // ε for this tensor; negative: ClientOptions::loss_bound
   std::optional<wire::Encoding> payload_encoding;  // unset: ClientOptions::payload_encoding
+  bool report_classes = false;  // fill RoundStats::classes (a byte per chunk)
 };
 
 // A tensor in CUDA device memory, for Client::AllReduceDevice.
@@ -162,6 +163,9 @@ struct RoundStats {
   absl::Duration time_to_stop;    // until the last STOP arrived
   uint64_t injected_drops = 0;    // packets ClientOptions::inject discarded
   uint64_t pull_missing = 0;      // kBounded pull: result chunks not received, zeroed
+  // With AllReduceOptions::report_classes: the class this worker gave each chunk, in chunk order
+  // (chunks of ClientOptions::chunk_bytes), as its pushes carried them.
+  std::vector<uint8_t> classes;
 };
 
 // Completion of an op. Runs exactly once: on the client's I/O thread, or on the calling thread

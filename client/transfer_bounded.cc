@@ -94,6 +94,7 @@ absl::Status TransferEngine::Prepare(Op& op) {
     if (absl::Status s = PackHost(op); !s.ok()) return s;
   }
   for (uint8_t c : op.classes) ++op.stats.chunks_by_class[c];
+  if (op.report_classes) op.stats.classes = op.classes;
   op.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
   op.droppable_chunks = chunks - op.class0_pending;
   op.droppable_pending = op.droppable_chunks;

@@ -137,6 +137,7 @@ void TransferEngine::Enqueue(std::unique_ptr<Op> op, uint32_t key, uint64_t elem
   if (!(bound <= 1)) return fail(absl::InvalidArgumentError(absl::StrCat("loss_bound ", bound, " is not in [0, 1]")));
   op->loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
   op->tensor = TensorInfo{options.layer, options_.num_layers};
+  op->report_classes = options.report_classes;
   // A broadcast must replace every replica's data exactly.
   op->encoding = broadcast_root >= 0 ? wire::Encoding::kF32 : options.payload_encoding.value_or(options_.payload_encoding);
   if (static_cast<uint8_t>(op->encoding) >= wire::kNumEncodings) {

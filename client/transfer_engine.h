@@ -210,6 +210,7 @@ class TransferEngine {
     uint32_t remaining = 0;
     TensorInfo tensor;
     uint32_t loss_bound_ppm = 0;  // 0: reliable round, no manifest and no STOP
+    bool report_classes = false;  // AllReduceOptions::report_classes
     std::vector<bool> stopped;    // per dest: its STOP arrived
     std::vector<bool> heard;      // per dest: it has answered this round (so it has the manifest or will ask)
     uint32_t stops_pending = 0;

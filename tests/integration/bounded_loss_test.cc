@@ -216,6 +216,69 @@ INSTANTIATE_TEST_SUITE_P(
              false, true, 4, kChunkBytes}),
     [](const auto& info) { return info.param.name; });
 
+// Rank `rank` of a 2-worker `job` on one loopback aggregator, ε = 0.01, small chunks.
+ClientOptions PairOptions(const TestAggregator& agg, const std::string& job, int rank) {
+  ClientOptions o;
+  o.aggregators = {agg.address()};
+  o.job_name = job;
+  o.world_size = 2;
+  o.rank = rank;
+  o.chunk_bytes = kChunkBytes;
+  o.transport.kind = TransportOptions::Kind::kLoopback;
+  o.tls.plaintext = true;
+  o.loss_bound = 0.01;
+  return o;
+}
+
+// Telemetry: asked for, a round reports the class this worker gave each chunk, which is what the
+// class policy gives its data: here the 7 largest of 64 chunks (10%) in class 0. A reliable
+// round's tensor rides one class, class 1 when its depth is unknown. Not asked for, nothing.
+TEST(ClassTelemetry, EachChunksClassIsReportedWhenAskedFor) {
+  auto agg = TestAggregator::Start({TransportOptions::Kind::kLoopback});
+  ASSERT_NE(agg, nullptr);
+  constexpr uint32_t kChunks = 64, kElems = kChunks * kChunkBytes / 4;
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      const ClientOptions o = PairOptions(*agg, "classes", r);
+      auto client = Client::Connect(o);
+      if (!client.ok()) return void(errors[r] = client.status().ToString());
+      // Chunk c holds c + 1 (times the rank's own factor): chunk 63 is the largest.
+      auto fill = [&](std::vector<float>& d) {
+        for (uint32_t i = 0; i < kElems; ++i) d[i] = static_cast<float>((i / (kChunkBytes / 4) + 1) * (r + 1));
+      };
+      std::vector<float> d(kElems);
+      fill(d);
+      auto policy = CreateClassPolicy(o.class_policy);
+      if (!policy.ok()) return void(errors[r] = policy.status().ToString());
+      std::vector<uint8_t> want(kChunks);
+      (*policy)->Classify(d, wire::ChunkGeometry{kElems, kChunkBytes / 4}, TensorInfo{0, 0, 0.01}, absl::MakeSpan(want));
+      AllReduceOptions asked;
+      asked.report_classes = true;
+      auto st = (*client)->AllReduce(5, absl::MakeSpan(d), asked).get();
+      if (!st.ok()) return void(errors[r] = st.status().ToString());
+      if (st->classes != want) return void(errors[r] = "reported classes differ from the policy's");
+      std::array<uint64_t, 4> counts{};
+      for (uint8_t c : st->classes) ++counts[c];
+      if (counts != st->chunks_by_class) return void(errors[r] = "reported classes differ from chunks_by_class");
+      for (uint32_t c = 0; c < kChunks; ++c) {
+        if ((st->classes[c] == 0) != (c >= kChunks - 7)) return void(errors[r] = absl::StrCat("chunk ", c, " in class ", st->classes[c]));
+      }
+      fill(d);
+      st = (*client)->AllReduce(5, absl::MakeSpan(d)).get();
+      if (!st.ok() || !st->classes.empty()) return void(errors[r] = "classes reported unasked");
+      fill(d);
+      asked.loss_bound = 0;
+      st = (*client)->AllReduce(5, absl::MakeSpan(d), asked).get();
+      if (!st.ok() || st->classes != std::vector<uint8_t>(kChunks, 1)) return void(errors[r] = "reliable round not in class 1");
+      if (absl::Status s = (*client)->Close(); !s.ok()) errors[r] = s.ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
 }  // namespace
 }  // namespace dlcp::testing
 
@@ -330,15 +393,7 @@ TEST(PhaseAware, TheBoundFollowsTheGradientNorm) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      ClientOptions o;
-      o.aggregators = {agg->address()};
-      o.job_name = "phase-aware";
-      o.world_size = 2;
-      o.rank = r;
-      o.chunk_bytes = kChunkBytes;
-      o.transport.kind = TransportOptions::Kind::kLoopback;
-      o.tls.plaintext = true;
-      o.loss_bound = 0.01;
+      ClientOptions o = PairOptions(*agg, "phase-aware", r);
       o.phase_aware = {true, 4.0, 0.5, 2};
       auto client = Client::Connect(o);
       if (!client.ok()) return void(errors[r] = client.status().ToString());

@@ -69,6 +69,25 @@ def test_window_settings_and_their_stats(aggregators, adaptive):
             c.close()
 
 
+def test_a_round_reports_each_chunks_class_when_asked(aggregators):
+    # 40 chunks of 256 floats, chunk c holding c + 1: the 4 largest (10%) are class 0.
+    clients = connect_all(aggregators, "classes", 2, loss_bound=0.01, chunk_bytes=1024)
+    try:
+        bufs = [np.repeat(np.arange(1, 41, dtype=np.float32) * (r + 1), 256) for r in range(2)]
+        stats = [h.wait(30) for h in [c.allreduce_async(4, b, report_classes=True) for c, b in zip(clients, bufs)]]
+        for s in stats:
+            classes = list(s["classes"])
+            assert len(classes) == 40
+            assert [c == 0 for c in classes] == [i >= 36 for i in range(40)]
+            assert [classes.count(k) for k in range(4)] == s["chunks_by_class"]
+        bufs = [np.ones(40 * 256, dtype=np.float32) for _ in range(2)]
+        stats = [h.wait(30) for h in [c.allreduce_async(4, b) for c, b in zip(clients, bufs)]]
+        assert all("classes" not in s for s in stats)
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_torch_tensors_are_used_in_place(aggregators):
     torch = pytest.importorskip("torch")
     clients = connect_all(aggregators, "inplace", 2, loss_bound=0)

@@ -144,10 +144,13 @@ class Client:
     def job_id(self):
         return self._inner.job_id
 
-    def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None, encoding=None):
+    def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None, encoding=None,
+                        report_classes=False):
         """Starts summing `tensor` over the job's workers, in place. `callback(stats, error)`
         runs on the client's completion thread once the op is done (error is a str or None).
-        encoding ("f32" | "f16" | "bf16") overrides the client's payload_encoding for this op."""
+        encoding ("f32" | "f16" | "bf16") overrides the client's payload_encoding for this op.
+        report_classes: the stats carry "classes", the class this worker gave each chunk (a byte
+        per chunk, in chunk order)."""
         bound = -1.0 if loss_bound is None else loss_bound
         device = _as_device_tensor(tensor)
         if device is not None:
@@ -155,15 +158,17 @@ class Client:
             cb = _wrap_callback(callback, finish)
             inner = self._inner.submit_device(key, t.data_ptr(), str(t.dtype).replace("torch.", ""), t.numel(),
                                               t.device.index or 0, t, layer=layer, loss_bound=bound,
-                                              encoding=encoding, callback=cb)
+                                              encoding=encoding, report_classes=report_classes, callback=cb)
             return Handle(inner, None if cb is not None else finish)
         buf, finish = _as_buffer(tensor)
         cb = _wrap_callback(callback, finish)
-        inner = self._inner.submit(key, buf, layer=layer, loss_bound=bound, encoding=encoding, callback=cb)
+        inner = self._inner.submit(key, buf, layer=layer, loss_bound=bound, encoding=encoding,
+                                   report_classes=report_classes, callback=cb)
         return Handle(inner, None if cb is not None else finish)
 
-    def allreduce(self, key, tensor, layer=0, loss_bound=None, timeout=None, encoding=None):
-        return self.allreduce_async(key, tensor, layer, loss_bound, encoding=encoding).wait(timeout)
+    def allreduce(self, key, tensor, layer=0, loss_bound=None, timeout=None, encoding=None, report_classes=False):
+        return self.allreduce_async(key, tensor, layer, loss_bound, encoding=encoding,
+                                    report_classes=report_classes).wait(timeout)
 
     def broadcast_async(self, key, tensor, root, callback=None):
         """Replaces `tensor` on every worker with root's, exactly (reliable whatever ε is)."""
