@@ -4,10 +4,9 @@
 
 namespace dlcp::server {
 
-std::shared_ptr<const KeyRing::Generation> KeyRing::Generation::Make(const wire::MacKey& secret, uint32_t number,
-                                                                    uint32_t world, bool per_worker) {
+std::shared_ptr<const KeyRing::Generation> KeyRing::Generation::Make(const wire::MacKey& secret, uint32_t world,
+                                                                    bool per_worker) {
   auto g = std::make_shared<Generation>();
-  g->number = number;
   g->secret = secret;
   g->results = secret;
   if (per_worker) {
@@ -32,7 +31,7 @@ bool KeyRing::Keys::Verify(absl::Span<const uint8_t> datagram, size_t payload_le
 KeyRing::KeyRing(const wire::MacKey& first, uint32_t world, bool per_worker)
     : world_(world), per_worker_(per_worker), held_(world, 1), drawn_(absl::Now()) {
   Keys k;
-  k.newest = Generation::Make(first, 1, world, per_worker);
+  k.newest = Generation::Make(first, world, per_worker);
   history_.push_back(k);
   current_.store(&history_.back(), std::memory_order_release);
 }
@@ -50,7 +49,7 @@ absl::StatusOr<bool> KeyRing::Rotate(absl::Time now) {
   if (!key.ok()) return key.status();
   Keys next;
   next.generation = cur.generation + 1;
-  next.newest = Generation::Make(*key, next.generation, world_, per_worker_);
+  next.newest = Generation::Make(*key, world_, per_worker_);
   next.previous = cur.newest;
   next.switched = false;
   drawn_ = now;

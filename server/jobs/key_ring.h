@@ -41,19 +41,17 @@ class KeyRing {
  public:
   // One generation's secret and the keys derived from it.
   struct Generation {
-    uint32_t number = 1;  // the job's first key is 1
     wire::MacKey secret{};
     wire::MacKey results{};  // what the aggregator signs with: the secret, without per-worker keys
     std::vector<wire::MacKey> workers;  // by rank: what each member signs with; empty: `results`
 
-    static std::shared_ptr<const Generation> Make(const wire::MacKey& secret, uint32_t number, uint32_t world,
-                                                  bool per_worker);
+    static std::shared_ptr<const Generation> Make(const wire::MacKey& secret, uint32_t world, bool per_worker);
     // What rank `rank` signs with; nullptr for a rank the job does not have.
     const wire::MacKey* worker(uint32_t rank) const;
   };
 
   struct Keys {
-    uint32_t generation = 1;  // of `newest`
+    uint32_t generation = 1;  // of `newest`; the job's first key is 1
     std::shared_ptr<const Generation> newest;
     std::shared_ptr<const Generation> previous;  // still accepted (rolling, switched); null once settled
     bool switched = true;  // the aggregator signs with `newest`; else (rolling) with `previous`
