@@ -7,26 +7,18 @@
 set -euo pipefail
 BUILD=${1:-build}
 REPS=${REPS:-3}
-work=$(mktemp -d /tmp/dlcp-encoding.XXXXXX)
-pid=
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-"$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --plaintext --log-level=warning \
-  --ready-file="$work/ready" 2>"$work/dlcpd.log" &
-pid=$!
-for _ in $(seq 1 100); do [ -s "$work/ready" ] && break; sleep 0.05; done
-agg="127.0.0.1:$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$work/ready")"
+source "$(dirname "$0")/loopback_lib.sh"
+start_dlcpd one
 for rep in $(seq 1 "$REPS"); do
   for spec in "2 104857600 5" "4 4194304 30"; do
     read -r n size rounds <<<"$spec"
     for enc in f32 f16 bf16; do
-      j=$("$BUILD/bench/dlcp-bench" --plaintext --aggregators="$agg" --workers="$n" --tensor-bytes="$size" \
-          --rounds="$rounds" --warmup=2 --loss-bound=0 --payload-encoding=$enc --json | tail -1)
-      echo "{\"encoding\":\"$enc\",${j#\{}" | tee -a "$work/out"
+      run_job one "\"encoding\":\"$enc\"" --workers="$n" --tensor-bytes="$size" --rounds="$rounds" --warmup=2 \
+        --loss-bound=0 --payload-encoding=$enc
     done
   done
 done
-python3 - "$work/out" <<'PY'
+python3 - "$BENCH_OUT" <<'PY'
 import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 groups = {}

@@ -9,42 +9,28 @@ set -euo pipefail
 BUILD=${1:-build}
 REPS=${REPS:-3}
 JOB_SECONDS=${JOB_SECONDS:-6}
-out=$(mktemp /tmp/dlcp-rot.XXXXXX)
-work=$(mktemp -d /tmp/dlcp-rot-aggs.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$out" "$work"; }
-trap cleanup EXIT
-declare -A agg metrics
-for mode in rotating fixed; do
-  rotation=$([ $mode = rotating ] && echo 1 || echo 0)
-  "$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --metrics-port=0 --plaintext --log-level=warning \
-    --heartbeat-timeout-ms=600 --data-key-rotation-s="$rotation" --ready-file="$work/$mode.ready" 2>"$work/$mode.log" &
-  pids+=($!)
-done
-for mode in rotating fixed; do
-  for _ in $(seq 1 100); do [ -s "$work/$mode.ready" ] && break; sleep 0.05; done
-  agg[$mode]="127.0.0.1:$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$work/$mode.ready")"
-  metrics[$mode]=$(sed -E 's/.*"metrics_port":([0-9]+).*/\1/' "$work/$mode.ready")
-done
+source "$(dirname "$0")/loopback_lib.sh"
+start_dlcpd rotating --metrics-port=0 --heartbeat-timeout-ms=600 --data-key-rotation-s=1
+start_dlcpd fixed --metrics-port=0 --heartbeat-timeout-ms=600 --data-key-rotation-s=0
 settled() {  # python3, not curl: the project's set-up installs the one, not the other
   python3 -c 'import sys, urllib.request
 body = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
 print(next(l.split()[-1] for l in body.splitlines() if l.startswith("dlcp_data_key_rotations_total{phase=\"settled\"}")))' \
-    "${metrics[rotating]}"
+    "${METRICS[rotating]}"
 }
 for rep in $(seq 1 "$REPS"); do
   for spec in "4 4194304" "2 104857600"; do
     read -r n size <<<"$spec"
     for mode in rotating fixed; do
       before=$(settled)
-      j=$("$BUILD/bench/dlcp-bench" --plaintext --aggregators="${agg[$mode]}" --workers="$n" --tensor-bytes="$size" \
+      j=$("$BUILD/bench/dlcp-bench" --plaintext --aggregators="${AGG[$mode]}" --workers="$n" --tensor-bytes="$size" \
           --rounds=3 --min-seconds="$JOB_SECONDS" --warmup=2 --json | tail -1)
       rotations=$([ $mode = rotating ] && python3 -c "print(int(float('$(settled)') - float('$before')))" || echo 0)
-      echo "{\"keys\":\"$mode\",\"rotations_settled\":$rotations,${j#\{}" | tee -a "$out"
+      echo "{\"keys\":\"$mode\",\"rotations_settled\":$rotations,${j#\{}" | tee -a "$BENCH_OUT"
     done
   done
 done
-python3 - "$out" <<'PY'
+python3 - "$BENCH_OUT" <<'PY'
 import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 groups = {}
