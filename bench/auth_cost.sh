@@ -1,46 +1,35 @@
 #!/usr/bin/env bash
-# The end-to-end cost of data-packet authentication: the same jobs against two aggregators, one
-# with --data-auth (the default) and one without, interleaved in one run. Prints JSON lines and a
-# ratio table (authenticated time / unauthenticated time).  bench/auth_cost.sh [BUILD_DIR]
+# The end-to-end cost of data-packet authentication: the same jobs against three aggregators, one
+# with per-worker keys (the default: each result copy signed with its destination's key, a pass
+# over its payload per worker), one with a single key for the job (--per-worker-data-keys=false:
+# one digest per result chunk) and one without authentication, interleaved in one run. Prints
+# JSON lines and a ratio table (each over the unauthenticated time).  bench/auth_cost.sh [BUILD_DIR]
 set -euo pipefail
 BUILD=${1:-build}
 REPS=${REPS:-3}
-out=$(mktemp /tmp/dlcp-auth.XXXXXX)
-work=$(mktemp -d /tmp/dlcp-auth-aggs.XXXXXX)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$out" "$work"; }
-trap cleanup EXIT
-declare -A agg
-for mode in on off; do
-  flag=$([ $mode = on ] && echo --data-auth || echo --no-data-auth)
-  "$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --plaintext --log-level=warning $flag \
-    --ready-file="$work/$mode.ready" 2>"$work/$mode.log" &
-  pids+=($!)
-done
-for mode in on off; do
-  for _ in $(seq 1 100); do [ -s "$work/$mode.ready" ] && break; sleep 0.05; done
-  agg[$mode]="127.0.0.1:$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$work/$mode.ready")"
-done
+source "$(dirname "$0")/loopback_lib.sh"
+start_dlcpd per_worker --data-auth
+start_dlcpd one_key --data-auth --per-worker-data-keys=false
+start_dlcpd off --no-data-auth
 for rep in $(seq 1 "$REPS"); do
   for spec in "2 104857600 5" "4 4194304 30"; do
     read -r n size rounds <<<"$spec"
-    for mode in on off; do
-      j=$("$BUILD/bench/dlcp-bench" --plaintext --aggregators="${agg[$mode]}" --workers="$n" --tensor-bytes="$size" \
-          --rounds="$rounds" --warmup=2 --json | tail -1)
-      echo "{\"auth\":\"$mode\",${j#\{}" | tee -a "$out"
+    for mode in per_worker one_key off; do
+      run_job $mode "\"auth\":\"$mode\"" --workers="$n" --tensor-bytes="$size" --rounds="$rounds" --warmup=2
     done
   done
 done
-python3 - "$out" <<'PY'
+python3 - "$BENCH_OUT" <<'PY'
 import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 groups = {}
 for r in rows:
     groups.setdefault((r["workers"], r["tensor_bytes"]), {}).setdefault(r["auth"], []).append(r["p50_ms"])
 print()
-print("| workers | size | p50 ms, auth off | p50 ms, auth on | on/off |")
-print("|---|---|---|---|---|")
+print("| workers | size | p50 ms, auth off | one job key | per-worker keys | one key / off | per-worker / off | per-worker / one key |")
+print("|---|---|---|---|---|---|---|---|")
 for (n, b), g in sorted(groups.items()):
-    on, off = statistics.median(g["on"]), statistics.median(g["off"])
-    print(f"| {n} | {b / 1048576:.0f} MiB | {off:.1f} | {on:.1f} | {on / off:.2f} |")
+    off, one, per = (statistics.median(g[m]) for m in ("off", "one_key", "per_worker"))
+    print(f"| {n} | {b / 1048576:.0f} MiB | {off:.1f} | {one:.1f} | {per:.1f} | {one / off:.2f} | {per / off:.2f} |"
+          f" {per / one:.2f} |")
 PY

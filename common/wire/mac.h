@@ -39,7 +39,7 @@ void MacFromDigest(const MacKey& key, const uint8_t* header, uint64_t payload_di
 // purpose, `index` and the word's position, four times for 256 bits: a pseudo-random function of
 // the secret, so holding one derived key tells nothing of the secret or of any other.
 enum class KeyPurpose : uint32_t {
-  kResults = 1,  // the aggregator signs with it; every member checks it (index 0)
+  kResults = 1,  // the aggregator signs what it sends the member of rank `index` with it
   kWorker = 2,   // the member of rank `index` signs with it; only the aggregator checks it
 };
 MacKey DeriveMacKey(const MacKey& secret, KeyPurpose purpose, uint32_t index);

@@ -125,8 +125,10 @@ void AggregatorService::FillKeys(const KeyRing::Keys& keys, uint32_t rank, std::
     const std::array<uint8_t, 32> b = wire::MacKeyToBytes(key);
     out->assign(b.begin(), b.end());
   };
-  fill(keys.newest->results, newest);
-  if (keys.previous) fill(keys.previous->results, previous);
+  if (const wire::MacKey* results = keys.newest->result(rank)) fill(*results, newest);
+  if (keys.previous) {
+    if (const wire::MacKey* results = keys.previous->result(rank)) fill(*results, previous);
+  }
   // Without per-worker keys the member signs with data_key, as clients from before expect.
   if (!keys.newest->workers.empty()) {
     if (const wire::MacKey* mine = keys.newest->worker(rank)) fill(*mine, worker);

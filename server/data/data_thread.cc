@@ -378,16 +378,18 @@ void DataThread::MarkDone(Round& r, uint32_t rank) {
 }
 
 void DataThread::SendResultToAll(Round& r, uint32_t chunk, absl::Time now) {
-  // One payload and one digest for all the workers' copies; only the headers differ.
+  // One payload for all the workers' copies, encoded once. With per-worker keys each copy is
+  // signed with its destination's key, so each costs a pass over the payload, as each push did at
+  // its sender; with one key for the job, one digest serves every copy.
   std::vector<uint8_t> storage;
   const absl::Span<const uint8_t> payload = ResultPayload(r, chunk, &storage);
-  // Every copy signed with the same key: a rotation may switch keys between two of them.
-  const wire::MacKey* key = r.job()->key();
-  ResultDigest digest{key, 0};
-  if (key != nullptr) digest.digest = wire::PayloadDigest(*key, payload.data(), payload.size());
+  const KeyRing::Keys* keys = r.job()->keys();  // one snapshot: a rotation may switch keys meanwhile
+  ResultDigest digest{nullptr, 0};
   std::vector<PathShares>* shares = JobResultShares(r);
   r.NoteResultsSent(chunk, now);
   for (uint32_t w = 0; w < r.job()->world; ++w) {
+    const wire::MacKey* key = keys != nullptr ? keys->send(w) : nullptr;
+    if (key != digest.key) digest = {key, wire::PayloadDigest(*key, payload.data(), payload.size())};
     SendResult(r, chunk, w, shares != nullptr ? &(*shares)[w] : nullptr, payload, &digest);
   }
 }
@@ -421,7 +423,7 @@ void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares*
     path = static_cast<int16_t>(p);
   }
   CountTx(h);
-  const wire::MacKey* key = digest != nullptr ? digest->key : r.job()->key();
+  const wire::MacKey* key = digest != nullptr ? digest->key : r.job()->result_key(rank);
   const uint64_t* payload_digest = digest != nullptr && digest->key != nullptr ? &digest->digest : nullptr;
   if (r.encoding() == wire::Encoding::kF32) {
     Check(outbox_.Add(m.address(), h, payload.data(), key, payload_digest, path));
@@ -490,7 +492,7 @@ void DataThread::CountTx(const wire::Header& h) {
 
 void DataThread::SendOwned(const Job& job, const Address& to, const wire::Header& h, std::vector<uint8_t> payload) {
   CountTx(h);
-  Check(outbox_.AddOwned(to, h, std::move(payload), job.key()));
+  Check(outbox_.AddOwned(to, h, std::move(payload), job.result_key(h.rank)));
 }
 
 void DataThread::MaybeFree(RoundMap::iterator it) {

@@ -93,12 +93,12 @@ class DataThread {
   // entry of JobResultShares; nullptr: the transport's turns). `payload` (ResultPayload) and its
   // digest may come from the caller, which sends the same result to every worker.
   struct ResultDigest {
-    const wire::MacKey* key;  // signs every copy; null: no authentication
+    const wire::MacKey* key;  // signs the copy; null: no authentication
     uint64_t digest;          // wire::PayloadDigest under it
   };
   void SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares* shares, absl::Span<const uint8_t> payload = {},
                   const ResultDigest* digest = nullptr, bool again = false);
-  // A final result to every worker: one payload, encoded and digested once.
+  // A final result to every worker: one payload, encoded once.
   void SendResultToAll(Round& r, uint32_t chunk, absl::Time now);
   // The shares of the paths results take to each rank of the round's job incarnation, indexed
   // by rank; nullptr when results are not steered. Looked up once per batch of results: the
@@ -115,7 +115,8 @@ class DataThread {
   // Payload: one byte of absl::StatusCode, then the reason in UTF-8.
   void SendError(const Job& job, const wire::Header& h, const Address& to, absl::StatusCode code,
                  const std::string& reason);
-  // Queues one datagram (authenticated under the job's key, if it has one) and counts it.
+  // Queues one datagram to rank h.rank (authenticated under its results key, if the job has keys)
+  // and counts it.
   void SendOwned(const Job& job, const Address& to, const wire::Header& h, std::vector<uint8_t> payload);
   void CountTx(const wire::Header& h);
   static std::string JobFailedMessage(const Job& job);

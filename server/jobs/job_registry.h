@@ -70,8 +70,8 @@ struct Job {
   const std::unique_ptr<KeyRing> ring;
   // What packets from members may be signed with now; null without data authentication.
   const KeyRing::Keys* keys() const { return ring ? &ring->Current() : nullptr; }
-  // What this aggregator signs with now.
-  const wire::MacKey* key() const { return ring ? &ring->Current().send() : nullptr; }
+  // What this aggregator signs packets to rank `rank` with now; null without data authentication.
+  const wire::MacKey* result_key(uint32_t rank) const { return ring ? ring->Current().send(rank) : nullptr; }
   // What rank `rank` signs with now (its per-worker key); null without data authentication.
   const wire::MacKey* worker_key(uint32_t rank) const { return ring ? ring->Current().newest->worker(rank) : nullptr; }
   std::vector<Member> members;

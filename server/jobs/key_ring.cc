@@ -8,19 +8,26 @@ std::shared_ptr<const KeyRing::Generation> KeyRing::Generation::Make(const wire:
                                                                     bool per_worker) {
   auto g = std::make_shared<Generation>();
   g->secret = secret;
-  g->results = secret;
   if (per_worker) {
-    g->results = wire::DeriveMacKey(secret, wire::KeyPurpose::kResults, 0);
     g->workers.reserve(world);
-    for (uint32_t r = 0; r < world; ++r) g->workers.push_back(wire::DeriveMacKey(secret, wire::KeyPurpose::kWorker, r));
+    g->results.reserve(world);
+    for (uint32_t r = 0; r < world; ++r) {
+      g->workers.push_back(wire::DeriveMacKey(secret, wire::KeyPurpose::kWorker, r));
+      g->results.push_back(wire::DeriveMacKey(secret, wire::KeyPurpose::kResults, r));
+    }
   }
   return g;
 }
 
-const wire::MacKey* KeyRing::Generation::worker(uint32_t rank) const {
-  if (workers.empty()) return &results;
-  return rank < workers.size() ? &workers[rank] : nullptr;
+namespace {
+const wire::MacKey* OfRank(const std::vector<wire::MacKey>& keys, const wire::MacKey& secret, uint32_t rank) {
+  if (keys.empty()) return &secret;
+  return rank < keys.size() ? &keys[rank] : nullptr;
 }
+}  // namespace
+
+const wire::MacKey* KeyRing::Generation::worker(uint32_t rank) const { return OfRank(workers, secret, rank); }
+const wire::MacKey* KeyRing::Generation::result(uint32_t rank) const { return OfRank(results, secret, rank); }
 
 bool KeyRing::Keys::Verify(absl::Span<const uint8_t> datagram, size_t payload_len, uint32_t rank) const {
   const wire::MacKey* now = newest->worker(rank);

@@ -11,9 +11,9 @@
 //      drop it too. Only then can the next rotation start.
 //
 // Each generation is a secret drawn here. With per-worker keys (the default), the secret never
-// leaves the aggregator: members get keys derived from it (wire::DeriveMacKey), one that checks
-// what the aggregator sends and one per rank that signs what that rank sends, so no member can
-// push as another.
+// leaves the aggregator: each member gets two keys derived from it for its rank alone
+// (wire::DeriveMacKey), one that signs what it sends and one that checks what the aggregator sends
+// it. So no member can push as another, nor forge a result to another.
 //
 // Threading: Rotate, Holds and Advance run on control threads and serialize on the ring's mutex.
 // Data threads call Current() once per packet: one atomic load, never blocking. Snapshots are
@@ -42,12 +42,14 @@ class KeyRing {
   // One generation's secret and the keys derived from it.
   struct Generation {
     wire::MacKey secret{};
-    wire::MacKey results{};  // what the aggregator signs with: the secret, without per-worker keys
-    std::vector<wire::MacKey> workers;  // by rank: what each member signs with; empty: `results`
+    // By rank; both empty without per-worker keys, when every member uses `secret` for both.
+    std::vector<wire::MacKey> workers;  // what each member signs with
+    std::vector<wire::MacKey> results;  // what the aggregator signs what it sends each member with
 
     static std::shared_ptr<const Generation> Make(const wire::MacKey& secret, uint32_t world, bool per_worker);
-    // What rank `rank` signs with; nullptr for a rank the job does not have.
+    // nullptr for a rank the job does not have.
     const wire::MacKey* worker(uint32_t rank) const;
+    const wire::MacKey* result(uint32_t rank) const;
   };
 
   struct Keys {
@@ -56,7 +58,8 @@ class KeyRing {
     std::shared_ptr<const Generation> previous;  // still accepted (rolling, switched); null once settled
     bool switched = true;  // the aggregator signs with `newest`; else (rolling) with `previous`
 
-    const wire::MacKey& send() const { return switched ? newest->results : previous->results; }
+    // What the aggregator signs packets to rank `rank` with; nullptr for a rank the job does not have.
+    const wire::MacKey* send(uint32_t rank) const { return (switched ? newest : previous)->result(rank); }
     // A datagram from rank `rank` checks out under that rank's key of `newest` or, during a
     // rotation, of `previous`.
     bool Verify(absl::Span<const uint8_t> datagram, size_t payload_len, uint32_t rank) const;

@@ -4,7 +4,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <future>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -334,24 +336,24 @@ std::unique_ptr<Transport> TestSocket() {
   return tx.ok() ? std::move(*tx) : nullptr;
 }
 
-// Sends `copies` of a push of chunk 0 of key 3 (as TwoWorkerRound runs it) for `round` as
+// Sends `copies` of a push of `chunk` of key 3 (as TwoWorkerRound runs it) for `round` as
 // `rank`, every value `value`, signed with `key`, from `tx`.
 void SendPush(Transport& tx, TestAggregator& agg, const server::Job& job, const wire::MacKey& key, uint16_t rank,
-              uint32_t round, float value, int copies) {
+              uint32_t round, float value, int copies, uint32_t chunk = 0) {
   wire::Header h;
   h.type = wire::MsgType::kPush;
   h.priority = 1;
   h.job = job.id;
   h.key = 3;
   h.round = round;
-  h.chunk = 0;
+  h.chunk = chunk;
   h.chunk_count = 2;
   h.tensor_elems = 500;
   h.rank = rank;
   h.epoch = job.epoch;
-  h.payload_len = 1024;
+  std::vector<float> values(chunk == 0 ? 256 : 244, value);
+  h.payload_len = static_cast<uint32_t>(values.size() * sizeof(float));
   h.flags = wire::kFlagMac;
-  std::vector<float> values(256, value);
   uint8_t header[wire::kHeaderSize], tag[wire::kMacSize];
   wire::EncodeHeader(h, header);
   wire::ComputeMac(key, header, reinterpret_cast<uint8_t*>(values.data()), h.payload_len, tag);
@@ -372,7 +374,7 @@ TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
   EXPECT_EQ(TwoWorkerRound(clients, 10, 20), std::make_pair(30.0f, 30.0f));
   std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("replay"));
   ASSERT_NE(job, nullptr);
-  ASSERT_NE(job->key(), nullptr);
+  ASSERT_NE(job->keys(), nullptr);
   const double stale_before = agg->Counter("dlcp_stale_packets_total");
   // Rank 0's round-0 push of chunk 0 exactly as it was sent, signed with rank 0's key.
   std::unique_ptr<Transport> tx = TestSocket();
@@ -383,6 +385,27 @@ TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
   EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);  // genuine, just old
   EXPECT_EQ(TwoWorkerRound(clients, 100, 200), std::make_pair(300.0f, 300.0f));
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+// The keys rank `rank` of `job` holds, as a heartbeat hands them out.
+v1::HeartbeatResponse HeldKeys(TestAggregator& agg, const server::Job& job, uint32_t rank) {
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(agg.address(), grpc::InsecureChannelCredentials()));
+  v1::HeartbeatRequest hb;
+  hb.set_job_id(job.id);
+  hb.set_rank(rank);
+  hb.set_data_key_generation(1);
+  v1::HeartbeatResponse held;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Status st = stub->Heartbeat(&ctx, hb, &held);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return held;
+}
+
+wire::MacKey KeyOf(const std::string& bytes) {
+  EXPECT_EQ(bytes.size(), 32u);
+  if (bytes.size() != 32) return {};
+  return wire::MacKeyFromBytes(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
 }
 
 // Per-worker keys (docs/security.md): a member holds the key results are checked with and a key
@@ -401,21 +424,10 @@ TEST(DataPlaneValidation, AMemberCannotPushAsAnotherRank) {
   ASSERT_NE(job, nullptr);
 
   // What rank 0 holds, as its heartbeats hand it out.
-  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(agg->address(), grpc::InsecureChannelCredentials()));
-  v1::HeartbeatRequest hb;
-  hb.set_job_id(job->id);
-  hb.set_rank(0);
-  hb.set_data_key_generation(1);
-  v1::HeartbeatResponse held;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  ASSERT_TRUE(stub->Heartbeat(&ctx, hb, &held).ok());
+  v1::HeartbeatResponse held = HeldKeys(*agg, *job, 0);
   ASSERT_EQ(held.data_key().size(), 32u);
   ASSERT_EQ(held.worker_key().size(), 32u);
-  const auto key_of = [](const std::string& b) {
-    return wire::MacKeyFromBytes(absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()), b.size()));
-  };
-  const wire::MacKey results = key_of(held.data_key()), own = key_of(held.worker_key());
+  const wire::MacKey results = KeyOf(held.data_key()), own = KeyOf(held.worker_key());
   EXPECT_EQ(own, *job->worker_key(0));
   EXPECT_NE(own, *job->worker_key(1));
   EXPECT_NE(results, job->keys()->newest->secret);  // the secret never leaves the aggregator
@@ -430,6 +442,75 @@ TEST(DataPlaneValidation, AMemberCannotPushAsAnotherRank) {
   EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 2);
   EXPECT_EQ(TwoWorkerRound(clients, 10, 20), std::make_pair(30.0f, 30.0f));
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+// Per-worker keys cover results too: the aggregator signs what it sends each member with a key of
+// that member's rank, so no member can sign a result another accepts. Rank 1 here is a socket of
+// the test's own, joined by hand, so it sees the results it is sent as they arrive; rank 0 is a
+// real client. Each result to rank 1 must check out under rank 1's key and not under any key rank
+// 0 holds. With one key for the job (--per-worker-data-keys=false) rank 0's key checks them too,
+// so rank 0 could have forged them.
+TEST(DataPlaneValidation, AMemberCannotSignAResultAnotherAccepts) {
+  for (const bool per_worker : {true, false}) {
+    SCOPED_TRACE(per_worker ? "per-worker keys" : "one key for the job");
+    TestAggregatorOptions ao;
+    ao.limits.per_worker_data_keys = per_worker;
+    auto agg = TestAggregator::Start(ao);
+    ASSERT_NE(agg, nullptr);
+    std::unique_ptr<Transport> rank1 = TestSocket();
+    ASSERT_NE(rank1, nullptr);
+    std::future<absl::StatusOr<std::unique_ptr<Client>>> rank0 =
+        std::async(std::launch::async, [&] { return Client::Connect(Opts(agg->address(), "forge-result", 2, 0)); });
+    v1::JoinRequest req;
+    req.set_job_name("forge-result");
+    req.set_world_size(2);
+    req.set_rank(1);
+    req.set_chunk_bytes(1024);
+    req.set_data_host("127.0.0.1");
+    req.set_data_port(rank1->local_address().port);
+    req.set_worker_keys(true);
+    v1::JoinResponse joined;
+    auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(agg->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status st = stub->Join(&ctx, req, &joined);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    absl::StatusOr<std::unique_ptr<Client>> client = rank0.get();
+    ASSERT_TRUE(client.ok()) << client.status();
+    std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("forge-result"));
+    ASSERT_NE(job, nullptr);
+    const wire::MacKey mine = KeyOf(joined.data_key());
+    const wire::MacKey signs = joined.worker_key().empty() ? mine : KeyOf(joined.worker_key());
+    const v1::HeartbeatResponse other = HeldKeys(*agg, *job, 0);
+    EXPECT_EQ(KeyOf(other.data_key()) == mine, !per_worker);
+
+    std::vector<float> d0(500, 1.0f);
+    auto f0 = (*client)->AllReduce(3, absl::MakeSpan(d0));
+    for (uint32_t chunk : {0u, 1u}) SendPush(*rank1, *agg, *job, signs, 1, 0, 2.0f, 1, chunk);
+    ASSERT_TRUE(f0.get().ok());
+    EXPECT_EQ(d0, std::vector<float>(500, 3.0f));
+
+    std::set<uint32_t> results;
+    std::vector<InMessage> in;
+    for (const absl::Time end = absl::Now() + absl::Seconds(5); results.size() < 2 && absl::Now() < end;) {
+      ASSERT_TRUE(rank1->Receive(&in, absl::Milliseconds(100)).ok());
+      for (const InMessage& m : in) {
+        wire::Header h;
+        const absl::Span<const uint8_t> datagram(m.data, m.len);
+        ASSERT_EQ(wire::ParseHeader(datagram, &h), wire::Reject::kNone);
+        if (h.type != wire::MsgType::kResult) continue;
+        ASSERT_TRUE(h.flags & wire::kFlagMac);
+        EXPECT_TRUE(wire::VerifyMac(mine, datagram, h.payload_len)) << "chunk " << h.chunk;
+        for (const std::string& held : {other.data_key(), other.worker_key()}) {
+          if (held.empty()) continue;
+          EXPECT_EQ(wire::VerifyMac(KeyOf(held), datagram, h.payload_len), !per_worker) << "chunk " << h.chunk;
+        }
+        results.insert(h.chunk);
+      }
+    }
+    EXPECT_EQ(results, (std::set<uint32_t>{0, 1}));
+    EXPECT_TRUE((*client)->Close().ok());
+  }
 }
 
 // A client from before per-worker keys would sign with the job's shared key and see every packet
@@ -482,7 +563,7 @@ TEST(DataPlaneValidation, RequestsForResultsOnTheirWayAreNotAnsweredAgain) {
   ASSERT_NE(clients[1], nullptr);
   std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("asks-again"));
   ASSERT_NE(job, nullptr);
-  ASSERT_NE(job->key(), nullptr);
+  ASSERT_NE(job->keys(), nullptr);
 
   constexpr uint32_t kChunks = 8, kElems = kChunks * 256;  // 1024-byte chunks of float32
   std::vector<float> d0(kElems, 1.0f);

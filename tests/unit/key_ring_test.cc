@@ -31,7 +31,7 @@ TEST(KeyRing, RotationAcceptsBothKeysUntilEveryMemberHoldsTheNewOneAndTheGraceHa
   const KeyRing::Keys& rolling = ring.Current();
   EXPECT_EQ(rolling.generation, 2u);
   EXPECT_FALSE(rolling.switched);
-  EXPECT_EQ(rolling.send(), Key(10));  // members that have not heard of the new key check this
+  EXPECT_EQ(*rolling.send(0), Key(10));  // members that have not heard of the new key check this
   EXPECT_TRUE(rolling.Verify(old_packet, 16, 0));
   EXPECT_TRUE(rolling.Verify(Signed(rolling.newest->secret), 16, 0));
   EXPECT_FALSE(rolling.Verify(Signed(Key(99)), 16, 0));
@@ -44,7 +44,7 @@ TEST(KeyRing, RotationAcceptsBothKeysUntilEveryMemberHoldsTheNewOneAndTheGraceHa
   EXPECT_TRUE(ring.Advance(joined, t0 + absl::Milliseconds(5), absl::Seconds(1)));
   const KeyRing::Keys& switched = ring.Current();
   EXPECT_TRUE(switched.switched);
-  EXPECT_EQ(switched.send(), switched.newest->results);
+  EXPECT_EQ(*switched.send(0), switched.newest->secret);
   EXPECT_TRUE(switched.Verify(old_packet, 16, 0));  // pushes signed before the switch may be in flight
 
   EXPECT_FALSE(ring.Advance(joined, t0 + absl::Milliseconds(900), absl::Seconds(1)));
@@ -63,30 +63,36 @@ TEST(KeyRing, RotationAcceptsBothKeysUntilEveryMemberHoldsTheNewOneAndTheGraceHa
   EXPECT_NE(ring.Current().newest->secret, settled.newest->secret);
 }
 
-// Per-worker keys: each rank signs with a key derived for it alone, so a member that holds its
-// own keys (and the results key every member holds) cannot sign as another rank, not even during
-// a rotation; the secret itself signs nothing.
-TEST(KeyRing, EachRankSignsWithAKeyOfItsOwnThatNoOtherRankHolds) {
+// Per-worker keys: each rank signs with a key derived for it alone and checks what it is sent with
+// another, so a member that holds its own keys cannot sign as another rank, nor as the aggregator
+// to another rank, not even during a rotation; the secret itself signs nothing.
+TEST(KeyRing, EachRankSignsAndChecksWithKeysOfItsOwnThatNoOtherRankHolds) {
   KeyRing ring(Key(10), 3);
   const KeyRing::Keys& first = ring.Current();
   const KeyRing::Generation& g = *first.newest;
   ASSERT_EQ(g.workers.size(), 3u);
-  EXPECT_EQ(g.results, wire::DeriveMacKey(Key(10), wire::KeyPurpose::kResults, 0));
-  std::vector<wire::MacKey> seen{g.secret, g.results};
+  ASSERT_EQ(g.results.size(), 3u);
+  std::vector<wire::MacKey> seen{g.secret};
   for (uint32_t r = 0; r < 3; ++r) {
     ASSERT_NE(g.worker(r), nullptr);
+    ASSERT_NE(g.result(r), nullptr);
     EXPECT_EQ(*g.worker(r), wire::DeriveMacKey(Key(10), wire::KeyPurpose::kWorker, r));
-    for (const wire::MacKey& k : seen) EXPECT_NE(*g.worker(r), k) << "rank " << r;
-    seen.push_back(*g.worker(r));
+    EXPECT_EQ(*g.result(r), wire::DeriveMacKey(Key(10), wire::KeyPurpose::kResults, r));
+    EXPECT_EQ(first.send(r), g.result(r));
+    for (const wire::MacKey* key : {g.worker(r), g.result(r)}) {
+      for (const wire::MacKey& k : seen) EXPECT_NE(*key, k) << "rank " << r;
+      seen.push_back(*key);
+    }
   }
   EXPECT_EQ(g.worker(3), nullptr);
-  EXPECT_EQ(first.send(), g.results);
+  EXPECT_EQ(g.result(3), nullptr);
+  EXPECT_EQ(first.send(3), nullptr);
 
   const std::vector<uint8_t> from_1 = Signed(*g.worker(1));
   EXPECT_TRUE(first.Verify(from_1, 16, 1));
   EXPECT_FALSE(first.Verify(from_1, 16, 0));  // rank 1's key does not sign for rank 0
   EXPECT_FALSE(first.Verify(from_1, 16, 3));  // nor for a rank the job does not have
-  EXPECT_FALSE(first.Verify(Signed(g.results), 16, 1));
+  EXPECT_FALSE(first.Verify(Signed(*g.result(1)), 16, 1));
   EXPECT_FALSE(first.Verify(Signed(g.secret), 16, 1));
 
   // While a rotation rolls out, each rank's key of either generation signs for that rank only.
@@ -97,13 +103,14 @@ TEST(KeyRing, EachRankSignsWithAKeyOfItsOwnThatNoOtherRankHolds) {
   EXPECT_TRUE(rolling.Verify(Signed(*rolling.newest->worker(1)), 16, 1));
   EXPECT_FALSE(rolling.Verify(Signed(*rolling.newest->worker(1)), 16, 2));
   EXPECT_FALSE(rolling.Verify(Signed(*g.worker(2)), 16, 1));
-  EXPECT_EQ(rolling.send(), g.results);
+  EXPECT_EQ(rolling.send(1), g.result(1));  // until every member holds the new one
+  EXPECT_NE(*rolling.newest->result(1), *g.result(1));
 
   // Without per-worker keys every member signs with the secret, as clients from before expect.
   KeyRing shared(Key(10), 3, /*per_worker=*/false);
   EXPECT_TRUE(shared.Current().newest->workers.empty());
   EXPECT_EQ(*shared.Current().newest->worker(2), Key(10));
-  EXPECT_EQ(shared.Current().send(), Key(10));
+  EXPECT_EQ(*shared.Current().send(2), Key(10));
   EXPECT_TRUE(shared.Current().Verify(Signed(Key(10)), 16, 2));
 }
 
@@ -114,7 +121,7 @@ TEST(KeyRing, AJoinedRankThatNeverHoldsTheNewKeyKeepsTheOldOneSigning) {
   ring.Holds(0, 2);
   ring.Holds(1, 1);  // a heartbeat from before the rotation
   for (int i = 1; i <= 10; ++i) EXPECT_FALSE(ring.Advance({true, true}, t0 + absl::Seconds(i), absl::Seconds(1)));
-  EXPECT_EQ(ring.Current().send(), Key(10));
+  EXPECT_EQ(*ring.Current().send(1), Key(10));
   EXPECT_TRUE(ring.Current().previous != nullptr);
   // Once it leaves, the members left decide.
   EXPECT_TRUE(ring.Advance({true, false}, t0 + absl::Seconds(11), absl::Seconds(1)));
