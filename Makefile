@@ -44,6 +44,7 @@ test-asan: deps
 # (tests/tsan.supp); reports in dlcp's own code still fail the run.
 TSAN_FLAGS = -fsanitize=thread
 TSAN_TESTS = engine_test transport_test round_test loss_tracker_test allreduce_test bounded_loss_test client_errors_test \
+  data_plane_validation_test \
   result_requests_test key_rotation_test key_ring_test \
   failover_test regroup_barrier_test packer_test
 test-tsan: deps

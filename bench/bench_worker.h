@@ -54,6 +54,10 @@ struct WorkerResult {
   std::vector<double> stop_ms;
   uint64_t pull_missing = 0;  // bounded pull: result chunks given up on
   uint32_t retried = 0;       // rounds run again (retry_aborted)
+  // Packets the client dropped (Client::Rejects): late copies of results its rounds no longer
+  // needed (unknown_round), and every other reason.
+  uint64_t stale = 0;
+  uint64_t rejected = 0;
 };
 
 inline constexpr uint32_t kBarrierKey = 0xFFFFFFFFu;

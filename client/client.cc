@@ -323,4 +323,14 @@ uint32_t Client::rank() const { return options_.rank; }
 uint32_t Client::world_size() const { return options_.world_size; }
 uint32_t Client::job_id() const { return session_->job_id(); }
 
+std::map<std::string, uint64_t> Client::Rejects() const {
+  std::map<std::string, uint64_t> out;
+  if (!engine_) return out;
+  const auto counts = engine_->rejects();
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] > 0) out[wire::RejectName(static_cast<wire::Reject>(i))] = counts[i];
+  }
+  return out;
+}
+
 }  // namespace dlcp

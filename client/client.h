@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -218,6 +219,11 @@ class Client {
   uint32_t rank() const;
   uint32_t world_size() const;
   uint32_t job_id() const;
+  // Data packets this client dropped since it connected, by reason (wire::RejectName: bad_mac,
+  // unknown_source, stale_epoch, ...), listing only reasons that occurred. Late copies of results
+  // a round no longer needs count as unknown_round. Any thread, also after Close; never blocks on
+  // the data path.
+  std::map<std::string, uint64_t> Rejects() const;
 
  private:
   Client() = default;

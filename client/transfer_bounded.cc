@@ -208,10 +208,7 @@ void TransferEngine::HandleStop(Op& op, const wire::Header& h, const uint8_t* pa
                                 absl::Time now) {
   absl::StatusOr<wire::StopInfo> stop =
       wire::DecodeStop(absl::MakeConstSpan(payload, h.payload_len), op.geometry.chunk_count());
-  if (!stop.ok()) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
+  if (!stop.ok()) return Reject(wire::Reject::kBadPayload);
   if (op.stopped[from_dest]) return;  // another part, or a repeat
   op.stopped[from_dest] = true;
   --op.stops_pending;

@@ -496,24 +496,25 @@ void TransferEngine::Run() {
 
 void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   wire::Header h;
-  auto src = dest_by_addr_.find(m.from.Pack());
-  if (wire::ParseHeader(absl::MakeConstSpan(m.data, m.len), &h) != wire::Reject::kNone || h.job != options_.job ||
-      h.rank != options_.rank || src == dest_by_addr_.end() || h.epoch != dest_epoch_[src->second]) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
-    return;
+  if (const wire::Reject why = wire::ParseHeader(absl::MakeConstSpan(m.data, m.len), &h); why != wire::Reject::kNone) {
+    return Reject(why);
   }
+  if (h.job != options_.job) return Reject(wire::Reject::kUnknownJob);
+  if (h.rank != options_.rank) return Reject(wire::Reject::kNotMember);
+  auto src = dest_by_addr_.find(m.from.Pack());
+  if (src == dest_by_addr_.end()) return Reject(wire::Reject::kUnknownSource);
   const uint32_t from_dest = src->second;
+  if (h.epoch != dest_epoch_[from_dest]) return Reject(wire::Reject::kStaleEpoch);
   if (const wire::MacKey* key = dest_key_[from_dest]) {
-    if (!(h.flags & wire::kFlagMac) ||
-        !wire::VerifyMacEither(*key, dest_prev_key_[from_dest], absl::MakeConstSpan(m.data, m.len), h.payload_len)) {
-      rejected_.fetch_add(1, std::memory_order_relaxed);
-      return;
+    if (!(h.flags & wire::kFlagMac)) return Reject(wire::Reject::kMissingMac);
+    if (!wire::VerifyMacEither(*key, dest_prev_key_[from_dest], absl::MakeConstSpan(m.data, m.len), h.payload_len)) {
+      return Reject(wire::Reject::kBadMac);
     }
   }
   auto it = ops_.find(h.key);
   Op* op = (it != ops_.end() && it->second->round == h.round) ? it->second.get() : nullptr;
   if (op != nullptr && (h.tensor_elems != op->geometry.tensor_elems || h.chunk_count != op->geometry.chunk_count())) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
+    Reject(wire::Reject::kShapeMismatch);
     return;
   }
   const uint8_t* payload = m.data + wire::kHeaderSize;
@@ -558,7 +559,7 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
       h.round == done->second) {
     return SendDone(h.key, h.round, from_dest, h.tensor_elems, h.chunk_count);
   }
-  rejected_.fetch_add(1, std::memory_order_relaxed);
+  Reject(wire::Reject::kUnknownRound);
 }
 
 void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage& m, absl::Time now) {
@@ -568,12 +569,12 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   // a round whose every push was lost (ε = 1) answers zeros in float32. Either decodes.
   const auto encoding = static_cast<wire::Encoding>(h.encoding);
   if (h.payload_len != op.geometry.bytes(c, wire::EncodingWidth(encoding))) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
+    Reject(wire::Reject::kLengthMismatch);
     return;
   }
   auto from = dest_by_addr_.find(m.from.Pack());
   if (from == dest_by_addr_.end() || from->second != dest) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
+    Reject(wire::Reject::kUnknownSource);
     if (!warned_source_) {
       warned_source_ = true;
       DLCP_LOG(Warning) << "result for chunk " << c << " came from " << m.from.ToString() << ", but that chunk's "
@@ -644,7 +645,7 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
   absl::StatusOr<std::vector<wire::ChunkRange>> ranges =
       wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), op.geometry.chunk_count());
   if (!ranges.ok()) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
+    Reject(wire::Reject::kBadPayload);
     return;
   }
   // An empty NACK: the aggregator lacks part of this worker's manifest.
@@ -804,6 +805,12 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
     op->dests = {};
     last_done_[key] = std::move(op);
   }
+}
+
+std::array<uint64_t, static_cast<size_t>(wire::Reject::kCount)> TransferEngine::rejects() const {
+  std::array<uint64_t, static_cast<size_t>(wire::Reject::kCount)> out{};
+  for (size_t i = 0; i < out.size(); ++i) out[i] = rejects_[i].load(std::memory_order_relaxed);
+  return out;
 }
 
 }  // namespace dlcp

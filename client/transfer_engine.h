@@ -144,6 +144,9 @@ class TransferEngine {
   void UpdateKeys(const std::string& aggregator_id, uint32_t generation, const wire::MacKey& newest,
                   std::optional<wire::MacKey> previous, std::optional<wire::MacKey> worker = std::nullopt);
 
+  // Any thread: the packets the I/O thread dropped so far, by reason (indexed by wire::Reject).
+  std::array<uint64_t, static_cast<size_t>(wire::Reject::kCount)> rejects() const;
+
  private:
   struct KeyUpdate {
     std::string aggregator_id;
@@ -359,7 +362,8 @@ class TransferEngine {
   absl::Time next_tail_ = absl::InfiniteFuture();
   std::atomic<bool> stop_{false};
   std::thread io_;
-  std::atomic<uint64_t> rejected_{0};
+  void Reject(wire::Reject why) { rejects_[static_cast<size_t>(why)].fetch_add(1, std::memory_order_relaxed); }
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(wire::Reject::kCount)> rejects_{};
   bool warned_source_ = false;
 };
 

@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -282,6 +283,7 @@ class PyClient {
   uint32_t rank() const { return Get().rank(); }
   uint32_t world_size() const { return Get().world_size(); }
   uint32_t job_id() const { return Get().job_id(); }
+  std::map<std::string, uint64_t> rejects() const { return Get().Rejects(); }
 
  private:
   const Client& Get() const {
@@ -414,5 +416,6 @@ PYBIND11_MODULE(_dlcp, m) {
       .def("close", &PyClient::Close)
       .def_property_readonly("rank", &PyClient::rank)
       .def_property_readonly("world_size", &PyClient::world_size)
-      .def_property_readonly("job_id", &PyClient::job_id);
+      .def_property_readonly("job_id", &PyClient::job_id)
+      .def("rejects", &PyClient::rejects);
 }

@@ -34,6 +34,7 @@ const char* RejectName(Reject r) {
     case Reject::kMissingMac: return "missing_mac";
     case Reject::kBadMac: return "bad_mac";
     case Reject::kBadEncoding: return "bad_encoding";
+    case Reject::kUnknownSource: return "unknown_source";
     case Reject::kCount: break;
   }
   return "unknown";

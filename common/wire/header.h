@@ -93,6 +93,7 @@ enum class Reject : uint8_t {
   kMissingMac,
   kBadMac,
   kBadEncoding,
+  kUnknownSource,  // not from an address that may send it (a worker: its chunk's aggregator endpoint)
   kCount,
 };
 const char* RejectName(Reject r);

@@ -206,6 +206,52 @@ def test_errors_carry_the_reason(aggregators):
         client.allreduce(1, np.zeros(4, dtype=np.float32))
 
 
+def _own_udp_ports():
+    """The ports of this process's UDP sockets bound to 127.0.0.1 or to any address (from /proc)."""
+    import os
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = []
+    with open("/proc/net/udp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            addr, inode = fields[1], fields[9]
+            if inode in inodes and addr.split(":")[0] in ("0100007F", "00000000"):
+                ports.append(int(addr.split(":")[1], 16))
+    return ports
+
+
+def test_rejects_counts_what_each_client_dropped_by_reason(aggregators):
+    import socket
+    clients = connect_all(aggregators, "rejects", 2, loss_bound=0)
+    try:
+        assert all("truncated" not in c.rejects() for c in clients)
+        # Three bytes to every socket of this process: each client reads one of its own (the
+        # others only send), so each counts exactly one truncated datagram.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for port in _own_udp_ports():
+                s.sendto(b"abc", ("127.0.0.1", port))
+        bufs = [np.ones(1000, dtype=np.float32) for _ in clients]
+        for h in [c.allreduce_async(1, b) for c, b in zip(clients, bufs)]:
+            h.wait(30)
+        assert all((b == 2).all() for b in bufs)
+        for c in clients:
+            rejects = c.rejects()
+            assert rejects.get("truncated") == 1, rejects
+            assert all(isinstance(k, str) and isinstance(v, int) and v > 0 for k, v in rejects.items())
+    finally:
+        for c in clients:
+            c.close()
+    assert clients[0].rejects().get("truncated") == 1  # still there to read once the client is closed
+
+
 def test_pending_op_fails_on_close_and_timeout(aggregators):
     # Rank 0 of a two-worker job whose rank 1 never comes.
     client = dlcp.Client(aggregators=aggregators, job="pending", world_size=2, rank=0, plaintext=True, loss_bound=0,

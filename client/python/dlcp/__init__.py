@@ -144,6 +144,12 @@ class Client:
     def job_id(self):
         return self._inner.job_id
 
+    def rejects(self):
+        """Data packets this client dropped since it connected, by reason ({"bad_mac": 3, ...}):
+        forged or corrupted packets, packets from unknown addresses, late copies of results
+        (unknown_round). Only reasons that occurred are listed. Still readable after close()."""
+        return self._inner.rejects()
+
     def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None, encoding=None,
                         report_classes=False):
         """Starts summing `tensor` over the job's workers, in place. `callback(stats, error)`
