@@ -140,18 +140,30 @@ void SendPush(Transport& tx, TestAggregator& agg, const server::Job& job, const 
   for (int i = 0; i < copies; ++i) ASSERT_TRUE(tx.Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
 }
 
+// An aggregator, and both ranks of two-worker job `name` connected to it.
+struct TwoWorkers {
+  std::unique_ptr<TestAggregator> agg;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::shared_ptr<server::Job> job;
+};
+void StartTwoWorkers(const std::string& name, const TestAggregatorOptions& options, TwoWorkers* out) {
+  out->agg = TestAggregator::Start(options);
+  ASSERT_NE(out->agg, nullptr);
+  out->clients = ConnectAll(out->agg->address(), name, 2);
+  ASSERT_NE(out->clients[0], nullptr);
+  ASSERT_NE(out->clients[1], nullptr);
+  out->job = out->agg->jobs().Find(server::JobIdForName(name));
+  ASSERT_NE(out->job, nullptr);
+}
+
 // A member's genuine, correctly signed packet of a finished round, sent again later (a replay),
 // must change nothing: it is counted as stale and the next rounds stay exact.
 TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
-  auto agg = TestAggregator::Start({});
-  ASSERT_NE(agg, nullptr);
-  std::vector<std::unique_ptr<Client>> clients = ConnectAll(agg->address(), "replay", 2);
-  ASSERT_NE(clients[0], nullptr);
-  ASSERT_NE(clients[1], nullptr);
+  TwoWorkers w;
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkers("replay", {}, &w));
+  auto& [agg, clients, job] = w;
   EXPECT_EQ(TwoWorkerRound(clients, 1, 2), std::make_pair(3.0f, 3.0f));
   EXPECT_EQ(TwoWorkerRound(clients, 10, 20), std::make_pair(30.0f, 30.0f));
-  std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("replay"));
-  ASSERT_NE(job, nullptr);
   ASSERT_NE(job->keys(), nullptr);
   const double stale_before = agg->Counter("dlcp_stale_packets_total");
   // Rank 0's round-0 push of chunk 0 exactly as it was sent, signed with rank 0's key.
@@ -192,14 +204,10 @@ wire::MacKey KeyOf(const std::string& bytes) {
 // rank 1's own. (With one key for the whole job the forgery would be summed, and rank 1's real
 // push dropped as a duplicate.)
 TEST(DataPlaneValidation, AMemberCannotPushAsAnotherRank) {
-  auto agg = TestAggregator::Start({});
-  ASSERT_NE(agg, nullptr);
-  std::vector<std::unique_ptr<Client>> clients = ConnectAll(agg->address(), "impersonate", 2);
-  ASSERT_NE(clients[0], nullptr);
-  ASSERT_NE(clients[1], nullptr);
+  TwoWorkers w;
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkers("impersonate", {}, &w));
+  auto& [agg, clients, job] = w;
   EXPECT_EQ(TwoWorkerRound(clients, 1, 2), std::make_pair(3.0f, 3.0f));
-  std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("impersonate"));
-  ASSERT_NE(job, nullptr);
 
   // What rank 0 holds, as its heartbeats hand it out.
   v1::HeartbeatResponse held = HeldKeys(*agg, *job, 0);
@@ -357,13 +365,9 @@ TEST(DataPlaneValidation, AClientCountsWhatItDropsAndRefusesAResultForgedByAnoth
     SCOPED_TRACE(per_worker ? "per-worker keys" : "one key for the job");
     TestAggregatorOptions ao;
     ao.limits.per_worker_data_keys = per_worker;
-    auto agg = TestAggregator::Start(ao);
-    ASSERT_NE(agg, nullptr);
-    std::vector<std::unique_ptr<Client>> clients = ConnectAll(agg->address(), "forged-result", 2);
-    ASSERT_NE(clients[0], nullptr);
-    ASSERT_NE(clients[1], nullptr);
-    std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("forged-result"));
-    ASSERT_NE(job, nullptr);
+    TwoWorkers w;
+    ASSERT_NO_FATAL_FAILURE(StartTwoWorkers("forged-result", ao, &w));
+    auto& [agg, clients, job] = w;
     const Address victim = job->members[1].address();
     const wire::MacKey held = KeyOf(HeldKeys(*agg, *job, 0).data_key());  // rank 0's results key
 
@@ -460,13 +464,9 @@ TEST(DataPlaneValidation, AClientFromBeforeWorkerKeysIsRefusedAtJoinNamingTheSwi
 TEST(DataPlaneValidation, RequestsForResultsOnTheirWayAreNotAnsweredAgain) {
   TestAggregatorOptions ao;
   ao.repair_timeout = absl::Seconds(3);  // the interval follows the round's pace, up to this
-  auto agg = TestAggregator::Start(ao);
-  ASSERT_NE(agg, nullptr);
-  std::vector<std::unique_ptr<Client>> clients = ConnectAll(agg->address(), "asks-again", 2);
-  ASSERT_NE(clients[0], nullptr);
-  ASSERT_NE(clients[1], nullptr);
-  std::shared_ptr<server::Job> job = agg->jobs().Find(server::JobIdForName("asks-again"));
-  ASSERT_NE(job, nullptr);
+  TwoWorkers w;
+  ASSERT_NO_FATAL_FAILURE(StartTwoWorkers("asks-again", ao, &w));
+  auto& [agg, clients, job] = w;
   ASSERT_NE(job->keys(), nullptr);
 
   constexpr uint32_t kChunks = 8, kElems = kChunks * 256;  // 1024-byte chunks of float32

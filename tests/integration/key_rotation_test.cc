@@ -14,6 +14,7 @@
 #include "common/wire/header.h"
 #include "common/wire/mac.h"
 #include "server/jobs/job_registry.h"
+#include "tests/integration/client_test_util.h"
 #include "tests/integration/test_aggregator.h"
 
 namespace dlcp::testing {
@@ -22,20 +23,11 @@ namespace {
 constexpr int kWorkers = 3;
 constexpr uint32_t kElems = 3000;  // 12 chunks of 1 KiB: 6 on each aggregator
 
-ClientOptions Opts(std::vector<std::string> aggs, uint32_t rank) {
-  ClientOptions o;
+ClientOptions RotatingOpts(std::vector<std::string> aggs, uint32_t rank) {
+  ClientOptions o = Opts(aggs[0], "rotating", kWorkers, rank);
   o.aggregators = std::move(aggs);
-  o.job_name = "rotating";
-  o.world_size = kWorkers;
-  o.rank = rank;
-  o.chunk_bytes = 1024;
-  o.tls.plaintext = true;
-  o.transport.bind_host = "127.0.0.1";
-  o.rpc_timeout = absl::Seconds(2);
   o.op_timeout = absl::Seconds(10);
-  o.repair_timeout = absl::Milliseconds(10);
   o.heartbeat_interval = absl::Milliseconds(50);
-  o.loss_bound = 0;
   return o;
 }
 
@@ -66,7 +58,7 @@ TEST(KeyRotation, RoundsRunOnThroughTwoRotationsAndTheFirstKeyStopsWorking) {
     std::vector<std::thread> joins;
     for (int r = 0; r < kWorkers; ++r) {
       joins.emplace_back([&, r] {
-        if (auto c = Client::Connect(Opts(addresses, r)); c.ok()) clients[r] = std::move(*c);
+        if (auto c = Client::Connect(RotatingOpts(addresses, r)); c.ok()) clients[r] = std::move(*c);
       });
     }
     for (auto& j : joins) j.join();
