@@ -17,7 +17,8 @@
 # SCENARIOS ("half equal cross") picks which run.
 # Which path each unsprayed flow takes depends on its ephemeral ports, so each configuration runs
 # TRIALS times with fresh processes (fresh ports); the table gives the medians. Prints one JSON
-# line per run, then a ratio table. Env: RATE (Mbit/s of path 1, 400), TENSOR, TENSORS, ROUNDS,
+# line per run (with the busiest spine's share of each direction's bytes and each spine port's
+# drops during it), then a ratio table. Env: RATE (Mbit/s of path 1, 400), TENSOR, TENSORS, ROUNDS,
 # WINDOW, SPRAY (16), TRIALS (3), MTU (1500) with CHUNK (1400; 8192 with MTU=9000), BENCH_FLAGS
 # (more dlcp-bench flags, e.g. --reliable-fraction=1.0). Needs root.
 #   bench/netbed_spray.sh [BUILD_DIR]
@@ -71,22 +72,40 @@ run() {  # SCENARIO SPRAY TRIAL: AGGS aggregators and WORKERS workers, one JSON 
   local scenario=$1 spray=$2 trial=$3
   netbed_aggregators "$BUILD" "$AGG_HOSTS" --transport=udp --spray-ports="$spray" || return 0
   [[ $scenario == cross ]] && cross_start
+  "$MP" bytes >"$work/bytes.before"
+  "$MP" drops >"$work/drops.before"
   # shellcheck disable=SC2086
   netbed_workers "$BUILD" "$work/$scenario-$spray" "$WORKER_HOSTS" --job="$scenario-$spray-$trial" --transport=udp \
     --spray-ports="$spray" --tensor-bytes="$TENSOR" --tensors="$TENSORS" --chunk-bytes="$CHUNK" --rounds="$ROUNDS" \
     --warmup=1 --loss-bound=0 --window-bytes="$WINDOW" --timeout-s=600 ${BENCH_FLAGS:-}
+  "$MP" bytes >"$work/bytes.after"
+  "$MP" drops >"$work/drops.after"
   [[ $scenario == cross ]] && cross_stop
   netbed_stop_aggregators
   local rows
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/$scenario-$spray" "$WORKERS" "$scenario spray $spray")
-  python3 - "$rows" "$scenario" "$spray" "$trial" >>"$work/results.jsonl" <<'PY'
+  python3 - "$rows" "$scenario" "$spray" "$trial" "$work" >>"$work/results.jsonl" <<'PY'
 import json, sys
 rows = json.loads(sys.argv[1])
 if None in rows:
     sys.exit(0)
+def counters(path):  # "s1 to_aggregators=N to_workers=M" per spine
+    out = {}
+    for line in open(path):
+        spine, *kv = line.split()
+        out[spine] = {k: int(v) for k, v in (f.split("=") for f in kv)}
+    return out
+def delta(name):
+    before, after = counters(f"{sys.argv[5]}/{name}.before"), counters(f"{sys.argv[5]}/{name}.after")
+    return {s: {d: after[s][d] - before[s][d] for d in after[s]} for s in after}
+sent, dropped = delta("bytes"), delta("drops")
+# Per direction, the busiest spine's share of the bytes both spines carried (0.5: even).
+share = {d: round(max(v[d] for v in sent.values()) / max(1, sum(v[d] for v in sent.values())), 3)
+         for d in ("to_aggregators", "to_workers")}
 print(json.dumps({"scenario": sys.argv[2], "spray_ports": int(sys.argv[3]), "trial": int(sys.argv[4]),
                   "p50_ms": max(r["p50_ms"] for r in rows), "p99_ms": max(r["p99_ms"] for r in rows),
-                  "retransmits": sum(r["retransmits"] for r in rows), "exact": all(r["exact"] for r in rows)}))
+                  "retransmits": sum(r["retransmits"] for r in rows), "exact": all(r["exact"] for r in rows),
+                  "busiest_spine_share": share, "spine_drops": dropped}))
 PY
   tail -1 "$work/results.jsonl"
 }
