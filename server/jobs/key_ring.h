@@ -18,7 +18,7 @@
 // Threading: Rotate, Holds and Advance run on control threads and serialize on the ring's mutex.
 // Data threads call Current() once per packet: one atomic load, never blocking. Snapshots are
 // immutable and kept for the ring's lifetime (a few dozen bytes per phase; the keys of a
-// generation, 32 bytes per rank, are shared by its snapshots), so a pointer a data thread loaded
+// generation, 64 bytes per rank, are shared by its snapshots), so a pointer a data thread loaded
 // stays valid however long it is preempted.
 #pragma once
 
