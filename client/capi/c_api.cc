@@ -177,6 +177,15 @@ int dlcp_allreduce(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_rou
   return dlcp_op_wait(op, 0, stats, err, err_len);
 }
 
+uint64_t dlcp_rejects(const dlcp_client* c, const char* reason) {
+  if (c == nullptr) return 0;
+  uint64_t n = 0;
+  for (const auto& [name, count] : c->client->Rejects()) {
+    if (reason == nullptr || name == reason) n += count;
+  }
+  return n;
+}
+
 int dlcp_close(dlcp_client* c, char* err, size_t err_len) {
   if (c == nullptr) return 0;
   absl::Status s = c->client->Close();

@@ -74,6 +74,11 @@ int dlcp_op_wait(dlcp_op* op, uint32_t timeout_ms, dlcp_round_stats* stats, char
 /* Blocking convenience: start and wait for the op's own deadline. */
 int dlcp_allreduce(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_round_stats* stats, char* err,
                    size_t err_len);
+/* Data packets this client dropped since it connected: those dropped for `reason` (a name as in
+ * the aggregator's dlcp_rejects_total, e.g. "bad_mac", "unknown_source", or "unknown_round" for
+ * late copies of results, normal under loss), or all of them for NULL. 0 for a NULL client or a
+ * reason that never occurred. Any thread. */
+uint64_t dlcp_rejects(const dlcp_client* c, const char* reason);
 /* Leaves the job and frees the client. */
 int dlcp_close(dlcp_client* c, char* err, size_t err_len);
 

@@ -1,13 +1,65 @@
 /* Exercises the C API from C: two workers (threads) sum a tensor through a real dlcpd, and bad
  * calls return nonzero codes with messages. Usage: c_api_smoke HOST:PORT. Exit 0 on success. */
+#define _POSIX_C_SOURCE 200809L /* pthread barriers and readlink under -std=c11 */
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "client/capi/dlcp.h"
 
 static const char* g_agg;
+static pthread_barrier_t g_connected, g_poked;
+
+/* Sends three bytes to every UDP socket of this process bound to 127.0.0.1 or to any address
+ * (found through /proc): each client reads one of its sockets (the others only send), and must
+ * count one truncated datagram. Returns how many it sent to, or -1. */
+static int poke_own_udp_sockets(void) {
+  unsigned long inodes[512];
+  int n = 0, sent = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == NULL) return -1;
+  struct dirent* e;
+  while ((e = readdir(dir)) != NULL && n < 512) {
+    char path[300], link[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    ssize_t len = readlink(path, link, sizeof(link) - 1);
+    if (len <= 0) continue;
+    link[len] = 0;
+    if (sscanf(link, "socket:[%lu]", &inodes[n]) == 1) ++n;
+  }
+  closedir(dir);
+  FILE* f = fopen("/proc/net/udp", "r");
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  char line[512];
+  if (f == NULL || fd < 0 || fgets(line, sizeof(line), f) == NULL) return -1; /* the header line */
+  while (fgets(line, sizeof(line), f) != NULL) {
+    unsigned addr, port;
+    unsigned long inode;
+    /* sl local rem st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ... */
+    if (sscanf(line, " %*d: %X:%X %*X:%*X %*X %*X:%*X %*X:%*X %*X %*d %*d %lu", &addr, &port, &inode) != 3) continue;
+    if (addr != 0x0100007Fu && addr != 0) continue;
+    for (int i = 0; i < n; ++i) {
+      if (inodes[i] != inode) continue;
+      struct sockaddr_in to;
+      memset(&to, 0, sizeof(to));
+      to.sin_family = AF_INET;
+      to.sin_port = htons((uint16_t)port);
+      to.sin_addr.s_addr = htonl(0x7f000001u);
+      if (sendto(fd, "abc", 3, 0, (struct sockaddr*)&to, sizeof(to)) == 3) ++sent;
+      break;
+    }
+  }
+  fclose(f);
+  close(fd);
+  return sent;
+}
 
 struct worker {
   uint32_t rank;
@@ -30,10 +82,16 @@ static void* run(void* arg) {
   o.plaintext = 1;
   dlcp_client* c = NULL;
   /* bfloat16 payloads: every value and sum here is a small integer, exact in 8 bits of mantissa. */
-  if (dlcp_connect_with(&o, "payload_encoding=bf16, on_aggregator_loss=fail, adaptive_window=true, path_steering=false, nack_filter=true, pacing=true", &c, err, sizeof(err)) != 0) {
-    fprintf(stderr, "rank %u connect: %s\n", w->rank, err);
-    return NULL;
+  const int connected = dlcp_connect_with(&o, "payload_encoding=bf16, on_aggregator_loss=fail, adaptive_window=true, path_steering=false, nack_filter=true, pacing=true", &c, err, sizeof(err)) == 0;
+  if (!connected) fprintf(stderr, "rank %u connect: %s\n", w->rank, err);
+  /* Every client counts what it drops: three bytes to each of them before the rounds. Both ranks
+   * pass both barriers, connected or not, so neither waits for good. */
+  pthread_barrier_wait(&g_connected);
+  if (w->rank == 0 && connected && poke_own_udp_sockets() < 2) {
+    fprintf(stderr, "rank 0: could not reach the clients' sockets\n");
   }
+  pthread_barrier_wait(&g_poked);
+  if (!connected) return NULL;
   float data[1000];
   for (int round = 0; round < 3; ++round) {
     for (int i = 0; i < 1000; ++i) data[i] = (float)(i % 17 + w->rank * 100 + round);
@@ -83,6 +141,13 @@ static void* run(void* arg) {
   if (dlcp_allreduce_start(c, 7, data, 0, &op, err, sizeof(err)) != 0 ||
       dlcp_op_wait(op, 1000, NULL, err, sizeof(err)) != 3 || strlen(err) == 0) {
     fprintf(stderr, "rank %u: empty tensor was not refused\n", w->rank);
+    return NULL;
+  }
+  /* The rounds' results came in on the same socket after the three bytes, so they were read. */
+  if (dlcp_rejects(c, "truncated") != 1 || dlcp_rejects(c, NULL) < 1 || dlcp_rejects(c, "no_such_reason") != 0 ||
+      dlcp_rejects(NULL, NULL) != 0) {
+    fprintf(stderr, "rank %u: dropped packets miscounted: %llu truncated, %llu in all\n", w->rank,
+            (unsigned long long)dlcp_rejects(c, "truncated"), (unsigned long long)dlcp_rejects(c, NULL));
     return NULL;
   }
   if (dlcp_close(c, err, sizeof(err)) != 0) {
@@ -136,6 +201,8 @@ int main(int argc, char** argv) {
     fprintf(stderr, "an unknown setting was not refused: %s\n", err);
     return 1;
   }
+  pthread_barrier_init(&g_connected, NULL, 2);
+  pthread_barrier_init(&g_poked, NULL, 2);
   struct worker w[2] = {{0, 0}, {1, 0}};
   pthread_t t[2];
   for (int i = 0; i < 2; ++i) pthread_create(&t[i], NULL, run, &w[i]);
