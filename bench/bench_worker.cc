@@ -244,7 +244,9 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     }
     if (config.progress) Progress(round + 1, std::max(total_rounds, round + 1));
   }
-  for (const auto& [reason, count] : (*client)->Rejects()) (reason == "unknown_round" ? result.stale : result.rejected) += count;
+  for (const auto& [reason, count] : (*client)->Rejects()) {
+    (reason == "unknown_round" ? result.stale : result.rejected) += count;
+  }
   if (absl::Status s = (*client)->Close(); !s.ok()) return s;
   return result;
 }
