@@ -114,12 +114,13 @@ TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
   EXPECT_GT(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);
 }
 
-// Sends `copies` of a push of `chunk` of key 3 (as TwoWorkerRound runs it) for `round` as
-// `rank`, every value `value`, signed with `key`, from `tx`.
-void SendPush(Transport& tx, TestAggregator& agg, const server::Job& job, const wire::MacKey& key, uint16_t rank,
-              uint32_t round, float value, int copies, uint32_t chunk = 0) {
+// A datagram of `type` for `chunk` of key 3 (as TwoWorkerRound runs it) in `round`, to or from
+// `rank`, every value `value`, signed with `key`: header, payload and MAC trailer. A result says
+// both workers contributed.
+std::vector<uint8_t> Key3Datagram(wire::MsgType type, const server::Job& job, const wire::MacKey& key, uint16_t rank,
+                                  uint32_t round, uint32_t chunk, float value) {
   wire::Header h;
-  h.type = wire::MsgType::kPush;
+  h.type = type;
   h.priority = 1;
   h.job = job.id;
   h.key = 3;
@@ -129,14 +130,23 @@ void SendPush(Transport& tx, TestAggregator& agg, const server::Job& job, const 
   h.tensor_elems = 500;
   h.rank = rank;
   h.epoch = job.epoch;
+  if (type == wire::MsgType::kResult) h.contributors = 2;
+  h.flags = wire::kFlagMac;
   std::vector<float> values(chunk == 0 ? 256 : 244, value);
   h.payload_len = static_cast<uint32_t>(values.size() * sizeof(float));
-  h.flags = wire::kFlagMac;
-  uint8_t header[wire::kHeaderSize], tag[wire::kMacSize];
-  wire::EncodeHeader(h, header);
-  wire::ComputeMac(key, header, reinterpret_cast<uint8_t*>(values.data()), h.payload_len, tag);
-  OutMessage m{agg.data().endpoints()[0], 1, header, wire::kHeaderSize, reinterpret_cast<uint8_t*>(values.data()),
-               h.payload_len, tag, wire::kMacSize};
+  std::vector<uint8_t> d(wire::kHeaderSize + h.payload_len + wire::kMacSize);
+  wire::EncodeHeader(h, d.data());
+  std::memcpy(d.data() + wire::kHeaderSize, values.data(), h.payload_len);
+  wire::ComputeMac(key, d.data(), d.data() + wire::kHeaderSize, h.payload_len, d.data() + wire::kHeaderSize + h.payload_len);
+  return d;
+}
+
+// Sends `copies` of a push of `chunk` of key 3 for `round` as `rank`, every value `value`, signed
+// with `key`, from `tx`.
+void SendPush(Transport& tx, TestAggregator& agg, const server::Job& job, const wire::MacKey& key, uint16_t rank,
+              uint32_t round, float value, int copies, uint32_t chunk = 0) {
+  const std::vector<uint8_t> d = Key3Datagram(wire::MsgType::kPush, job, key, rank, round, chunk, value);
+  OutMessage m{agg.data().endpoints()[0], 1, d.data(), d.size()};
   for (int i = 0; i < copies; ++i) ASSERT_TRUE(tx.Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
 }
 
@@ -328,32 +338,6 @@ bool SendSpoofed(const Address& from, const Address& to, const std::vector<uint8
   return n == static_cast<ssize_t>(packet.size());
 }
 
-// A result of round 0 of key 3 (as TwoWorkerRound runs it) for `chunk` to `rank`, every value
-// `value`, signed with `key`: header, payload and MAC trailer, as one datagram.
-std::vector<uint8_t> ForgedResult(const server::Job& job, const wire::MacKey& key, uint16_t rank, uint32_t chunk,
-                                  float value) {
-  wire::Header h;
-  h.type = wire::MsgType::kResult;
-  h.priority = 1;
-  h.job = job.id;
-  h.key = 3;
-  h.round = 0;
-  h.chunk = chunk;
-  h.chunk_count = 2;
-  h.tensor_elems = 500;
-  h.rank = rank;
-  h.epoch = job.epoch;
-  h.contributors = 2;
-  h.flags = wire::kFlagMac;
-  std::vector<float> values(chunk == 0 ? 256 : 244, value);
-  h.payload_len = static_cast<uint32_t>(values.size() * sizeof(float));
-  std::vector<uint8_t> d(wire::kHeaderSize + h.payload_len + wire::kMacSize);
-  wire::EncodeHeader(h, d.data());
-  std::memcpy(d.data() + wire::kHeaderSize, values.data(), h.payload_len);
-  wire::ComputeMac(key, d.data(), d.data() + wire::kHeaderSize, h.payload_len, d.data() + wire::kHeaderSize + h.payload_len);
-  return d;
-}
-
 // What a client drops it counts by reason (Client::Rejects), and a result forged by another
 // member is one of those drops even when it comes from the aggregator's own address. Rank 1 has
 // its round in flight; rank 0 sends it, with the results key rank 0 holds, a complete result of
@@ -387,14 +371,15 @@ TEST(DataPlaneValidation, AClientCountsWhatItDropsAndRefusesAResultForgedByAnoth
     std::unique_ptr<Transport> tx = TestSocket();
     ASSERT_NE(tx, nullptr);
     std::vector<std::vector<uint8_t>> own{{1, 2, 3}};  // truncated
-    for (uint32_t chunk : {0u, 1u}) own.push_back(ForgedResult(*job, held, 1, chunk, 1000.0f));
+    for (uint32_t chunk : {0u, 1u}) own.push_back(Key3Datagram(wire::MsgType::kResult, *job, held, 1, 0, chunk, 1000.0f));
     for (const std::vector<uint8_t>& d : own) {
       OutMessage m{victim, 1, d.data(), d.size()};
       ASSERT_TRUE(tx->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
     }
     bool spoofed = true;
     for (uint32_t chunk : {0u, 1u}) {
-      spoofed = spoofed && SendSpoofed(agg->data().endpoints()[0], victim, ForgedResult(*job, held, 1, chunk, 1000.0f));
+      spoofed = spoofed && SendSpoofed(agg->data().endpoints()[0], victim,
+                                       Key3Datagram(wire::MsgType::kResult, *job, held, 1, 0, chunk, 1000.0f));
     }
     if (per_worker) {
       std::map<std::string, uint64_t> expected{{"truncated", 1}, {"unknown_source", 2}};
