@@ -45,6 +45,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddBool("nack-filter", true, "a NACKed push that may still be on its way goes again only when asked again");
   c->AddBool("pacing", true, "pushes to an endpoint leave spread at twice the rate its results come back");
   c->AddInt("op-timeout-ms", 60000, 1, 3600000, "deadline of each AllReduce");
+  c->AddInt("rpc-timeout-ms", 5000, 1, 600000, "deadline of each control call (join, heartbeat, leave)");
   c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence before asking for missing results");
   c->AddInt("timeout-s", 600, 1, 86400, "spawn mode: kill the workers after this long");
   c->AddString("data-host", "", "address aggregators send results to; empty: as they see us");
@@ -96,6 +97,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.client.nack_filter = c.GetBool("nack-filter");
   w.client.pacing = c.GetBool("pacing");
   w.client.op_timeout = absl::Milliseconds(c.GetInt("op-timeout-ms"));
+  w.client.rpc_timeout = absl::Milliseconds(c.GetInt("rpc-timeout-ms"));
   w.client.repair_timeout = absl::Milliseconds(c.GetInt("repair-timeout-ms"));
   w.client.data_host = c.GetString("data-host");
   w.client.transport.bind_host = w.client.data_host.empty() ? "0.0.0.0" : w.client.data_host;
