@@ -3,8 +3,13 @@
 # interface (10.0.0.1), runs a guest script there as root, and copies back what it writes.
 # It lets the RDMA transport run against real verbs on a machine without RDMA hardware.
 #
-#   rxevm.sh [--copy PATH]... [--out DIR] [--cache DIR] [--timeout S] -f GUEST_SCRIPT
+#   rxevm.sh [--copy PATH]... [--out DIR] [--cache DIR] [--timeout S] [--nic TAP,IP/LEN,GW] -f GUEST_SCRIPT
 #
+# - --nic gives the VM a virtio NIC on the host's tap device TAP (made beforehand, e.g. with
+#   `ip tuntap add TAP mode tap`, in the network namespace this script runs in), addressed
+#   IP/LEN with its default route via GW, and puts rxe0 on it instead of the dummy interface:
+#   RoCEv2 packets then leave the VM and cross whatever the host builds behind TAP (a multipath
+#   fabric: bench/rdma_multipath.sh).
 # - The guest kernel is Debian's linux-image-amd64, fetched with `apt-get download` into the
 #   cache and unpacked (never installed); the initramfs is busybox plus the kernel modules rxe
 #   needs and the host's libibverbs with its rxe provider.
@@ -18,7 +23,7 @@
 set -euo pipefail
 
 CACHE=${DLCP_RXEVM_CACHE:-/var/tmp/dlcp-rxevm}
-TIMEOUT=600 BOOT_TIMEOUT=90 SCRIPT= OUT_DIR=
+TIMEOUT=600 BOOT_TIMEOUT=90 SCRIPT= OUT_DIR= NIC=
 COPIES=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -27,6 +32,7 @@ while [ $# -gt 0 ]; do
     --out) OUT_DIR=$2; shift 2 ;;
     --cache) CACHE=$2; shift 2 ;;
     --timeout) TIMEOUT=$2; shift 2 ;;
+    --nic) NIC=$2; shift 2 ;;
     *) echo "rxevm: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -90,7 +96,7 @@ build_base() {
     basename "$p" >> "$root/rxevm/modules/order"
     order="$order$m "
   }
-  for m in crc32_generic rdma_rxe ib_uverbs dummy; do add_mod "$m"; done
+  for m in crc32_generic rdma_rxe ib_uverbs dummy virtio_pci virtio_net; do add_mod "$m"; done
   cp /bin/busybox "$root/usr/bin/busybox"
   stage_with_deps /usr/bin/rdma "$root"
   stage_with_deps "/usr/lib/$MA/libibverbs.so.1" "$root"  # what dlcp dlopen()s
@@ -111,9 +117,18 @@ fail() { say "SETUP FAILED: $*"; echo "RXEVM_EXIT_STATUS=125"; poweroff -f; }
 say "up $(cut -d' ' -f1 /proc/uptime)s"
 for m in $(cat /rxevm/modules/order); do insmod /rxevm/modules/$m || fail "insmod $m"; done
 ip link set lo up
-ip link add dummy0 type dummy 2>/dev/null; ip link set dummy0 up
-ip addr add 10.0.0.1/24 dev dummy0
-rdma link add rxe0 type rxe netdev dummy0 || fail "rdma link add"
+if [ -s /rxevm/nic ]; then  # --nic: "IP/LEN GW" on the virtio NIC
+  read -r NIC_ADDR NIC_GW < /rxevm/nic
+  DEV=eth0 IP=${NIC_ADDR%/*}
+  ip link set $DEV up || fail "no NIC eth0"
+  ip addr add $NIC_ADDR dev $DEV
+  ip route add default via $NIC_GW
+else
+  DEV=dummy0 IP=10.0.0.1
+  ip link add dummy0 type dummy 2>/dev/null; ip link set dummy0 up
+  ip addr add 10.0.0.1/24 dev dummy0
+fi
+rdma link add rxe0 type rxe netdev $DEV || fail "rdma link add"
 G=/sys/class/infiniband/rxe0/ports/1; i=0; GIDX=
 while [ $i -lt 100 ] && [ -z "$GIDX" ]; do
   for f in $G/gids/*; do
@@ -125,8 +140,8 @@ while [ $i -lt 100 ] && [ -z "$GIDX" ]; do
 done
 [ -n "$GIDX" ] || fail "no IPv4 RoCEv2 GID on rxe0"
 ulimit -l unlimited
-export RXE_DEV=rxe0 RXE_IP=10.0.0.1 RXE_GID_INDEX=$GIDX
-say "rxe0 ready on dummy0 10.0.0.1, RoCEv2 GID index $GIDX"
+export RXE_DEV=rxe0 RXE_IP=$IP RXE_NETDEV=$DEV RXE_GID_INDEX=$GIDX
+say "rxe0 ready on $DEV $IP, RoCEv2 GID index $GIDX"
 cd /
 sh -e /rxevm/cmd.sh
 rc=$?
@@ -153,6 +168,15 @@ cleanup() { [ -n "$QPID" ] && kill "$QPID" 2>/dev/null; rm -rf "$WORK"; }
 trap cleanup EXIT
 mkdir -p "$WORK/root/rxevm"
 cp "$SCRIPT" "$WORK/root/rxevm/cmd.sh"
+NET_ARGS=(-net none)
+if [ -n "$NIC" ]; then
+  IFS=, read -r NIC_TAP NIC_ADDR NIC_GW <<< "$NIC"
+  [ -n "$NIC_TAP" ] && [ -n "$NIC_ADDR" ] && [ -n "$NIC_GW" ] || { echo "rxevm: --nic wants TAP,IP/LEN,GW" >&2; exit 2; }
+  echo "$NIC_ADDR $NIC_GW" > "$WORK/root/rxevm/nic"
+  # A MAC of the address's own, so VMs on one fabric differ.
+  NIC_MAC=$(printf '52:54:00:%02x:%02x:%02x' $(echo "${NIC_ADDR%/*}" | awk -F. '{print $2, $3, $4}'))
+  NET_ARGS=(-netdev "tap,id=n0,ifname=$NIC_TAP,script=no,downscript=no" -device "virtio-net-pci,netdev=n0,mac=$NIC_MAC")
+fi
 for c in "${COPIES[@]+"${COPIES[@]}"}"; do
   if [ -d "$c" ]; then
     while IFS= read -r -d '' f; do stage_with_deps "$f" "$WORK/root"; done < <(find "$(readlink -f "$c")" -type f -print0)
@@ -170,10 +194,10 @@ log "booting ($ACCEL)"
 timeout -k 5 "$TIMEOUT" qemu-system-x86_64 -accel "$ACCEL" -cpu "$CPU" -smp 2 -m 1024 -nodefaults -no-reboot \
   -display none -kernel "$CACHE/vmlinuz" -initrd "$WORK/initrd.gz" \
   -append "console=ttyS0 panic=-1 rdinit=/init quiet loglevel=3" \
-  -serial "file:$WORK/console.log" -serial "file:$WORK/ttyS1.log" -net none \
+  -serial "file:$WORK/console.log" -serial "file:$WORK/ttyS1.log" "${NET_ARGS[@]}" \
   < /dev/null > /dev/null 2> "$WORK/qemu.err" &
 QPID=$!
-tail -n +1 -s 0.2 -f --pid="$QPID" "$WORK/console.log" | tr -d '\r' &
+tail -n +1 -s 0.2 -f --pid="$QPID" "$WORK/console.log" | sed -u 's/\r//g' &
 waited=0
 while kill -0 "$QPID" 2>/dev/null && ! grep -q '^\[rxevm-guest\] up' "$WORK/console.log"; do
   sleep 0.5; waited=$((waited + 1))
