@@ -32,3 +32,6 @@ if [ "$(id -u)" = 0 ]; then bash bench/netbed_tta.sh "$BUILD"; else echo "skippe
 echo
 echo "== path spraying on the two-spine multipath test bed (root only)"
 if [ "$(id -u)" = 0 ]; then bash bench/netbed_spray.sh "$BUILD"; else echo "skipped: needs root"; fi
+echo
+echo "== path spraying over RDMA (Soft-RoCE in two VMs) on the two-spine test bed (root only)"
+if [ "$(id -u)" = 0 ]; then bash bench/rdma_multipath.sh "$BUILD"; else echo "skipped: needs root"; fi
