@@ -105,7 +105,7 @@ share = {d: round(max(v[d] for v in sent.values()) / max(1, sum(v[d] for v in se
 print(json.dumps({"scenario": sys.argv[2], "spray_ports": int(sys.argv[3]), "trial": int(sys.argv[4]),
                   "p50_ms": max(r["p50_ms"] for r in rows), "p99_ms": max(r["p99_ms"] for r in rows),
                   "retransmits": sum(r["retransmits"] for r in rows), "exact": all(r["exact"] for r in rows),
-                  "busiest_spine_share": share, "spine_drops": dropped}))
+                  "busiest_spine_share": share, "spine_bytes": sent, "spine_drops": dropped}))
 PY
   tail -1 "$work/results.jsonl"
 }

@@ -17,10 +17,12 @@
 # Scenarios: "equal" (both spines at RATE) and "half" (spine 2 at half of RATE). Trials run
 # interleaved. The host reads the spines' byte and drop counters around every run.
 #
-# Prints one JSON line per run, then a table of medians and ratios. Under TCG the VMs' CPUs, not
-# only the spines, limit the rounds: compare the settings with each other, not with the rate.
+# Prints one JSON line per run (with the aggregators' results sent, sent again on request, and
+# requests not answered because the copy may still arrive), then a table of medians and ratios.
+# Under TCG the VMs' CPUs, not only the spines, limit the rounds: compare the settings with each
+# other, not with the rate.
 # Env: RATE (10mbit), TENSOR (1000000 bytes per worker per round), ROUNDS (8), TRIALS (2),
-# SCENARIOS ("equal half"). Needs root and qemu.
+# SCENARIOS ("equal half"), BENCH_FLAGS (more dlcp-bench flags for every run). Needs root and qemu.
 #   bench/rdma_multipath.sh [BUILD_DIR]
 set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
@@ -46,7 +48,7 @@ cleanup() {
   jobs -p | xargs -r kill 2>/dev/null || true
   wait 2>/dev/null || true
   "$MP" down >/dev/null 2>&1 || true
-  rm -rf "$work"
+  [[ -n ${KEEP_WORK:-} ]] && echo "rdma_multipath: kept $work" >&2 || rm -rf "$work"
 }
 trap cleanup EXIT
 
@@ -67,7 +69,10 @@ done
 # Aggregator VM: a dlcpd pair per setting (control ports 7101-7106), until the host says done.
 cat > "$work/aggregators.sh" <<EOF
 B=$BUILD
-start() { p=\$1; shift; \$B/server/dlcpd --plaintext --transport=rdma --port=\$p --ready-file=/tmp/\$p.ready "\$@" > /rxevm/out/agg\$p.log 2>&1 & }
+start() {
+  p=\$1; shift
+  \$B/server/dlcpd --plaintext --transport=rdma --port=\$p --metrics-port=\$((p + 1000)) --ready-file=/tmp/\$p.ready "\$@" > /rxevm/out/agg\$p.log 2>&1 &
+}
 for p in 7101 7102; do start \$p; done
 for p in 7103 7104; do start \$p --result-steering=false; done
 for p in 7105 7106; do start \$p --spray-ports=1; done
@@ -90,7 +95,7 @@ run() {  # name ports flags...
   echo "[run] begin \$n"; sleep 3
   for try in 1 2; do
     \$B/bench/dlcp-bench --rpc-timeout-ms=20000 --aggregators=$AIP:\${ports%,*},$AIP:\${ports#*,} --plaintext --transport=rdma --workers=2 \\
-      --loss-bound=0 --tensor-bytes=$TENSOR --rounds=$ROUNDS --warmup=1 --timeout-s=300 --json "\$@" > /rxevm/out/\$n.json 2>&1 || true
+      --loss-bound=0 --tensor-bytes=$TENSOR --rounds=$ROUNDS --warmup=1 --timeout-s=300 --json ${BENCH_FLAGS:-} "\$@" > /rxevm/out/\$n.json 2>&1 || true
     grep -q '"exact":true' /rxevm/out/\$n.json && break
   done
   echo "[run] end \$n"; sleep 1
@@ -105,10 +110,15 @@ EOF
   done
 } > "$work/workers.sh"
 
-snapshot() {  # FILE: each spine's bytes and drops, both directions
-  { "$MP" bytes; "$MP" drops | sed 's/^/drops /'; } > "$1"
+snapshot() {  # FILE: each spine's bytes and drops, both directions, and the aggregators' result counters
+  { "$MP" bytes; "$MP" drops | sed 's/^/drops /'
+    for p in 8101 8102 8103 8104 8105 8106; do ip netns exec "$PREFIX-la" curl -s -m 5 "http://$AIP:$p/metrics" || true; done |
+      awk '/^dlcp_tx_packets_total\{.*type="result"\}/{sent += $2} /^dlcp_repairs_total\{kind="result_resent"\}/{again += $2}
+           /^dlcp_results_not_resent_total /{held += $2} END{printf "results aggregators sent=%d again=%d held=%d\n", sent, again, held}'
+  } > "$1"
 }
 scenario=
+: > "$work/workers.log"  # before tail follows it: the VM's shell may open it later
 ip netns exec "$PREFIX-w1" bash "$RXEVM" --nic "vmtap,$WIP/24,$NET.1.1" --copy "$BUILD/bench/dlcp-bench" --timeout 1200 \
   -f "$work/workers.sh" --out "$work/out" > "$work/workers.log" 2>&1 &
 vm=$!
@@ -134,9 +144,9 @@ work, rate, half = sys.argv[1:4]
 def counters(path):
     out = {}
     for line in open(path):
-        drops = line.startswith("drops ")
-        f = line.split()[1:] if drops else line.split()
-        out[("drops" if drops else "bytes", f[0])] = [int(v.split("=")[1]) for v in f[1:3]]
+        kind = line.split()[0] if line.startswith(("drops ", "results ")) else "bytes"
+        f = line.split()[1:] if kind != "bytes" else line.split()
+        out[(kind, f[0])] = [int(v.split("=")[1]) for v in f[1:]]
     return out
 
 runs = []
@@ -160,14 +170,17 @@ for path in sorted(glob.glob(f"{work}/out/*.json")):
            "p99_ms": r.get("p99_ms"), "exact": r.get("exact", False), "retransmits": r.get("retransmits"),
            "window_cuts": r.get("window_cuts"), "spine_bytes_to_aggregators": to_aggs,
            "spine_bytes_to_workers": to_workers, "busiest_spine_share": [share(to_aggs), share(to_workers)],
-           "spine_drops": [sum(d.get(("drops", s), [0, 0])) for s in ("s1", "s2")]}
+           "spine_drops": [sum(d.get(("drops", s), [0, 0])) for s in ("s1", "s2")],
+           "results_sent": d.get(("results", "aggregators"), [0, 0, 0])[0],
+           "results_sent_again": d.get(("results", "aggregators"), [0, 0, 0])[1],
+           "result_requests_held": d.get(("results", "aggregators"), [0, 0, 0])[2]}
     runs.append(row)
     print(json.dumps(row))
 
 med = lambda xs: statistics.median(xs) if xs else float("nan")
 print(f"\nRDMA (Soft-RoCE) over two spines, spine rate {rate} (half: spine 2 at {half}), medians over trials")
-print("| scenario | setting | p50 ms | p99 ms | p99 / unsprayed p99 | busiest spine's share, pushes / results | chunks pushed again | exact |")
-print("|---|---|---|---|---|---|---|---|")
+print("| scenario | setting | p50 ms | p99 ms | p99 / unsprayed p99 | busiest spine's share, pushes / results | chunks pushed again | results sent again / sent | exact |")
+print("|---|---|---|---|---|---|---|---|---|")
 for scenario in ("equal", "half"):
     rows = {s: [r for r in runs if r["scenario"] == scenario and r["setting"] == s] for s in ("sprayed", "unsteered", "unsprayed")}
     off = med([r["p99_ms"] for r in rows["unsprayed"] if r["p99_ms"]])
@@ -178,6 +191,6 @@ for scenario in ("equal", "half"):
         shares = [med([r["busiest_spine_share"][i] for r in rs]) for i in (0, 1)]
         print(f"| {scenario} | {setting} | {med([r['p50_ms'] for r in rs if r['p50_ms']]):.0f} | {p99:.0f} | "
               f"{p99 / off:.2f} | {shares[0]:.2f} / {shares[1]:.2f} | {med([r['retransmits'] or 0 for r in rs]):.0f} | "
-              f"{all(r['exact'] for r in rs)} |")
+              f"{med([r['results_sent_again'] / max(1, r['results_sent']) for r in rs]):.2f} | {all(r['exact'] for r in rs)} |")
 sys.exit(0 if runs and all(r["exact"] for r in runs) else 1)
 PY
