@@ -611,6 +611,7 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   (op.classes[c] == 0 ? op.class0_pending : op.droppable_pending)--;
   op.stats.bytes_received += m.len;
   op.stats.min_contributors = std::min<uint32_t>(op.stats.min_contributors, h.contributors);
+  if (op.remaining == op.geometry.chunk_count()) op.first_result = now;
   op.last_progress = now;
   op.repair_attempts = 0;
   --op.remaining;
@@ -746,13 +747,15 @@ void TransferEngine::ScanTimers(absl::Time now) {
     }
     if (op.pull_armed) next_tail_ = std::min(next_tail_, PullTailEnd(op));
     ReleaseStalledWindows(op, now);
-    // Quiet for the op's own pace once results flow (as at the aggregator); before the first
-    // result there is no pace yet, and the configured timeout applies.
+    // Quiet for the op's own pace once results flow (as at the aggregator), and never shorter
+    // than a slow path's own gaps between results; before the first result there is no pace
+    // yet, and the configured timeout applies.
     const uint32_t arrived = op.geometry.chunk_count() - op.remaining;
     const absl::Duration quiet =
         arrived == 0 ? options_.repair_timeout
-                     : QuietSpellEnd(op.start, op.last_progress, arrived, kRepairGaps, kMinRepair,
-                                     options_.repair_timeout) - op.last_progress;
+                     : std::max(QuietSpellEnd(op.start, op.last_progress, arrived, kRepairGaps, kMinRepair,
+                                              options_.repair_timeout) - op.last_progress,
+                                PacedQuiet(op.first_result, op.last_progress, arrived, kRepairGaps));
     if (now >= op.next_repair && now - op.last_progress >= quiet) {
       const std::vector<uint8_t> wanted = WantedResults(op);
       for (uint32_t d = 0; d < op.dests.size(); ++d) {

@@ -223,6 +223,7 @@ class TransferEngine {
     uint32_t class0_pending = 0, droppable_pending = 0, droppable_chunks = 0;
     bool pull_armed = false;
     absl::Time start, deadline, last_progress, next_repair;
+    absl::Time first_result;  // when the first result arrived (set once one has)
     int repair_attempts = 0;
     RoundStats stats;
     OpDone done;
