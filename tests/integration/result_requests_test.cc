@@ -2,6 +2,7 @@
 // what a worker asks for when its results stop coming.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <future>
 #include <map>
 #include <numeric>
@@ -48,6 +49,29 @@ class HandAggregator {
     }
   }
 
+  // Answers `count` pushes, the lowest not answered first, one every `gap` (as a slow path
+  // delivers them), with `pause` more before the one after the first `pause_after`; takes in
+  // pushes and records requests meanwhile, answering none. Returns when the last went.
+  absl::Time Trickle(size_t count, absl::Duration gap, size_t pause_after, absl::Duration pause) {
+    std::vector<InMessage> batch;
+    absl::Time next = absl::Now();
+    for (size_t sent = 0; sent < count;) {
+      EXPECT_TRUE(transport_->Receive(&batch, std::max(next - absl::Now(), absl::ZeroDuration())).ok());
+      for (const InMessage& m : batch) Handle(m, Mode::kSilent);
+      if (absl::Now() < next) continue;
+      auto it = std::find_if(pushes_.begin(), pushes_.end(), [&](const auto& p) { return !answered_.count(p.first); });
+      next = absl::Now() + gap;
+      if (it == pushes_.end()) continue;  // nothing pushed yet
+      Answer(it->second.from, it->first);
+      if (++sent == pause_after) {
+        next += pause;
+        requests_before_pause = requests.size();
+      }
+    }
+    return absl::Now();
+  }
+  size_t requests_before_pause = 0;
+
   size_t answered() const { return answered_.size(); }
   // Chunks pushed whose result was not sent.
   size_t unanswered() const { return pushes_.size() - answered_.size(); }
@@ -63,7 +87,7 @@ class HandAggregator {
     const uint8_t* payload = m.data + wire::kHeaderSize;
     if (h.type == wire::MsgType::kPush) {
       ASSERT_EQ(h.payload_len, kChunkBytes);
-      pushes_[h.chunk].assign(payload, payload + h.payload_len);
+      pushes_[h.chunk] = Pushed{m.from, std::vector<uint8_t>(payload, payload + h.payload_len)};
       if (mode == Mode::kAnswer || (mode == Mode::kLossy && h.chunk % 20 != 7)) Answer(m.from, h.chunk);
     } else if (h.type == wire::MsgType::kResultReq && !(h.flags & wire::kFlagDone)) {
       auto ranges = wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), kChunks);
@@ -96,14 +120,18 @@ class HandAggregator {
     h.payload_len = kChunkBytes;
     uint8_t header[wire::kHeaderSize];
     wire::EncodeHeader(h, header);
-    const std::vector<uint8_t>& p = pushes_[chunk];
+    const std::vector<uint8_t>& p = pushes_[chunk].payload;
     OutMessage out{to, 1, header, sizeof(header), p.data(), p.size()};
     ASSERT_TRUE(transport_->Send({&out, 1}, absl::Now() + absl::Seconds(1)).ok());
     answered_.insert(chunk);
   }
 
   std::unique_ptr<Transport> transport_;
-  std::map<uint32_t, std::vector<uint8_t>> pushes_;
+  struct Pushed {
+    Address from;
+    std::vector<uint8_t> payload;
+  };
+  std::map<uint32_t, Pushed> pushes_;
   std::set<uint32_t> answered_;
 };
 
@@ -163,6 +191,52 @@ TEST(ResultRequests, AskForTheWindowLeftNotTheConfiguredOne) {
   EXPECT_EQ(data, input);
   EXPECT_GE(stats->result_requests, 8u);
   EXPECT_GT(stats->window_cuts, 10u);
+}
+
+// A worker on a slow path (results 4 ms apart, where 16 gaps are 64 ms) does not take a pause
+// shorter than its own gaps for silence, though the pause is longer than the 5 ms repair
+// timeout: asking then would send again results still on their way (docs/congestion.md, "Slow
+// paths"). Real silence still gets a request, after about 16 of its gaps. (Before 16 results
+// have come, the 5 ms rule holds: a loaded machine may stall the trickle that long.)
+TEST(ResultRequests, AWorkerOnASlowPathWaitsOutItsOwnGapsBeforeAskingAgain) {
+  HandAggregator agg;
+  ASSERT_NE(agg.transport(), nullptr);
+  EngineOptions o;
+  o.epochs = {kEpoch};
+  o.keys = {std::nullopt};
+  o.endpoints = {{agg.transport()->local_address()}};
+  o.sources = {{{}}};
+  o.aggregator_ids = {"hand"};
+  o.job = kJob;
+  o.chunk_bytes = kChunkBytes;
+  o.repair_timeout = absl::Milliseconds(5);  // the default
+  o.op_timeout = absl::Seconds(30);
+  std::vector<float> data(kElems);
+  std::iota(data.begin(), data.end(), 0.0f);
+  const std::vector<float> input = data;
+  std::promise<absl::StatusOr<RoundStats>> done;
+  auto result = done.get_future();
+  TransportOptions t;
+  t.kind = TransportOptions::Kind::kLoopback;
+  auto tx = CreateTransport(t);
+  ASSERT_TRUE(tx.ok()) << tx.status();
+  TransferEngine engine(o, std::move(*tx));
+  engine.Submit(kKey, absl::MakeSpan(data), AllReduceOptions{}, -1,
+                [&](absl::StatusOr<RoundStats> r) { done.set_value(std::move(r)); });
+
+  const absl::Time last = agg.Trickle(150, absl::Milliseconds(4), 60, absl::Milliseconds(12));
+  const size_t before = agg.requests_before_pause;
+  EXPECT_EQ(agg.requests.size(), before) << "asked again within its own gaps";
+  agg.Serve(absl::Seconds(5), HandAggregator::Mode::kSilent, [&] { return agg.requests.size() > before; });
+  ASSERT_GT(agg.requests.size(), before);
+  EXPECT_GE(absl::Now() - last, absl::Milliseconds(40)) << "16 gaps of 4 ms";
+
+  agg.Serve(absl::Seconds(10), HandAggregator::Mode::kAnswer,
+            [&] { return result.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  absl::StatusOr<RoundStats> stats = result.get();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(data, input);
 }
 
 }  // namespace
