@@ -135,14 +135,19 @@ class HandAggregator {
   std::set<uint32_t> answered_;
 };
 
-// A worker whose results stop coming asks for them again, once per quiet spell, and each request
-// asks for at most what its window to that endpoint allows now (never below the initial 16), not
-// the configured window. On the two-spine bed at MTU 1500, workers whose windows losses had cut
-// to 4 asked for 3,000 results at a time; the bursts into 64-packet switch queues lost 90% of what
-// came back, and rounds grew to 3-54 s (docs/congestion.md, "How much one request asks for").
-TEST(ResultRequests, AskForTheWindowLeftNotTheConfiguredOne) {
-  HandAggregator agg;
-  ASSERT_NE(agg.transport(), nullptr);
+// One op of key kKey over `agg`'s endpoint, on a tensor of counting values. The engine comes
+// last, so that it is gone before the buffer and the promise it writes to, even if a test stops
+// half-way.
+struct OneOp {
+  std::vector<float> data, input;
+  std::promise<absl::StatusOr<RoundStats>> done;
+  std::future<absl::StatusOr<RoundStats>> result = done.get_future();
+  std::unique_ptr<TransferEngine> engine;
+
+  bool Finished() { return result.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
+};
+// `window_chunks` and `repair_timeout` as given; the rest as a one-worker job of kJob needs.
+void StartOneOp(HandAggregator& agg, uint32_t window_chunks, absl::Duration repair_timeout, OneOp* op) {
   EngineOptions o;
   o.epochs = {kEpoch};
   o.keys = {std::nullopt};
@@ -151,23 +156,32 @@ TEST(ResultRequests, AskForTheWindowLeftNotTheConfiguredOne) {
   o.aggregator_ids = {"hand"};
   o.job = kJob;
   o.chunk_bytes = kChunkBytes;
-  o.window_chunks = 2000;  // configured: more than the requests below may ask for
-  o.repair_timeout = absl::Milliseconds(20);
+  o.window_chunks = window_chunks;
+  o.repair_timeout = repair_timeout;
   o.op_timeout = absl::Seconds(30);
-  std::vector<float> data(kElems);
-  std::iota(data.begin(), data.end(), 0.0f);
-  const std::vector<float> input = data;
-  std::promise<absl::StatusOr<RoundStats>> done;
-  auto result = done.get_future();
-  // Made after the buffer and the promise it writes to, so that it is gone before them, even if
-  // the test stops half-way.
+  op->data.resize(kElems);
+  std::iota(op->data.begin(), op->data.end(), 0.0f);
+  op->input = op->data;
   TransportOptions t;
   t.kind = TransportOptions::Kind::kLoopback;
   auto tx = CreateTransport(t);
   ASSERT_TRUE(tx.ok()) << tx.status();
-  TransferEngine engine(o, std::move(*tx));
-  engine.Submit(kKey, absl::MakeSpan(data), AllReduceOptions{}, -1,
-                [&](absl::StatusOr<RoundStats> r) { done.set_value(std::move(r)); });
+  op->engine = std::make_unique<TransferEngine>(o, std::move(*tx));
+  op->engine->Submit(kKey, absl::MakeSpan(op->data), AllReduceOptions{}, -1,
+                     [op](absl::StatusOr<RoundStats> r) { op->done.set_value(std::move(r)); });
+}
+
+// A worker whose results stop coming asks for them again, once per quiet spell, and each request
+// asks for at most what its window to that endpoint allows now (never below the initial 16), not
+// the configured window. On the two-spine bed at MTU 1500, workers whose windows losses had cut
+// to 4 asked for 3,000 results at a time; the bursts into 64-packet switch queues lost 90% of what
+// came back, and rounds grew to 3-54 s (docs/congestion.md, "How much one request asks for").
+TEST(ResultRequests, AskForTheWindowLeftNotTheConfiguredOne) {
+  HandAggregator agg;
+  ASSERT_NE(agg.transport(), nullptr);
+  OneOp op;
+  // The configured window: more than the requests below may ask for.
+  ASSERT_NO_FATAL_FAILURE(StartOneOp(agg, 2000, absl::Milliseconds(20), &op));
 
   // Results come back for the first 1,000 chunks but one in 20: the losses keep the window near
   // its minimum (4). Then nothing comes back at all.
@@ -183,12 +197,11 @@ TEST(ResultRequests, AskForTheWindowLeftNotTheConfiguredOne) {
   }
 
   // Answered again, the round completes, exact.
-  agg.Serve(absl::Seconds(10), HandAggregator::Mode::kAnswer,
-            [&] { return result.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
-  ASSERT_EQ(result.wait_for(std::chrono::seconds(0)), std::future_status::ready);
-  absl::StatusOr<RoundStats> stats = result.get();
+  agg.Serve(absl::Seconds(10), HandAggregator::Mode::kAnswer, [&] { return op.Finished(); });
+  ASSERT_TRUE(op.Finished());
+  absl::StatusOr<RoundStats> stats = op.result.get();
   ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_EQ(data, input);
+  EXPECT_EQ(op.data, op.input);
   EXPECT_GE(stats->result_requests, 8u);
   EXPECT_GT(stats->window_cuts, 10u);
 }
@@ -201,28 +214,8 @@ TEST(ResultRequests, AskForTheWindowLeftNotTheConfiguredOne) {
 TEST(ResultRequests, AWorkerOnASlowPathWaitsOutItsOwnGapsBeforeAskingAgain) {
   HandAggregator agg;
   ASSERT_NE(agg.transport(), nullptr);
-  EngineOptions o;
-  o.epochs = {kEpoch};
-  o.keys = {std::nullopt};
-  o.endpoints = {{agg.transport()->local_address()}};
-  o.sources = {{{}}};
-  o.aggregator_ids = {"hand"};
-  o.job = kJob;
-  o.chunk_bytes = kChunkBytes;
-  o.repair_timeout = absl::Milliseconds(5);  // the default
-  o.op_timeout = absl::Seconds(30);
-  std::vector<float> data(kElems);
-  std::iota(data.begin(), data.end(), 0.0f);
-  const std::vector<float> input = data;
-  std::promise<absl::StatusOr<RoundStats>> done;
-  auto result = done.get_future();
-  TransportOptions t;
-  t.kind = TransportOptions::Kind::kLoopback;
-  auto tx = CreateTransport(t);
-  ASSERT_TRUE(tx.ok()) << tx.status();
-  TransferEngine engine(o, std::move(*tx));
-  engine.Submit(kKey, absl::MakeSpan(data), AllReduceOptions{}, -1,
-                [&](absl::StatusOr<RoundStats> r) { done.set_value(std::move(r)); });
+  OneOp op;
+  ASSERT_NO_FATAL_FAILURE(StartOneOp(agg, 512, absl::Milliseconds(5), &op));  // the defaults
 
   const absl::Time last = agg.Trickle(150, absl::Milliseconds(4), 60, absl::Milliseconds(12));
   const size_t before = agg.requests_before_pause;
@@ -231,12 +224,11 @@ TEST(ResultRequests, AWorkerOnASlowPathWaitsOutItsOwnGapsBeforeAskingAgain) {
   ASSERT_GT(agg.requests.size(), before);
   EXPECT_GE(absl::Now() - last, absl::Milliseconds(40)) << "16 gaps of 4 ms";
 
-  agg.Serve(absl::Seconds(10), HandAggregator::Mode::kAnswer,
-            [&] { return result.wait_for(std::chrono::seconds(0)) == std::future_status::ready; });
-  ASSERT_EQ(result.wait_for(std::chrono::seconds(0)), std::future_status::ready);
-  absl::StatusOr<RoundStats> stats = result.get();
+  agg.Serve(absl::Seconds(10), HandAggregator::Mode::kAnswer, [&] { return op.Finished(); });
+  ASSERT_TRUE(op.Finished());
+  absl::StatusOr<RoundStats> stats = op.result.get();
   ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_EQ(data, input);
+  EXPECT_EQ(op.data, op.input);
 }
 
 }  // namespace
