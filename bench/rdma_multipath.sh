@@ -46,6 +46,7 @@ WIP=$("$MP" ip w1) AIP=$("$MP" ip a1)
 cleanup() {
   ip netns exec "$PREFIX-la" timeout 5 bash -c "echo done > /dev/tcp/$AIP/7999" 2>/dev/null || true
   jobs -p | xargs -r kill 2>/dev/null || true
+  pkill -f -- "$work/rxevm" 2>/dev/null || true  # a VM that outlived its script (TMPDIR below)
   wait 2>/dev/null || true
   "$MP" down >/dev/null 2>&1 || true
   [[ -n ${KEEP_WORK:-} ]] && echo "rdma_multipath: kept $work" >&2 || rm -rf "$work"
@@ -80,7 +81,7 @@ i=0; while [ \$(ls /tmp/*.ready 2>/dev/null | wc -l) -lt 6 ] && [ \$i -lt 300 ];
 echo "[aggregators] \$(ls /tmp/*.ready | wc -l) serving"
 nc -l -p 7999 > /dev/null
 EOF
-ip netns exec "$PREFIX-a1" bash "$RXEVM" --nic "vmtap,$AIP/24,$NET.2.1" --copy "$BUILD/server/dlcpd" --timeout 1500 \
+TMPDIR=$work ip netns exec "$PREFIX-a1" bash "$RXEVM" --nic "vmtap,$AIP/24,$NET.2.1" --copy "$BUILD/server/dlcpd" --timeout 1500 \
   -f "$work/aggregators.sh" --out "$work/agg-out" > "$work/aggregators.log" 2>&1 &
 for _ in $(seq 1 240); do grep -q '\[aggregators\] 6 serving' "$work/aggregators.log" && break; sleep 0.5; done
 grep -q '\[aggregators\] 6 serving' "$work/aggregators.log" || { echo "rdma_multipath: the aggregator VM did not come up:" >&2; tail -20 "$work/aggregators.log" >&2; exit 1; }
@@ -119,7 +120,7 @@ snapshot() {  # FILE: each spine's bytes and drops, both directions, and the agg
 }
 scenario=
 : > "$work/workers.log"  # before tail follows it: the VM's shell may open it later
-ip netns exec "$PREFIX-w1" bash "$RXEVM" --nic "vmtap,$WIP/24,$NET.1.1" --copy "$BUILD/bench/dlcp-bench" --timeout 1200 \
+TMPDIR=$work ip netns exec "$PREFIX-w1" bash "$RXEVM" --nic "vmtap,$WIP/24,$NET.1.1" --copy "$BUILD/bench/dlcp-bench" --timeout 1200 \
   -f "$work/workers.sh" --out "$work/out" > "$work/workers.log" 2>&1 &
 vm=$!
 while IFS= read -r line; do
