@@ -16,7 +16,7 @@
 # - --copy puts a host file or directory at the same absolute path in the guest, with the
 #   shared libraries its ELF files need (dlopen()ed ones are not followed: libibverbs is in the
 #   base image).
-# - The guest script runs under busybox `sh -e` with RXE_DEV, RXE_IP and RXE_GID_INDEX set;
+# - The guest script runs under busybox `sh -e` with RXE_DEV, RXE_IP, RXE_NETDEV and RXE_GID_INDEX set;
 #   files it writes to /rxevm/out come back to --out through a second serial port.
 # - KVM is used when the CPU offers it, TCG otherwise (about 10 s to boot).
 # Exit status: the guest script's; 124 on timeout; 125 if the VM died without one.
