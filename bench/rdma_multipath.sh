@@ -139,7 +139,7 @@ done < <(tail -n +1 -f --pid="$vm" "$work/workers.log")
 wait "$vm" || { echo "rdma_multipath: the worker VM failed:" >&2; tail -20 "$work/workers.log" >&2; exit 1; }
 
 python3 - "$work" "$RATE" "$HALF" <<'PY'
-import glob, json, os, re, statistics, sys
+import glob, json, os, statistics, sys
 work, rate, half = sys.argv[1:4]
 
 def counters(path):
@@ -167,14 +167,13 @@ for path in sorted(glob.glob(f"{work}/out/*.json")):
     to_aggs = [d.get(("bytes", s), [0, 0])[0] for s in ("s1", "s2")]
     to_workers = [d.get(("bytes", s), [0, 0])[1] for s in ("s1", "s2")]
     share = lambda v: max(v) / sum(v) if sum(v) else float("nan")
+    sent, again, held = d.get(("results", "aggregators"), [0, 0, 0])
     row = {"scenario": scenario, "setting": setting, "trial": int(trial), "p50_ms": r.get("p50_ms"),
            "p99_ms": r.get("p99_ms"), "exact": r.get("exact", False), "retransmits": r.get("retransmits"),
            "window_cuts": r.get("window_cuts"), "spine_bytes_to_aggregators": to_aggs,
            "spine_bytes_to_workers": to_workers, "busiest_spine_share": [share(to_aggs), share(to_workers)],
            "spine_drops": [sum(d.get(("drops", s), [0, 0])) for s in ("s1", "s2")],
-           "results_sent": d.get(("results", "aggregators"), [0, 0, 0])[0],
-           "results_sent_again": d.get(("results", "aggregators"), [0, 0, 0])[1],
-           "result_requests_held": d.get(("results", "aggregators"), [0, 0, 0])[2]}
+           "results_sent": sent, "results_sent_again": again, "result_requests_held": held}
     runs.append(row)
     print(json.dumps(row))
 
