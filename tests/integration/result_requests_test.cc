@@ -51,11 +51,14 @@ class HandAggregator {
 
   // Answers `count` pushes, the lowest not answered first, one every `gap` (as a slow path
   // delivers them), with `pause` more before the one after the first `pause_after`; takes in
-  // pushes and records requests meanwhile, answering none. Returns when the last went.
+  // pushes and records requests meanwhile, answering none. Returns when the last went, or after
+  // 30 s without enough pushes to answer (a failure).
   absl::Time Trickle(size_t count, absl::Duration gap, size_t pause_after, absl::Duration pause) {
     std::vector<InMessage> batch;
     absl::Time next = absl::Now();
-    for (size_t sent = 0; sent < count;) {
+    const absl::Time deadline = next + absl::Seconds(30);
+    size_t sent = 0;
+    while (sent < count && absl::Now() < deadline) {
       EXPECT_TRUE(transport_->Receive(&batch, std::max(next - absl::Now(), absl::ZeroDuration())).ok());
       for (const InMessage& m : batch) Handle(m, Mode::kSilent);
       if (absl::Now() < next) continue;
@@ -68,6 +71,7 @@ class HandAggregator {
         requests_before_pause = requests.size();
       }
     }
+    EXPECT_EQ(sent, count) << "the worker stopped pushing";
     return absl::Now();
   }
   size_t requests_before_pause = 0;
