@@ -29,7 +29,8 @@ inline constexpr absl::Duration kMinTail = absl::Microseconds(200);
 // apart: a slow link, or a deep queue that drains slowly) still gets `gaps` of its own mean gap
 // before it counts as silent. Otherwise the cap cuts the spell short of the gaps it normally has
 // between arrivals: on 10 Mbit/s spines, workers asked again for results still on their way,
-// and 40% of the results an aggregator sent were copies (docs/congestion.md, "Slow paths").
+// and 40% of the results an aggregator sent were copies; aggregators NACKed pushes still on
+// theirs, up to 3 times as many as were lost (docs/congestion.md, "Slow paths").
 // The mean is over the gaps since the first arrival (the wait for the first is latency, not
 // pace), once kPacedMinArrivals have come; at most kMaxPacedQuiet; zero before.
 inline constexpr uint64_t kPacedMinArrivals = 16;
@@ -40,7 +41,7 @@ inline absl::Duration PacedQuiet(absl::Time first, absl::Time last, uint64_t arr
 }
 
 // An aggregator asks for missing pushes after 16 mean gaps of quiet, at least 1 ms (scheduling
-// jitter on a busy node) and at most the configured repair timeout. A fixed timeout was the
+// jitter on a busy node) and at most the configured repair timeout (but see PacedQuiet). A fixed timeout was the
 // tail of congested rounds: at 20 ms, then still at 5 ms (docs/bounded-loss.md, "Measured").
 inline constexpr double kRepairGaps = 16;
 inline constexpr absl::Duration kMinRepair = absl::Milliseconds(1);

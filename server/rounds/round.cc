@@ -25,7 +25,8 @@ Round::Round(std::shared_ptr<Job> job, uint32_t key, uint32_t round, wire::Chunk
       result_out_us_(geometry.chunk_count(), 0),
       done_(job_->world, false),
       created_(now),
-      last_progress_(now) {
+      last_progress_(now),
+      first_contribution_(now) {
   job_->rounds_in_flight.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -74,7 +75,7 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
   }
   word |= bit;
   last_progress_ = now;
-  ++contributions_;
+  if (contributions_++ == 0) first_contribution_ = now;
   if (bounded) bounded->OnContribution(rank, chunk);
   if (++contributors_[chunk] == job_->world) {
     --open_chunks_;

@@ -133,6 +133,8 @@ class Round {
   absl::Time created() const { return created_; }
   absl::Time last_progress() const { return last_progress_; }
   uint64_t contributions() const { return contributions_; }
+  // When the first push arrived (created() until one has): a round may begin at a request.
+  absl::Time first_contribution() const { return first_contribution_; }
 
   // Repair pacing, owned by the data thread's timer scan.
   absl::Time next_repair;
@@ -175,6 +177,7 @@ class Round {
   uint32_t done_count_ = 0;
   absl::Time created_;
   absl::Time last_progress_;
+  absl::Time first_contribution_;
 };
 
 }  // namespace dlcp::server
