@@ -19,17 +19,15 @@ for rep in $(seq 1 "$REPS"); do
     done
   done
 done
-python3 - "$BENCH_OUT" <<'PY'
-import json, sys, statistics
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-groups = {}
-for r in rows:
-    groups.setdefault((r["workers"], r["tensor_bytes"]), {}).setdefault(r["auth"], []).append(r["p50_ms"])
+PYTHONPATH="$(dirname "$0")" python3 - "$BENCH_OUT" <<'PY'
+import sys, statistics
+from loopback_groups import by_shape
+groups = by_shape(sys.argv[1], "auth")
 print()
 print("| workers | size | p50 ms, auth off | one job key | per-worker keys | one key / off | per-worker / off | per-worker / one key |")
 print("|---|---|---|---|---|---|---|---|")
 for (n, b), g in sorted(groups.items()):
-    off, one, per = (statistics.median(g[m]) for m in ("off", "one_key", "per_worker"))
+    off, one, per = (statistics.median(r["p50_ms"] for r in g[m]) for m in ("off", "one_key", "per_worker"))
     print(f"| {n} | {b / 1048576:.0f} MiB | {off:.1f} | {one:.1f} | {per:.1f} | {one / off:.2f} | {per / off:.2f} |"
           f" {per / one:.2f} |")
 PY

@@ -18,12 +18,10 @@ for rep in $(seq 1 "$REPS"); do
     done
   done
 done
-python3 - "$BENCH_OUT" <<'PY'
-import json, sys, statistics
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-groups = {}
-for r in rows:
-    groups.setdefault((r["workers"], r["tensor_bytes"]), {}).setdefault(r["encoding"], []).append(r)
+PYTHONPATH="$(dirname "$0")" python3 - "$BENCH_OUT" <<'PY'
+import sys, statistics
+from loopback_groups import by_shape
+groups = by_shape(sys.argv[1], "encoding")
 print()
 print("| workers | size | encoding | p50 ms | p50 / f32 | exact |")
 print("|---|---|---|---|---|---|")

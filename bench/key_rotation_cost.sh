@@ -30,12 +30,10 @@ for rep in $(seq 1 "$REPS"); do
     done
   done
 done
-python3 - "$BENCH_OUT" <<'PY'
-import json, sys, statistics
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-groups = {}
-for r in rows:
-    groups.setdefault((r["workers"], r["tensor_bytes"]), {}).setdefault(r["keys"], []).append(r)
+PYTHONPATH="$(dirname "$0")" python3 - "$BENCH_OUT" <<'PY'
+import sys, statistics
+from loopback_groups import by_shape
+groups = by_shape(sys.argv[1], "keys")
 print()
 print("| workers | size | p50 / p99 ms, fixed key | p50 / p99 ms, rotating | rotating / fixed p50, p99 | rotations per job | exact |")
 print("|---|---|---|---|---|---|---|")
