@@ -24,14 +24,15 @@ absl::StatusOr<Encoding> ParseEncoding(const std::string& name) {
 }
 
 // Native 16-bit stores where the host is little-endian like the wire; AVX2 where the CPU has it.
+// The indices are size_t: a uint32_t 2 * i may wrap, which kept the loops from vectorizing.
 namespace {
 template <uint16_t (*Convert)(float)>
 inline void Narrow(const float* in, uint32_t n, uint8_t* out) {
   if constexpr (std::endian::native == std::endian::little) {
     uint16_t* o = reinterpret_cast<uint16_t*>(out);
-    for (uint32_t i = 0; i < n; ++i) o[i] = Convert(in[i]);
+    for (size_t i = 0; i < n; ++i) o[i] = Convert(in[i]);
   } else {
-    for (uint32_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n; ++i) {
       const uint16_t v = Convert(in[i]);
       out[2 * i] = static_cast<uint8_t>(v);
       out[2 * i + 1] = static_cast<uint8_t>(v >> 8);
@@ -41,13 +42,13 @@ inline void Narrow(const float* in, uint32_t n, uint8_t* out) {
 template <float (*Convert)(uint16_t)>
 inline void Widen(const uint8_t* in, uint32_t n, float* out) {
   if constexpr (std::endian::native == std::endian::little) {
-    for (uint32_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n; ++i) {
       uint16_t v;
       std::memcpy(&v, in + 2 * i, 2);  // a plain load; the payload may sit at any address
       out[i] = Convert(v);
     }
   } else {
-    for (uint32_t i = 0; i < n; ++i) out[i] = Convert(static_cast<uint16_t>(in[2 * i] | (in[2 * i + 1] << 8)));
+    for (size_t i = 0; i < n; ++i) out[i] = Convert(static_cast<uint16_t>(in[2 * i] | (in[2 * i + 1] << 8)));
   }
 }
 // Clang clones functions, not templates.

@@ -114,6 +114,50 @@ TEST(PayloadEncoding, PayloadsAreLittleEndianAndRoundTrip) {
   EXPECT_EQ(one[1], 0x3c);
 }
 
+// The whole-payload conversions are vectorized loops (AVX2 clones where the CPU has them); each
+// value must come out bit for bit as the one-value functions make it, which the CUDA packer uses:
+// every half, random float patterns with the specials, NaN payloads among them, odd lengths (the
+// loops' scalar tails) and payloads at odd addresses.
+TEST(PayloadEncoding, WholePayloadsConvertEachValueAsTheOneValueFunctionsDo) {
+  std::vector<float> floats;
+  for (uint32_t x : {0x7fc00001u, 0xffa00000u, 0x7f800001u, 0x7f800000u, 0xff800000u, 0x00000001u, 0x80000000u,
+                     0x477ff000u, 0x477fefffu, 0x33000000u, 0x33000001u, 0x387fe000u}) {
+    floats.push_back(BitsFloat(x));
+  }
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> bits;
+  while (floats.size() < 100003) {
+    const uint32_t x = bits(rng);
+    floats.push_back(BitsFloat(floats.size() % 2 ? x : (x & 0x80000000u) | (0x30000000u + x % 0x18000000u)));
+  }
+  for (Encoding e : {Encoding::kF16, Encoding::kBF16}) {
+    for (uint32_t n : {uint32_t{0x10000}, uint32_t{0xffff}, uint32_t{13}}) {
+      // Decode: every 16-bit pattern, from an odd address.
+      std::vector<uint8_t> in(2 * n + 1);
+      for (uint32_t i = 0; i < n; ++i) {
+        in[1 + 2 * i] = static_cast<uint8_t>(i);
+        in[2 + 2 * i] = static_cast<uint8_t>(i >> 8);
+      }
+      std::vector<float> out(n);
+      DecodeValues(in.data() + 1, n, e, out.data());
+      for (uint32_t i = 0; i < n; ++i) {
+        const float want = e == Encoding::kF16 ? F16ToF32(static_cast<uint16_t>(i)) : BF16ToF32(static_cast<uint16_t>(i));
+        ASSERT_EQ(FloatBits(out[i]), FloatBits(want)) << EncodingName(e) << " " << i << " of " << n;
+      }
+    }
+    for (size_t n : {floats.size(), floats.size() - 1, size_t{7}}) {
+      // Encode: into an odd address.
+      std::vector<uint8_t> out(2 * n + 1);
+      EncodeValues(floats.data(), static_cast<uint32_t>(n), e, out.data() + 1);
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t got = static_cast<uint16_t>(out[1 + 2 * i] | (out[2 + 2 * i] << 8));
+        const uint16_t want = e == Encoding::kF16 ? F32ToF16(floats[i]) : F32ToBF16(floats[i]);
+        ASSERT_EQ(got, want) << EncodingName(e) << " " << std::hex << FloatBits(floats[i]) << " at " << std::dec << i;
+      }
+    }
+  }
+}
+
 TEST(PayloadEncoding, NamesParse) {
   for (uint8_t i = 0; i < kNumEncodings; ++i) {
     EXPECT_EQ(*ParseEncoding(EncodingName(static_cast<Encoding>(i))), static_cast<Encoding>(i));
