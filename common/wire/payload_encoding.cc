@@ -1,6 +1,7 @@
 #include "common/wire/payload_encoding.h"
 
 #include <bit>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/simd.h"
@@ -29,8 +30,10 @@ namespace {
 template <uint16_t (*Convert)(float)>
 inline void Narrow(const float* in, uint32_t n, uint8_t* out) {
   if constexpr (std::endian::native == std::endian::little) {
-    uint16_t* o = reinterpret_cast<uint16_t*>(out);
-    for (size_t i = 0; i < n; ++i) o[i] = Convert(in[i]);
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t v = Convert(in[i]);
+      std::memcpy(out + 2 * i, &v, 2);  // a plain store; the payload may sit at any address
+    }
   } else {
     for (size_t i = 0; i < n; ++i) {
       const uint16_t v = Convert(in[i]);
