@@ -29,7 +29,9 @@ trap cleanup EXIT
 
 aggregators=()
 for i in 0 1; do
-  "$DLCPD" --host=127.0.0.1 --port=0 --data-port=0 --log-level=warning --plaintext \
+  # UDP on both sides, chosen, not probed: on loopback it is what `auto` would pick, and a host
+  # with an RDMA device would otherwise pick RDMA for one side only.
+  "$DLCPD" --host=127.0.0.1 --port=0 --data-port=0 --log-level=warning --plaintext --transport=udp \
     --ready-file="$work/agg$i.ready" 2>"$work/agg$i.log" &
   pids+=($!)
 done
@@ -41,7 +43,9 @@ for i in 0 1; do
 done
 list=$(IFS=,; echo "${aggregators[*]}")
 
+trained=0
 if "$PYTHON" -c "import torch, sklearn" 2>/dev/null && [ -d "$BUILD/python/dlcp" ]; then
+  trained=1
   echo "dlcp demo: 2 aggregators (${list})"
   PYTHONPATH="$BUILD/python${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" scripts/demo_train.py --aggregators="$list" \
     --workers="$WORKERS" --epochs="$EPOCHS" --plot="$PLOT"
@@ -49,9 +53,14 @@ else
   echo "dlcp demo: PyTorch or scikit-learn is missing for $PYTHON (or the Python binding was not built),"
   echo "so no training; running the C++ benchmark instead."
   echo "dlcp demo: 2 aggregators (${list}), ${WORKERS} workers, ${ROUNDS} rounds of 4 x 1 MiB float32 gradients"
-  "$BENCH" --plaintext --aggregators="$list" --workers="$WORKERS" --tensors=4 --tensor-bytes=1048576 \
+  "$BENCH" --plaintext --transport=udp --aggregators="$list" --workers="$WORKERS" --tensors=4 --tensor-bytes=1048576 \
     --rounds="$ROUNDS" --warmup=2 --progress --timeout-s=600
 fi
 echo
 echo "aggregator view (dlcpctl status):"
 "$DLCPCTL" status --plaintext --aggregators="$list"
+if [ "$trained" = 1 ]; then
+  echo "(tensors are split over the aggregators in blocks of 64 chunks; this model has 38 k"
+  echo " parameters, so each of its tensors fits one block, and its rounds land on the one"
+  echo " aggregator that the tensor's key hashes to)"
+fi

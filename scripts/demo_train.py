@@ -25,7 +25,7 @@ def worker(run, rank, world, aggregators, epochs, gloo_init, queue):
             queue.put(("epoch", run["name"], rank, epoch, point))
         history = digits.train(run["mode"], rank, world, aggregators, epochs, loss_bound=run["loss_bound"],
                                inject_drop=run["inject_drop"], optimizer=run["optimizer"],
-                               client_options={"plaintext": True},
+                               client_options={"plaintext": True, "transport": "udp"},
                                gloo_init=gloo_init, on_epoch=report)
         queue.put(("done", run["name"], rank, history))
     except BaseException as e:  # the parent reports it; a worker never hangs the demo
