@@ -30,7 +30,7 @@ inline constexpr absl::Duration kMinTail = absl::Microseconds(200);
 // before it counts as silent. Otherwise the cap cuts the spell short of the gaps it normally has
 // between arrivals: on 10 Mbit/s spines, workers asked again for results still on their way,
 // and 40% of the results an aggregator sent were copies; aggregators NACKed pushes still on
-// theirs, up to 3 times as many as were lost (docs/congestion.md, "Slow paths").
+// theirs, up to almost 4 times as many as were lost (docs/congestion.md, "Slow paths").
 // The mean is over the gaps since the first arrival (the wait for the first is latency, not
 // pace), once kPacedMinArrivals have come; at most kMaxPacedQuiet; zero before.
 inline constexpr uint64_t kPacedMinArrivals = 16;
