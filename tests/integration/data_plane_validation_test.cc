@@ -167,6 +167,19 @@ void StartTwoWorkers(const std::string& name, const TestAggregatorOptions& optio
   ASSERT_NE(out->job, nullptr);
 }
 
+// Sends `h` with `payload` (h.payload_len bytes) from `tx` to the aggregator as member h.rank of
+// `job` would: the job's id and epoch filled in, signed with that rank's key.
+void SendAsMember(Transport& tx, TestAggregator& agg, const server::Job& job, wire::Header h, const uint8_t* payload) {
+  h.job = job.id;
+  h.epoch = job.epoch;
+  h.flags |= wire::kFlagMac;
+  uint8_t header[wire::kHeaderSize], tag[wire::kMacSize];
+  wire::EncodeHeader(h, header);
+  wire::ComputeMac(*job.worker_key(h.rank), header, payload, h.payload_len, tag);
+  OutMessage m{agg.data().endpoints()[0], 1, header, wire::kHeaderSize, payload, h.payload_len, tag, wire::kMacSize};
+  ASSERT_TRUE(tx.Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+}
+
 // A member's genuine, correctly signed packet of a finished round, sent again later (a replay),
 // must change nothing: it is counted as stale and the next rounds stay exact.
 TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
@@ -465,21 +478,13 @@ TEST(DataPlaneValidation, RequestsForResultsOnTheirWayAreNotAnsweredAgain) {
   t.bind_host = "127.0.0.1";
   auto tx = CreateTransport(t);
   ASSERT_TRUE(tx.ok());
-  const Address target = agg->data().endpoints()[0];
   auto send = [&](wire::Header h, const uint8_t* payload) {
-    h.job = job->id;
     h.key = 7;
     h.round = 0;
     h.chunk_count = kChunks;
     h.tensor_elems = kElems;
     h.rank = 1;
-    h.epoch = job->epoch;
-    h.flags |= wire::kFlagMac;
-    uint8_t header[wire::kHeaderSize], tag[wire::kMacSize];
-    wire::EncodeHeader(h, header);
-    wire::ComputeMac(*job->worker_key(1), header, payload, h.payload_len, tag);
-    OutMessage m{target, 1, header, wire::kHeaderSize, payload, h.payload_len, tag, wire::kMacSize};
-    ASSERT_TRUE((*tx)->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+    SendAsMember(**tx, *agg, *job, h, payload);
   };
   std::vector<float> twos(256, 2.0f);
   for (uint32_t c = 0; c < kChunks; ++c) {
@@ -542,21 +547,13 @@ TEST(DataPlaneValidation, AnAggregatorOnASlowPathWaitsOutItsRoundsOwnGapsBeforeN
     wire::Header h;
     h.type = wire::MsgType::kPush;
     h.priority = 1;
-    h.job = job->id;
     h.key = 9;
     h.chunk = chunk;
     h.chunk_count = kChunks;
     h.tensor_elems = kElems;
     h.rank = 0;
-    h.epoch = job->epoch;
-    h.flags = wire::kFlagMac;
     h.payload_len = 1024;
-    uint8_t header[wire::kHeaderSize], tag[wire::kMacSize];
-    wire::EncodeHeader(h, header);
-    const auto* payload = reinterpret_cast<const uint8_t*>(ones.data());
-    wire::ComputeMac(*job->worker_key(0), header, payload, h.payload_len, tag);
-    OutMessage m{agg->data().endpoints()[0], 1, header, wire::kHeaderSize, payload, h.payload_len, tag, wire::kMacSize};
-    ASSERT_TRUE((*tx)->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+    SendAsMember(**tx, *agg, *job, h, reinterpret_cast<const uint8_t*>(ones.data()));
   };
   const char* kNacks = "dlcp_repairs_total{kind=\"push_nack\"}";
   // Before 16 pushes the round has no pace yet and the timeout rules, which a late wake-up here
