@@ -29,8 +29,8 @@ trap cleanup EXIT
 
 aggregators=()
 for i in 0 1; do
-  # UDP on both sides, chosen, not probed: on loopback it is what `auto` would pick, and a host
-  # with an RDMA device would otherwise pick RDMA for one side only.
+  # UDP on both sides, chosen rather than probed: the demo runs on loopback, and each worker's
+  # probe would log why it fell back to UDP.
   "$DLCPD" --host=127.0.0.1 --port=0 --data-port=0 --log-level=warning --plaintext --transport=udp \
     --ready-file="$work/agg$i.ready" 2>"$work/agg$i.log" &
   pids+=($!)
