@@ -753,9 +753,7 @@ void TransferEngine::ScanTimers(absl::Time now) {
     const uint32_t arrived = op.geometry.chunk_count() - op.remaining;
     const absl::Duration quiet =
         arrived == 0 ? options_.repair_timeout
-                     : std::max(QuietSpellEnd(op.start, op.last_progress, arrived, kRepairGaps, kMinRepair,
-                                              options_.repair_timeout) - op.last_progress,
-                                PacedQuiet(op.first_result, op.last_progress, arrived, kRepairGaps));
+                     : RepairQuiet(op.start, op.first_result, op.last_progress, arrived, options_.repair_timeout);
     if (now >= op.next_repair && now - op.last_progress >= quiet) {
       const std::vector<uint8_t> wanted = WantedResults(op);
       for (uint32_t d = 0; d < op.dests.size(); ++d) {

@@ -47,4 +47,12 @@ inline absl::Duration PacedQuiet(absl::Time first, absl::Time last, uint64_t arr
 inline constexpr double kRepairGaps = 16;
 inline constexpr absl::Duration kMinRepair = absl::Milliseconds(1);
 
+// The silence after `last` that counts as loss, for aggregators (missing pushes) and workers
+// (missing results) alike: `arrivals` came since `start`, the first of them at `first`.
+inline absl::Duration RepairQuiet(absl::Time start, absl::Time first, absl::Time last, uint64_t arrivals,
+                                  absl::Duration cap) {
+  return std::max(QuietSpellEnd(start, last, arrivals, kRepairGaps, kMinRepair, cap) - last,
+                  PacedQuiet(first, last, arrivals, kRepairGaps));
+}
+
 }  // namespace dlcp

@@ -340,10 +340,8 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
 absl::Duration DataThread::RepairInterval(const Round& r) const {
   // On a slow path the cap would cut the spell short of the round's own gaps between pushes and
   // NACK pushes still on their way (docs/congestion.md, "Slow paths").
-  return std::max(QuietSpellEnd(r.created(), r.last_progress(), r.contributions(), kRepairGaps, kMinRepair,
-                                options_.repair_timeout) -
-                      r.last_progress(),
-                  PacedQuiet(r.first_contribution(), r.last_progress(), r.contributions(), kRepairGaps));
+  return RepairQuiet(r.created(), r.first_contribution(), r.last_progress(), r.contributions(),
+                     options_.repair_timeout);
 }
 
 absl::Duration DataThread::ResultResendInterval(const Round& r) const {

@@ -28,5 +28,17 @@ TEST(QuietSpell, ASlowTransferGetsItsOwnGapsPastTheCap) {
   EXPECT_EQ(PacedQuiet(first, first + absl::Seconds(20), 101, 16), kMaxPacedQuiet);
 }
 
+TEST(QuietSpell, ARepairWaitsForTheLongerOfTheCappedSpellAndItsOwnPace) {
+  const absl::Time start = absl::Now();
+  const absl::Duration cap = absl::Milliseconds(5);
+  // Fast: 100 arrivals over 50 ms from the start, 16 mean gaps capped at 5 ms; the pace since the
+  // first (at 40 ms: 16 gaps of about 0.1 ms) is shorter.
+  EXPECT_EQ(RepairQuiet(start, start + absl::Milliseconds(40), start + absl::Milliseconds(50), 100, cap), cap);
+  // Slow: 101 arrivals 2 ms apart after the first; their 16 gaps, 32 ms, pass the cap.
+  EXPECT_EQ(RepairQuiet(start, start, start + absl::Milliseconds(200), 101, cap), absl::Milliseconds(32));
+  // Too few arrivals for a pace: the capped spell.
+  EXPECT_EQ(RepairQuiet(start, start, start + absl::Milliseconds(200), 10, cap), cap);
+}
+
 }  // namespace
 }  // namespace dlcp
