@@ -9,8 +9,12 @@
 #include <grpc/impl/codegen/grpc_types.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/build_config.h"
 #include "common/base/host_port.h"
 #include "common/base/log.h"
+#include "common/base/utf8.h"
+#include "common/wire/header.h"
+#include "common/wire/version_check.h"
 
 namespace dlcp {
 
@@ -57,6 +61,8 @@ absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, 
   req.set_data_qpn(options.data_qpn);
   req.set_data_qkey(options.data_qkey);
   req.set_worker_keys(true);
+  req.set_wire_version(wire::kVersion);
+  req.set_client_version(DLCP_VERSION);
   v1::JoinResponse resp;
   grpc::Status st = CallWithDeadline(
       [&](grpc::ClientContext* ctx, const v1::JoinRequest* rq, v1::JoinResponse* rs, auto cb) {
@@ -64,6 +70,25 @@ absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, 
       },
       req, &resp, options.rpc_timeout);
   if (!st.ok()) return FromGrpcStatus(st, absl::StrCat("join job '", options.job_name, "' at aggregator ", control));
+  if (absl::Status s = wire::CheckPeerWireVersion(resp.wire_version(), resp.aggregator_version(),
+                                                  absl::StrCat("aggregator ", control), "this client");
+      !s.ok()) {
+    // The aggregator took the join: leave at once, saying why, so the other workers learn it now
+    // and not from a heartbeat deadline.
+    v1::LeaveRequest leave;
+    leave.set_job_id(resp.job_id());
+    leave.set_rank(options.rank);
+    std::string reason(s.message());
+    TruncateUtf8(&reason, 512);
+    leave.set_reason(std::move(reason));
+    v1::LeaveResponse left;
+    CallWithDeadline(
+        [&](grpc::ClientContext* ctx, const v1::LeaveRequest* rq, v1::LeaveResponse* rs, auto cb) {
+          stub->async()->Leave(ctx, rq, rs, std::move(cb));
+        },
+        leave, &left, options.rpc_timeout);
+    return s;
+  }
   if (resp.data_endpoints().empty()) {
     return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " has no data endpoints"));
   }
@@ -416,12 +441,7 @@ absl::Status Session::Leave() {
     std::lock_guard<std::mutex> lock(mu_);
     if (!fatal_status_.ok()) reason = fatal_status_.ToString();
   }
-  if (reason.size() > 512) {
-    // Cut at a character boundary: a proto string must stay valid UTF-8.
-    size_t cut = 512;
-    while (cut > 0 && (static_cast<uint8_t>(reason[cut]) & 0xC0) == 0x80) --cut;
-    reason.resize(cut);
-  }
+  TruncateUtf8(&reason, 512);
   const std::vector<bool> lost = this->lost();
   for (size_t i = 0; i < stubs_.size(); ++i) {
     if (lost[i]) continue;  // gone; a Leave would only wait for its deadline

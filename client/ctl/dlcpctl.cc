@@ -18,6 +18,7 @@
 #include "client/session.h"
 #include "common/config/registry.h"
 #include "common/security/tls_flags.h"
+#include "common/wire/version_check.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace {
@@ -148,8 +149,8 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
   int failures = 0;
   std::vector<std::string> items;
   if (!json && cmd == "status") {
-    std::cout << absl::StrFormat("%-22s %-22s %9s %5s %8s %10s %10s\n", "AGGREGATOR", "ID", "UPTIME_S", "JOBS",
-                                 "WORKERS", "ROUNDS", "REJECTS");
+    std::cout << absl::StrFormat("%-22s %-22s %-10s %9s %5s %8s %10s %10s\n", "AGGREGATOR", "ID", "VERSION",
+                                 "UPTIME_S", "JOBS", "WORKERS", "ROUNDS", "REJECTS");
   }
   if (!json && cmd == "jobs") {
     std::cout << absl::StrFormat("%-22s %-24s %10s %6s %8s %10s %9s %8s\n", "AGGREGATOR", "JOB", "ID", "WORLD",
@@ -175,6 +176,8 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
       continue;
     }
     const auto counters = Sorted(r.stats);
+    // An aggregator from before releases were reported does not say.
+    const std::string version = r.stats.version().empty() ? "unknown" : r.stats.version();
     double workers = 0, rounds = 0, rejects = 0;
     for (const auto& j : r.stats.jobs()) workers += j.members();
     for (const auto& [name, value] : counters) {
@@ -183,6 +186,8 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
     }
     if (json) {
       std::string item = absl::StrCat("{\"aggregator\":", Json(r.address), ",\"id\":", Json(r.stats.aggregator_id()),
+                                      ",\"version\":", Json(version), ",\"wire_version\":",
+                                      dlcp::wire::AnnouncedWireVersion(r.stats.wire_version()),
                                       ",\"uptime_ms\":", r.stats.uptime_ms());
       if (cmd != "stats") absl::StrAppend(&item, ",\"jobs\":", JobsJson(r.stats));
       if (cmd != "jobs") absl::StrAppend(&item, ",\"counters\":", CountersJson(r.stats));
@@ -190,8 +195,9 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
       continue;
     }
     if (cmd == "status") {
-      std::cout << absl::StrFormat("%-22s %-22s %9d %5d %8.0f %10.0f %10.0f\n", r.address, r.stats.aggregator_id(),
-                                   r.stats.uptime_ms() / 1000, r.stats.jobs_size(), workers, rounds, rejects);
+      std::cout << absl::StrFormat("%-22s %-22s %-10s %9d %5d %8.0f %10.0f %10.0f\n", r.address,
+                                   r.stats.aggregator_id(), version, r.stats.uptime_ms() / 1000, r.stats.jobs_size(),
+                                   workers, rounds, rejects);
     } else if (cmd == "jobs") {
       for (const auto& j : r.stats.jobs()) {
         std::cout << absl::StrFormat("%-22s %-24s %10u %6u %8u %10u %9u %8u\n", r.address, j.job_name(), j.job_id(),

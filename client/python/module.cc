@@ -23,6 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/base/build_config.h"
 #include "common/policy/class_policy.h"
 #include "common/policy/drop_injector.h"
 
@@ -389,6 +390,7 @@ ClientOptions MakeOptions(py::kwargs kw) {
 PYBIND11_MODULE(_dlcp, m) {
   using namespace dlcp;
   m.doc() = "dlcp client binding; use the dlcp package, not this module";
+  m.attr("__version__") = DLCP_VERSION;
   static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
   g_error = error.ptr();
 

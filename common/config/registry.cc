@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/base/build_config.h"
 #include "common/base/check.h"
 #include "common/base/host_port.h"
 
@@ -98,6 +99,10 @@ absl::Status ConfigRegistry::Load(const std::vector<std::string>& args, const En
       help_requested_ = true;
       continue;
     }
+    if (arg == "--version") {
+      version_requested_ = true;
+      continue;
+    }
     if (arg == "--dump-config") {
       dump_requested_ = true;
       continue;
@@ -170,6 +175,10 @@ std::optional<int> ConfigRegistry::StartMain(int argc, char** argv, const std::f
     std::cout << Help();
     return 0;
   }
+  if (version_requested_) {
+    std::cout << VersionLine() << "\n";
+    return 0;
+  }
   if (!loaded.ok()) return fail(loaded);  // a bad value: nothing sensible to dump
   absl::Status valid = validate ? validate() : absl::OkStatus();
   if (dump_requested_) {
@@ -201,11 +210,17 @@ std::string ConfigRegistry::Dump() const {
   return out;
 }
 
+std::string ConfigRegistry::VersionLine() const {
+  return absl::StrCat(program_, " ", DLCP_VERSION, " (rdma: ", DLCP_WITH_RDMA ? "on" : "off",
+                      ", cuda: ", DLCP_WITH_CUDA ? "on" : "off", ")");
+}
+
 std::string ConfigRegistry::Help() const {
   std::string out = absl::StrCat("usage: ", program_, " [--setting=value ...]\n");
   if (!summary_.empty()) absl::StrAppend(&out, summary_, "\n");
   absl::StrAppend(&out, "\nEvery setting may also come from the environment as DLCP_<NAME>; flags win.\n",
-                  "  --dump-config  print every setting and where it came from, then exit\n\n");
+                  "  --dump-config  print every setting and where it came from, then exit\n",
+                  "  --version      print the release and what it was built with, then exit\n\n");
   for (const auto& [name, e] : entries_) {
     absl::StrAppend(&out, "  --", name, " (", EnvName(name), ", default ", e.default_text, ")\n      ", e.help, "\n");
   }

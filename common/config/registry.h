@@ -34,9 +34,9 @@ class ConfigRegistry {
   // The same with argv and the process environment.
   absl::Status LoadFromMain(int argc, char** argv);
 
-  // What every binary's main does first: load argv and the environment; answer --help; for
-  // --dump-config print the values, then whether `validate` (cross-setting checks, may be null)
-  // accepts them; otherwise report the first bad setting on stderr as "<program>: <prefix><why>".
+  // What every binary's main does first: load argv and the environment; answer --help and
+  // --version; for --dump-config print the values, then whether `validate` (cross-setting checks,
+  // may be null) accepts them; otherwise report the first bad setting on stderr as "<program>: <prefix><why>".
   // Returns the exit code when main should return now (0, or 2 for bad configuration), else
   // nullopt to carry on.
   std::optional<int> StartMain(int argc, char** argv, const std::function<absl::Status()>& validate = nullptr,
@@ -54,6 +54,8 @@ class ConfigRegistry {
   // One `name=value  # source` line per setting, sorted by name.
   std::string Dump() const;
   std::string Help() const;
+  // "<program> <release> (rdma: on|off, cuda: on|off)": what --version prints.
+  std::string VersionLine() const;
   static std::string EnvName(const std::string& name);
 
  private:
@@ -81,6 +83,7 @@ class ConfigRegistry {
   std::map<std::string, Entry> entries_;
   std::vector<std::string> positional_;
   bool help_requested_ = false;
+  bool version_requested_ = false;
   bool dump_requested_ = false;
 };
 

@@ -4,7 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/build_config.h"
 #include "common/base/log.h"
+#include "common/wire/header.h"
+#include "common/wire/version_check.h"
 
 namespace dlcp::server {
 
@@ -81,6 +84,16 @@ absl::Status AggregatorService::CheckDataTransport(const v1::JoinRequest& req) c
 
 absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::JoinRequest& req,
                                            v1::JoinResponse* resp) {
+  constexpr size_t kMaxClientVersionBytes = 64;  // a release name, quoted in errors and logs
+  if (req.client_version().size() > kMaxClientVersionBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("client_version is ", req.client_version().size(),
+                                                   " bytes; at most ", kMaxClientVersionBytes));
+  }
+  if (absl::Status s = wire::CheckPeerWireVersion(req.wire_version(), req.client_version(), "the worker",
+                                                  absl::StrCat("aggregator ", id()));
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = CheckDataTransport(req); !s.ok()) return s;
   if (jobs_->limits().data_auth && jobs_->limits().per_worker_data_keys && !req.worker_keys()) {
     return absl::FailedPreconditionError(
@@ -106,6 +119,8 @@ absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::Jo
   const uint32_t threads = static_cast<uint32_t>(data_->endpoints().size());
   resp->set_max_rounds_in_flight(std::max<uint32_t>(1, jobs_->limits().max_rounds_in_flight / (2 * threads)));
   resp->set_aggregator_id(id());
+  resp->set_wire_version(wire::kVersion);
+  resp->set_aggregator_version(DLCP_VERSION);
   if (const KeyRing::Keys* keys = (*job)->keys()) {
     // The joiner signs with the newest key from now on.
     (*job)->ring->Holds(req.rank(), keys->generation);
@@ -293,6 +308,8 @@ absl::Status AggregatorService::HandleRegroup(const v1::RegroupRequest& req, v1:
 absl::Status AggregatorService::HandleGetStats(v1::Stats* resp) {
   resp->set_aggregator_id(id());
   resp->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
+  resp->set_version(DLCP_VERSION);
+  resp->set_wire_version(wire::kVersion);
   for (const std::shared_ptr<Job>& job : jobs_->List()) {
     v1::JobStats* js = resp->add_jobs();
     js->set_job_id(job->id);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/base/build_config.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
@@ -59,6 +60,7 @@ TEST_P(BinariesTest, DlcpBenchIsExact) {
   ProcessResult status = RunProcess({DLCPCTL_PATH, "status", aggs, "--plaintext"}, absl::Seconds(10));
   EXPECT_EQ(status.exit_code, 0) << status.out;
   EXPECT_NE(status.out.find(controls[0]), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find(absl::StrCat(" ", DLCP_VERSION, " ")), std::string::npos) << status.out;
   ProcessResult health = RunProcess({DLCPCTL_PATH, "health", aggs, "--plaintext"}, absl::Seconds(10));
   EXPECT_EQ(health.exit_code, 0) << health.out;
   EXPECT_NE(health.out.find(": SERVING"), std::string::npos) << health.out;
@@ -106,6 +108,16 @@ TEST(Binaries, DumpConfigShowsSources) {
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("port=1234  # flag"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("repair-timeout-ms=5  # default"), std::string::npos) << r.out;
+}
+
+TEST(Binaries, EveryBinaryNamesItsReleaseAndBuild) {
+  for (const char* path : {DLCPD_PATH, DLCPCTL_PATH, DLCP_BENCH_PATH}) {
+    ProcessResult r = RunProcess({path, "--version"}, absl::Seconds(10));
+    EXPECT_EQ(r.exit_code, 0) << path << ": " << r.out;
+    const std::string name = std::string(path).substr(std::string(path).rfind('/') + 1);
+    EXPECT_EQ(r.out, absl::StrCat(name, " ", DLCP_VERSION, " (rdma: ", DLCP_WITH_RDMA ? "on" : "off",
+                                  ", cuda: ", DLCP_WITH_CUDA ? "on" : "off", ")\n"));
+  }
 }
 
 TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {

@@ -19,6 +19,7 @@ import weakref
 from . import _dlcp
 
 Error = _dlcp.Error
+__version__ = _dlcp.__version__  # the release of the library this package was built with
 
 __all__ = ["Client", "Error", "Handle", "cuda_status", "resolve_aggregators"]
 
