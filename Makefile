@@ -4,8 +4,9 @@ TYPE    ?= Release
 JOBS    ?= $(shell nproc)
 PYTHON  ?= /usr/bin/python3
 CMAKE_ARGS ?=
+PREFIX  ?= /usr/local
 
-.PHONY: all deps configure build demo test test-asan test-tsan bench clean
+.PHONY: all deps configure build demo test test-asan test-tsan bench install clean
 
 all: build
 
@@ -26,10 +27,18 @@ demo: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600 -j 2
 
+# dlcpd, dlcpctl, dlcp-bench, libdlcp.so with its headers, CMake package and pkg-config file, and
+# the Python package, under PREFIX (docs/deploy.md, "Installing from source"). DESTDIR stages it.
+# The prefix is configured, not only passed to --install: it decides where python3 will look.
+install: build
+	cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) > /dev/null
+	cmake --install $(BUILD)
+
 # ASan + UBSan over every unit and integration test (the real binaries run sanitized too).
 # Not here: the fuzz test (built with its own sanitizers), the manifest and image checks (no C++),
-# the soak test (sanitizer quarantine distorts memory growth), and the Python suites (an ASan-built
-# extension cannot load into the uninstrumented interpreter; the C++ paths they drive run here).
+# the soak test (sanitizer quarantine distorts memory growth), the Python suites (an ASan-built
+# extension cannot load into the uninstrumented interpreter; the C++ paths they drive run here),
+# and the install test (it builds programs of its own, without the sanitizer runtime).
 SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 test-asan: deps
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
@@ -37,7 +46,7 @@ test-asan: deps
 	  "-DCMAKE_EXE_LINKER_FLAGS=$(SAN_FLAGS)" "-DCMAKE_SHARED_LINKER_FLAGS=$(SAN_FLAGS)"
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --output-on-failure --timeout 600 -j 2 -E "^fuzz$$|k8s_manifests|docker_lockstep|Soak|Netbed|Python|RdmaVm"
+	  ctest --output-on-failure --timeout 600 -j 2 -E "^fuzz$$|k8s_manifests|docker_lockstep|Soak|Netbed|Python|RdmaVm|Install"
 
 # TSan over the reduction engine, the transports, the round state and the in-process client
 # tests. Debian's gRPC and Abseil are not built with TSan, so reports inside them are suppressed

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # No container engine runs here, so the image is checked by what it is made of:
-#  - its build stage runs scripts/install-deps.sh (so build dependencies cannot drift);
+#  - its build stage runs scripts/install-deps.sh (so build dependencies cannot drift), and
+#    installs with `cmake --install`, as `make install` does;
 #  - every shared library the shipped binaries load comes from a package in
 #    deploy/docker/runtime-packages.txt, or from the base image (libc6, libgcc-s1, libstdc++6);
 #  - every listed package exists in Debian 12 and is needed by some binary;
@@ -20,6 +21,7 @@ mapfile -t bases < <(grep -E '^FROM ' "$DOCKERFILE" | awk '{print $2}' | sort -u
 [ ${#bases[@]} -eq 1 ] || fail "stages use different base images: ${bases[*]}"
 [[ "${bases[0]}" == *:* && "${bases[0]}" != *:latest ]] || fail "base image ${bases[0]} is not pinned"
 grep -qE '^USER [1-9][0-9]*(:[0-9]+)?$' "$DOCKERFILE" || fail "runtime USER is root or missing"
+grep -q 'cmake --install /build' "$DOCKERFILE" || fail "build stage does not install with cmake --install"
 for f in dlcpd dlcpctl libdlcp.so; do grep -q "$f" "$DOCKERFILE" || fail "image does not ship $f"; done
 
 listed=$(awk '!/^#/ && NF {print $1}' "$LIST" | sort -u)
