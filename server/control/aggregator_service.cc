@@ -32,7 +32,13 @@ AggregatorService::AggregatorService(std::string aggregator_id, std::string adve
       data_(data),
       metrics_(metrics),
       started_(absl::Now()),
-      bad_requests_(metrics->GetCounter("dlcp_control_rejected_requests_total", {}, "Control RPCs refused")) {}
+      bad_requests_(metrics->GetCounter("dlcp_control_rejected_requests_total", {}, "Control RPCs refused")) {
+  // The usual build_info gauge: dashboards join it on the instance to see a fleet's releases.
+  metrics->AddComputed("dlcp_build_info",
+                       {{"version", DLCP_VERSION}, {"wire_version", absl::StrCat(static_cast<uint32_t>(wire::kVersion))}},
+                       MetricsRegistry::Kind::kGauge, "This dlcpd's release and data-plane wire format (always 1)",
+                       [] { return 1.0; });
+}
 
 void AggregatorService::FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const {
   const std::vector<std::vector<Address>> spray = data_->spray_sources();

@@ -198,6 +198,7 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   EXPECT_EQ(Scraped(body, "dlcp_round_loss_fraction_count"), ops);
   EXPECT_EQ(Scraped(body, "dlcp_rejects_total"), 0);
   EXPECT_EQ(Scraped(body, "dlcp_workers "), 0);  // the job left
+  EXPECT_EQ(Scraped(body, absl::StrCat("dlcp_build_info{version=\"", DLCP_VERSION, "\",wire_version=\"1\"}")), 1);
   EXPECT_EQ(Scraped(body, "dlcp_jobs "), 0);
   EXPECT_GE(Scraped(body, "dlcp_transport_packets_total{direction=\"rx\"}"),
             Scraped(body, "dlcp_rx_packets_total"));
