@@ -6,6 +6,8 @@
 #  - a C program compiled with `pkg-config dlcp` (tests/integration/c_api_smoke.c) and a C++ one
 #    built by CMake with find_package(dlcp) (tests/install/consumer) load the installed
 #    libdlcp.so and sum exactly through that dlcpd;
+#  - the installed systemd unit starts the installed dlcpd, passes `systemd-analyze verify`, and
+#    its example settings are all taken by dlcpd;
 #  - the installed Python package imports, names the release and sums through it too.
 # Usage: tests/install/install_test.sh BUILD_DIR [PYTHON]
 set -euo pipefail
@@ -69,6 +71,27 @@ uses_installed_lib "$WORK/consumer/sum"
 out=$("$WORK/consumer/sum" "$AGG" 2>"$WORK/sum.err") || fail "the C++ program failed: $out $(cat "$WORK/sum.err")"
 [ "$out" = "sum: ok (libdlcp $release)" ] || fail "the C++ program said: $out $(cat "$WORK/sum.err")"
 echo "install_test: C++ via find_package: ok"
+
+# The systemd unit: it starts the installed dlcpd, systemd reads it without a complaint, and the
+# example settings it points at are ones dlcpd accepts, every one of them taken.
+unit=$PREFIX/lib/systemd/system/dlcpd.service
+env_example=$(sed -nE 's/.*example is ([^ )]+)\).*/\1/p' "$unit")
+grep -qx "ExecStart=$PREFIX/bin/dlcpd" "$unit" || fail "$unit does not start $PREFIX/bin/dlcpd"
+[ -f "$env_example" ] || fail "$unit names example settings $env_example, which were not installed"
+[ -f "$PREFIX/lib/sysusers.d/dlcp.conf" ] && [ -f "$PREFIX/lib/sysctl.d/90-dlcp.conf" ] || fail "sysusers.d or sysctl.d file missing"
+mapfile -t settings < <(grep -E '^DLCP_[A-Z0-9_]+=' "$env_example")
+dump=$(env -i "${settings[@]}" "$PREFIX/bin/dlcpd" --dump-config) || fail "dlcpd refuses $env_example: $dump"
+for kv in "${settings[@]}"; do
+  name=${kv%%=*}
+  grep -q "  # env $name\$" <<<"$dump" || fail "$env_example sets $name, which dlcpd does not take: $dump"
+done
+if command -v systemd-analyze >/dev/null; then
+  complaints=$(systemd-analyze verify "$unit" 2>&1) || fail "systemd-analyze verify: $complaints"
+  [ -z "$complaints" ] || fail "systemd-analyze verify $unit: $complaints"
+  echo "install_test: systemd unit: ok"
+else
+  echo "install_test: systemd unit: files checked; systemd-analyze is not installed to verify it"
+fi
 
 # Python, where the Python binding is built.
 if [ -e "$BUILD/python/dlcp/__init__.py" ]; then
