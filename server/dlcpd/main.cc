@@ -95,6 +95,9 @@ int Main(int argc, char** argv) {
   HealthService health;
   int health_port = -1;
   if (opts->health_port >= 0) {
+    // The default health service is a process-wide switch that each server reads as it starts:
+    // off for this one, which has its own, or gRPC logs a duplicate registration as an error.
+    grpc::EnableDefaultHealthCheckService(false);
     grpc::ServerBuilder hb;
     hb.RegisterService(&health);
     hb.AddListeningPort(absl::StrCat(opts->host, ":", opts->health_port), grpc::InsecureServerCredentials(),
