@@ -1,8 +1,12 @@
 """dlcp with PyTorch: DDP's comm hook and the DeAR-style DistributedOptimizer, in real
 multi-process jobs against real aggregators."""
 import multiprocessing as mp
+import os
 import queue as queue_lib
 import socket
+import subprocess
+import sys
+import textwrap
 import time
 import traceback
 
@@ -12,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
+import dlcp  # noqa: E402
 import torch_workers  # noqa: E402
 from conftest import start_aggregators, stop  # noqa: E402
 
@@ -58,6 +63,51 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_under_a_launcher_rank_world_size_and_job_come_from_its_environment(aggregators, tmp_path):
+    """Three workers started as torchrun starts them, with RANK, WORLD_SIZE and TORCHELASTIC_RUN_ID
+    (and LOCAL_RANK, MASTER_ADDR, ...) in their environment, make their Clients with neither rank,
+    world_size nor job: they must form one job and sum exactly. (torchrun itself cannot run here:
+    Debian 12's torch 1.13 launcher fails on Python 3.11's IntFlag before it starts a worker.)"""
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np
+        import dlcp
+        client = dlcp.Client(aggregators=sys.argv[1], plaintext=True, loss_bound=0)
+        x = np.full(100003, client.rank + 1, dtype=np.float32)
+        client.allreduce(0, x)
+        print(f"rank {client.rank} of {client.world_size} in {client.job}: {x.min()} {x.max()}", flush=True)
+        client.close()
+    """))
+    run_id = f"launched-{os.getpid()}-{free_port()}"
+    world = 3
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500",
+                   TORCHELASTIC_RUN_ID=run_id)
+        procs.append(subprocess.Popen([sys.executable, str(script), aggregators], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=60)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, out
+        assert f"rank {rank} of {world} in {run_id}: 6.0 6.0" in out, out
+
+
+def test_launcher_settings_yield_to_given_ones_and_bad_ones_are_named():
+    options = {"rank": 2}
+    dlcp._launcher_defaults(options, {"RANK": "0", "WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "none"})
+    assert options == {"rank": 2, "world_size": 4}  # "none": torchrun without --rdzv_id
+    with pytest.raises(dlcp.Error, match="world_size: the launcher's WORLD_SIZE='four' is not a whole number"):
+        dlcp._launcher_defaults({}, {"WORLD_SIZE": "four"})
 
 
 def relative_error(a, b):

@@ -13,6 +13,7 @@ on the GPU, and the aggregate is written back to the device; where no CUDA devic
 the reason; nothing here aborts the interpreter.
 """
 import atexit
+import os
 import threading
 import weakref
 
@@ -111,8 +112,32 @@ class Handle:
         return stats
 
 
+# What torch.distributed's launchers export to every worker: torchrun and torch.distributed.launch
+# (RANK, WORLD_SIZE; torchrun also TORCHELASTIC_RUN_ID, the same for every worker of a run, "none"
+# when no --rdzv_id was given), and Kubeflow's PyTorchJob (RANK, WORLD_SIZE).
+_LAUNCHER_VARS = (("rank", "RANK"), ("world_size", "WORLD_SIZE"))
+
+
+def _launcher_defaults(options, env):
+    """Fills rank, world_size and job from a launcher's environment where the caller gave none."""
+    for option, var in _LAUNCHER_VARS:
+        if option in options or var not in env:
+            continue
+        try:
+            options[option] = int(env[var])
+        except ValueError:
+            raise Error(f"{option}: the launcher's {var}={env[var]!r} is not a whole number") from None
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    if "job" not in options and run_id not in ("", "none"):
+        options["job"] = run_id
+
+
 class Client:
     """A worker's connection to its job's aggregators.
+
+    Under torchrun, torch.distributed.launch or a Kubeflow PyTorchJob, rank and world_size default
+    to the launcher's RANK and WORLD_SIZE, and job to torchrun's TORCHELASTIC_RUN_ID (its
+    --rdzv_id); options given here win.
 
     Keyword options (all optional but aggregators, world_size and rank):
       aggregators: "host:port,..." or a list; job; world_size; rank; chunk_bytes;
@@ -129,6 +154,8 @@ class Client:
     """
 
     def __init__(self, **options):
+        _launcher_defaults(options, os.environ)
+        self._job = options.get("job", "default")
         self._inner = _dlcp.Client(**options)
         with _open_lock:
             _open_clients.add(self)
@@ -144,6 +171,11 @@ class Client:
     @property
     def job_id(self):
         return self._inner.job_id
+
+    @property
+    def job(self):
+        """The job's name: what every worker of the job joined with."""
+        return self._job
 
     def rejects(self):
         """Data packets this client dropped since it connected, by reason ({"bad_mac": 3, ...}):
