@@ -18,6 +18,7 @@
 #include "server/control/aggregator_service.h"
 #include "server/control/health_service.h"
 #include "server/dlcpd/dlcpd_config.h"
+#include "server/dlcpd/systemd_notify.h"
 #include "server/metrics/prometheus_exporter.h"
 
 namespace dlcp::server {
@@ -136,6 +137,12 @@ int Main(int argc, char** argv) {
       DLCP_LOG(Error) << s;
     }
   }
+  if (absl::Status s = NotifyServiceManager(absl::StrCat("READY=1\nSTATUS=serving control on port ", control_port,
+                                                         ", data ", rdma ? "queue pairs " : "ports ",
+                                                         absl::StrJoin(endpoints, ",")));
+      !s.ok()) {
+    DLCP_LOG(Warning) << "cannot tell the service manager dlcpd is ready: " << s;
+  }
 
   // The main thread waits for a signal and, four times a second, fails jobs with a silent worker,
   // moves key rotations on and removes jobs whose workers all vanished.
@@ -155,6 +162,9 @@ int Main(int argc, char** argv) {
     }
   }
   DLCP_LOG(Info) << "signal " << sig << ": shutting down";
+  if (absl::Status s = NotifyServiceManager("STOPPING=1\nSTATUS=shutting down"); !s.ok()) {
+    DLCP_LOG(Warning) << "cannot tell the service manager dlcpd is stopping: " << s;
+  }
   health.set_serving(false);
   exporter.reset();
   if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

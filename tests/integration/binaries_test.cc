@@ -2,8 +2,14 @@
 // 127.0.0.1, and dlcpctl. Every result is checked exactly by dlcp-bench itself.
 #include <gtest/gtest.h>
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
@@ -118,6 +124,37 @@ TEST(Binaries, EveryBinaryNamesItsReleaseAndBuild) {
     EXPECT_EQ(r.out, absl::StrCat(name, " ", DLCP_VERSION, " (rdma: ", DLCP_WITH_RDMA ? "on" : "off",
                                   ", cuda: ", DLCP_WITH_CUDA ? "on" : "off", ")\n"));
   }
+}
+
+// What a Type=notify systemd unit hears (sd_notify(3)): READY=1 once dlcpd serves, STOPPING=1 at
+// SIGTERM, each with a STATUS line.
+TEST(Binaries, DlcpdTellsTheServiceManagerWhenItServesAndWhenItStops) {
+  const std::string path = absl::StrCat("/tmp/dlcp-notify-", getpid());
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  unlink(path.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
+  const auto next_message = [fd] {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 10000) != 1) return std::string("(nothing within 10 s)");
+    char buf[512];
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("(recv failed)");
+  };
+  setenv("NOTIFY_SOCKET", path.c_str(), 1);  // the dlcpd started next inherits it
+  auto d = Daemon::Start(DLCPD_PATH, {});
+  unsetenv("NOTIFY_SOCKET");
+  ASSERT_NE(d, nullptr);
+  const std::string ready = next_message();
+  EXPECT_TRUE(absl::StartsWith(ready, "READY=1\nSTATUS=serving control on port ")) << ready;
+  EXPECT_NE(ready.find(d->control().substr(d->control().rfind(':') + 1)), std::string::npos) << ready;
+  EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
+  EXPECT_EQ(next_message(), "STOPPING=1\nSTATUS=shutting down");
+  close(fd);
+  unlink(path.c_str());
 }
 
 TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {
