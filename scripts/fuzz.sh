@@ -19,7 +19,8 @@ FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
        -I"$BUILD/proto/gen")
 LIBS=$(pkg-config --libs grpc++ protobuf absl_status absl_statusor absl_strings absl_str_format absl_time \
        absl_synchronization)
-WIRE=(common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc common/wire/bounded.cc common/wire/payload_encoding.cc)
+WIRE=(common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc common/wire/bounded.cc common/wire/payload_encoding.cc
+      common/wire/version_check.cc)
 # The RDMA transport when the build has it (build_config.h); libibverbs itself is dlopen()ed.
 RDMA=()
 if grep -q 'DLCP_WITH_RDMA 1' "$BUILD/generated/common/base/build_config.h"; then
