@@ -134,11 +134,13 @@ TEST(VersionSkew, AClientRefusesAnAggregatorOfAnotherWireFormatAndLeavesItsJob) 
                                        static_cast<uint32_t>(wire::kVersion), " (dlcp ", DLCP_VERSION, ")");
   EXPECT_NE(c.status().message().find(why), std::string::npos) << c.status();
 
-  std::lock_guard<std::mutex> lock(newer.mu_);
-  EXPECT_EQ(newer.announced_, wire::kVersion);
-  EXPECT_EQ(newer.client_version_, DLCP_VERSION);
-  EXPECT_EQ(newer.left_job_, 7u);
-  EXPECT_NE(newer.leave_reason_.find(why), std::string::npos) << newer.leave_reason_;
+  {
+    std::lock_guard<std::mutex> lock(newer.mu_);
+    EXPECT_EQ(newer.announced_, wire::kVersion);
+    EXPECT_EQ(newer.client_version_, DLCP_VERSION);
+    EXPECT_EQ(newer.left_job_, 7u);
+    EXPECT_NE(newer.leave_reason_.find(why), std::string::npos) << newer.leave_reason_;
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
