@@ -9,6 +9,7 @@
 #  - the installed systemd unit starts the installed dlcpd, passes `systemd-analyze verify`, and
 #    its example settings are all taken by dlcpd;
 #  - the installed Python package imports, names the release and sums through it too.
+# Every program it runs has its own deadline (timeout), besides ctest's.
 # Usage: tests/install/install_test.sh BUILD_DIR [PYTHON]
 set -euo pipefail
 BUILD=$(cd "$1" && pwd)
@@ -41,7 +42,7 @@ DLCPD_PID=$!
 for _ in $(seq 1 200); do [ -s "$WORK/ready" ] && break; sleep 0.05; done
 [ -s "$WORK/ready" ] || { cat "$WORK/dlcpd.log"; fail "the installed dlcpd did not become ready in 10 s"; }
 AGG="127.0.0.1:$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$WORK/ready")"
-status=$("$PREFIX/bin/dlcpctl" status --aggregators="$AGG" --plaintext --timeout-ms=5000) || fail "dlcpctl status: $status"
+status=$(timeout 30 "$PREFIX/bin/dlcpctl" status --aggregators="$AGG" --plaintext --timeout-ms=5000) || fail "dlcpctl status: $status"
 grep -q " $release " <<<"$status" || fail "dlcpctl status does not report release $release: $status"
 
 # Every check below must use what was installed, not the build tree.
@@ -59,7 +60,7 @@ libdir=$(pkg-config --variable=libdir dlcp)
 cc -std=c11 -Wall -Wextra -Werror $(pkg-config --cflags dlcp) "$SRC/tests/integration/c_api_smoke.c" \
   -o "$WORK/c_api_smoke" $(pkg-config --libs dlcp) -lpthread -Wl,-rpath,"$libdir" || fail "C build against dlcp.pc failed"
 uses_installed_lib "$WORK/c_api_smoke"
-"$WORK/c_api_smoke" "$AGG" >"$WORK/c.out" 2>&1 || { cat "$WORK/c.out"; fail "the C program failed"; }
+timeout 120 "$WORK/c_api_smoke" "$AGG" >"$WORK/c.out" 2>&1 || { cat "$WORK/c.out"; fail "the C program failed"; }
 grep -q "c api: ok" "$WORK/c.out" || { cat "$WORK/c.out"; fail "the C program did not report success"; }
 echo "install_test: C via pkg-config: ok"
 
@@ -68,7 +69,7 @@ cmake -S "$SRC/tests/install/consumer" -B "$WORK/consumer" -G Ninja -DCMAKE_BUIL
   -DCMAKE_PREFIX_PATH="$PREFIX" >"$WORK/consumer.log" 2>&1 || { cat "$WORK/consumer.log"; fail "find_package(dlcp) failed"; }
 cmake --build "$WORK/consumer" >>"$WORK/consumer.log" 2>&1 || { cat "$WORK/consumer.log"; fail "C++ build against dlcp::dlcp failed"; }
 uses_installed_lib "$WORK/consumer/sum"
-out=$("$WORK/consumer/sum" "$AGG" 2>"$WORK/sum.err") || fail "the C++ program failed: $out $(cat "$WORK/sum.err")"
+out=$(timeout 120 "$WORK/consumer/sum" "$AGG" 2>"$WORK/sum.err") || fail "the C++ program failed: $out $(cat "$WORK/sum.err")"
 [ "$out" = "sum: ok (libdlcp $release)" ] || fail "the C++ program said: $out $(cat "$WORK/sum.err")"
 echo "install_test: C++ via find_package: ok"
 
@@ -96,7 +97,7 @@ fi
 # Python, where the Python binding is built.
 if [ -e "$BUILD/python/dlcp/__init__.py" ]; then
   pkg=$(dirname "$(find "$PREFIX" -path '*/dlcp/__init__.py')")
-  PYTHONPATH=$(dirname "$pkg") "$PYTHON" - "$AGG" "$release" "$PREFIX" <<'EOF' || fail "the installed Python package failed"
+  PYTHONPATH=$(dirname "$pkg") timeout 120 "$PYTHON" - "$AGG" "$release" "$PREFIX" <<'EOF' || fail "the installed Python package failed"
 import sys
 import numpy as np
 import dlcp
