@@ -183,6 +183,8 @@ class Client {
   ~Client();
   // The payload bytes per chunk this client uses (ClientOptions::chunk_bytes, resolved if 0).
   uint32_t chunk_bytes() const { return options_.chunk_bytes; }
+  // The job's name (ClientOptions::job_name): what every worker of the job joined with.
+  const std::string& job_name() const { return options_.job_name; }
   // The data plane it chose (kUdp or kRdma when ClientOptions asked for kAuto).
   TransportOptions::Kind transport_kind() const { return transport_kind_; }
   Client(const Client&) = delete;

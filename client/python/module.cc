@@ -284,6 +284,7 @@ class PyClient {
   uint32_t rank() const { return Get().rank(); }
   uint32_t world_size() const { return Get().world_size(); }
   uint32_t job_id() const { return Get().job_id(); }
+  std::string job() const { return Get().job_name(); }
   std::map<std::string, uint64_t> rejects() const { return Get().Rejects(); }
 
  private:
@@ -419,5 +420,6 @@ PYBIND11_MODULE(_dlcp, m) {
       .def_property_readonly("rank", &PyClient::rank)
       .def_property_readonly("world_size", &PyClient::world_size)
       .def_property_readonly("job_id", &PyClient::job_id)
+      .def_property_readonly("job", &PyClient::job)
       .def("rejects", &PyClient::rejects);
 }

@@ -155,7 +155,6 @@ class Client:
 
     def __init__(self, **options):
         _launcher_defaults(options, os.environ)
-        self._job = options.get("job", "default")
         self._inner = _dlcp.Client(**options)
         with _open_lock:
             _open_clients.add(self)
@@ -175,7 +174,7 @@ class Client:
     @property
     def job(self):
         """The job's name: what every worker of the job joined with."""
-        return self._job
+        return self._inner.job
 
     def rejects(self):
         """Data packets this client dropped since it connected, by reason ({"bad_mac": 3, ...}):
