@@ -34,6 +34,12 @@ install: build
 	cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) > /dev/null
 	cmake --install $(BUILD)
 
+# Configures a sanitizer build: $(1) the folder, $(2) optimization and debug flags, $(3) the
+# sanitizer flags, for compiling and linking alike.
+sanitizer_build = cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
+  -DDLCP_WITH_CUDA=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(2)" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$(2)" \
+  "-DCMAKE_CXX_FLAGS=$(3)" "-DCMAKE_C_FLAGS=$(3)" "-DCMAKE_EXE_LINKER_FLAGS=$(3)" "-DCMAKE_SHARED_LINKER_FLAGS=$(3)"
+
 # ASan + UBSan over every unit and integration test (the real binaries run sanitized too).
 # Not here: the fuzz test (built with its own sanitizers), the manifest and image checks (no C++),
 # the soak test (sanitizer quarantine distorts memory growth), the Python suites (an ASan-built
@@ -45,10 +51,7 @@ install: build
 SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 SAN_OPT = -O1 -g1 -DNDEBUG
 test-asan: deps
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
-	  -DDLCP_WITH_CUDA=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(SAN_OPT)" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$(SAN_OPT)" \
-	  "-DCMAKE_CXX_FLAGS=$(SAN_FLAGS)" "-DCMAKE_C_FLAGS=$(SAN_FLAGS)" \
-	  "-DCMAKE_EXE_LINKER_FLAGS=$(SAN_FLAGS)" "-DCMAKE_SHARED_LINKER_FLAGS=$(SAN_FLAGS)"
+	$(call sanitizer_build,build-asan,$(SAN_OPT),$(SAN_FLAGS))
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure --timeout 600 -j 2 -E "^fuzz$$|k8s_manifests|docker_lockstep|Soak|Netbed|Python|RdmaVm|Install"
@@ -63,10 +66,7 @@ TSAN_TESTS = engine_test transport_test round_test loss_tracker_test allreduce_t
   result_requests_test key_rotation_test key_ring_test \
   failover_test regroup_barrier_test packer_test
 test-tsan: deps
-	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
-	  -DDLCP_WITH_CUDA=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(TSAN_OPT)" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$(TSAN_OPT)" \
-	  "-DCMAKE_CXX_FLAGS=$(TSAN_FLAGS)" "-DCMAKE_C_FLAGS=$(TSAN_FLAGS)" \
-	  "-DCMAKE_EXE_LINKER_FLAGS=$(TSAN_FLAGS)" "-DCMAKE_SHARED_LINKER_FLAGS=$(TSAN_FLAGS)"
+	$(call sanitizer_build,build-tsan,$(TSAN_OPT),$(TSAN_FLAGS))
 	cmake --build build-tsan -j $(JOBS) --target $(TSAN_TESTS)
 	for t in $(TSAN_TESTS); do \
 	  TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
