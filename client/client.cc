@@ -185,9 +185,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   });
   if (eo.retain_inputs && eo.endpoints.size() > 1) {
     c->session_->set_layout_handler(
-        [raw = c.get()](const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why) {
-          return raw->OnLayoutChange(lost, back, why);
-        });
+        [raw = c.get()](const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why,
+                        bool planned) { return raw->OnLayoutChange(lost, back, why, planned); });
   }
   return c;
 }
@@ -243,14 +242,18 @@ void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root,
 }
 
 bool Client::OnLayoutChange(const std::vector<size_t>& lost, const std::vector<size_t>& back,
-                            const absl::Status& why) {
+                            const absl::Status& why, bool planned) {
   std::lock_guard<std::mutex> lock(regroup_mu_);
   if (closing_) return false;
   if (regrouping_) {
-    // One regroup at a time. A returning aggregator can wait for the next one; a loss in the
-    // middle of one is more than this job can take.
-    if (!lost.empty()) {
+    // One regroup at a time. A returning aggregator can wait for the next one, and so can a
+    // draining one, which serves until its workers have moved off it (a rolling restart that
+    // drains the next node while the last one is being taken back); a loss in the middle of
+    // one is more than this job can take.
+    if (!lost.empty() && !planned) {
       engine_->FailFatal(absl::Status(why.code(), absl::StrCat(why.message(), " during a regroup")));
+    } else if (!lost.empty()) {
+      DLCP_LOG(Info) << "rank " << options_.rank << ": " << why << "; moving off it once the regroup under way ends";
     }
     return false;
   }

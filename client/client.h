@@ -230,7 +230,8 @@ class Client {
  private:
   Client() = default;
   // On the session's heartbeat thread: starts a regroup on its own thread (Session::LayoutHandler).
-  bool OnLayoutChange(const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why);
+  bool OnLayoutChange(const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why,
+                      bool planned);
   // Pause the data path, regroup with the survivors, resume in the new layout (or fail).
   void Regroup(uint32_t generation, std::vector<bool> lost, absl::Status why);
 

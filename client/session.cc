@@ -182,8 +182,15 @@ void Session::HeartbeatLoop() {
     const std::vector<bool> lost = lost_;
     LayoutHandler on_change = layout_handler_;
     lock.unlock();
-    std::vector<size_t> newly_lost;
-    absl::Status why;
+    std::vector<size_t> newly_lost, draining;
+    absl::Status why, why_draining;
+    // An aggregator gone (or going): the job goes on without it if it can (fail-over), or fails.
+    const auto lose = [&](size_t i, absl::Status s, bool planned) {
+      if (!on_change) return Fatal(s);
+      (planned ? draining : newly_lost).push_back(i);
+      absl::Status& first = planned ? why_draining : why;
+      if (first.ok()) first = std::move(s);
+    };
     for (size_t i = 0; i < stubs_.size(); ++i) {
       if (lost[i]) {
         if (on_change) ProbeLost(i, on_change);
@@ -203,7 +210,13 @@ void Session::HeartbeatLoop() {
             stubs_[i]->async()->Heartbeat(ctx, rq, rs, std::move(cb));
           },
           req, &resp, std::min(options_.rpc_timeout, heartbeat_interval_));
-      if (st.ok()) {
+      if (st.ok() && resp.draining()) {
+        // It is shutting down (SIGTERM) and answers so while it tells its workers: it is lost
+        // now, not a heartbeat deadline after the process is gone.
+        lose(i,
+             absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " is shutting down (draining)")),
+             /*planned=*/true);
+      } else if (st.ok()) {
         last_ok_[i] = absl::Now();
         if (resp.rejoins() > rejoins_) rejoined_epochs_[i] = resp.epoch();
         NoteKeys(i, resp);
@@ -216,21 +229,19 @@ void Session::HeartbeatLoop() {
       } else if (absl::Now() - last_ok_[i] > heartbeat_timeout_) {
         // No answer for longer than the deadline: the aggregator that owns part of every tensor
         // is gone. Fail now rather than at each op's deadline, unless the job can go on without it.
-        absl::Status s = absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control,
-                                                             " unreachable for ",
-                                                             absl::FormatDuration(absl::Now() - last_ok_[i]), ": ",
-                                                             st.error_message()));
-        if (on_change) {
-          newly_lost.push_back(i);
-          if (why.ok()) why = s;
-        } else {
-          Fatal(s);
-        }
+        lose(i, absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " unreachable for ",
+                                                    absl::FormatDuration(absl::Now() - last_ok_[i]), ": ",
+                                                    st.error_message())),
+             /*planned=*/false);
       } else {
         DLCP_LOG(Warning) << "heartbeat to " << aggregators_[i].control << " failed: " << st.error_message();
       }
     }
     NoteRejoin(lost);
+    // A loss takes the draining aggregators along; drains alone may wait for a regroup under way.
+    const bool planned = newly_lost.empty();
+    if (planned) why = why_draining;
+    newly_lost.insert(newly_lost.end(), draining.begin(), draining.end());
     if (!newly_lost.empty()) {
       size_t alive = 0;
       {
@@ -240,8 +251,10 @@ void Session::HeartbeatLoop() {
       }
       if (alive == 0) {
         Fatal(absl::Status(why.code(), absl::StrCat(why.message(), "; no aggregator of the job is left")));
-      } else {
-        on_change(newly_lost, {}, why);
+      } else if (!on_change(newly_lost, {}, why, planned)) {
+        // Not now: they still serve, and say so again at the next heartbeat.
+        std::lock_guard<std::mutex> guard(mu_);
+        for (size_t i : newly_lost) lost_[i] = false;
       }
     }
     lock.lock();
@@ -339,7 +352,7 @@ void Session::ProbeLost(size_t i, const LayoutHandler& on_change) {
   last_ok_[i] = absl::Now();
   // Only once the client takes it in does it count (it may be busy with another regroup, and
   // then the next probe offers it again).
-  if (on_change({}, {i}, absl::OkStatus())) {
+  if (on_change({}, {i}, absl::OkStatus(), /*planned=*/false)) {
     std::lock_guard<std::mutex> lock(mu_);
     lost_[i] = false;
   }

@@ -72,11 +72,13 @@ class Session {
   void set_fatal_handler(std::function<void(const absl::Status&)> handler);
   // Aggregator fail-over: called on the heartbeat thread (it must not block), instead of the
   // fatal handler, when aggregators stop answering for longer than the deadline while others
-  // still do (`lost`, with the reason), or when a lost one answers a Join again (`back`). Lost
-  // aggregators get no heartbeats, only a Join per heartbeat interval. For `back`, returning
-  // false means "not now": it stays lost and is offered again. Set before heartbeats matter.
+  // still do (`lost`, with the reason), when they say they are draining (`lost`, `planned`:
+  // they still serve), or when a lost one answers a Join again (`back`). Lost aggregators get no
+  // heartbeats, only a Join per heartbeat interval. For `back` and planned losses, returning
+  // false means "not now": nothing changes, and they are offered again at the next heartbeat.
+  // Set before heartbeats matter.
   using LayoutHandler = std::function<bool(const std::vector<size_t>& lost, const std::vector<size_t>& back,
-                                           const absl::Status& why)>;
+                                           const absl::Status& why, bool planned)>;
   void set_layout_handler(LayoutHandler handler);
   // Called on the heartbeat thread once every aggregator (but lost ones) says the job went on
   // after losing a worker (its rejoin count grew): with each one's new epoch (0 for lost ones).

@@ -36,7 +36,7 @@ clang++ "${FLAGS[@]}" tests/fuzz/control_fuzz.cc "${WIRE[@]}" \
   common/datapath/outbox.cc common/datapath/path_shares.cc server/engine/reduce.cc server/rounds/round.cc server/rounds/block_pool.cc \
   server/jobs/job_registry.cc server/jobs/key_ring.cc server/jobs/regroup_barrier.cc server/data/data_plane.cc server/data/data_thread.cc server/data/bounded_rounds.cc \
   server/policy/loss_tracker.cc common/policy/drop_injector.cc \
-  server/control/aggregator_service.cc "$BUILD/proto/gen/dlcp/v1/control.pb.cc" \
+  server/control/aggregator_service.cc server/control/drain_tracker.cc "$BUILD/proto/gen/dlcp/v1/control.pb.cc" \
   "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" $LIBS -lhighwayhash -lpthread -ldl -o "$OUT/control_fuzz" &
 wait %1 || { echo "fuzz: building wire_fuzz failed"; exit 1; }
 wait %2 || { echo "fuzz: building control_fuzz failed"; exit 1; }

@@ -1,5 +1,5 @@
 // dlcpctl: an operator's view of a set of aggregators.
-//   dlcpctl status --aggregators=H:P[,H:P...]   one line per aggregator: up, jobs, workers, rounds
+//   dlcpctl status --aggregators=H:P[,H:P...]   one line per aggregator: release, serving or draining, jobs, workers, rounds
 //   dlcpctl jobs   --aggregators=...             every job on every aggregator
 //   dlcpctl stats  --aggregators=...             every counter (nonzero ones in table form)
 //   dlcpctl health --aggregators=...             grpc.health.v1; exit 0 only if all SERVING
@@ -149,8 +149,8 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
   int failures = 0;
   std::vector<std::string> items;
   if (!json && cmd == "status") {
-    std::cout << absl::StrFormat("%-22s %-22s %-10s %9s %5s %8s %10s %10s\n", "AGGREGATOR", "ID", "VERSION",
-                                 "UPTIME_S", "JOBS", "WORKERS", "ROUNDS", "REJECTS");
+    std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %9s %5s %8s %10s %10s\n", "AGGREGATOR", "ID", "VERSION",
+                                 "STATE", "UPTIME_S", "JOBS", "WORKERS", "ROUNDS", "REJECTS");
   }
   if (!json && cmd == "jobs") {
     std::cout << absl::StrFormat("%-22s %-24s %10s %6s %8s %10s %9s %8s\n", "AGGREGATOR", "JOB", "ID", "WORLD",
@@ -188,6 +188,7 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
       std::string item = absl::StrCat("{\"aggregator\":", Json(r.address), ",\"id\":", Json(r.stats.aggregator_id()),
                                       ",\"version\":", Json(version), ",\"wire_version\":",
                                       dlcp::wire::AnnouncedWireVersion(r.stats.wire_version()),
+                                      ",\"draining\":", r.stats.draining() ? "true" : "false",
                                       ",\"uptime_ms\":", r.stats.uptime_ms());
       if (cmd != "stats") absl::StrAppend(&item, ",\"jobs\":", JobsJson(r.stats));
       if (cmd != "jobs") absl::StrAppend(&item, ",\"counters\":", CountersJson(r.stats));
@@ -195,9 +196,9 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
       continue;
     }
     if (cmd == "status") {
-      std::cout << absl::StrFormat("%-22s %-22s %-10s %9d %5d %8.0f %10.0f %10.0f\n", r.address,
-                                   r.stats.aggregator_id(), version, r.stats.uptime_ms() / 1000, r.stats.jobs_size(),
-                                   workers, rounds, rejects);
+      std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %9d %5d %8.0f %10.0f %10.0f\n", r.address,
+                                   r.stats.aggregator_id(), version, r.stats.draining() ? "draining" : "serving",
+                                   r.stats.uptime_ms() / 1000, r.stats.jobs_size(), workers, rounds, rejects);
     } else if (cmd == "jobs") {
       for (const auto& j : r.stats.jobs()) {
         std::cout << absl::StrFormat("%-22s %-24s %10u %6u %8u %10u %9u %8u\n", r.address, j.job_name(), j.job_id(),

@@ -90,6 +90,11 @@ absl::Status AggregatorService::CheckDataTransport(const v1::JoinRequest& req) c
 
 absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::JoinRequest& req,
                                            v1::JoinResponse* resp) {
+  if (drain_.active()) {
+    // UNAVAILABLE, like an aggregator that is not there: a worker probing a lost aggregator keeps
+    // it lost, and a restart at this address is joined again once it serves.
+    return absl::UnavailableError(absl::StrCat("aggregator ", id(), " is shutting down and takes no new members"));
+  }
   constexpr size_t kMaxClientVersionBytes = 64;  // a release name, quoted in errors and logs
   if (req.client_version().size() > kMaxClientVersionBytes) {
     return absl::InvalidArgumentError(absl::StrCat("client_version is ", req.client_version().size(),
@@ -253,6 +258,10 @@ absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req,
       resp->set_data_key_generation(keys->generation);
     }
   }
+  if (s.ok() && drain_.active()) {
+    resp->set_draining(true);
+    drain_.Told(req.job_id(), req.rank());
+  }
   return s;
 }
 
@@ -316,6 +325,7 @@ absl::Status AggregatorService::HandleGetStats(v1::Stats* resp) {
   resp->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
   resp->set_version(DLCP_VERSION);
   resp->set_wire_version(wire::kVersion);
+  resp->set_draining(drain_.active());
   for (const std::shared_ptr<Job>& job : jobs_->List()) {
     v1::JobStats* js = resp->add_jobs();
     js->set_job_id(job->id);

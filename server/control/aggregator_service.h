@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/registry.h"
 #include "dlcp/v1/control.grpc.pb.h"
+#include "server/control/drain_tracker.h"
 #include "server/data/data_plane.h"
 #include "server/jobs/job_registry.h"
 
@@ -27,6 +28,9 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
     std::lock_guard<std::mutex> lock(id_mu_);
     id_ = std::move(id);
   }
+
+  // Graceful shutdown: from Begin() on, joins are refused and heartbeats answered `draining`.
+  DrainTracker& drain() { return drain_; }
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override;
@@ -81,6 +85,7 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   MetricsRegistry* metrics_;
   const absl::Time started_;
   Counter* bad_requests_;
+  DrainTracker drain_;
 };
 
 // The IP in a gRPC peer string ("ipv4:10.0.0.1:5000"); empty if it is not IPv4.

@@ -45,6 +45,9 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("inject-burst", 1, 1, 1000, "packets per --inject-drop-class drop event (microbursts)");
   c->AddInt("heartbeat-timeout-ms", 3000, 100, 600000,
             "a worker silent this long is removed and its job fails, telling the other workers why");
+  c->AddInt("drain-timeout-ms", 5000, 0, 600000,
+            "on SIGTERM, keep serving this long at most while heartbeat answers tell every worker this aggregator "
+            "is going away (docs/failure-modes.md, \"Draining\"); 0: stop at once");
   c->AddInt("job-idle-timeout-ms", 60000, 1000, 86400000,
             "a job with no heartbeat from any member for this long is removed");
   c->AddInt("max-jobs", 64, 1, 100000, "jobs this aggregator serves at once");
@@ -112,6 +115,7 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.data.inject_class.seed = o.data.inject_seed;
   o.job_idle_timeout = absl::Milliseconds(c.GetInt("job-idle-timeout-ms"));
   o.limits.heartbeat_timeout = absl::Milliseconds(c.GetInt("heartbeat-timeout-ms"));
+  o.drain_timeout = absl::Milliseconds(c.GetInt("drain-timeout-ms"));
   o.limits.data_auth = c.GetBool("data-auth");
   o.limits.data_key_rotation = absl::Seconds(c.GetInt("data-key-rotation-s"));
   o.limits.per_worker_data_keys = c.GetBool("per-worker-data-keys");

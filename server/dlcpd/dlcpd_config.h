@@ -22,6 +22,7 @@ struct DlcpdOptions {
   int metrics_port = -1;  // -1: off
   int health_port = -1;   // -1: off
   absl::Duration job_idle_timeout;
+  absl::Duration drain_timeout;  // zero: SIGTERM stops at once
   DataPlaneOptions data;
   JobLimits limits;
   LogOptions log;

@@ -1,9 +1,11 @@
 // dlcpd: the dlcp aggregator daemon. Serves gRPC control and the UDP data plane until SIGINT or
-// SIGTERM, then shuts both down within a deadline.
+// SIGTERM, then drains (tells its workers it is going away) and shuts both down, each step
+// within a deadline.
 #include <signal.h>
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 
 #include <grpcpp/health_check_service_interface.h>
@@ -38,6 +40,46 @@ absl::Status WriteReadyFile(const std::string& path, int control_port, int metri
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::InternalError(absl::StrCat("cannot rename to ", path));
   return absl::OkStatus();
+}
+
+// Graceful shutdown (DrainTracker): serves on, refusing joins, until every member's heartbeat has
+// been answered `draining` and none has asked again for `settle` (a worker in the middle of a
+// regroup puts the move off and asks again; the regroup may still need this aggregator), the
+// deadline passes, or a second signal asks to stop at once.
+void DrainUntilTold(AggregatorService& service, const JobRegistry& jobs, absl::Duration timeout,
+                    absl::Duration settle, const sigset_t* signals, int sig, const std::function<void()>& tend) {
+  const absl::Time began = absl::Now();
+  service.drain().Begin();
+  std::vector<std::string> untold = service.drain().Untold(jobs);
+  if (untold.empty()) {
+    DLCP_LOG(Info) << "signal " << sig << ": shutting down (no worker to tell)";
+    return;
+  }
+  DLCP_LOG(Info) << "signal " << sig << ": draining, telling " << untold.size()
+                 << " worker(s) in their next heartbeat answer, for at most " << absl::FormatDuration(timeout);
+  if (absl::Status s = NotifyServiceManager(absl::StrCat("STOPPING=1\nSTATUS=draining: telling ", untold.size(),
+                                                         " worker(s) this aggregator is going away"));
+      !s.ok()) {
+    DLCP_LOG(Warning) << "cannot tell the service manager dlcpd is stopping: " << s;
+  }
+  while (!untold.empty() || absl::Now() - service.drain().last_told() < settle) {
+    const absl::Duration left = began + timeout - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      DLCP_LOG(Warning) << "drain deadline passed; "
+                        << (untold.empty() ? "workers still asking" : "not told: " + absl::StrJoin(untold, ", "));
+      return;
+    }
+    const timespec wait = absl::ToTimespec(std::min(left, absl::Milliseconds(50)));
+    if (const int again = sigtimedwait(signals, nullptr, &wait); again > 0) {
+      DLCP_LOG(Warning) << "signal " << again << " while draining: stopping now; not told: "
+                        << (untold.empty() ? "none" : absl::StrJoin(untold, ", "));
+      return;
+    }
+    tend();  // members silent past the deadline are removed, and need telling no more
+    untold = service.drain().Untold(jobs);
+  }
+  DLCP_LOG(Info) << "drained in " << absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1)))
+                 << ": every worker was told";
 }
 
 int Main(int argc, char** argv) {
@@ -146,11 +188,7 @@ int Main(int argc, char** argv) {
 
   // The main thread waits for a signal and, four times a second, fails jobs with a silent worker,
   // moves key rotations on and removes jobs whose workers all vanished.
-  int sig = 0;
-  for (;;) {
-    timespec quarter{0, 250 * 1000 * 1000};
-    sig = sigtimedwait(&signals, nullptr, &quarter);
-    if (sig > 0) break;
+  const auto tend = [&] {
     for (const std::string& line : jobs.FailSilentMembers(absl::GetCurrentTimeNanos(), opts->limits.heartbeat_timeout)) {
       DLCP_LOG(Warning) << line;
     }
@@ -160,12 +198,27 @@ int Main(int argc, char** argv) {
       DLCP_LOG(Warning) << "job " << name << " removed: no heartbeat from any member for "
                         << absl::FormatDuration(opts->job_idle_timeout);
     }
+  };
+  int sig = 0;
+  for (;;) {
+    timespec quarter{0, 250 * 1000 * 1000};
+    sig = sigtimedwait(&signals, nullptr, &quarter);
+    if (sig > 0) break;
+    tend();
   }
-  DLCP_LOG(Info) << "signal " << sig << ": shutting down";
+  health.set_serving(false);
+  if (grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService()) h->SetServingStatus(false);
+  if (opts->drain_timeout > absl::ZeroDuration()) {
+    // Clients beat every third of the deadline, once a second at most (client/session.cc).
+    const absl::Duration settle =
+        std::min(opts->limits.heartbeat_timeout / 3, absl::Seconds(1)) + absl::Milliseconds(250);
+    DrainUntilTold(service, jobs, opts->drain_timeout, settle, &signals, sig, tend);
+  } else {
+    DLCP_LOG(Info) << "signal " << sig << ": shutting down";
+  }
   if (absl::Status s = NotifyServiceManager("STOPPING=1\nSTATUS=shutting down"); !s.ok()) {
     DLCP_LOG(Warning) << "cannot tell the service manager dlcpd is stopping: " << s;
   }
-  health.set_serving(false);
   exporter.reset();
   if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -162,6 +162,44 @@ TEST_P(FailoverTest, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup
 INSTANTIATE_TEST_SUITE_P(Encodings, FailoverTest, ::testing::Values(wire::Encoding::kF32, wire::Encoding::kBF16),
                          [](const auto& info) { return std::string(wire::EncodingName(info.param)); });
 
+// A draining aggregator (dlcpd got SIGTERM) tells the workers in their next heartbeat answer:
+// they take it as lost while it still serves, keep it lost while it refuses their joins, and
+// rounds in flight meanwhile finish exactly on the other one.
+TEST(Failover, ADrainingAggregatorIsLeftWhileItStillServes) {
+  auto a = StartAggregator();
+  auto b = StartAggregator();
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<std::string> aggs{a->address(), b->address()};
+  auto c0 = Client::Connect(Options(aggs, 0, ClientOptions::AggregatorLoss::kRemap));
+  auto c1 = Client::Connect(Options(aggs, 1, ClientOptions::AggregatorLoss::kRemap));
+  ASSERT_TRUE(c0.ok()) << c0.status();
+  ASSERT_TRUE(c1.ok()) << c1.status();
+  constexpr uint32_t kKey = 4, kElems = 16 * kBlockChunks * 256;  // 16 blocks: both get a share
+  int round = 0;
+  for (; round < 2; ++round) ExactRound(**c0, **c1, kKey, round, kElems);
+  std::shared_ptr<server::Job> at_b = b->jobs().Find((*c0)->job_id());
+  ASSERT_NE(at_b, nullptr);
+  ASSERT_GT(at_b->rounds_completed.load(), 0u);
+
+  b->service().drain().Begin();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!b->service().drain().Untold(b->jobs()).empty() && absl::Now() < deadline) {
+    ExactRound(**c0, **c1, kKey, round++, kElems);  // through the regroup
+    if (HasFatalFailure()) return;
+  }
+  ASSERT_TRUE(b->service().drain().Untold(b->jobs()).empty()) << "a worker never heard of the drain";
+  // Once both have regrouped (milliseconds after hearing), b gets no share, though it still
+  // answers: only the drain could have moved them off it.
+  absl::SleepFor(absl::Milliseconds(200));
+  const uint32_t b_rounds = at_b->rounds_completed.load();
+  for (int k = 0; k < 3; ++k) ExactRound(**c0, **c1, kKey, round++, kElems);
+  EXPECT_EQ(at_b->rounds_completed.load(), b_rounds) << "rounds still went to the draining aggregator";
+  std::shared_ptr<server::Job> at_a = a->jobs().Find((*c0)->job_id());
+  ASSERT_NE(at_a, nullptr);
+  EXPECT_FALSE(at_a->failed.load());
+}
+
 TEST(Failover, WithTheFailPolicyOpsFailNamingTheAggregator) {
   auto a = StartAggregator();
   auto b = StartAggregator();

@@ -1,10 +1,14 @@
-// Workers that die or freeze mid-job, with real processes and real signals: the survivors must
-// fail within the heartbeat deadline with an error naming the rank, nothing may hang, and the job
-// must run again once restarted.
+// Workers that die or freeze mid-job, and aggregators that die or are stopped (they drain), with
+// real processes and real signals: the survivors must fail within the heartbeat deadline with an
+// error naming the rank or aggregator, or move off it with fail-over; nothing may hang, and the
+// job must run again once restarted.
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <functional>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "tests/integration/process_harness.h"
 
@@ -139,23 +143,167 @@ TEST(Faults, DeadAggregatorFailsTheJobWithinTheDeadline) {
   doomed->Stop(absl::Seconds(1));
 }
 
-TEST(Faults, KilledAggregatorsShareMovesToTheOthersAndComesBackWithIt) {
+// A deadline so long that, were an aggregator's going noticed only at it, these tests would see.
+constexpr int kSlowHeartbeatTimeoutMs = 10000;
+
+std::unique_ptr<Daemon> StartDrainingDaemon(std::vector<std::string> flags = {}) {
+  flags.insert(flags.begin(), {absl::StrCat("--heartbeat-timeout-ms=", kSlowHeartbeatTimeoutMs),
+                               "--job-idle-timeout-ms=30000", "--log-level=info"});
+  return Daemon::Start(DLCPD_PATH, flags);
+}
+
+// Three aggregators from `start` and kWorkers workers on all of them, with fail-over, running
+// rounds. Members in this order, so the workers go before the aggregators.
+struct RemapJob {
   std::vector<std::unique_ptr<Daemon>> daemons;
-  for (int i = 0; i < 3; ++i) {
-    daemons.push_back(StartDaemon());
-    ASSERT_NE(daemons.back(), nullptr);
-  }
-  const std::string aggs =
-      absl::StrCat(daemons[0]->control(), ",", daemons[1]->control(), ",", daemons[2]->control());
   std::vector<std::unique_ptr<BackgroundProcess>> workers;
+};
+
+RemapJob StartRemapJob(const std::string& job, const std::function<std::unique_ptr<Daemon>()>& start) {
+  RemapJob j;
+  std::vector<std::string> controls;
+  for (int i = 0; i < 3; ++i) {
+    j.daemons.push_back(start());
+    if (j.daemons.back() == nullptr) return j;
+    controls.push_back(j.daemons.back()->control());
+  }
   for (int r = 0; r < kWorkers; ++r) {
-    std::vector<std::string> argv = Worker(*daemons[0], "agg-remap", r);
-    argv[2] = "--aggregators=" + aggs;
+    std::vector<std::string> argv = Worker(*j.daemons[0], job, r);
+    argv[2] = "--aggregators=" + absl::StrJoin(controls, ",");
     argv.push_back("--on-aggregator-loss=remap");
     argv.push_back("--loss-bound=0");
+    j.workers.push_back(BackgroundProcess::Start(argv));
+  }
+  absl::SleepFor(absl::Milliseconds(1500));
+  return j;
+}
+
+// Still running (a failed op would have ended them), and every round they checked was exact.
+void ExpectRunningAndExact(std::vector<std::unique_ptr<BackgroundProcess>>& workers) {
+  absl::SleepFor(absl::Milliseconds(500));
+  for (size_t r = 0; r < workers.size(); ++r) {
+    ProcessResult res = workers[r]->Wait(absl::ZeroDuration());
+    EXPECT_EQ(res.exit_code, -1) << "rank " << r << " stopped:\n" << res.out;
+    EXPECT_EQ(res.out.find(", expected "), std::string::npos) << res.out;
+  }
+}
+
+size_t Count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// SIGTERM drains: each worker hears in its next heartbeat answer (within a second) that the
+// aggregator is going away, and moves its share to the others, instead of noticing the silence
+// at the heartbeat deadline. A rolling restart of every aggregator, one node after another as a
+// DaemonSet rollout does it (the next drains as soon as the last serves again, perhaps while the
+// workers are still taking it back), runs under a job without failing it or a single round.
+TEST(Faults, RollingRestartOfTheAggregatorsDrainsEachAndTheJobRunsOn) {
+  RemapJob job = StartRemapJob("agg-drain", [] { return StartDrainingDaemon(); });
+  ASSERT_EQ(job.workers.size(), static_cast<size_t>(kWorkers));
+  std::vector<std::unique_ptr<Daemon>>& daemons = job.daemons;
+  std::vector<std::unique_ptr<BackgroundProcess>>& workers = job.workers;
+  for (size_t i = 0; i < daemons.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("restarting aggregator ", i));
+    const std::string lost = daemons[i]->control();
+    const absl::Time terminated = absl::Now();
+    EXPECT_EQ(daemons[i]->Stop(absl::Seconds(10)), 0) << daemons[i]->Log();
+    // Telling takes a heartbeat interval (1 s), and the drain waits one more for a worker that
+    // had to put the move off; with room for a loaded machine, still below the 10 s deadline.
+    EXPECT_LT(absl::Now() - terminated, absl::Seconds(5));
+    EXPECT_NE(daemons[i]->Log().find("every worker was told"), std::string::npos) << daemons[i]->Log();
+    for (int r = 0; r < kWorkers; ++r) {
+      EXPECT_EQ(Count(workers[r]->Output(), "lost aggregator(s) " + lost + " (UNAVAILABLE: aggregator " + lost +
+                                                " is shutting down (draining))"),
+                1u)
+          << "rank " << r << ":\n" << workers[r]->Output();
+    }
+    // Back at its address (a new release, say); the next one goes at once.
+    daemons[i] = StartDrainingDaemon({"--port=" + lost.substr(lost.rfind(':') + 1)});
+    ASSERT_NE(daemons[i], nullptr);
+  }
+  // Each worker ends on all three.
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  for (int r = 0; r < kWorkers; ++r) {
+    const auto last_layout = [&] {
+      const std::string out = workers[r]->Output();
+      const size_t at = out.rfind("regrouped on ");
+      return at == std::string::npos ? std::string() : out.substr(at, 28);
+    };
+    while (last_layout() != "regrouped on 3 aggregator(s)" && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_EQ(last_layout(), "regrouped on 3 aggregator(s)") << "rank " << r << ":\n" << workers[r]->Output();
+  }
+  ExpectRunningAndExact(workers);
+}
+
+// Without fail-over, the job fails as soon as the workers hear of the drain, and says why.
+TEST(Faults, TerminatedAggregatorFailsItsJobAtOnceSayingWhy) {
+  auto keep = StartDrainingDaemon();
+  auto doomed = StartDrainingDaemon();
+  ASSERT_NE(keep, nullptr);
+  ASSERT_NE(doomed, nullptr);
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    std::vector<std::string> argv = Worker(*keep, "agg-drain-fail", r);
+    argv[2] = "--aggregators=" + keep->control() + "," + doomed->control();
     workers.push_back(BackgroundProcess::Start(argv));
   }
   absl::SleepFor(absl::Milliseconds(1500));
+  const absl::Time terminated = absl::Now();
+  EXPECT_EQ(doomed->Stop(absl::Seconds(8)), 0) << doomed->Log();
+  for (int r = 0; r < kWorkers; ++r) {
+    ProcessResult res = workers[r]->Wait(absl::Seconds(15));
+    EXPECT_NE(res.exit_code, 0) << res.out;
+    EXPECT_NE(res.exit_code, -1) << "rank " << r << " hung:\n" << res.out;
+    // The first to hear fails with the reason; the others may quote it from that worker's leaving.
+    EXPECT_NE(res.out.find("aggregator " + doomed->control() + " is shutting down (draining)"), std::string::npos)
+        << res.out;
+    EXPECT_LT(absl::Now() - terminated, absl::Seconds(5)) << "rank " << r;
+  }
+}
+
+// A worker that cannot be told (frozen) holds the drain only until its deadline, or until a
+// second signal; either way dlcpd then stops, naming whom it did not tell.
+TEST(Faults, DrainEndsAtItsDeadlineOrASecondSignal) {
+  for (const bool second_signal : {false, true}) {
+    SCOPED_TRACE(second_signal ? "second signal" : "deadline");
+    auto d = StartDrainingDaemon({second_signal ? "--drain-timeout-ms=60000" : "--drain-timeout-ms=1500"});
+    ASSERT_NE(d, nullptr);
+    const std::string job = second_signal ? "drain-signal" : "drain-deadline";
+    auto workers = StartJob(*d, job);
+    kill(workers[2]->pid(), SIGSTOP);
+    absl::SleepFor(absl::Milliseconds(200));
+    const absl::Time terminated = absl::Now();
+    if (second_signal) {
+      kill(d->pid(), SIGTERM);
+      absl::SleepFor(absl::Milliseconds(1500));  // the others told; the frozen one holds the drain
+      EXPECT_EQ(d->Log().find("drained in"), std::string::npos) << d->Log();
+      // Operators see it: still serving control, marked draining.
+      ProcessResult status = RunProcess({DLCPCTL_PATH, "--plaintext", "--aggregators=" + d->control(), "status"},
+                                        absl::Seconds(10));
+      EXPECT_EQ(status.exit_code, 0) << status.out;
+      EXPECT_NE(status.out.find(" draining "), std::string::npos) << status.out;
+    }
+    const int code = d->Stop(absl::Seconds(5));  // SIGTERM (the second one, or the first)
+    EXPECT_EQ(code, 0) << d->Log();
+    EXPECT_LT(absl::Now() - terminated, absl::Seconds(second_signal ? 6 : 4));
+    const std::string log = d->Log();
+    EXPECT_NE(log.find(second_signal ? "while draining: stopping now; not told: job '" + job + "' rank 2"
+                                     : "drain deadline passed; not told: job '" + job + "' rank 2"),
+              std::string::npos)
+        << log;
+    kill(workers[2]->pid(), SIGCONT);
+  }
+}
+
+TEST(Faults, KilledAggregatorsShareMovesToTheOthersAndComesBackWithIt) {
+  RemapJob job = StartRemapJob("agg-remap", [] { return StartDaemon(); });
+  ASSERT_EQ(job.workers.size(), static_cast<size_t>(kWorkers));
+  std::vector<std::unique_ptr<Daemon>>& daemons = job.daemons;
+  std::vector<std::unique_ptr<BackgroundProcess>>& workers = job.workers;
   const std::string lost = daemons[1]->control();
   kill(daemons[1]->pid(), SIGKILL);
   for (int r = 0; r < kWorkers; ++r) {
@@ -172,13 +320,7 @@ TEST(Faults, KilledAggregatorsShareMovesToTheOthersAndComesBackWithIt) {
     EXPECT_TRUE(workers[r]->WaitForOutput("regrouped on 3 aggregator(s)", absl::Seconds(20)))
         << "rank " << r << ":\n" << workers[r]->Output();
   }
-  absl::SleepFor(absl::Milliseconds(500));
-  for (int r = 0; r < kWorkers; ++r) {
-    // Still running (a failed op would have ended it), and every round it checked was exact.
-    ProcessResult res = workers[r]->Wait(absl::ZeroDuration());
-    EXPECT_EQ(res.exit_code, -1) << "rank " << r << " stopped:\n" << res.out;
-    EXPECT_EQ(res.out.find(", expected "), std::string::npos) << res.out;
-  }
+  ExpectRunningAndExact(workers);
 }
 
 }  // namespace

@@ -50,6 +50,13 @@ int WaitOrKill(pid_t pid, absl::Time deadline) {
   return -1;
 }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
 }  // namespace
 
 ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration timeout) {
@@ -100,12 +107,7 @@ ProcessResult BackgroundProcess::Wait(absl::Duration timeout) {
   return r;
 }
 
-std::string BackgroundProcess::Output() const {
-  std::ifstream f(log_);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string BackgroundProcess::Output() const { return ReadFile(log_); }
 
 bool BackgroundProcess::WaitForOutput(const std::string& text, absl::Duration timeout) const {
   const absl::Time deadline = absl::Now() + timeout;
@@ -141,10 +143,7 @@ std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vect
   close(log);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (absl::Now() < deadline) {
-    std::ifstream f(d->dir_ + "/ready");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    std::string text = ss.str();
+    const std::string text = ReadFile(d->dir_ + "/ready");
     auto field = [&](const std::string& key, int* out) {
       size_t p = text.find("\"" + key + "\":");
       if (p == std::string::npos) return false;
@@ -166,7 +165,7 @@ std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vect
 }
 
 Daemon::~Daemon() {
-  Stop(absl::Seconds(5));
+  Stop(absl::Seconds(5), /*drain=*/false);
   if (!dir_.empty()) {
     std::string cmd = "rm -rf " + dir_;
     int unused = std::system(cmd.c_str());
@@ -174,9 +173,13 @@ Daemon::~Daemon() {
   }
 }
 
-int Daemon::Stop(absl::Duration timeout) {
+std::string Daemon::Log() const { return ReadFile(dir_ + "/log"); }
+
+int Daemon::Stop(absl::Duration timeout, bool drain) {
   if (pid_ <= 0) return 0;
   kill(pid_, SIGTERM);
+  // Another signal number: two pending SIGTERMs would merge into one.
+  if (!drain) kill(pid_, SIGINT);
   int code = WaitOrKill(pid_, absl::Now() + timeout);
   pid_ = -1;
   return code;

@@ -41,7 +41,8 @@ class BackgroundProcess {
   std::string log_;
 };
 
-// A dlcpd on ephemeral ports, stopped (SIGTERM, then SIGKILL) when destroyed.
+// A dlcpd on ephemeral ports, stopped without draining (SIGTERM and SIGINT, then SIGKILL) when
+// destroyed: the workers a test leaves behind were killed, and no one is left to tell.
 class Daemon {
  public:
   // Starts dlcpd with extra flags and waits (bounded) for its ready file.
@@ -51,8 +52,12 @@ class Daemon {
   int metrics_port() const { return metrics_port_; }  // -1 unless started with --metrics-port
   int health_port() const { return health_port_; }    // -1 unless started with --health-port
   int pid() const { return pid_; }
+  // Its log so far (stdout and stderr).
+  std::string Log() const;
   // Sends SIGTERM and waits up to `timeout`; returns the exit code, or -1 if it had to be killed.
-  int Stop(absl::Duration timeout);
+  // dlcpd drains first (up to --drain-timeout-ms) unless `drain` is false, which sends SIGINT
+  // right after: a second signal stops it at once.
+  int Stop(absl::Duration timeout, bool drain = true);
 
  private:
   int pid_ = -1;

@@ -63,6 +63,7 @@ class TestAggregator {
   MetricsRegistry& metrics() { return metrics_; }
   server::JobRegistry& jobs() { return *jobs_; }
   server::DataPlane& data() { return *data_; }
+  server::AggregatorService& service() { return *service_; }
   double Counter(const std::string& name) {
     auto snap = metrics_.Snapshot();
     return snap.count(name) ? snap[name] : 0;

@@ -1,0 +1,32 @@
+#include "server/control/drain_tracker.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace dlcp::server {
+
+void DrainTracker::Told(uint32_t job_id, uint32_t rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  told_.insert(Id(job_id, rank));
+  last_told_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_release);
+}
+
+std::vector<std::string> DrainTracker::Untold(const JobRegistry& jobs) const {
+  std::vector<std::string> out;
+  if (!active()) return out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::shared_ptr<Job>& job : jobs.List()) {
+    if (job->closed.load()) continue;
+    for (uint32_t r = 0; r < job->world; ++r) {
+      if (job->members[r].joined() && !told_.contains(Id(job->id, r))) {
+        out.push_back(absl::StrCat("job '", job->name, "' rank ", r));
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());  // jobs come in hash order; logs and tests read better sorted
+  return out;
+}
+
+}  // namespace dlcp::server
