@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 
 namespace dlcp::bench {
@@ -131,6 +132,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
   };
   const uint32_t total_rounds = config.warmup + config.rounds;
   absl::Time timed_start = absl::InfiniteFuture();  // of the first timed round
+  absl::Time last_end = absl::InfinitePast();        // of the last timed round
   bool more = true;  // past --rounds: whether --min-seconds asks for more
   for (uint32_t round = 0; round < total_rounds || more; ++round) {
     if (round == config.warmup && timed_start == absl::InfiniteFuture()) timed_start = absl::Now();
@@ -238,6 +240,15 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
       }
     }
     if (round >= config.warmup) {
+      const absl::Time end = absl::Now();
+      if (last_end != absl::InfinitePast()) {
+        const double gap = absl::ToDoubleMilliseconds(end - last_end);
+        result.max_gap_ms = std::max(result.max_gap_ms, gap);
+        if (gap > 100 && result.long_gaps.size() < 64) {
+          result.long_gaps.emplace_back(absl::ToDoubleSeconds(end - absl::UnixEpoch()), gap);
+        }
+      }
+      last_end = end;
       result.round_ms.push_back(ms);
       result.total_s += ms / 1000.0;
       ++result.rounds;
@@ -256,20 +267,23 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
   const double goodput = r.total_s > 0 ? bytes * 8 / r.total_s / 1e9 : 0;
   return absl::StrFormat(
       "{\"rank\":%u,\"workers\":%u,\"aggregators\":%u,\"tensor_bytes\":%u,\"tensors\":%u,\"rounds\":%u,"
-      "\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f,\"mean_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,"
+      "\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f,\"max_gap_ms\":%.3f,\"mean_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,"
       "\"retransmits\":%u,\"result_requests\":%u,\"min_contributors\":%u,\"exact\":%s,\"checked\":%s,"
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,"
-      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u}",
+      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"long_gaps\":[%s]}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99), Percentile(r.round_ms, 1.0),
-      r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
+      r.max_gap_ms, r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
       r.min_contributors == UINT32_MAX ? 0 : r.min_contributors, r.exact ? "true" : "false",
       r.checked ? "true" : "false", r.chunks_by_class[0], r.chunks_by_class[1], r.chunks_by_class[2],
       r.chunks_by_class[3], r.left_out_by_class[0], r.left_out_by_class[1], r.left_out_by_class[2],
       r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99), r.pull_missing,
-      r.retried, r.window_cuts, r.window_undos, r.nacks_deferred, r.rejected, r.stale);
+      r.retried, r.window_cuts, r.window_undos, r.nacks_deferred, r.rejected, r.stale,
+      absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
+        absl::StrAppendFormat(out, "[%.3f,%.1f]", g.first, g.second);
+      }));
 }
 
 }  // namespace dlcp::bench

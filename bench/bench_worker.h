@@ -42,6 +42,12 @@ struct WorkerResult {
   uint64_t window_undos = 0;
   uint64_t nacks_deferred = 0;
   uint32_t min_contributors = 0;
+  // The longest time from one timed round's end to the next's, barriers and checks between them
+  // included: where a stall that hits the barrier (a 1-element all-reduce) shows.
+  double max_gap_ms = 0;
+  // Gaps over 100 ms (the first 64): when each ended (Unix seconds) and how long it was (ms), so a
+  // script can tell which event a stall followed.
+  std::vector<std::pair<double, double>> long_gaps;
   bool exact = true;
   // false: bounded loss with more workers than the digit check can decode, or with a 16-bit
   // encoding; a 16-bit encoding whose sums cannot be exact.
