@@ -44,6 +44,13 @@ absl::Status ParseKeys(const std::string& control, const std::string& newest, co
   info->data_key_generation = generation;
   return absl::OkStatus();
 }
+
+// How often a lost aggregator is probed, and the most a channel waits between connection
+// attempts.
+absl::Duration ProbeInterval(absl::Duration heartbeat_interval) {
+  return std::max(heartbeat_interval / 4, absl::Milliseconds(50));
+}
+
 }  // namespace
 
 absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, v1::Aggregator::Stub* stub,
@@ -141,11 +148,12 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
   absl::StatusOr<ChannelSecurity> security = MakeChannelSecurity(options.tls);
   if (!security.ok()) return security.status();
   MarkChannelDscp(&security->arguments, options.control_dscp);
-  // A lost aggregator that comes back is noticed within about a heartbeat interval, not after
-  // gRPC's default reconnect backoff (up to 2 minutes).
-  const int backoff_ms = static_cast<int>(std::max<int64_t>(500, absl::ToInt64Milliseconds(options.heartbeat_interval)));
+  // A lost aggregator that comes back is noticed at the next probe (ProbeInterval), not after
+  // gRPC's default reconnect backoff (up to 2 minutes): a probe on a channel still backing off
+  // would fail without trying.
+  const int backoff_ms = static_cast<int>(absl::ToInt64Milliseconds(ProbeInterval(options.heartbeat_interval)));
   security->arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, backoff_ms);
-  security->arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(backoff_ms, 1000));
+  security->arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, backoff_ms);
   std::unique_ptr<Session> s(new Session());
   s->options_ = options;
   s->heartbeat_interval_ = options.heartbeat_interval;
@@ -178,7 +186,19 @@ Session::~Session() { Leave().IgnoreError(); }
 
 void Session::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!cv_.wait_for(lock, absl::ToChronoMilliseconds(heartbeat_interval_), [this] { return stopping_; })) {
+  absl::Time next_beat = absl::Now() + heartbeat_interval_;
+  for (;;) {
+    // A lost aggregator is probed four times per heartbeat interval: when it comes back, each
+    // worker finds it within a quarter interval of the first, whose regroup waits for them all.
+    const bool probing = layout_handler_ && std::find(lost_.begin(), lost_.end(), true) != lost_.end();
+    absl::Duration wait = next_beat - absl::Now();
+    if (probing) wait = std::min(wait, ProbeInterval(heartbeat_interval_));
+    if (cv_.wait_for(lock, absl::ToChronoMilliseconds(std::max(wait, absl::ZeroDuration())),
+                     [this] { return stopping_; })) {
+      break;
+    }
+    const bool beat = absl::Now() >= next_beat;
+    if (beat) next_beat = absl::Now() + heartbeat_interval_;
     const std::vector<bool> lost = lost_;
     LayoutHandler on_change = layout_handler_;
     lock.unlock();
@@ -196,6 +216,7 @@ void Session::HeartbeatLoop() {
         if (on_change) ProbeLost(i, on_change);
         continue;
       }
+      if (!beat) continue;
       v1::HeartbeatRequest req;
       req.set_job_id(job_id_);
       req.set_rank(options_.rank);
