@@ -259,6 +259,13 @@ void Session::HeartbeatLoop() {
       }
     }
     NoteRejoin(lost);
+    // A drain waits while another aggregator is lost: some worker may be taking that one back
+    // already, and a regroup that moved off the draining one meanwhile would not agree with its
+    // regroup (each needs every worker). The draining one serves while workers still ask.
+    if (newly_lost.empty() && !draining.empty() && std::find(lost.begin(), lost.end(), true) != lost.end()) {
+      DLCP_LOG(Info) << why_draining << "; moving off it once the lost aggregator(s) are back";
+      draining.clear();
+    }
     // A loss takes the draining aggregators along; drains alone may wait for a regroup under way.
     const bool planned = newly_lost.empty();
     if (planned) why = why_draining;
@@ -272,7 +279,7 @@ void Session::HeartbeatLoop() {
       }
       if (alive == 0) {
         Fatal(absl::Status(why.code(), absl::StrCat(why.message(), "; no aggregator of the job is left")));
-      } else if (!on_change(newly_lost, {}, why, planned)) {
+      } else if (!on_change(newly_lost, {}, why, planned) && planned) {
         // Not now: they still serve, and say so again at the next heartbeat.
         std::lock_guard<std::mutex> guard(mu_);
         for (size_t i : newly_lost) lost_[i] = false;

@@ -74,9 +74,9 @@ class Session {
   // fatal handler, when aggregators stop answering for longer than the deadline while others
   // still do (`lost`, with the reason), when they say they are draining (`lost`, `planned`:
   // they still serve), or when a lost one answers a Join again (`back`). Lost aggregators get no
-  // heartbeats, only a Join four times per heartbeat interval. For `back` and planned losses, returning
-  // false means "not now": nothing changes, and they are offered again at the next heartbeat.
-  // Set before heartbeats matter.
+  // heartbeats, only a Join four times per heartbeat interval. For `back` and planned losses,
+  // returning false means "not now": nothing changes, and they are offered again at the next
+  // heartbeat (or probe). Set before heartbeats matter.
   using LayoutHandler = std::function<bool(const std::vector<size_t>& lost, const std::vector<size_t>& back,
                                            const absl::Status& why, bool planned)>;
   void set_layout_handler(LayoutHandler handler);

@@ -283,7 +283,7 @@ std::vector<std::string> JobRegistry::ReapIdle(int64_t now_ns, absl::Duration id
   std::vector<std::string> reaped;
   std::unique_lock<std::shared_mutex> lock(mu_);
   for (auto it = jobs_.begin(); it != jobs_.end();) {
-    int64_t latest = 0;
+    int64_t latest = it->second->created_ns;
     for (const Member& m : it->second->members) {
       if (m.joined()) latest = std::max(latest, m.last_heartbeat_ns.load(std::memory_order_relaxed));
     }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/metrics/registry.h"
 #include "common/transport/address.h"
@@ -76,6 +77,9 @@ struct Job {
   const wire::MacKey* worker_key(uint32_t rank) const { return ring ? ring->Current().newest->worker(rank) : nullptr; }
   std::vector<Member> members;
   std::atomic<uint32_t> member_count{0};
+  // When it was created: ReapIdle counts it as heard from then, or a job could be reaped between
+  // its creation and its first member's join, before that member had been heard from at all.
+  const int64_t created_ns = absl::GetCurrentTimeNanos();
   std::atomic<bool> closed{false};  // set when the job ends; data threads then release its rounds
   // The last member left through Leave (not reaped): rounds it had fully received were delivered,
   // even if their DONE lost the race with the Leave.

@@ -22,6 +22,24 @@ TEST(JobRegistry, ReapsJobsWhoseMembersAllWentQuiet) {
   EXPECT_NE(jobs.Find((*ja)->id), nullptr);
 }
 
+// Join creates a job before it records the member; a reap in between must not take the job (it
+// did, on a slow machine: the joiner's next heartbeat then found itself a stranger to the job).
+// A job with no member heard from yet counts as heard from at its creation.
+TEST(JobRegistry, AJobIsNotReapedBeforeItsIdleTimeHasPassedSinceItsCreation) {
+  JobRegistry jobs(JobLimits{});
+  auto job = jobs.Join({"young", 2, 0, 1024, Address{0x7f000001, 5000}});
+  ASSERT_TRUE(job.ok());
+  // Its only member removed (silent past the deadline): no joined member is left to date it.
+  const int64_t now = absl::GetCurrentTimeNanos();
+  (*job)->members[0].last_heartbeat_ns.store(now - absl::ToInt64Nanoseconds(absl::Seconds(10)));
+  ASSERT_FALSE(jobs.FailSilentMembers(now, absl::Seconds(3)).empty());
+  ASSERT_FALSE((*job)->members[0].joined());
+  EXPECT_TRUE(jobs.ReapIdle(now, absl::Seconds(60)).empty());
+  EXPECT_NE(jobs.Find((*job)->id), nullptr);
+  const int64_t later = (*job)->created_ns + absl::ToInt64Nanoseconds(absl::Seconds(61));
+  EXPECT_EQ(jobs.ReapIdle(later, absl::Seconds(60)), std::vector<std::string>{"young"});
+}
+
 TEST(JobRegistry, ValidatesJoinsAndEnforcesLimits) {
   JobLimits limits;
   limits.max_jobs = 1;
