@@ -37,6 +37,19 @@ std::vector<std::unique_ptr<BackgroundProcess>> StartJob(const Daemon& d, const 
   return workers;
 }
 
+// All ranks on two aggregators, without fail-over, running rounds for a while.
+std::vector<std::unique_ptr<BackgroundProcess>> StartJobOnTwo(const Daemon& keep, const Daemon& doomed,
+                                                              const std::string& job) {
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    std::vector<std::string> argv = Worker(keep, job, r);
+    argv[2] = "--aggregators=" + keep.control() + "," + doomed.control();
+    workers.push_back(BackgroundProcess::Start(argv));
+  }
+  absl::SleepFor(absl::Milliseconds(1500));
+  return workers;
+}
+
 void ExpectSurvivorsFailNamingRank(std::vector<std::unique_ptr<BackgroundProcess>>& workers, int dead,
                                    absl::Time since) {
   for (int r = 0; r < kWorkers; ++r) {
@@ -123,13 +136,7 @@ TEST(Faults, DeadAggregatorFailsTheJobWithinTheDeadline) {
   auto doomed = StartDaemon();
   ASSERT_NE(keep, nullptr);
   ASSERT_NE(doomed, nullptr);
-  std::vector<std::unique_ptr<BackgroundProcess>> workers;
-  for (int r = 0; r < kWorkers; ++r) {
-    std::vector<std::string> argv = Worker(*keep, "agg-death", r);
-    argv[2] = "--aggregators=" + keep->control() + "," + doomed->control();
-    workers.push_back(BackgroundProcess::Start(argv));
-  }
-  absl::SleepFor(absl::Milliseconds(1500));
+  auto workers = StartJobOnTwo(*keep, *doomed, "agg-death");
   kill(doomed->pid(), SIGKILL);
   const absl::Time killed = absl::Now();
   for (int r = 0; r < kWorkers; ++r) {
@@ -246,13 +253,7 @@ TEST(Faults, TerminatedAggregatorFailsItsJobAtOnceSayingWhy) {
   auto doomed = StartDrainingDaemon();
   ASSERT_NE(keep, nullptr);
   ASSERT_NE(doomed, nullptr);
-  std::vector<std::unique_ptr<BackgroundProcess>> workers;
-  for (int r = 0; r < kWorkers; ++r) {
-    std::vector<std::string> argv = Worker(*keep, "agg-drain-fail", r);
-    argv[2] = "--aggregators=" + keep->control() + "," + doomed->control();
-    workers.push_back(BackgroundProcess::Start(argv));
-  }
-  absl::SleepFor(absl::Milliseconds(1500));
+  auto workers = StartJobOnTwo(*keep, *doomed, "agg-drain-fail");
   const absl::Time terminated = absl::Now();
   EXPECT_EQ(doomed->Stop(absl::Seconds(8)), 0) << doomed->Log();
   for (int r = 0; r < kWorkers; ++r) {
