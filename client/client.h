@@ -26,6 +26,7 @@
 #include "common/policy/class_policy.h"
 #include "common/policy/drop_injector.h"
 #include "common/policy/phase_aware.h"
+#include "common/rpc/heartbeat.h"
 #include "common/security/tls.h"
 #include "common/transport/transport.h"
 #include "common/wire/payload_encoding.h"
@@ -55,7 +56,7 @@ struct ClientOptions {
   // it asks sooner: after 16 of the op's own mean result gaps, at least 1 ms (quiet_spell.h). A
   // fixed 20 ms was the tail of congested rounds (docs/bounded-loss.md, "Measured").
   absl::Duration repair_timeout = absl::Milliseconds(5);
-  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_interval = kDefaultHeartbeatInterval;
   // Bytes pushed to one aggregator endpoint whose results have not come back yet (flow control).
   // Bounded so one worker's burst fits the aggregator's socket buffer.
   uint64_t window_bytes = 4 << 20;

@@ -1,5 +1,6 @@
 #include "client/session.h"
 
+#include "common/rpc/heartbeat.h"
 #include "common/rpc/socket_marks.h"
 
 #include <grpcpp/create_channel.h>
@@ -166,9 +167,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
                                                         ", others gave ", s->job_id_));
     }
     s->job_id_ = joined->job_id;
-    // Three heartbeats per deadline, so one lost or late one is not fatal.
     if (joined->heartbeat_timeout > absl::ZeroDuration()) {
-      s->heartbeat_interval_ = std::min(s->heartbeat_interval_, joined->heartbeat_timeout / 3);
+      s->heartbeat_interval_ = HeartbeatInterval(s->heartbeat_interval_, joined->heartbeat_timeout);
       s->heartbeat_timeout_ = std::min(s->heartbeat_timeout_, joined->heartbeat_timeout);
     }
     s->aggregators_.push_back(std::move(joined->info));

@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc/heartbeat.h"
 #include "common/security/tls.h"
 #include "common/transport/address.h"
 #include "common/wire/mac.h"
@@ -51,7 +52,7 @@ struct SessionOptions {
   uint32_t data_qpn = 0;   // RDMA: our UD queue pair (data_host is then our GID's address)
   uint32_t data_qkey = 0;  // RDMA: the Q_Key it accepts
   absl::Duration rpc_timeout = absl::Seconds(5);
-  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_interval = kDefaultHeartbeatInterval;
   TlsOptions tls;
   uint8_t control_dscp = 46;  // gRPC sockets ride the top class (common/rpc/socket_marks.h)
 };

@@ -11,6 +11,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
+#include "common/rpc/heartbeat.h"
 #include "common/rpc/socket_marks.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -209,9 +210,9 @@ int Main(int argc, char** argv) {
   health.set_serving(false);
   if (grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService()) h->SetServingStatus(false);
   if (opts->drain_timeout > absl::ZeroDuration()) {
-    // Clients beat every third of the deadline, once a second at most (client/session.cc).
+    // How long a worker with the default interval takes to ask again, and some slack.
     const absl::Duration settle =
-        std::min(opts->limits.heartbeat_timeout / 3, absl::Seconds(1)) + absl::Milliseconds(250);
+        HeartbeatInterval(kDefaultHeartbeatInterval, opts->limits.heartbeat_timeout) + absl::Milliseconds(250);
     DrainUntilTold(service, jobs, opts->drain_timeout, settle, &signals, sig, tend);
   } else {
     DLCP_LOG(Info) << "signal " << sig << ": shutting down";
