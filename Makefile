@@ -52,15 +52,17 @@ SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-om
 SAN_OPT = -O1 -g1 -DNDEBUG
 test-asan: deps
 	$(call sanitizer_build,build-asan,$(SAN_OPT),$(SAN_FLAGS))
-	cmake --build build-asan -j $(JOBS)
+	cmake --build build-asan -j $(JOBS) --target dlcp_tests
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure --timeout 600 -j 2 -E "^fuzz$$|k8s_manifests|docker_lockstep|Soak|Netbed|Python|RdmaVm|Install"
 
 # TSan over the reduction engine, the transports, the round state and the in-process client
 # tests. Debian's gRPC and Abseil are not built with TSan, so reports inside them are suppressed
 # (tests/tsan.supp); reports in dlcp's own code still fail the run.
+# At -O1, as for ASan: the build is nearly all of this step and compiles a quarter faster than at
+# -O2, and these tests take seconds either way.
 TSAN_FLAGS = -fsanitize=thread
-TSAN_OPT = -O2 -g1 -DNDEBUG
+TSAN_OPT = -O1 -g1 -DNDEBUG
 TSAN_TESTS = engine_test transport_test round_test loss_tracker_test allreduce_test bounded_loss_test client_errors_test \
   data_plane_validation_test \
   result_requests_test key_rotation_test key_ring_test \

@@ -28,16 +28,30 @@ listed=$(awk '!/^#/ && NF {print $1}' "$LIST" | sort -u)
 TRAINER="$ROOT/deploy/docker/trainer-packages.txt"
 grep -q 'AS trainer' "$DOCKERFILE" && grep -q 'COPY --from=build /out/python/dlcp/' "$DOCKERFILE" \
   || fail "no trainer stage shipping the Python package"
-for pkg in $(grep -v '^#' "$TRAINER"); do
+# Packages are looked up in one dpkg or apt-cache call each time, not one per package: each call
+# reads the whole database, and one per package made this check take a minute of CI.
+exist_in_debian() {
+  apt-cache show "$@" >/dev/null 2>&1 && return
+  for pkg in "$@"; do apt-cache show "$pkg" >/dev/null 2>&1 || fail "package $pkg does not exist in this Debian"; done
+}
+trainer=$(grep -v '^#' "$TRAINER")
+for pkg in $trainer; do
   grep -qE "(^|[[:space:]])$pkg([[:space:]]|$)" "$ROOT/scripts/install-deps.sh" || fail "trainer package $pkg is not in install-deps.sh"
-  apt-cache show "$pkg" >/dev/null 2>&1 || fail "package $pkg does not exist in this Debian"
 done
+exist_in_debian $trainer
 binaries=("$BUILD/server/dlcpd" "$BUILD/client/dlcpctl" "$BUILD/client/libdlcp.so")
 ext=$(ls "$BUILD"/python/dlcp/_dlcp*.so 2>/dev/null | head -1)
 [ -n "$ext" ] && binaries+=("$ext")
-needed=$(for p in $(ldd "${binaries[@]}" | awk '/=>/{print $3}' | sort -u); do
-  dpkg -S "$p" 2>/dev/null || dpkg -S "/usr$p" 2>/dev/null || fail "no Debian package owns $p"
-done | cut -d: -f1 | sort -u | grep -vxE 'libc6|libgcc-s1|libstdc\+\+6')
+# ldd may name a library by its /lib path, which dpkg (merged /usr) may know only under /usr/lib.
+mapfile -t libs < <(ldd "${binaries[@]}" | awk '/=>/{print $3}' | sort -u)
+owners=$(dpkg -S "${libs[@]}" "${libs[@]/#//usr}" 2>/dev/null || true)
+needed=""
+for p in "${libs[@]}"; do
+  owner=$(awk -F': ' -v p="$p" '$2 == p || $2 == "/usr" p {print $1; exit}' <<< "$owners")
+  [ -n "$owner" ] || fail "no Debian package owns $p"
+  needed+="${owner%%:*}"$'\n'
+done
+needed=$(sort -u <<< "$needed" | grep -vxE 'libc6|libgcc-s1|libstdc\+\+6|')
 # What ldd cannot see: libraries the binaries dlopen(), and those libraries' plugins.
 while read -r pkg _ kind a b; do
   case "$kind" in
@@ -56,7 +70,5 @@ missing=$(comm -23 <(echo "$needed") <(echo "$listed"))
 unused=$(comm -13 <(echo "$needed") <(echo "$listed"))
 [ -z "$missing" ] || fail "runtime-packages.txt lacks: $missing"
 [ -z "$unused" ] || fail "runtime-packages.txt lists packages no binary loads: $unused"
-for pkg in $listed; do
-  apt-cache show "$pkg" >/dev/null 2>&1 || fail "package $pkg does not exist in this Debian"
-done
+exist_in_debian $listed
 echo "lockstep: Dockerfile, install-deps.sh and runtime-packages.txt agree with the binaries ($(echo $listed | wc -w) runtime packages)"
