@@ -5,7 +5,8 @@
 # at its address at BACK_S. Prints each worker's JSON line and a ratio table: the job's wall time
 # against the undisturbed run's, and the longest stall once the aggregator went (after a kill,
 # detection plus regroup; after SIGTERM, the spread of the workers' heartbeats at most) and once
-# it came back. Stalls under 100 ms count as none.
+# it came back, and how long the aggregator took to go after the signal (the drain, for SIGTERM).
+# Stalls under 100 ms count as none.
 #   bench/failover.sh [BUILD_DIR]   (env: WORKERS=3 ROUNDS=3000 TENSOR=1048576 HB_MS=1500 KILL_S=2 BACK_S=6)
 set -euo pipefail
 BUILD=${1:-build}
@@ -34,7 +35,7 @@ for i in 0 1 2; do start_agg $i 0; done
 aggs="127.0.0.1:${port[0]},127.0.0.1:${port[1]},127.0.0.1:${port[2]}"
 
 run_job() {  # run_job SCENARIO: the workers' JSON lines, tagged, into $work/rows
-  local scenario=$1 wpids=() t0 t_gone=0 t_back=0
+  local scenario=$1 wpids=() t0 t_gone=0 t_exit=0 t_back=0
   t0=$(date +%s.%N)
   for r in $(seq 0 $((WORKERS - 1))); do
     "$BUILD/bench/dlcp-bench" --plaintext --aggregators="$aggs" --workers="$WORKERS" --rank="$r" \
@@ -46,7 +47,10 @@ run_job() {  # run_job SCENARIO: the workers' JSON lines, tagged, into $work/row
     sleep "$KILL_S"
     t_gone=$(date +%s.%N)
     if [ "$scenario" = killed ]; then kill -9 "${apid[1]}"; else kill -TERM "${apid[1]}"; fi
-    sleep $((BACK_S - KILL_S))
+    # How long it took to go: a drain holds a rolling restart up for as long, on every node.
+    while kill -0 "${apid[1]}" 2>/dev/null && [ -z "$(ps -o stat= -p "${apid[1]}" | grep Z)" ]; do sleep 0.01; done
+    t_exit=$(date +%s.%N)
+    sleep "$(awk -v a="$t_gone" -v b="$t_exit" -v s=$((BACK_S - KILL_S)) 'BEGIN { d = s - (b - a); print (d > 0 ? d : 0) }')"
     wait "${apid[1]}" 2>/dev/null || true  # its port is free again
     t_back=$(date +%s.%N)
     start_agg 1 "${port[1]}"
@@ -56,7 +60,7 @@ run_job() {  # run_job SCENARIO: the workers' JSON lines, tagged, into $work/row
   for r in $(seq 0 $((WORKERS - 1))); do
     j=$(tail -1 "$work/$scenario.$r.out")
     regroups=$(grep -c "regrouped on" "$work/$scenario.$r.err" || true)
-    echo "{\"scenario\":\"$scenario\",\"wall_s\":$wall,\"regroups\":$regroups,\"heartbeat_ms\":$HB_MS,\"t_gone\":$t_gone,\"t_back\":$t_back,${j#\{}" | tee -a "$work/rows"
+    echo "{\"scenario\":\"$scenario\",\"wall_s\":$wall,\"regroups\":$regroups,\"heartbeat_ms\":$HB_MS,\"t_gone\":$t_gone,\"t_exit\":$t_exit,\"t_back\":$t_back,${j#\{}" | tee -a "$work/rows"
   done
 }
 run_job steady
@@ -87,6 +91,8 @@ print(f"| stall once it went (ms) | | {lo[0]:.0f} | {lo[1]:.0f} | {lo[0] / hb:.2
       f"| {lo[1] / hb:.2f} of it |")
 ba = [stall(s, s[0]["t_back"], float("inf")) for s in (killed, drained)]
 print(f"| stall once it came back (ms) | | {ba[0]:.0f} | {ba[1]:.0f} | | |")
+x = [(s[0]["t_exit"] - s[0]["t_gone"]) * 1000 for s in (killed, drained)]
+print(f"| aggregator gone after the signal (ms) | | {x[0]:.0f} | {x[1]:.0f} | | |")
 m = [max(r["max_ms"] for r in s) for s in (steady, killed, drained)]
 print(f"| longest timed round (ms) | {m[0]:.1f} | {m[1]:.1f} | {m[2]:.1f} | | |")
 p = [max(r["p50_ms"] for r in s) for s in (steady, killed, drained)]

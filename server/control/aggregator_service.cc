@@ -91,6 +91,10 @@ absl::Status AggregatorService::CheckDataTransport(const v1::JoinRequest& req) c
 absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::JoinRequest& req,
                                            v1::JoinResponse* resp) {
   if (drain_.active()) {
+    if (std::shared_ptr<Job> job = jobs_->Find(JobIdForName(req.job_name()));
+        job && job->name == req.job_name() && req.rank() < job->world && job->members[req.rank()].joined()) {
+      drain_.LetGo(job->id, req.rank());  // a member probing: it has moved off this aggregator
+    }
     // UNAVAILABLE, like an aggregator that is not there: a worker probing a lost aggregator keeps
     // it lost, and a restart at this address is joined again once it serves.
     return absl::UnavailableError(absl::StrCat("aggregator ", id(), " is shutting down and takes no new members"));

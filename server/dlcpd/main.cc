@@ -43,10 +43,11 @@ absl::Status WriteReadyFile(const std::string& path, int control_port, int metri
   return absl::OkStatus();
 }
 
-// Graceful shutdown (DrainTracker): serves on, refusing joins, until every member's heartbeat has
-// been answered `draining` and none has asked again for `settle` (a worker in the middle of a
-// regroup puts the move off and asks again; the regroup may still need this aggregator), the
-// deadline passes, or a second signal asks to stop at once.
+// Graceful shutdown (DrainTracker): serves on, refusing joins, until every member has moved off
+// (each probes this aggregator with a join as soon as it has), or every member's heartbeat has been
+// answered `draining` and none has asked again for `settle` (a worker in the middle of a regroup
+// puts the move off and asks again; the regroup may still need this aggregator), the deadline
+// passes, or a second signal asks to stop at once.
 void DrainUntilTold(AggregatorService& service, const JobRegistry& jobs, absl::Duration timeout,
                     absl::Duration settle, const sigset_t* signals, int sig, const std::function<void()>& tend) {
   const absl::Time began = absl::Now();
@@ -63,7 +64,10 @@ void DrainUntilTold(AggregatorService& service, const JobRegistry& jobs, absl::D
       !s.ok()) {
     DLCP_LOG(Warning) << "cannot tell the service manager dlcpd is stopping: " << s;
   }
-  while (!untold.empty() || absl::Now() - service.drain().last_told() < settle) {
+  // Until every member has let go, or, failing word from some, every one was told and none asked
+  // again for `settle`.
+  while (!service.drain().Holding(jobs).empty() &&
+         (!untold.empty() || absl::Now() - service.drain().last_told() < settle)) {
     const absl::Duration left = began + timeout - absl::Now();
     if (left <= absl::ZeroDuration()) {
       DLCP_LOG(Warning) << "drain deadline passed; "
@@ -80,7 +84,7 @@ void DrainUntilTold(AggregatorService& service, const JobRegistry& jobs, absl::D
     untold = service.drain().Untold(jobs);
   }
   DLCP_LOG(Info) << "drained in " << absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1)))
-                 << ": every worker was told";
+                 << (service.drain().Holding(jobs).empty() ? ": every worker has moved off" : ": every worker was told");
 }
 
 int Main(int argc, char** argv) {

@@ -163,8 +163,8 @@ INSTANTIATE_TEST_SUITE_P(Encodings, FailoverTest, ::testing::Values(wire::Encodi
                          [](const auto& info) { return std::string(wire::EncodingName(info.param)); });
 
 // A draining aggregator (dlcpd got SIGTERM) tells the workers in their next heartbeat answer:
-// they take it as lost while it still serves, keep it lost while it refuses their joins, and
-// rounds in flight meanwhile finish exactly on the other one.
+// they take it as lost while it still serves, keep it lost while it refuses their joins (which
+// tell it they have let go), and rounds in flight meanwhile finish exactly on the other one.
 TEST(Failover, ADrainingAggregatorIsLeftWhileItStillServes) {
   auto a = StartAggregator();
   auto b = StartAggregator();
@@ -195,6 +195,12 @@ TEST(Failover, ADrainingAggregatorIsLeftWhileItStillServes) {
   const uint32_t b_rounds = at_b->rounds_completed.load();
   for (int k = 0; k < 3; ++k) ExactRound(**c0, **c1, kKey, round++, kElems);
   EXPECT_EQ(at_b->rounds_completed.load(), b_rounds) << "rounds still went to the draining aggregator";
+  // Each has probed b with a join since it moved, which is how b learns it may stop (no
+  // heartbeat interval of silence).
+  while (!b->service().drain().Holding(b->jobs()).empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(b->service().drain().Holding(b->jobs()).empty()) << "a worker moved off b without probing it";
   std::shared_ptr<server::Job> at_a = a->jobs().Find((*c0)->job_id());
   ASSERT_NE(at_a, nullptr);
   EXPECT_FALSE(at_a->failed.load());

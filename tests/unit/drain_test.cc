@@ -1,6 +1,6 @@
 // Graceful shutdown at the control service: once draining, joins are refused as UNAVAILABLE,
-// heartbeat answers say `draining`, and DrainTracker::Untold lists exactly the members that have
-// not heard it yet (neither told, nor gone).
+// heartbeat answers say `draining`, DrainTracker::Untold lists exactly the members that have not
+// heard it yet (neither told, nor gone), and Holding those that have not moved off.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -85,6 +85,33 @@ TEST_F(DrainTest, TellsEachMemberOnceAndKnowsWhoIsLeft) {
   EXPECT_EQ(Untold(), std::vector<std::string>{"job 'b' rank 0"});
   ASSERT_EQ(Heartbeat("b", 0).value_or(false), true);
   EXPECT_TRUE(Untold().empty());
+}
+
+// A member that has moved off probes the aggregator with a join; until then it may still need it.
+TEST_F(DrainTest, AMemberProbingToJoinAgainHasLetGo) {
+  ASSERT_TRUE(Join("a", 2, 0).ok());
+  ASSERT_TRUE(Join("a", 2, 1).ok());
+  EXPECT_EQ(Join("a", 2, 1).code(), absl::StatusCode::kOk) << "joining again before the drain is a restart";
+  EXPECT_TRUE(service_->drain().Holding(jobs_).empty()) << "nothing is held before draining begins";
+  service_->drain().Begin();
+  EXPECT_EQ(service_->drain().Holding(jobs_), (std::vector<std::string>{"job 'a' rank 0", "job 'a' rank 1"}));
+
+  ASSERT_EQ(Heartbeat("a", 1).value_or(false), true);
+  EXPECT_EQ(service_->drain().Holding(jobs_).size(), 2u) << "told is not moved off";
+  EXPECT_EQ(Join("a", 2, 1).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(service_->drain().Holding(jobs_), std::vector<std::string>{"job 'a' rank 0"});
+  // Strangers probing let nobody go: another job, a rank outside it, a job of another name.
+  EXPECT_EQ(Join("b", 2, 0).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Join("a", 3, 2).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(service_->drain().Holding(jobs_), std::vector<std::string>{"job 'a' rank 0"});
+
+  // A member that beats here again after all (its move was put off) holds on.
+  ASSERT_EQ(Join("a", 2, 0).code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(service_->drain().Holding(jobs_).empty());
+  ASSERT_EQ(Heartbeat("a", 0).value_or(false), true);
+  EXPECT_EQ(service_->drain().Holding(jobs_), std::vector<std::string>{"job 'a' rank 0"});
+  ASSERT_TRUE(jobs_.Leave(JobIdForName("a"), 0).ok());
+  EXPECT_TRUE(service_->drain().Holding(jobs_).empty()) << "a member that left holds nothing";
 }
 
 TEST_F(DrainTest, AMemberRemovedAtTheHeartbeatDeadlineNeedsNoTelling) {
