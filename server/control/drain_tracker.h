@@ -7,8 +7,8 @@
 // every member has been told and none has asked again for a heartbeat interval (last_told), or
 // its drain deadline passes, and only then stops serving.
 //
-// Thread-safe: Begin and Untold run on dlcpd's main thread, Told on gRPC callback threads; none
-// blocks for longer than a short lock.
+// Thread-safe: Begin, Untold and Holding run on dlcpd's main thread, Told and LetGo on gRPC
+// callback threads; none blocks for longer than a short lock.
 #pragma once
 
 #include <atomic>

@@ -100,7 +100,7 @@ TEST_F(DrainTest, AMemberProbingToJoinAgainHasLetGo) {
   EXPECT_EQ(service_->drain().Holding(jobs_).size(), 2u) << "told is not moved off";
   EXPECT_EQ(Join("a", 2, 1).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(service_->drain().Holding(jobs_), std::vector<std::string>{"job 'a' rank 0"});
-  // Strangers probing let nobody go: another job, a rank outside it, a job of another name.
+  // Strangers probing let nobody go: a member of another job, a rank outside this one.
   EXPECT_EQ(Join("b", 2, 0).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(Join("a", 3, 2).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(service_->drain().Holding(jobs_), std::vector<std::string>{"job 'a' rank 0"});
