@@ -37,9 +37,9 @@ install: build
 # Configures a sanitizer build: $(1) the folder, $(2) optimization and debug flags, $(3) the
 # sanitizer flags, for compiling and linking alike.
 # As a unity build (CMake batches each library's sources into a few compiler runs), which compiles
-# a fifth faster: the libraries' sources share most of their headers. Two helpers of one name in
-# the anonymous namespaces of one library's files then collide; name them apart, or set the
-# target's UNITY_BUILD off as proto/ does. The plain build (make build, make test) stays one file
+# a quarter to a third faster: the libraries' sources share most of their headers. Two helpers of
+# one name in the anonymous namespaces of one library's files then collide; name them apart, or
+# set the target's UNITY_BUILD off as proto/ does. The plain build (make build, make test) stays one file
 # per compiler run, so it still catches a file that misses an include of its own.
 sanitizer_build = cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
   -DCMAKE_UNITY_BUILD=ON -DDLCP_WITH_CUDA=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(2)" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$(2)" \
