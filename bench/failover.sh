@@ -30,6 +30,8 @@ start_agg() {  # start_agg INDEX PORT
   for _ in $(seq 1 200); do [ -s "$work/a$1.ready" ] && break; sleep 0.05; done
   port[$1]=$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$work/a$1.ready")
 }
+# Alive, and not yet a zombie waiting for this shell to reap it.
+running() { kill -0 "$1" 2>/dev/null && [[ "$(ps -o stat= -p "$1")" != *Z* ]]; }
 declare -A apid port
 for i in 0 1 2; do start_agg $i 0; done
 aggs="127.0.0.1:${port[0]},127.0.0.1:${port[1]},127.0.0.1:${port[2]}"
@@ -48,8 +50,11 @@ run_job() {  # run_job SCENARIO: the workers' JSON lines, tagged, into $work/row
     t_gone=$(date +%s.%N)
     if [ "$scenario" = killed ]; then kill -9 "${apid[1]}"; else kill -TERM "${apid[1]}"; fi
     # How long it took to go: a drain holds a rolling restart up for as long, on every node.
-    while kill -0 "${apid[1]}" 2>/dev/null && [ -z "$(ps -o stat= -p "${apid[1]}" | grep Z)" ]; do sleep 0.01; done
+    # At most 20 s: the drain's own deadline (5 s) and shutdown (2 s) end well before.
+    local until=$(($(date +%s) + 20))
+    while running "${apid[1]}" && [ "$(date +%s)" -lt "$until" ]; do sleep 0.01; done
     t_exit=$(date +%s.%N)
+    if running "${apid[1]}"; then echo "failover: aggregator 1 still runs 20 s after its signal ($scenario)" >&2; exit 1; fi
     sleep "$(awk -v a="$t_gone" -v b="$t_exit" -v s=$((BACK_S - KILL_S)) 'BEGIN { d = s - (b - a); print (d > 0 ? d : 0) }')"
     wait "${apid[1]}" 2>/dev/null || true  # its port is free again
     t_back=$(date +%s.%N)
