@@ -39,8 +39,8 @@ install: build
 # As a unity build (CMake batches each library's sources into a few compiler runs), which compiles
 # a quarter to a third faster: the libraries' sources share most of their headers. Two helpers of
 # one name in the anonymous namespaces of one library's files then collide; name them apart, or
-# set the target's UNITY_BUILD off as proto/ does. The plain build (make build, make test) stays one file
-# per compiler run, so it still catches a file that misses an include of its own.
+# set the target's UNITY_BUILD off as proto/ does. The plain build (make build, make test) stays
+# one file per compiler run, so it still catches a file that misses an include of its own.
 sanitizer_build = cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
   -DCMAKE_UNITY_BUILD=ON -DDLCP_WITH_CUDA=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(2)" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$(2)" \
   "-DCMAKE_CXX_FLAGS=$(3)" "-DCMAKE_C_FLAGS=$(3)" "-DCMAKE_EXE_LINKER_FLAGS=$(3)" "-DCMAKE_SHARED_LINKER_FLAGS=$(3)"

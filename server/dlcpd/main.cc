@@ -66,8 +66,8 @@ void DrainUntilTold(AggregatorService& service, const JobRegistry& jobs, absl::D
   }
   // Until every member has let go, or, failing word from some, every one was told and none asked
   // again for `settle`.
-  while (!service.drain().Holding(jobs).empty() &&
-         (!untold.empty() || absl::Now() - service.drain().last_told() < settle)) {
+  std::vector<std::string> holding = service.drain().Holding(jobs);
+  while (!holding.empty() && (!untold.empty() || absl::Now() - service.drain().last_told() < settle)) {
     const absl::Duration left = began + timeout - absl::Now();
     if (left <= absl::ZeroDuration()) {
       DLCP_LOG(Warning) << "drain deadline passed; "
@@ -82,9 +82,10 @@ void DrainUntilTold(AggregatorService& service, const JobRegistry& jobs, absl::D
     }
     tend();  // members silent past the deadline are removed, and need telling no more
     untold = service.drain().Untold(jobs);
+    holding = service.drain().Holding(jobs);
   }
   DLCP_LOG(Info) << "drained in " << absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1)))
-                 << (service.drain().Holding(jobs).empty() ? ": every worker has moved off" : ": every worker was told");
+                 << (holding.empty() ? ": every worker has moved off" : ": every worker was told");
 }
 
 int Main(int argc, char** argv) {
