@@ -216,7 +216,10 @@ class Client {
   std::future<absl::StatusOr<RoundStats>> Broadcast(uint32_t key, absl::Span<float> data, uint32_t root);
   void BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root, OpDone done);
 
-  // Leaves the job on every aggregator and fails ops still pending. Idempotent.
+  // Leaves the job on every aggregator and fails ops still pending. Idempotent. Blocks for at
+  // most rpc_timeout (plus a heartbeat call's), however many aggregators do not answer. An
+  // aggregator that is unreachable or no longer holds the job (it went away after the last
+  // round) is logged, not an error: it forgets the worker at its heartbeat deadline anyway.
   absl::Status Close();
 
   uint32_t rank() const;

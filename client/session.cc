@@ -52,13 +52,34 @@ absl::Duration ProbeInterval(absl::Duration heartbeat_interval) {
   return std::max(heartbeat_interval / 4, absl::Milliseconds(50));
 }
 
+// A Leave that failed so: the aggregator is unreachable, or no longer counts the worker (its
+// job closed, or it dropped the worker after a silence).
+bool LeftAlready(const grpc::Status& st) {
+  switch (st.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, v1::Aggregator::Stub* stub,
                                                   const std::string& control) {
-  absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(control);
-  if (!hp.ok()) return absl::InvalidArgumentError(absl::StrCat("aggregator: ", hp.status().message()));
-  const std::string& control_host = hp->first;
+  // Before any call: gRPC would spend the whole deadline on a target it cannot parse.
+  if (absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(control); !hp.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("aggregator: ", hp.status().message()));
+  }
+  std::unique_ptr<JoinCall> call = StartJoin(options, stub, options.rpc_timeout);
+  return FinishJoin(options, stub, control, *call);
+}
+
+std::unique_ptr<Session::JoinCall> Session::StartJoin(const SessionOptions& options, v1::Aggregator::Stub* stub,
+                                                      absl::Duration timeout) {
   v1::JoinRequest req;
   req.set_job_name(options.job_name);
   req.set_world_size(options.world_size);
@@ -71,12 +92,20 @@ absl::StatusOr<Session::Joined> Session::JoinOne(const SessionOptions& options, 
   req.set_worker_keys(true);
   req.set_wire_version(wire::kVersion);
   req.set_client_version(DLCP_VERSION);
-  v1::JoinResponse resp;
-  grpc::Status st = CallWithDeadline(
-      [&](grpc::ClientContext* ctx, const v1::JoinRequest* rq, v1::JoinResponse* rs, auto cb) {
+  return std::make_unique<JoinCall>(
+      [stub](grpc::ClientContext* ctx, const v1::JoinRequest* rq, v1::JoinResponse* rs, auto cb) {
         stub->async()->Join(ctx, rq, rs, std::move(cb));
       },
-      req, &resp, options.rpc_timeout);
+      std::move(req), timeout);
+}
+
+absl::StatusOr<Session::Joined> Session::FinishJoin(const SessionOptions& options, v1::Aggregator::Stub* stub,
+                                                    const std::string& control, JoinCall& call) {
+  absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(control);
+  if (!hp.ok()) return absl::InvalidArgumentError(absl::StrCat("aggregator: ", hp.status().message()));
+  const std::string& control_host = hp->first;
+  const grpc::Status& st = call.Wait();
+  const v1::JoinResponse& resp = call.response();
   if (!st.ok()) return FromGrpcStatus(st, absl::StrCat("join job '", options.job_name, "' at aggregator ", control));
   if (absl::Status s = wire::CheckPeerWireVersion(resp.wire_version(), resp.aggregator_version(),
                                                   absl::StrCat("aggregator ", control), "this client");
@@ -211,12 +240,20 @@ void Session::HeartbeatLoop() {
       absl::Status& first = planned ? why_draining : why;
       if (first.ok()) first = std::move(s);
     };
-    for (size_t i = 0; i < stubs_.size(); ++i) {
-      if (lost[i]) {
-        if (on_change) ProbeLost(i, on_change);
-        continue;
-      }
-      if (!beat) continue;
+    // Probes of the lost (joining again: a restarted aggregator knows nothing of the job until
+    // then) and beats to the others, all at once and each bounded by the heartbeat interval:
+    // aggregators that do not answer (a node gone without a reset) cost the others' beats one
+    // interval in all, not the control-call deadline each, which would outlast the aggregators'
+    // heartbeat deadline.
+    const absl::Duration call_timeout = std::min(options_.rpc_timeout, heartbeat_interval_);
+    std::vector<std::pair<size_t, std::unique_ptr<JoinCall>>> probes;
+    for (size_t i = 0; i < stubs_.size() && on_change; ++i) {
+      if (lost[i]) probes.emplace_back(i, StartJoin(options_, stubs_[i].get(), call_timeout));
+    }
+    using HeartbeatCall = PendingCall<v1::HeartbeatRequest, v1::HeartbeatResponse>;
+    std::vector<std::pair<size_t, std::unique_ptr<HeartbeatCall>>> beats;
+    for (size_t i = 0; i < stubs_.size() && beat; ++i) {
+      if (lost[i]) continue;
       v1::HeartbeatRequest req;
       req.set_job_id(job_id_);
       req.set_rank(options_.rank);
@@ -224,13 +261,15 @@ void Session::HeartbeatLoop() {
         std::lock_guard<std::mutex> guard(mu_);
         req.set_data_key_generation(aggregators_[i].data_key_generation);
       }
-      v1::HeartbeatResponse resp;
-      // Bounded by the heartbeat interval, so one dead aggregator cannot delay the others' beats.
-      grpc::Status st = CallWithDeadline(
-          [&](grpc::ClientContext* ctx, const v1::HeartbeatRequest* rq, v1::HeartbeatResponse* rs, auto cb) {
-            stubs_[i]->async()->Heartbeat(ctx, rq, rs, std::move(cb));
-          },
-          req, &resp, std::min(options_.rpc_timeout, heartbeat_interval_));
+      beats.emplace_back(i, std::make_unique<HeartbeatCall>(
+                                [&](grpc::ClientContext* ctx, const v1::HeartbeatRequest* rq,
+                                    v1::HeartbeatResponse* rs,
+                                    auto cb) { stubs_[i]->async()->Heartbeat(ctx, rq, rs, std::move(cb)); },
+                                std::move(req), call_timeout));
+    }
+    for (auto& [i, call] : beats) {
+      const grpc::Status& st = call->Wait();
+      const v1::HeartbeatResponse& resp = call->response();
       if (st.ok() && resp.draining()) {
         // It is shutting down (SIGTERM) and answers so while it tells its workers: it is lost
         // now, not a heartbeat deadline after the process is gone.
@@ -257,6 +296,9 @@ void Session::HeartbeatLoop() {
       } else {
         DLCP_LOG(Warning) << "heartbeat to " << aggregators_[i].control << " failed: " << st.error_message();
       }
+    }
+    for (auto& [i, call] : probes) {
+      ProbeLost(i, FinishJoin(options_, stubs_[i].get(), aggregators_[i].control, *call), on_change);
     }
     NoteRejoin(lost);
     // A drain waits while another aggregator is lost: some worker may be taking that one back
@@ -364,9 +406,7 @@ void Session::set_layout_handler(LayoutHandler handler) {
   layout_handler_ = std::move(handler);
 }
 
-void Session::ProbeLost(size_t i, const LayoutHandler& on_change) {
-  // Joining again is the probe: a restarted aggregator knows nothing of the job until then.
-  absl::StatusOr<Joined> joined = JoinOne(options_, stubs_[i].get(), aggregators_[i].control);
+void Session::ProbeLost(size_t i, absl::StatusOr<Joined> joined, const LayoutHandler& on_change) {
   if (!joined.ok()) return;
   if (joined->job_id != job_id_) {
     DLCP_LOG(Warning) << "aggregator " << aggregators_[i].control << " is back but gave job id " << joined->job_id
@@ -484,19 +524,32 @@ absl::Status Session::Leave() {
   }
   TruncateUtf8(&reason, 512);
   const std::vector<bool> lost = this->lost();
+  using LeaveCall = PendingCall<v1::LeaveRequest, v1::LeaveResponse>;
+  std::vector<std::pair<size_t, std::unique_ptr<LeaveCall>>> calls;  // all at once: one deadline in all
   for (size_t i = 0; i < stubs_.size(); ++i) {
     if (lost[i]) continue;  // gone; a Leave would only wait for its deadline
     v1::LeaveRequest req;
     req.set_job_id(job_id_);
     req.set_rank(options_.rank);
     req.set_reason(reason);
-    v1::LeaveResponse resp;
-    grpc::Status st = CallWithDeadline(
-        [&](grpc::ClientContext* ctx, const v1::LeaveRequest* rq, v1::LeaveResponse* rs, auto cb) {
-          stubs_[i]->async()->Leave(ctx, rq, rs, std::move(cb));
-        },
-        req, &resp, options_.rpc_timeout);
-    if (!st.ok() && result.ok()) result = FromGrpcStatus(st, absl::StrCat("leave at ", aggregators_[i].control));
+    calls.emplace_back(i, std::make_unique<LeaveCall>(
+                              [&](grpc::ClientContext* ctx, const v1::LeaveRequest* rq, v1::LeaveResponse* rs, auto cb) {
+                                stubs_[i]->async()->Leave(ctx, rq, rs, std::move(cb));
+                              },
+                              std::move(req), options_.rpc_timeout));
+  }
+  for (auto& [i, call] : calls) {
+    const grpc::Status& st = call->Wait();
+    if (st.ok()) continue;
+    const std::string where = absl::StrCat("leave at ", aggregators_[i].control);
+    if (LeftAlready(st)) {
+      // It no longer holds this worker, or is gone, and then forgets it at its heartbeat
+      // deadline: what the Leave asked for is done either way, and failing here would fail a
+      // job whose rounds have all ended.
+      DLCP_LOG(Warning) << where << " failed, taken as left: " << st.error_message();
+    } else if (result.ok()) {
+      result = FromGrpcStatus(st, where);
+    }
   }
   return result;
 }

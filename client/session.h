@@ -20,6 +20,7 @@
 #include "common/transport/address.h"
 #include "common/wire/mac.h"
 #include "client/key_progress.h"
+#include "client/pending_call.h"
 #include "dlcp/v1/control.grpc.pb.h"
 
 namespace dlcp {
@@ -66,7 +67,9 @@ class Session {
   uint32_t job_id() const { return job_id_; }
   // A copy: an aggregator that comes back brings new endpoints, epoch and key.
   std::vector<AggregatorInfo> aggregators() const;
-  // Leaves on every aggregator and stops heartbeats. Idempotent.
+  // Leaves on every aggregator at once and stops heartbeats; blocks for at most rpc_timeout after
+  // the heartbeat thread has stopped. Unreachable aggregators, and those that no longer hold
+  // the worker, are logged, not an error. Idempotent.
   absl::Status Leave();
   // Called (on the heartbeat thread) when an aggregator says this worker is no longer a member,
   // e.g. after it was silent past the heartbeat deadline. Set before heartbeats matter.
@@ -113,10 +116,17 @@ class Session {
     absl::Duration heartbeat_timeout;
     AggregatorInfo info;
   };
+  using JoinCall = PendingCall<v1::JoinRequest, v1::JoinResponse>;
   static absl::StatusOr<Joined> JoinOne(const SessionOptions& options, v1::Aggregator::Stub* stub,
                                         const std::string& control);
+  // JoinOne in two halves, so that probes run alongside heartbeats: the call, then its answer.
+  static std::unique_ptr<JoinCall> StartJoin(const SessionOptions& options, v1::Aggregator::Stub* stub,
+                                             absl::Duration timeout);
+  static absl::StatusOr<Joined> FinishJoin(const SessionOptions& options, v1::Aggregator::Stub* stub,
+                                           const std::string& control, JoinCall& call);
   void HeartbeatLoop();
-  void ProbeLost(size_t i, const LayoutHandler& on_change);
+  // A lost aggregator answered a probe (Join) so: takes it back if it is back in the job.
+  void ProbeLost(size_t i, absl::StatusOr<Joined> joined, const LayoutHandler& on_change);
   // After a heartbeat pass: once every aggregator not lost has said the job went on, tell the
   // rejoin handler.
   void NoteRejoin(const std::vector<bool>& lost);
@@ -146,24 +156,6 @@ class Session {
   bool left_ = false;
   std::thread heartbeat_;
 };
-
-// Runs one unary callback-API call with a deadline and waits for it (bounded by the deadline).
-template <typename Req, typename Resp, typename Fn>
-grpc::Status CallWithDeadline(Fn&& start, const Req& req, Resp* resp, absl::Duration timeout) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
-  std::promise<grpc::Status> done;
-  std::future<grpc::Status> f = done.get_future();
-  start(&ctx, &req, resp, [&done](grpc::Status s) { done.set_value(std::move(s)); });
-  // gRPC completes the call by its deadline; the margin only covers scheduling delay. Past it,
-  // cancel and wait for the callback, which gRPC then runs at once: it refers to this frame, so
-  // returning before it runs is not an option.
-  if (f.wait_for(absl::ToChronoMilliseconds(timeout + absl::Seconds(2))) != std::future_status::ready) {
-    ctx.TryCancel();
-    f.wait();
-  }
-  return f.get();
-}
 
 absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& context);
 

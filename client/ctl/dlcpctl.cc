@@ -15,10 +15,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "client/session.h"
+#include "client/pending_call.h"
 #include "common/config/registry.h"
 #include "common/security/tls_flags.h"
 #include "common/wire/version_check.h"
+#include "dlcp/v1/control.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace {

@@ -201,5 +201,38 @@ TEST(ClientErrors, AggregatorCapacityErrorReachesTheCaller) {
   EXPECT_NE(r.status().message().find("max-job-bytes"), std::string::npos) << r.status();
 }
 
+// After the last round an aggregator may go away, or come back knowing nothing of the job, before
+// the client notices: Close must not fail the finished job over a Leave with nothing left to do,
+// nor wait out a deadline for it.
+TEST(ClientErrors, ClosingAfterAnAggregatorWentAwayIsNotAnError) {
+  for (const bool restarted : {false, true}) {
+    SCOPED_TRACE(restarted ? "restarted without the job" : "gone");
+    auto keep = TestAggregator::Start({});
+    auto doomed = TestAggregator::Start({});
+    ASSERT_NE(keep, nullptr);
+    ASSERT_NE(doomed, nullptr);
+    ClientOptions o = Opts(keep->address(), "gone-at-close");
+    o.aggregators.push_back(doomed->address());
+    auto c = Client::Connect(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    std::vector<float> d(1000, 2);
+    absl::StatusOr<RoundStats> r = (*c)->AllReduce(1, absl::MakeSpan(d)).get();
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(d[0], 2);
+    EXPECT_EQ(d[999], 2);
+    TestAggregatorOptions again;
+    again.control_port = doomed->port();
+    doomed.reset();  // its heartbeat deadline (seconds) is far off: the client has not noticed
+    if (restarted) {
+      doomed = TestAggregator::Start(again);
+      ASSERT_NE(doomed, nullptr);
+    }
+    const absl::Time start = absl::Now();
+    absl::Status closed = (*c)->Close();
+    EXPECT_TRUE(closed.ok()) << closed;
+    EXPECT_LT(absl::Now() - start, o.rpc_timeout);
+  }
+}
+
 }  // namespace
 }  // namespace dlcp::testing

@@ -191,6 +191,8 @@ void ExpectRunningAndExact(std::vector<std::unique_ptr<BackgroundProcess>>& work
   for (size_t r = 0; r < workers.size(); ++r) {
     ProcessResult res = workers[r]->Wait(absl::ZeroDuration());
     EXPECT_EQ(res.exit_code, -1) << "rank " << r << " stopped:\n" << res.out;
+    // A worker whose op failed may still be closing its client.
+    EXPECT_EQ(res.out.find("dlcp-bench rank "), std::string::npos) << "rank " << r << " failed:\n" << res.out;
     EXPECT_EQ(res.out.find(", expected "), std::string::npos) << res.out;
   }
 }
@@ -328,6 +330,28 @@ TEST(Faults, KilledAggregatorsShareMovesToTheOthersAndComesBackWithIt) {
         << "rank " << r << ":\n" << workers[r]->Output();
   }
   ExpectRunningAndExact(workers);
+}
+
+// A frozen aggregator (SIGSTOP; as a node that went away without resetting its connections)
+// answers nothing: every call to it runs to its deadline. Its share moves to the others, and
+// while the workers probe it, their heartbeats to the others must go on, or those drop them.
+TEST(Faults, FrozenAggregatorsShareMovesToTheOthersAndTheJobRunsOn) {
+  RemapJob job = StartRemapJob("agg-frozen", [] { return StartDaemon(); });
+  ASSERT_EQ(job.workers.size(), static_cast<size_t>(kWorkers));
+  std::vector<std::unique_ptr<Daemon>>& daemons = job.daemons;
+  std::vector<std::unique_ptr<BackgroundProcess>>& workers = job.workers;
+  const std::string lost = daemons[1]->control();
+  kill(daemons[1]->pid(), SIGSTOP);
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_TRUE(workers[r]->WaitForOutput("regrouped on 2 aggregator(s)", absl::Seconds(20)))
+        << "rank " << r << ":\n" << workers[r]->Output();
+    EXPECT_NE(workers[r]->Output().find("lost aggregator(s) " + lost), std::string::npos);
+  }
+  // Probes of the frozen one run to the control-call deadline (5 s); the others' heartbeat
+  // deadline is 1.5 s. Twice that deadline and more:
+  absl::SleepFor(absl::Seconds(12));
+  ExpectRunningAndExact(workers);
+  kill(daemons[1]->pid(), SIGCONT);
 }
 
 }  // namespace
