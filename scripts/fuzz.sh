@@ -28,18 +28,32 @@ if grep -q 'DLCP_WITH_RDMA 1' "$BUILD/generated/common/base/build_config.h"; the
         common/transport/rdma/rdma_transport.cc)
 fi
 
+# control_fuzz's sources are one translation unit, as the sanitizer builds' unity batches are
+# (Makefile): each would otherwise parse the same gRPC, protobuf and Abseil headers again, which
+# was most of this test's time. protoc's two files stay apart: they define the same file-static
+# tables.
+CONTROL=(tests/fuzz/control_fuzz.cc "${WIRE[@]}"
+  common/base/log.cc common/base/check.cc common/base/syscall.cc common/base/host_port.cc common/metrics/registry.cc
+  common/topology/topology.cc common/transport/address.cc common/transport/factory.cc common/transport/waker.cc
+  common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc "${RDMA[@]}"
+  common/datapath/outbox.cc common/datapath/path_shares.cc server/engine/reduce.cc server/rounds/round.cc
+  server/rounds/block_pool.cc server/jobs/job_registry.cc server/jobs/key_ring.cc server/jobs/regroup_barrier.cc
+  server/data/data_plane.cc server/data/data_thread.cc server/data/bounded_rounds.cc server/policy/loss_tracker.cc
+  common/policy/drop_injector.cc server/control/aggregator_service.cc server/control/drain_tracker.cc)
+printf '#include "%s"\n' "${CONTROL[@]}" > "$OUT/control_unity.cc"
+
 clang++ "${FLAGS[@]}" tests/fuzz/wire_fuzz.cc "${WIRE[@]}" "${RDMA[@]:0:1}" $LIBS -lhighwayhash -o "$OUT/wire_fuzz" &
-clang++ "${FLAGS[@]}" tests/fuzz/control_fuzz.cc "${WIRE[@]}" \
-  common/base/log.cc common/base/check.cc common/base/syscall.cc common/base/host_port.cc common/metrics/registry.cc \
-  common/topology/topology.cc common/transport/address.cc common/transport/factory.cc common/transport/waker.cc \
-  common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc "${RDMA[@]}" \
-  common/datapath/outbox.cc common/datapath/path_shares.cc server/engine/reduce.cc server/rounds/round.cc server/rounds/block_pool.cc \
-  server/jobs/job_registry.cc server/jobs/key_ring.cc server/jobs/regroup_barrier.cc server/data/data_plane.cc server/data/data_thread.cc server/data/bounded_rounds.cc \
-  server/policy/loss_tracker.cc common/policy/drop_injector.cc \
-  server/control/aggregator_service.cc server/control/drain_tracker.cc "$BUILD/proto/gen/dlcp/v1/control.pb.cc" \
-  "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" $LIBS -lhighwayhash -lpthread -ldl -o "$OUT/control_fuzz" &
-wait %1 || { echo "fuzz: building wire_fuzz failed"; exit 1; }
-wait %2 || { echo "fuzz: building control_fuzz failed"; exit 1; }
+wire=$!
+clang++ "${FLAGS[@]}" -c "$OUT/control_unity.cc" -o "$OUT/control_unity.o" &
+unity=$!
+clang++ "${FLAGS[@]}" -c "$BUILD/proto/gen/dlcp/v1/control.pb.cc" -o "$OUT/control.pb.o" &
+pb=$!
+clang++ "${FLAGS[@]}" -c "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" -o "$OUT/control.grpc.pb.o" &
+grpcpb=$!
+wait $wire || { echo "fuzz: building wire_fuzz failed"; exit 1; }
+wait $unity && wait $pb && wait $grpcpb || { echo "fuzz: compiling control_fuzz failed"; exit 1; }
+clang++ "${FLAGS[@]}" "$OUT/control_unity.o" "$OUT/control.pb.o" "$OUT/control.grpc.pb.o" $LIBS -lhighwayhash \
+  -lpthread -ldl -o "$OUT/control_fuzz" || { echo "fuzz: linking control_fuzz failed"; exit 1; }
 
 status=0
 for target in wire control; do
