@@ -79,7 +79,8 @@ int dlcp_allreduce(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_rou
  * late copies of results, normal under loss), or all of them for NULL. 0 for a NULL client or a
  * reason that never occurred. Any thread. */
 uint64_t dlcp_rejects(const dlcp_client* c, const char* reason);
-/* Leaves the job and frees the client. */
+/* Leaves the job and frees the client. Blocks for at most the control-call deadline. An
+ * aggregator that is unreachable, or no longer holds the job, is logged and not an error. */
 int dlcp_close(dlcp_client* c, char* err, size_t err_len);
 
 #ifdef __cplusplus
