@@ -185,6 +185,19 @@ RemapJob StartRemapJob(const std::string& job, const std::function<std::unique_p
   return j;
 }
 
+// Sends `signal` to a RemapJob's second aggregator and waits for every worker to move its share
+// to the other two; returns that aggregator's control address.
+std::string LoseOneAggregator(RemapJob& job, int signal) {
+  const std::string lost = job.daemons[1]->control();
+  kill(job.daemons[1]->pid(), signal);
+  for (size_t r = 0; r < job.workers.size(); ++r) {
+    EXPECT_TRUE(job.workers[r]->WaitForOutput("regrouped on 2 aggregator(s)", absl::Seconds(20)))
+        << "rank " << r << ":\n" << job.workers[r]->Output();
+    EXPECT_NE(job.workers[r]->Output().find("lost aggregator(s) " + lost), std::string::npos);
+  }
+  return lost;
+}
+
 // Still running (a failed op would have ended them), and every round they checked was exact.
 void ExpectRunningAndExact(std::vector<std::unique_ptr<BackgroundProcess>>& workers) {
   absl::SleepFor(absl::Milliseconds(500));
@@ -313,13 +326,7 @@ TEST(Faults, KilledAggregatorsShareMovesToTheOthersAndComesBackWithIt) {
   ASSERT_EQ(job.workers.size(), static_cast<size_t>(kWorkers));
   std::vector<std::unique_ptr<Daemon>>& daemons = job.daemons;
   std::vector<std::unique_ptr<BackgroundProcess>>& workers = job.workers;
-  const std::string lost = daemons[1]->control();
-  kill(daemons[1]->pid(), SIGKILL);
-  for (int r = 0; r < kWorkers; ++r) {
-    EXPECT_TRUE(workers[r]->WaitForOutput("regrouped on 2 aggregator(s)", absl::Seconds(20)))
-        << "rank " << r << ":\n" << workers[r]->Output();
-    EXPECT_NE(workers[r]->Output().find("lost aggregator(s) " + lost), std::string::npos);
-  }
+  const std::string lost = LoseOneAggregator(job, SIGKILL);
   // Back at its address, it gets its share again.
   daemons[1]->Stop(absl::Seconds(1));
   daemons[1] = Daemon::Start(DLCPD_PATH, {absl::StrCat("--heartbeat-timeout-ms=", kHeartbeatTimeoutMs),
@@ -338,20 +345,12 @@ TEST(Faults, KilledAggregatorsShareMovesToTheOthersAndComesBackWithIt) {
 TEST(Faults, FrozenAggregatorsShareMovesToTheOthersAndTheJobRunsOn) {
   RemapJob job = StartRemapJob("agg-frozen", [] { return StartDaemon(); });
   ASSERT_EQ(job.workers.size(), static_cast<size_t>(kWorkers));
-  std::vector<std::unique_ptr<Daemon>>& daemons = job.daemons;
-  std::vector<std::unique_ptr<BackgroundProcess>>& workers = job.workers;
-  const std::string lost = daemons[1]->control();
-  kill(daemons[1]->pid(), SIGSTOP);
-  for (int r = 0; r < kWorkers; ++r) {
-    EXPECT_TRUE(workers[r]->WaitForOutput("regrouped on 2 aggregator(s)", absl::Seconds(20)))
-        << "rank " << r << ":\n" << workers[r]->Output();
-    EXPECT_NE(workers[r]->Output().find("lost aggregator(s) " + lost), std::string::npos);
-  }
-  // Probes of the frozen one run to the control-call deadline (5 s); the others' heartbeat
-  // deadline is 1.5 s. Twice that deadline and more:
+  LoseOneAggregator(job, SIGSTOP);
+  // A probe of the frozen one that ran to the control-call deadline (5 s) would outlast the
+  // others' heartbeat deadline (1.5 s). Long enough for several probes:
   absl::SleepFor(absl::Seconds(12));
-  ExpectRunningAndExact(workers);
-  kill(daemons[1]->pid(), SIGCONT);
+  ExpectRunningAndExact(job.workers);
+  kill(job.daemons[1]->pid(), SIGCONT);
 }
 
 }  // namespace
