@@ -44,33 +44,63 @@ struct Reply {
   std::string health;
 };
 
+std::vector<std::string> Aggregators(const dlcp::ConfigRegistry& config) {
+  std::vector<std::string> out;
+  for (absl::string_view a : absl::StrSplit(config.GetString("aggregators"), ',', absl::SkipEmpty())) {
+    out.emplace_back(a);
+  }
+  return out;
+}
+
+// One call per aggregator, all in flight at once: aggregators that do not answer (when an operator
+// looks, something is often wrong) cost the deadline once, not once each. `start(stub, ctx, req,
+// resp, done)` starts one call on a stub from `new_stub(channel)`. Answers in the order given.
+template <typename Req, typename Resp, typename NewStub, typename Start>
+std::vector<std::pair<grpc::Status, Resp>> CallEach(const std::vector<std::string>& addresses,
+                                                    const dlcp::ChannelSecurity& security, const Req& req,
+                                                    absl::Duration timeout, NewStub new_stub, Start start) {
+  using Stub = typename decltype(new_stub(std::shared_ptr<grpc::Channel>()))::element_type;
+  std::vector<std::unique_ptr<Stub>> stubs;  // outlive the calls, declared after them
+  std::vector<std::unique_ptr<dlcp::PendingCall<Req, Resp>>> calls;
+  for (const std::string& address : addresses) {
+    stubs.push_back(new_stub(grpc::CreateCustomChannel(address, security.credentials, security.arguments)));
+    Stub* stub = stubs.back().get();
+    calls.push_back(std::make_unique<dlcp::PendingCall<Req, Resp>>(
+        [&](grpc::ClientContext* ctx, const Req* rq, Resp* rs, auto done) { start(stub, ctx, rq, rs, std::move(done)); },
+        req, timeout));
+  }
+  std::vector<std::pair<grpc::Status, Resp>> out;
+  for (auto& call : calls) {
+    grpc::Status st = call->Wait();
+    out.emplace_back(std::move(st), std::move(call->response()));
+  }
+  return out;
+}
+
 std::vector<Reply> Query(const dlcp::ConfigRegistry& config, bool health,
                          const dlcp::ChannelSecurity& security) {
   const absl::Duration timeout = absl::Milliseconds(config.GetInt("timeout-ms"));
-  std::vector<Reply> out;
-  for (absl::string_view agg : absl::StrSplit(config.GetString("aggregators"), ',', absl::SkipEmpty())) {
-    Reply r;
-    r.address = std::string(agg);
-    auto channel = grpc::CreateCustomChannel(r.address, security.credentials, security.arguments);
-    if (health) {
-      auto stub = grpc::health::v1::Health::NewStub(channel);
-      grpc::health::v1::HealthCheckRequest req;
-      grpc::health::v1::HealthCheckResponse resp;
-      r.status = dlcp::CallWithDeadline(
-          [&](grpc::ClientContext* ctx, const grpc::health::v1::HealthCheckRequest* rq,
-              grpc::health::v1::HealthCheckResponse* rs, auto cb) { stub->async()->Check(ctx, rq, rs, std::move(cb)); },
-          req, &resp, timeout);
-      r.health = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status());
-    } else {
-      auto stub = dlcp::v1::Aggregator::NewStub(channel);
-      dlcp::v1::GetStatsRequest req;
-      r.status = dlcp::CallWithDeadline(
-          [&](grpc::ClientContext* ctx, const dlcp::v1::GetStatsRequest* rq, dlcp::v1::Stats* rs, auto cb) {
-            stub->async()->GetStats(ctx, rq, rs, std::move(cb));
-          },
-          req, &r.stats, timeout);
+  const std::vector<std::string> addresses = Aggregators(config);
+  std::vector<Reply> out(addresses.size());
+  for (size_t i = 0; i < addresses.size(); ++i) out[i].address = addresses[i];
+  if (health) {
+    auto answers = CallEach<grpc::health::v1::HealthCheckRequest, grpc::health::v1::HealthCheckResponse>(
+        addresses, security, grpc::health::v1::HealthCheckRequest(), timeout,
+        [](std::shared_ptr<grpc::Channel> ch) { return grpc::health::v1::Health::NewStub(ch); },
+        [](auto* stub, auto* ctx, auto* rq, auto* rs, auto done) { stub->async()->Check(ctx, rq, rs, std::move(done)); });
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i].status = answers[i].first;
+      out[i].health = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(answers[i].second.status());
     }
-    out.push_back(std::move(r));
+  } else {
+    auto answers = CallEach<dlcp::v1::GetStatsRequest, dlcp::v1::Stats>(
+        addresses, security, dlcp::v1::GetStatsRequest(), timeout,
+        [](std::shared_ptr<grpc::Channel> ch) { return dlcp::v1::Aggregator::NewStub(ch); },
+        [](auto* stub, auto* ctx, auto* rq, auto* rs, auto done) { stub->async()->GetStats(ctx, rq, rs, std::move(done)); });
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i].status = answers[i].first;
+      out[i].stats = std::move(answers[i].second);
+    }
   }
   return out;
 }
@@ -86,16 +116,16 @@ int RotateKey(const dlcp::ConfigRegistry& config, const dlcp::ChannelSecurity& s
   const absl::Duration timeout = absl::Milliseconds(config.GetInt("timeout-ms"));
   int failures = 0;
   std::vector<std::string> items;
-  for (absl::string_view agg : absl::StrSplit(config.GetString("aggregators"), ',', absl::SkipEmpty())) {
-    const std::string address(agg);
-    auto stub = dlcp::v1::Aggregator::NewStub(grpc::CreateCustomChannel(address, security.credentials, security.arguments));
-    dlcp::v1::RotateDataKeyRequest req;
-    req.set_job_name(job);
-    dlcp::v1::RotateDataKeyResponse resp;
-    grpc::Status st = dlcp::CallWithDeadline(
-        [&](grpc::ClientContext* ctx, const dlcp::v1::RotateDataKeyRequest* rq, dlcp::v1::RotateDataKeyResponse* rs,
-            auto cb) { stub->async()->RotateDataKey(ctx, rq, rs, std::move(cb)); },
-        req, &resp, timeout);
+  const std::vector<std::string> addresses = Aggregators(config);
+  dlcp::v1::RotateDataKeyRequest req;
+  req.set_job_name(job);
+  auto answers = CallEach<dlcp::v1::RotateDataKeyRequest, dlcp::v1::RotateDataKeyResponse>(
+      addresses, security, req, timeout,
+      [](std::shared_ptr<grpc::Channel> ch) { return dlcp::v1::Aggregator::NewStub(ch); },
+      [](auto* stub, auto* ctx, auto* rq, auto* rs, auto done) { stub->async()->RotateDataKey(ctx, rq, rs, std::move(done)); });
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    const std::string& address = addresses[i];
+    const auto& [st, resp] = answers[i];
     if (!st.ok()) ++failures;
     if (json) {
       items.push_back(st.ok() ? absl::StrCat("{\"aggregator\":", Json(address), ",\"started\":",

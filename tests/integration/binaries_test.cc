@@ -2,6 +2,8 @@
 // 127.0.0.1, and dlcpctl. Every result is checked exactly by dlcp-bench itself.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -157,6 +159,33 @@ TEST(Binaries, DlcpdTellsTheServiceManagerWhenItServesAndWhenItStops) {
   unlink(path.c_str());
 }
 
+// A TCP port on 127.0.0.1 that takes connections (the kernel completes them) and never answers,
+// as a frozen process or a host gone without a reset: calls to it run to their deadline.
+class SilentPort {
+ public:
+  SilentPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd_ < 0 || bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || listen(fd_, 16) != 0 ||
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ADD_FAILURE() << "silent port: " << std::strerror(errno);
+      return;
+    }
+    port_ = ntohs(a.sin_port);
+  }
+  ~SilentPort() {
+    if (fd_ >= 0) close(fd_);
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
 TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {
   ProcessResult r = RunProcess({DLCPCTL_PATH, "status", "--aggregators=127.0.0.1:1", "--plaintext", "--timeout-ms=500"},
                                absl::Seconds(10));
@@ -165,6 +194,19 @@ TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {
   r = RunProcess({DLCPCTL_PATH, "health", "--aggregators=127.0.0.1:1", "--plaintext", "--timeout-ms=500"}, absl::Seconds(10));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.out.find("UNREACHABLE"), std::string::npos) << r.out;
+  // Aggregators that never answer are asked at once: two of them cost one deadline, not two.
+  SilentPort a, b;
+  const std::string aggs = absl::StrCat("--aggregators=", a.address(), ",127.0.0.1:1,", b.address());
+  for (const char* cmd : {"status", "health", "rotate-key"}) {
+    SCOPED_TRACE(cmd);
+    const absl::Time start = absl::Now();
+    r = RunProcess({DLCPCTL_PATH, cmd, aggs, "--job=j", "--plaintext", "--timeout-ms=2000"}, absl::Seconds(20));
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(3500)) << r.out;
+    EXPECT_EQ(r.exit_code, 1) << r.out;
+    for (const std::string& address : {a.address(), std::string("127.0.0.1:1"), b.address()}) {
+      EXPECT_NE(r.out.find(address), std::string::npos) << address << " not reported:\n" << r.out;
+    }
+  }
 }
 
 // Sum of every sample of a metric whose name and labels start with `prefix` in a scrape.
