@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 
 namespace dlcp::bench {
 
@@ -135,7 +136,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
   absl::Time last_end = absl::InfinitePast();        // of the last timed round
   bool more = true;  // past --rounds: whether --min-seconds asks for more
   for (uint32_t round = 0; round < total_rounds || more; ++round) {
-    if (round == config.warmup && timed_start == absl::InfiniteFuture()) timed_start = absl::Now();
+    if (round == config.warmup && timed_start == absl::InfiniteFuture()) timed_start = MonotonicNow();
     for (uint32_t t = 0; t < config.tensors; ++t) {
       values_of(round, t).Fill(rank, 0, absl::MakeSpan(data[t]));
       classes[t].clear();
@@ -149,7 +150,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
       }
       return b.status();
     }
-    const absl::Time start = absl::Now();
+    const absl::Time start = MonotonicNow();
     std::vector<std::future<absl::StatusOr<RoundStats>>> futures;
     for (uint32_t t = 0; t < config.tensors; ++t) {
       futures.push_back((*client)->AllReduce(t, absl::MakeSpan(data[t]), op_options));
@@ -195,12 +196,12 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
       }
       return failed;
     }
-    const double ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+    const double ms = absl::ToDoubleMilliseconds(MonotonicNow() - start);
     if (bounded && round >= config.warmup) result.stop_ms.push_back(stop_ms);
     // And no worker checks its results (a pass over its tensors) before every worker's round has
     // ended: on a shared host those checks took CPU from the peers still timed, 4% of a bounded
     // round on the 2-core test bed.
-    const bool enough = round + 1 >= total_rounds && absl::Now() - timed_start >= config.min_duration;
+    const bool enough = round + 1 >= total_rounds && MonotonicNow() - timed_start >= config.min_duration;
     absl::StatusOr<bool> any_enough = barrier(enough);
     if (!any_enough.ok()) {
       if (retry(round, any_enough.status())) {
@@ -240,12 +241,13 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
       }
     }
     if (round >= config.warmup) {
-      const absl::Time end = absl::Now();
+      const absl::Time end = MonotonicNow();
       if (last_end != absl::InfinitePast()) {
         const double gap = absl::ToDoubleMilliseconds(end - last_end);
         result.max_gap_ms = std::max(result.max_gap_ms, gap);
         if (gap > 100 && result.long_gaps.size() < 64) {
-          result.long_gaps.emplace_back(absl::ToDoubleSeconds(end - absl::UnixEpoch()), gap);
+          // When, in wall-clock time: bench scripts set it beside their own `date` stamps.
+          result.long_gaps.emplace_back(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), gap);
         }
       }
       last_end = end;

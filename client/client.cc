@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/session.h"
 #include "client/transfer_engine.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/wire/header.h"
 
@@ -279,7 +280,7 @@ bool Client::OnLayoutChange(const std::vector<size_t>& lost, const std::vector<s
 }
 
 void Client::Regroup(uint32_t generation, std::vector<bool> lost, absl::Status why) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   // Workers notice a loss up to a heartbeat interval apart, each within the deadline, and a
   // return within a heartbeat interval or two.
   absl::Duration deadline = session_->heartbeat_timeout();
@@ -296,7 +297,7 @@ void Client::Regroup(uint32_t generation, std::vector<bool> lost, absl::Status w
     const size_t survivors = layout.epochs.size();
     engine_->Resume(std::move(layout), std::move(r->agreed));
     DLCP_LOG(Warning) << "rank " << options_.rank << " regrouped on " << survivors
-                      << " aggregator(s) in " << absl::FormatDuration(absl::Now() - start);
+                      << " aggregator(s) in " << absl::FormatDuration(MonotonicNow() - start);
   }
   if (!failed.ok()) {
     engine_->FailFatal(absl::Status(why.code(), absl::StrCat(why.message(), "; the regroup that followed failed: ",

@@ -4,13 +4,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <optional>
 #include <utility>
 
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 
 namespace dlcp {
 
@@ -23,7 +24,7 @@ class PendingCall {
  public:
   template <typename Fn>
   PendingCall(Fn&& start, Req req, absl::Duration timeout)
-      : req_(std::move(req)), give_up_(absl::Now() + timeout + absl::Seconds(2)), result_(done_.get_future()) {
+      : req_(std::move(req)), give_up_(MonotonicNow() + timeout + absl::Seconds(2)), result_(done_.get_future()) {
     ctx_.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
     start(&ctx_, &req_, &resp_, [this](grpc::Status s) { done_.set_value(std::move(s)); });
   }
@@ -35,7 +36,8 @@ class PendingCall {
   // cancel and wait for the callback, which gRPC then runs at once.
   const grpc::Status& Wait() {
     if (!status_) {
-      if (result_.wait_until(absl::ToChronoTime(give_up_)) != std::future_status::ready) {
+      const absl::Duration left = std::max(give_up_ - MonotonicNow(), absl::ZeroDuration());
+      if (result_.wait_for(absl::ToChronoNanoseconds(left)) != std::future_status::ready) {
         ctx_.TryCancel();
         result_.wait();
       }

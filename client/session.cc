@@ -1,5 +1,6 @@
 #include "client/session.h"
 
+#include "common/base/clock.h"
 #include "common/rpc/heartbeat.h"
 #include "common/rpc/socket_marks.h"
 
@@ -203,7 +204,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& opt
     s->aggregators_.push_back(std::move(joined->info));
     s->stubs_.push_back(std::move(stub));
   }
-  s->last_ok_.assign(s->aggregators_.size(), absl::Now());
+  s->last_ok_.assign(s->aggregators_.size(), MonotonicNow());
   s->lost_.assign(s->aggregators_.size(), false);
   s->rejoined_epochs_.assign(s->aggregators_.size(), 0);
   for (const AggregatorInfo& a : s->aggregators_) s->rejoins_ = std::max(s->rejoins_, a.rejoins);
@@ -215,19 +216,19 @@ Session::~Session() { Leave().IgnoreError(); }
 
 void Session::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
-  absl::Time next_beat = absl::Now() + heartbeat_interval_;
+  absl::Time next_beat = MonotonicNow() + heartbeat_interval_;
   for (;;) {
     // A lost aggregator is probed four times per heartbeat interval: when it comes back, each
     // worker finds it within a quarter interval of the first, whose regroup waits for them all.
     const bool probing = layout_handler_ && std::find(lost_.begin(), lost_.end(), true) != lost_.end();
-    absl::Duration wait = next_beat - absl::Now();
+    absl::Duration wait = next_beat - MonotonicNow();
     if (probing) wait = std::min(wait, ProbeInterval(heartbeat_interval_));
     if (cv_.wait_for(lock, absl::ToChronoMilliseconds(std::max(wait, absl::ZeroDuration())),
                      [this] { return stopping_; })) {
       break;
     }
-    const bool beat = absl::Now() >= next_beat;
-    if (beat) next_beat = absl::Now() + heartbeat_interval_;
+    const bool beat = MonotonicNow() >= next_beat;
+    if (beat) next_beat = MonotonicNow() + heartbeat_interval_;
     const std::vector<bool> lost = lost_;
     LayoutHandler on_change = layout_handler_;
     lock.unlock();
@@ -277,7 +278,7 @@ void Session::HeartbeatLoop() {
              absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " is shutting down (draining)")),
              /*planned=*/true);
       } else if (st.ok()) {
-        last_ok_[i] = absl::Now();
+        last_ok_[i] = MonotonicNow();
         if (resp.rejoins() > rejoins_) rejoined_epochs_[i] = resp.epoch();
         NoteKeys(i, resp);
       } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
@@ -286,11 +287,11 @@ void Session::HeartbeatLoop() {
         // silent past the deadline). Nothing this worker sends can complete.
         Fatal(absl::AbortedError(absl::StrCat("aggregator ", aggregators_[i].control,
                                               " dropped this worker: ", st.error_message())));
-      } else if (absl::Now() - last_ok_[i] > heartbeat_timeout_) {
+      } else if (MonotonicNow() - last_ok_[i] > heartbeat_timeout_) {
         // No answer for longer than the deadline: the aggregator that owns part of every tensor
         // is gone. Fail now rather than at each op's deadline, unless the job can go on without it.
         lose(i, absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " unreachable for ",
-                                                    absl::FormatDuration(absl::Now() - last_ok_[i]), ": ",
+                                                    absl::FormatDuration(MonotonicNow() - last_ok_[i]), ": ",
                                                     st.error_message())),
              /*planned=*/false);
       } else {
@@ -417,7 +418,7 @@ void Session::ProbeLost(size_t i, absl::StatusOr<Joined> joined, const LayoutHan
     std::lock_guard<std::mutex> lock(mu_);
     aggregators_[i] = std::move(joined->info);
   }
-  last_ok_[i] = absl::Now();
+  last_ok_[i] = MonotonicNow();
   // Only once the client takes it in does it count (it may be busy with another regroup, and
   // then the next probe offers it again).
   if (on_change({}, {i}, absl::OkStatus(), /*planned=*/false)) {

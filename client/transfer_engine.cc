@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/policy/quiet_spell.h"
 #include "common/wire/bounded.h"
@@ -333,7 +334,7 @@ bool TransferEngine::PushSome(size_t budget) {
   std::vector<size_t>& repairs = repairs_inflight_;
   inflight.assign(dest_addr_.size(), 0);
   repairs.assign(dest_addr_.size(), 0);
-  const absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();
   std::vector<uint32_t>& allow = allowance_;
   allow.assign(dest_addr_.size(), std::numeric_limits<uint32_t>::max());
   if (options_.pacing) {
@@ -438,7 +439,7 @@ bool TransferEngine::PushSome(size_t budget) {
 
 void TransferEngine::Run() {
   std::vector<InMessage> batch;
-  absl::Time last_scan = absl::Now();
+  absl::Time last_scan = MonotonicNow();
   const absl::Duration tick = std::min(options_.repair_timeout / 4, absl::Milliseconds(5));
   while (!stop_.load(std::memory_order_relaxed)) {
     bool job_failed = false;
@@ -451,10 +452,10 @@ void TransferEngine::Run() {
     }
     // The job lost a worker: nothing can finish until it is back (ServeRejoin).
     if (!fail_ops.ok()) FailAll(fail_ops);
-    ServeRegroup(absl::Now());
+    ServeRegroup(MonotonicNow());
     ServeKeys();
-    ServeRejoin(absl::Now());
-    TakeSubmissions(absl::Now());
+    ServeRejoin(MonotonicNow());
+    TakeSubmissions(MonotonicNow());
     next_pace_ = absl::InfiniteFuture();
     bool more = !paused_ && !job_failed && PushSome(kPushBudget);
     absl::Status s = outbox_.Flush();
@@ -464,15 +465,15 @@ void TransferEngine::Run() {
       break;
     }
     absl::Duration wait = more ? absl::ZeroDuration() : (ops_.empty() ? absl::Milliseconds(100) : tick);
-    if (next_tail_ != absl::InfiniteFuture()) wait = std::clamp(next_tail_ - absl::Now(), absl::ZeroDuration(), wait);
-    if (next_pace_ != absl::InfiniteFuture()) wait = std::clamp(next_pace_ - absl::Now(), absl::ZeroDuration(), wait);
+    if (next_tail_ != absl::InfiniteFuture()) wait = std::clamp(next_tail_ - MonotonicNow(), absl::ZeroDuration(), wait);
+    if (next_pace_ != absl::InfiniteFuture()) wait = std::clamp(next_pace_ - MonotonicNow(), absl::ZeroDuration(), wait);
     s = transport_->Receive(&batch, wait);
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       error_ = absl::Status(s.code(), absl::StrCat("dlcp data plane failed: ", s.message()));
       break;
     }
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     // Paused, the old layout's packets; failed, the abandoned rounds': nothing of them may count.
     if (paused_ || job_failed) continue;
     for (const InMessage& m : batch) HandleDatagram(m, now);

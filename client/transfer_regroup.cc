@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/transfer_engine.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 
 namespace dlcp {
@@ -182,7 +183,7 @@ void TransferEngine::FinishReplay(std::unique_ptr<Op> replay, const absl::Status
   if (held == held_.end()) return;
   std::unique_ptr<Op> op = std::move(held->second);
   held_.erase(held);
-  Launch(*op, absl::Now());
+  Launch(*op, MonotonicNow());
   ops_[op->key] = std::move(op);
 }
 

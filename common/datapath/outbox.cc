@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 
 namespace dlcp {
 
@@ -52,7 +53,7 @@ absl::Status Outbox::Flush() {
   std::stable_sort(messages_.begin(), messages_.end(), [](const OutMessage& a, const OutMessage& b) {
     return std::tie(a.to.ipv4, a.to.port, a.priority, a.path) < std::tie(b.to.ipv4, b.to.port, b.priority, b.path);
   });
-  absl::Status s = transport_->Send(messages_, absl::Now() + send_timeout_);
+  absl::Status s = transport_->Send(messages_, MonotonicNow() + send_timeout_);
   messages_.clear();
   headers_.clear();
   tags_.clear();

@@ -7,12 +7,13 @@
 #include <algorithm>
 
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/base/syscall.h"
 
 namespace dlcp {
 
 int PollTimeoutMs(absl::Time deadline) {
-  absl::Duration left = deadline - absl::Now();
+  absl::Duration left = deadline - MonotonicNow();
   if (left <= absl::ZeroDuration()) return 0;
   return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1))), 1000));
 }

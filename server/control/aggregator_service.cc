@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/build_config.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/wire/header.h"
 #include "common/wire/version_check.h"
@@ -31,7 +32,7 @@ AggregatorService::AggregatorService(std::string aggregator_id, std::string adve
       jobs_(jobs),
       data_(data),
       metrics_(metrics),
-      started_(absl::Now()),
+      started_(MonotonicNow()),
       bad_requests_(metrics->GetCounter("dlcp_control_rejected_requests_total", {}, "Control RPCs refused")) {
   // The usual build_info gauge: dashboards join it on the instance to see a fleet's releases.
   metrics->AddComputed("dlcp_build_info",
@@ -192,7 +193,7 @@ absl::Status AggregatorService::HandleRotateDataKey(const v1::RotateDataKeyReque
   if (!job || job->name != req.job_name()) {
     return absl::NotFoundError(absl::StrCat("no job '", req.job_name(), "' at this aggregator"));
   }
-  absl::StatusOr<bool> started = jobs_->RotateKey(job->id, absl::Now());
+  absl::StatusOr<bool> started = jobs_->RotateKey(job->id, MonotonicNow());
   if (!started.ok()) return started.status();
   if (*started) DLCP_LOG(Info) << "job " << job->name << ": data key " << job->keys()->generation << " drawn on request";
   resp->set_started(*started);
@@ -223,7 +224,7 @@ absl::Status AggregatorService::HandleGetTopology(const v1::GetTopologyRequest& 
   resp->set_epoch(job->epoch.load());
   resp->set_world_size(job->world);
   FillEndpoints(resp->mutable_data_endpoints());
-  const int64_t now = absl::GetCurrentTimeNanos();
+  const int64_t now = MonotonicNanos();
   for (uint32_t r = 0; r < job->world; ++r) {
     const Member& m = job->members[r];
     if (!m.joined()) continue;
@@ -309,7 +310,7 @@ absl::Status AggregatorService::HandleRegroup(const v1::RegroupRequest& req, v1:
   std::sort(a.lost.begin(), a.lost.end());
   a.coordinate = req.coordinate();
   for (const v1::KeyRounds& k : req.keys()) a.done.emplace_back(k.key(), k.done());
-  a.deadline = absl::Now() + absl::Milliseconds(req.wait_ms());
+  a.deadline = MonotonicNow() + absl::Milliseconds(req.wait_ms());
   return jobs_->Regroup(req.job_id(), std::move(a),
                         [resp, done = std::move(done)](absl::StatusOr<RegroupOutcome> outcome) {
                           if (!outcome.ok()) return done(outcome.status());
@@ -326,7 +327,7 @@ absl::Status AggregatorService::HandleRegroup(const v1::RegroupRequest& req, v1:
 
 absl::Status AggregatorService::HandleGetStats(v1::Stats* resp) {
   resp->set_aggregator_id(id());
-  resp->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
+  resp->set_uptime_ms(absl::ToInt64Milliseconds(MonotonicNow() - started_));
   resp->set_version(DLCP_VERSION);
   resp->set_wire_version(wire::kVersion);
   resp->set_draining(drain_.active());

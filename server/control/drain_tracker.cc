@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 
 namespace dlcp::server {
 
@@ -11,7 +12,7 @@ void DrainTracker::Told(uint32_t job_id, uint32_t rank) {
   std::lock_guard<std::mutex> lock(mu_);
   told_.insert(Id(job_id, rank));
   let_go_.erase(Id(job_id, rank));  // it beats here again, so it holds on after all
-  last_told_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_release);
+  last_told_ns_.store(MonotonicNanos(), std::memory_order_release);
 }
 
 void DrainTracker::LetGo(uint32_t job_id, uint32_t rank) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/policy/quiet_spell.h"
 #include "common/wire/geometry.h"
@@ -31,7 +32,7 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
         return o;
       }()),
       rng_(options.inject_seed + index),
-      last_scan_(absl::Now()) {
+      last_scan_(MonotonicNow()) {
   // A result's path is kept in a byte (Round::NoteResultPath).
   const size_t paths = transport_->send_paths();
   steer_results_ = options.result_steering && paths >= 2 && paths <= 255;
@@ -108,16 +109,16 @@ void DataThread::Run() {
     // Sleep until the next tick, tail end or repair due, whichever comes first.
     absl::Time wake = std::min(last_scan_ + options_.tick, next_repair_);
     if (!armed_.empty()) wake = std::min(wake, next_tail_);
-    const absl::Duration wait = std::clamp(wake - absl::Now(), absl::ZeroDuration(), options_.tick);
+    const absl::Duration wait = std::clamp(wake - MonotonicNow(), absl::ZeroDuration(), options_.tick);
     absl::Status s = transport_->Receive(&batch, wait);
     if (!s.ok()) {
       DLCP_LOG(Error) << "data thread " << index_ << " receive failed: " << s;
       absl::SleepFor(options_.tick);  // a persistent socket error must not spin a core
       continue;
     }
-    const absl::Time now = absl::Now();
+    const absl::Time now = MonotonicNow();
     for (const InMessage& m : batch) HandleDatagram(m, now);
-    if (!armed_.empty()) next_tail_ = FireTails(absl::Now());
+    if (!armed_.empty()) next_tail_ = FireTails(MonotonicNow());
     if (now - last_scan_ >= options_.tick || now >= next_repair_) {
       ScanTimers(now);
       last_scan_ = now;
@@ -148,7 +149,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   if (h.rank >= job->world) return Reject(wire::Reject::kNotMember);
   if (!job->members[h.rank].joined()) {
     const int64_t left = job->members[h.rank].left_ns.load(std::memory_order_relaxed);
-    if (left != 0 && absl::GetCurrentTimeNanos() - left < absl::ToInt64Nanoseconds(absl::Minutes(1))) {
+    if (left != 0 && MonotonicNanos() - left < absl::ToInt64Nanoseconds(absl::Minutes(1))) {
       return stale_->Add();
     }
     return Reject(wire::Reject::kNotMember);
@@ -297,7 +298,7 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
   std::vector<uint32_t> nack;
   std::vector<PathShares>* shares = JobResultShares(*round);
   PathShares* rank_shares = shares != nullptr ? &(*shares)[h.rank] : nullptr;
-  const absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();
   const absl::Duration interval = ResultResendInterval(*round);
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
@@ -464,10 +465,10 @@ void DataThread::SendError(const Job& job, const wire::Header& req, const Addres
                            const std::string& reason) {
   // One error per round and worker per repair interval is enough; the rest of a window's pushes
   // would otherwise each draw one.
-  auto [it, fresh] = errors_sent_.try_emplace(ErrorKey{req.job, req.key, req.round, req.rank}, absl::Now());
+  auto [it, fresh] = errors_sent_.try_emplace(ErrorKey{req.job, req.key, req.round, req.rank}, MonotonicNow());
   if (!fresh) {
-    if (absl::Now() - it->second < options_.repair_timeout) return;
-    it->second = absl::Now();
+    if (MonotonicNow() - it->second < options_.repair_timeout) return;
+    it->second = MonotonicNow();
   }
   wire::Header h = req;
   h.type = wire::MsgType::kError;

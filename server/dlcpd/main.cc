@@ -11,6 +11,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server_builder.h>
 
+#include "common/base/clock.h"
 #include "common/rpc/heartbeat.h"
 #include "common/rpc/socket_marks.h"
 #include "absl/strings/str_cat.h"
@@ -50,7 +51,7 @@ absl::Status WriteReadyFile(const std::string& path, int control_port, int metri
 // passes, or a second signal asks to stop at once.
 void DrainUntilTold(AggregatorService& service, const JobRegistry& jobs, absl::Duration timeout,
                     absl::Duration settle, const sigset_t* signals, int sig, const std::function<void()>& tend) {
-  const absl::Time began = absl::Now();
+  const absl::Time began = MonotonicNow();
   service.drain().Begin();
   std::vector<std::string> untold = service.drain().Untold(jobs);
   if (untold.empty()) {
@@ -67,8 +68,8 @@ void DrainUntilTold(AggregatorService& service, const JobRegistry& jobs, absl::D
   // Until every member has let go, or, failing word from some, every one was told and none asked
   // again for `settle`.
   std::vector<std::string> holding = service.drain().Holding(jobs);
-  while (!holding.empty() && (!untold.empty() || absl::Now() - service.drain().last_told() < settle)) {
-    const absl::Duration left = began + timeout - absl::Now();
+  while (!holding.empty() && (!untold.empty() || MonotonicNow() - service.drain().last_told() < settle)) {
+    const absl::Duration left = began + timeout - MonotonicNow();
     if (left <= absl::ZeroDuration()) {
       DLCP_LOG(Warning) << "drain deadline passed; "
                         << (untold.empty() ? "workers still asking" : "not told: " + absl::StrJoin(untold, ", "));
@@ -84,7 +85,7 @@ void DrainUntilTold(AggregatorService& service, const JobRegistry& jobs, absl::D
     untold = service.drain().Untold(jobs);
     holding = service.drain().Holding(jobs);
   }
-  DLCP_LOG(Info) << "drained in " << absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1)))
+  DLCP_LOG(Info) << "drained in " << absl::FormatDuration(absl::Trunc(MonotonicNow() - began, absl::Milliseconds(1)))
                  << (holding.empty() ? ": every worker has moved off" : ": every worker was told");
 }
 
@@ -195,12 +196,12 @@ int Main(int argc, char** argv) {
   // The main thread waits for a signal and, four times a second, fails jobs with a silent worker,
   // moves key rotations on and removes jobs whose workers all vanished.
   const auto tend = [&] {
-    for (const std::string& line : jobs.FailSilentMembers(absl::GetCurrentTimeNanos(), opts->limits.heartbeat_timeout)) {
+    for (const std::string& line : jobs.FailSilentMembers(MonotonicNanos(), opts->limits.heartbeat_timeout)) {
       DLCP_LOG(Warning) << line;
     }
-    for (const std::string& line : jobs.ExpireRegroups(absl::Now())) DLCP_LOG(Warning) << line;
-    for (const std::string& line : jobs.TendKeys(absl::Now())) DLCP_LOG(Info) << line;
-    for (const std::string& name : jobs.ReapIdle(absl::GetCurrentTimeNanos(), opts->job_idle_timeout)) {
+    for (const std::string& line : jobs.ExpireRegroups(MonotonicNow())) DLCP_LOG(Warning) << line;
+    for (const std::string& line : jobs.TendKeys(MonotonicNow())) DLCP_LOG(Info) << line;
+    for (const std::string& name : jobs.ReapIdle(MonotonicNanos(), opts->job_idle_timeout)) {
       DLCP_LOG(Warning) << "job " << name << " removed: no heartbeat from any member for "
                         << absl::FormatDuration(opts->job_idle_timeout);
     }

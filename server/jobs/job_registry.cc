@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/topology/topology.h"
 #include "common/wire/header.h"
@@ -101,7 +102,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
                       << s.data_address.ToString();
     if (job->Recover()) DLCP_LOG(Warning) << "job " << s.job_name << " goes on in a new epoch";
   }
-  m.last_heartbeat_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+  m.last_heartbeat_ns.store(MonotonicNanos(), std::memory_order_relaxed);
   DLCP_LOG(Info) << "job " << s.job_name << " (id " << id << ") rank " << s.rank << "/" << s.world_size
                  << " joined, data " << s.data_address.ToString();
   return job;
@@ -114,7 +115,7 @@ absl::Status JobRegistry::Leave(uint32_t job_id, uint32_t rank, const std::strin
   Job& job = *it->second;
   if (rank >= job.world) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside job"));
   job.NoteLeft(rank, reason);
-  job.members[rank].left_ns.store(absl::GetCurrentTimeNanos());
+  job.members[rank].left_ns.store(MonotonicNanos());
   if (job.members[rank].packed_address.exchange(0) == 0) return absl::OkStatus();
   if (job.member_count.fetch_sub(1) > 1) {
     job.vacated.store(true);
@@ -203,12 +204,12 @@ absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank, uint32_t key
     std::string why = job->failed.load() ? absl::StrCat(" (the job failed: ", job->failure_reason(), ")") : "";
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is not a member of job ", job->name, why));
   }
-  job->members[rank].last_heartbeat_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+  job->members[rank].last_heartbeat_ns.store(MonotonicNanos(), std::memory_order_relaxed);
   if (job->ring && key_generation > 0) {
     // A generation past the newest counts as the newest: a member claiming a key it does not
     // hold can only lose its own results, which it then cannot check.
     job->ring->Holds(rank, std::min(key_generation, job->ring->Current().generation));
-    if (std::optional<std::string> line = AdvanceKeys(*job, absl::Now())) DLCP_LOG(Info) << *line;
+    if (std::optional<std::string> line = AdvanceKeys(*job, MonotonicNow())) DLCP_LOG(Info) << *line;
   }
   return absl::OkStatus();
 }
@@ -305,7 +306,7 @@ constexpr size_t kClosedMemoryMax = 4096;
 }  // namespace
 
 void JobRegistry::RememberClosed(uint32_t job_id) {
-  const int64_t now = absl::GetCurrentTimeNanos();
+  const int64_t now = MonotonicNanos();
   while (!closed_.empty() && (now - closed_.front().second > kClosedMemoryNs || closed_.size() >= kClosedMemoryMax)) {
     closed_.pop_front();
   }
@@ -314,7 +315,7 @@ void JobRegistry::RememberClosed(uint32_t job_id) {
 
 bool JobRegistry::RecentlyClosed(uint32_t job_id) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  const int64_t now = absl::GetCurrentTimeNanos();
+  const int64_t now = MonotonicNanos();
   for (const auto& [id, when] : closed_) {
     if (id == job_id && now - when <= kClosedMemoryNs) return true;
   }

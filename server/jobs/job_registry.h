@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/base/clock.h"
 #include "common/metrics/registry.h"
 #include "common/transport/address.h"
 #include "common/wire/mac.h"
@@ -79,7 +80,7 @@ struct Job {
   std::atomic<uint32_t> member_count{0};
   // When it was created: ReapIdle counts it as heard from then, or a job could be reaped between
   // its creation and its first member's join, before that member had been heard from at all.
-  const int64_t created_ns = absl::GetCurrentTimeNanos();
+  const int64_t created_ns = MonotonicNanos();
   std::atomic<bool> closed{false};  // set when the job ends; data threads then release its rounds
   // The last member left through Leave (not reaped): rounds it had fully received were delivered,
   // even if their DONE lost the race with the Leave.

@@ -1,6 +1,7 @@
 #include "server/jobs/key_ring.h"
 
 #include "common/base/check.h"
+#include "common/base/clock.h"
 
 namespace dlcp::server {
 
@@ -36,7 +37,7 @@ bool KeyRing::Keys::Verify(absl::Span<const uint8_t> datagram, size_t payload_le
 }
 
 KeyRing::KeyRing(const wire::MacKey& first, uint32_t world, bool per_worker)
-    : world_(world), per_worker_(per_worker), held_(world, 1), drawn_(absl::Now()) {
+    : world_(world), per_worker_(per_worker), held_(world, 1), drawn_(MonotonicNow()) {
   Keys k;
   k.newest = Generation::Make(first, world, per_worker);
   history_.push_back(k);

@@ -11,6 +11,7 @@
 
 #include <google/protobuf/stubs/logging.h>
 
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/metrics/registry.h"
 #include "server/control/aggregator_service.h"
@@ -100,7 +101,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                  (!resp.previous_data_key().empty() && resp.previous_data_key().size() != 32))) {
         __builtin_trap();
       }
-      for (const std::string& line : w->jobs->TendKeys(absl::Now())) (void)line;
+      for (const std::string& line : w->jobs->TendKeys(dlcp::MonotonicNow())) (void)line;
       break;
     }
     case 3: {
@@ -125,7 +126,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         delete resp;
       }
       // Whatever still waits has passed its deadline by then.
-      for (const std::string& line : w->jobs->ExpireRegroups(absl::Now() + absl::Minutes(3))) (void)line;
+      for (const std::string& line : w->jobs->ExpireRegroups(dlcp::MonotonicNow() + absl::Minutes(3))) (void)line;
       break;
     }
     case 5: {

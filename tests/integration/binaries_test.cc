@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/base/build_config.h"
+#include "common/base/clock.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
@@ -199,9 +200,9 @@ TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {
   const std::string aggs = absl::StrCat("--aggregators=", a.address(), ",127.0.0.1:1,", b.address());
   for (const char* cmd : {"status", "health", "rotate-key"}) {
     SCOPED_TRACE(cmd);
-    const absl::Time start = absl::Now();
+    const absl::Time start = MonotonicNow();
     r = RunProcess({DLCPCTL_PATH, cmd, aggs, "--job=j", "--plaintext", "--timeout-ms=2000"}, absl::Seconds(20));
-    EXPECT_LT(absl::Now() - start, absl::Milliseconds(3500)) << r.out;
+    EXPECT_LT(MonotonicNow() - start, absl::Milliseconds(3500)) << r.out;
     EXPECT_EQ(r.exit_code, 1) << r.out;
     for (const std::string& address : {a.address(), std::string("127.0.0.1:1"), b.address()}) {
       EXPECT_NE(r.out.find(address), std::string::npos) << address << " not reported:\n" << r.out;
@@ -304,7 +305,7 @@ TEST(Binaries, DataKeysRotateUnderARunningJob) {
   ASSERT_NE(bench, nullptr);
   // dlcpctl shows the running job's key generation move on at each aggregator.
   bool moved_on = false;
-  for (const absl::Time end = absl::Now() + absl::Seconds(30); !moved_on && absl::Now() < end;) {
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(30); !moved_on && MonotonicNow() < end;) {
     ProcessResult jobs = RunProcess({DLCPCTL_PATH, "jobs", aggs, "--plaintext", "--output=json"}, absl::Seconds(10));
     // Every job listed (one per aggregator) at generation 3 or later.
     int listed = 0, least = 1 << 30;
@@ -341,7 +342,7 @@ TEST(Binaries, DlcpctlRotatesAJobsKeyOnRequest) {
                                          "--timeout-s=60"});
   ASSERT_NE(bench, nullptr);
   bool running = false;
-  for (const absl::Time end = absl::Now() + absl::Seconds(30); !running && absl::Now() < end;) {
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(30); !running && MonotonicNow() < end;) {
     running = absl::StrContains(RunProcess({DLCPCTL_PATH, "jobs", aggs, "--plaintext"}, absl::Seconds(10)).out, "leaky");
     if (!running) absl::SleepFor(absl::Milliseconds(100));
   }

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/base/clock.h"
 #include "common/datapath/outbox.h"
 #include "common/wire/header.h"
 #include "common/wire/mac.h"
@@ -81,7 +82,7 @@ TEST(DataPlaneValidation, GarbageIsCountedAndAJobStaysExact) {
                             {target, 0, junk.data(), 48, junk.data() + 48, 16},           // unknown job
                             {target, 0, unsigned_push.data(), 48, junk.data(), 1024},     // no MAC
                             {target, 0, signed_push.data(), 48, junk.data(), 1024, tag.data(), 8}};  // bad MAC
-      (void)(*tx)->Send(msgs, absl::Now() + absl::Seconds(1));
+      (void)(*tx)->Send(msgs, MonotonicNow() + absl::Seconds(1));
       absl::SleepFor(absl::Microseconds(200));
     }
   });
@@ -148,7 +149,7 @@ void SendPush(Transport& tx, TestAggregator& agg, const server::Job& job, const 
               uint32_t round, float value, int copies, uint32_t chunk = 0) {
   const std::vector<uint8_t> d = Key3Datagram(wire::MsgType::kPush, job, key, rank, round, chunk, value);
   OutMessage m{agg.data().endpoints()[0], 1, d.data(), d.size()};
-  for (int i = 0; i < copies; ++i) ASSERT_TRUE(tx.Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+  for (int i = 0; i < copies; ++i) ASSERT_TRUE(tx.Send({&m, 1}, MonotonicNow() + absl::Seconds(1)).ok());
 }
 
 // An aggregator, and both ranks of two-worker job `name` connected to it.
@@ -177,7 +178,7 @@ void SendAsMember(Transport& tx, TestAggregator& agg, const server::Job& job, wi
   wire::EncodeHeader(h, header);
   wire::ComputeMac(*job.worker_key(h.rank), header, payload, h.payload_len, tag);
   OutMessage m{agg.data().endpoints()[0], 1, header, wire::kHeaderSize, payload, h.payload_len, tag, wire::kMacSize};
-  ASSERT_TRUE(tx.Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+  ASSERT_TRUE(tx.Send({&m, 1}, MonotonicNow() + absl::Seconds(1)).ok());
 }
 
 // A member's genuine, correctly signed packet of a finished round, sent again later (a replay),
@@ -245,8 +246,8 @@ TEST(DataPlaneValidation, AMemberCannotPushAsAnotherRank) {
   std::unique_ptr<Transport> tx = TestSocket();
   ASSERT_NE(tx, nullptr);
   for (const wire::MacKey& key : {own, results}) SendPush(*tx, *agg, *job, key, 1, 1, 1000.0f, 1);
-  const absl::Time end = absl::Now() + absl::Seconds(5);
-  while (agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}") < 2 && absl::Now() < end) {
+  const absl::Time end = MonotonicNow() + absl::Seconds(5);
+  while (agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}") < 2 && MonotonicNow() < end) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 2);
@@ -302,7 +303,7 @@ TEST(DataPlaneValidation, AMemberCannotSignAResultAnotherAccepts) {
 
     std::set<uint32_t> results;
     std::vector<InMessage> in;
-    for (const absl::Time end = absl::Now() + absl::Seconds(5); results.size() < 2 && absl::Now() < end;) {
+    for (const absl::Time end = MonotonicNow() + absl::Seconds(5); results.size() < 2 && MonotonicNow() < end;) {
       ASSERT_TRUE(rank1->Receive(&in, absl::Milliseconds(100)).ok());
       for (const InMessage& m : in) {
         wire::Header h;
@@ -378,7 +379,7 @@ TEST(DataPlaneValidation, AClientCountsWhatItDropsAndRefusesAResultForgedByAnoth
       for (int c = 0; c < 4; ++c) n += agg->Counter(absl::StrCat("dlcp_rx_packets_total{class=\"", c, "\",type=\"push\"}"));
       return n;
     };
-    for (const absl::Time end = absl::Now() + absl::Seconds(5); pushes() < 2 && absl::Now() < end;) {
+    for (const absl::Time end = MonotonicNow() + absl::Seconds(5); pushes() < 2 && MonotonicNow() < end;) {
       absl::SleepFor(absl::Milliseconds(5));
     }
     ASSERT_EQ(pushes(), 2);
@@ -388,7 +389,7 @@ TEST(DataPlaneValidation, AClientCountsWhatItDropsAndRefusesAResultForgedByAnoth
     for (uint32_t chunk : {0u, 1u}) own.push_back(Key3Datagram(wire::MsgType::kResult, *job, held, 1, 0, chunk, 1000.0f));
     for (const std::vector<uint8_t>& d : own) {
       OutMessage m{victim, 1, d.data(), d.size()};
-      ASSERT_TRUE(tx->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+      ASSERT_TRUE(tx->Send({&m, 1}, MonotonicNow() + absl::Seconds(1)).ok());
     }
     bool spoofed = true;
     for (uint32_t chunk : {0u, 1u}) {
@@ -399,7 +400,7 @@ TEST(DataPlaneValidation, AClientCountsWhatItDropsAndRefusesAResultForgedByAnoth
       std::map<std::string, uint64_t> expected{{"truncated", 1}, {"unknown_source", 2}};
       if (spoofed) expected["bad_mac"] = 2;
       std::map<std::string, uint64_t> rejects;
-      for (const absl::Time end = absl::Now() + absl::Seconds(5); rejects != expected && absl::Now() < end;) {
+      for (const absl::Time end = MonotonicNow() + absl::Seconds(5); rejects != expected && MonotonicNow() < end;) {
         absl::SleepFor(absl::Milliseconds(10));
         rejects = clients[1]->Rejects();
       }
@@ -565,11 +566,11 @@ TEST(DataPlaneValidation, AnAggregatorOnASlowPathWaitsOutItsRoundsOwnGapsBeforeN
   const double before = agg->Counter(kNacks);
   absl::SleepFor(absl::Milliseconds(12));
   ASSERT_NO_FATAL_FAILURE(push(24));
-  const absl::Time last = absl::Now();
+  const absl::Time last = MonotonicNow();
   EXPECT_EQ(agg->Counter(kNacks), before) << "NACKed pushes within the round's own gaps";
-  while (agg->Counter(kNacks) == before && absl::Now() - last < absl::Seconds(5)) absl::SleepFor(absl::Milliseconds(1));
+  while (agg->Counter(kNacks) == before && MonotonicNow() - last < absl::Seconds(5)) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_GT(agg->Counter(kNacks), before) << "never NACKed the missing pushes";
-  EXPECT_GE(absl::Now() - last, absl::Milliseconds(40)) << "16 gaps of 4 ms";
+  EXPECT_GE(MonotonicNow() - last, absl::Milliseconds(40)) << "16 gaps of 4 ms";
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
 }
 

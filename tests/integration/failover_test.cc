@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "common/base/clock.h"
 #include "common/topology/topology.h"
 #include "tests/integration/test_aggregator.h"
 
@@ -114,8 +115,8 @@ TEST_P(FailoverTest, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup
     released.wait_for(std::chrono::seconds(10));  // bounded, even if the test fails before letting go
   });
   ASSERT_TRUE((*c0)->AllReduce(kGate, absl::MakeSpan(&g0, 1)).get().ok());
-  const absl::Time until = absl::Now() + absl::Seconds(5);
-  while (!held && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  const absl::Time until = MonotonicNow() + absl::Seconds(5);
+  while (!held && MonotonicNow() < until) absl::SleepFor(absl::Milliseconds(5));
   ASSERT_TRUE(held);
   absl::StatusOr<RoundStats> ahead = (*c0)->AllReduce(kKey, absl::MakeSpan(d0)).get();
   ASSERT_TRUE(ahead.ok()) << ahead.status();
@@ -140,12 +141,12 @@ TEST_P(FailoverTest, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup
   auto back = StartAggregator(port);
   ASSERT_NE(back, nullptr);
   const uint32_t job = (*c0)->job_id();
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(10);
   int round = 4;
   // Rounds go on meanwhile; once it serves the job, its share of every round is done there. A
   // tensor of 16 blocks, so that it has a share (each block picks one of the two).
   constexpr uint32_t kBig = 4, kBigElems = 16 * kBlockChunks * 256;
-  while (absl::Now() < deadline) {
+  while (MonotonicNow() < deadline) {
     ExactRound(**c0, **c1, kBig, round++, kBigElems);
     if (HasFatalFailure()) return;
     std::shared_ptr<server::Job> j = back->jobs().Find(job);
@@ -183,8 +184,8 @@ TEST(Failover, ADrainingAggregatorIsLeftWhileItStillServes) {
   ASSERT_GT(at_b->rounds_completed.load(), 0u);
 
   b->service().drain().Begin();
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (!b->service().drain().Untold(b->jobs()).empty() && absl::Now() < deadline) {
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(10);
+  while (!b->service().drain().Untold(b->jobs()).empty() && MonotonicNow() < deadline) {
     ExactRound(**c0, **c1, kKey, round++, kElems);  // through the regroup
     if (HasFatalFailure()) return;
   }
@@ -197,7 +198,7 @@ TEST(Failover, ADrainingAggregatorIsLeftWhileItStillServes) {
   EXPECT_EQ(at_b->rounds_completed.load(), b_rounds) << "rounds still went to the draining aggregator";
   // Each has probed b with a join since it moved, which is how b learns it may stop (no
   // heartbeat interval of silence).
-  while (!b->service().drain().Holding(b->jobs()).empty() && absl::Now() < deadline) {
+  while (!b->service().drain().Holding(b->jobs()).empty() && MonotonicNow() < deadline) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_TRUE(b->service().drain().Holding(b->jobs()).empty()) << "a worker moved off b without probing it";
@@ -250,8 +251,8 @@ TEST(Rejoin, ARestartedWorkerJoinsAgainAndTheJobGoesOn) {
     std::vector<std::vector<float>> d(kWorld);
     std::vector<std::future<absl::StatusOr<RoundStats>>> f(kWorld);
     std::vector<bool> done(kWorld, false);
-    const absl::Time deadline = absl::Now() + absl::Seconds(15);
-    while (absl::Now() < deadline) {
+    const absl::Time deadline = MonotonicNow() + absl::Seconds(15);
+    while (MonotonicNow() < deadline) {
       for (int r = 0; r < kWorld; ++r) {
         if (done[r] || f[r].valid()) continue;
         d[r] = Input(r, round, kElems);

@@ -4,12 +4,16 @@
 // job must run again once restarted.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
@@ -55,7 +59,7 @@ void ExpectSurvivorsFailNamingRank(std::vector<std::unique_ptr<BackgroundProcess
   for (int r = 0; r < kWorkers; ++r) {
     if (r == dead) continue;
     ProcessResult res = workers[r]->Wait(absl::Seconds(15));
-    const absl::Duration took = absl::Now() - since;
+    const absl::Duration took = MonotonicNow() - since;
     EXPECT_NE(res.exit_code, 0) << "rank " << r << " did not fail:\n" << res.out;
     EXPECT_NE(res.exit_code, -1) << "rank " << r << " hung and was killed:\n" << res.out;
     EXPECT_NE(res.out.find(absl::StrCat("worker rank ", dead)), std::string::npos) << res.out;
@@ -70,7 +74,7 @@ TEST(Faults, KilledWorkerFailsTheOthersNamingItAndTheJobRestarts) {
   ASSERT_NE(d, nullptr);
   auto workers = StartJob(*d, "kill-test");
   workers[2]->Signal(SIGKILL);
-  const absl::Time killed = absl::Now();
+  const absl::Time killed = MonotonicNow();
   ExpectSurvivorsFailNamingRank(workers, 2, killed);
   workers[2]->Wait(absl::Seconds(5));
 
@@ -121,7 +125,7 @@ TEST(Faults, FrozenWorkerIsDroppedAndLearnsItWhenItWakes) {
   ASSERT_NE(d, nullptr);
   auto workers = StartJob(*d, "stop-test");
   workers[1]->Signal(SIGSTOP);
-  const absl::Time stopped = absl::Now();
+  const absl::Time stopped = MonotonicNow();
   ExpectSurvivorsFailNamingRank(workers, 1, stopped);
   workers[1]->Signal(SIGCONT);
   // Awake again, it finds itself dropped: its next heartbeat or packet ends it, promptly.
@@ -138,14 +142,14 @@ TEST(Faults, DeadAggregatorFailsTheJobWithinTheDeadline) {
   ASSERT_NE(doomed, nullptr);
   auto workers = StartJobOnTwo(*keep, *doomed, "agg-death");
   kill(doomed->pid(), SIGKILL);
-  const absl::Time killed = absl::Now();
+  const absl::Time killed = MonotonicNow();
   for (int r = 0; r < kWorkers; ++r) {
     ProcessResult res = workers[r]->Wait(absl::Seconds(20));
     EXPECT_NE(res.exit_code, 0) << res.out;
     EXPECT_NE(res.exit_code, -1) << "rank " << r << " hung:\n" << res.out;
     EXPECT_NE(res.out.find("UNAVAILABLE"), std::string::npos) << res.out;
     EXPECT_NE(res.out.find(doomed->control()), std::string::npos) << res.out;  // names the aggregator
-    EXPECT_LT(absl::Now() - killed, absl::Milliseconds(kHeartbeatTimeoutMs) + absl::Seconds(4)) << "rank " << r;
+    EXPECT_LT(MonotonicNow() - killed, absl::Milliseconds(kHeartbeatTimeoutMs) + absl::Seconds(4)) << "rank " << r;
   }
   doomed->Stop(absl::Seconds(1));
 }
@@ -198,7 +202,17 @@ std::string LoseOneAggregator(RemapJob& job, int signal) {
   return lost;
 }
 
+// No worker has failed or seen a wrong sum so far. They run on (ExpectRunningAndExact ends them).
+void ExpectNoneFailedYet(const std::vector<std::unique_ptr<BackgroundProcess>>& workers) {
+  for (size_t r = 0; r < workers.size(); ++r) {
+    const std::string out = workers[r]->Output();
+    EXPECT_EQ(out.find("dlcp-bench rank "), std::string::npos) << "rank " << r << " failed:\n" << out;
+    EXPECT_EQ(out.find(", expected "), std::string::npos) << out;
+  }
+}
+
 // Still running (a failed op would have ended them), and every round they checked was exact.
+// Ends them: Wait(0) kills what still runs.
 void ExpectRunningAndExact(std::vector<std::unique_ptr<BackgroundProcess>>& workers) {
   absl::SleepFor(absl::Milliseconds(500));
   for (size_t r = 0; r < workers.size(); ++r) {
@@ -229,14 +243,14 @@ TEST(Faults, RollingRestartOfTheAggregatorsDrainsEachAndTheJobRunsOn) {
   for (size_t i = 0; i < daemons.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("restarting aggregator ", i));
     const std::string lost = daemons[i]->control();
-    const absl::Time terminated = absl::Now();
+    const absl::Time terminated = MonotonicNow();
     EXPECT_EQ(daemons[i]->Stop(absl::Seconds(10)), 0) << daemons[i]->Log();
     // Telling takes a heartbeat interval (1 s). The drain ends as each worker, once moved, probes
     // the aggregator with a join (within a quarter interval): under a second here. A worker that
     // had to put the move off (the last aggregator not taken back yet) holds it up to a
     // heartbeat interval more. With room for a sanitizer build on a loaded machine, still below
     // the 10 s deadline.
-    EXPECT_LT(absl::Now() - terminated, absl::Seconds(8));
+    EXPECT_LT(MonotonicNow() - terminated, absl::Seconds(8));
     // The first goes while nothing else is lost, so no worker puts the move off; later ones may
     // meet a worker still taking the last one back, and then end on its silence.
     EXPECT_NE(daemons[i]->Log().find(i == 0 ? "every worker has moved off" : "drained in"), std::string::npos)
@@ -252,14 +266,14 @@ TEST(Faults, RollingRestartOfTheAggregatorsDrainsEachAndTheJobRunsOn) {
     ASSERT_NE(daemons[i], nullptr);
   }
   // Each worker ends on all three.
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(20);
   for (int r = 0; r < kWorkers; ++r) {
     const auto last_layout = [&] {
       const std::string out = workers[r]->Output();
       const size_t at = out.rfind("regrouped on ");
       return at == std::string::npos ? std::string() : out.substr(at, 28);
     };
-    while (last_layout() != "regrouped on 3 aggregator(s)" && absl::Now() < deadline) {
+    while (last_layout() != "regrouped on 3 aggregator(s)" && MonotonicNow() < deadline) {
       absl::SleepFor(absl::Milliseconds(20));
     }
     EXPECT_EQ(last_layout(), "regrouped on 3 aggregator(s)") << "rank " << r << ":\n" << workers[r]->Output();
@@ -274,7 +288,7 @@ TEST(Faults, TerminatedAggregatorFailsItsJobAtOnceSayingWhy) {
   ASSERT_NE(keep, nullptr);
   ASSERT_NE(doomed, nullptr);
   auto workers = StartJobOnTwo(*keep, *doomed, "agg-drain-fail");
-  const absl::Time terminated = absl::Now();
+  const absl::Time terminated = MonotonicNow();
   EXPECT_EQ(doomed->Stop(absl::Seconds(8)), 0) << doomed->Log();
   for (int r = 0; r < kWorkers; ++r) {
     ProcessResult res = workers[r]->Wait(absl::Seconds(15));
@@ -283,7 +297,7 @@ TEST(Faults, TerminatedAggregatorFailsItsJobAtOnceSayingWhy) {
     // The first to hear fails with the reason; the others may quote it from that worker's leaving.
     EXPECT_NE(res.out.find("aggregator " + doomed->control() + " is shutting down (draining)"), std::string::npos)
         << res.out;
-    EXPECT_LT(absl::Now() - terminated, absl::Seconds(5)) << "rank " << r;
+    EXPECT_LT(MonotonicNow() - terminated, absl::Seconds(5)) << "rank " << r;
   }
 }
 
@@ -298,7 +312,7 @@ TEST(Faults, DrainEndsAtItsDeadlineOrASecondSignal) {
     auto workers = StartJob(*d, job);
     kill(workers[2]->pid(), SIGSTOP);
     absl::SleepFor(absl::Milliseconds(200));
-    const absl::Time terminated = absl::Now();
+    const absl::Time terminated = MonotonicNow();
     if (second_signal) {
       kill(d->pid(), SIGTERM);
       absl::SleepFor(absl::Milliseconds(1500));  // the others told; the frozen one holds the drain
@@ -311,7 +325,7 @@ TEST(Faults, DrainEndsAtItsDeadlineOrASecondSignal) {
     }
     const int code = d->Stop(absl::Seconds(5));  // SIGTERM (the second one, or the first)
     EXPECT_EQ(code, 0) << d->Log();
-    EXPECT_LT(absl::Now() - terminated, absl::Seconds(second_signal ? 6 : 4));
+    EXPECT_LT(MonotonicNow() - terminated, absl::Seconds(second_signal ? 6 : 4));
     const std::string log = d->Log();
     EXPECT_NE(log.find(second_signal ? "while draining: stopping now; not told: job '" + job + "' rank 2"
                                      : "drain deadline passed; not told: job '" + job + "' rank 2"),
@@ -351,6 +365,50 @@ TEST(Faults, FrozenAggregatorsShareMovesToTheOthersAndTheJobRunsOn) {
   absl::SleepFor(absl::Seconds(12));
   ExpectRunningAndExact(job.workers);
   kill(job.daemons[1]->pid(), SIGCONT);
+}
+
+// The wall clock steps under a running job (NTP or chrony stepping it, a VM resumed, `date -s`),
+// forward and back, on the aggregator and every worker at once: libfaketime moves it, and the
+// monotonic clock runs on. dlcp measures every deadline on the monotonic clock, so nothing fails,
+// and a worker that dies afterwards is still found at the heartbeat deadline. On wall-clock time,
+// the step forward made every heartbeat look two minutes old, and after the step back the dead
+// worker would have been found four minutes late.
+TEST(Faults, StepsOfTheWallClockFailNothing) {
+  constexpr char kFaketime[] = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+  if (access(kFaketime, R_OK) != 0) {
+    GTEST_SKIP() << kFaketime << " is missing; scripts/install-deps.sh installs libfaketime";
+  }
+  char dir[] = "/tmp/dlcp-clock-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string offset = std::string(dir) + "/offset";
+  // Written aside and renamed into place: libfaketime reads the file at every clock call, and
+  // must never see it empty.
+  const auto step = [&](const std::string& to) {
+    std::ofstream(offset + ".new") << to << "\n";
+    std::filesystem::rename(offset + ".new", offset);
+  };
+  step("+0");
+  const std::vector<std::string> env = {absl::StrCat("LD_PRELOAD=", kFaketime), "FAKETIME_TIMESTAMP_FILE=" + offset,
+                                        "FAKETIME_NO_CACHE=1", "DONT_FAKE_MONOTONIC=1"};
+  auto d = Daemon::Start(DLCPD_PATH, {absl::StrCat("--heartbeat-timeout-ms=", kHeartbeatTimeoutMs)}, env);
+  ASSERT_NE(d, nullptr);
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int r = 0; r < kWorkers; ++r) {
+    std::vector<std::string> argv = Worker(*d, "clock-steps", r);
+    argv.insert(argv.begin(), env.begin(), env.end());
+    argv.insert(argv.begin(), "/usr/bin/env");
+    workers.push_back(BackgroundProcess::Start(argv));
+  }
+  absl::SleepFor(absl::Milliseconds(1500));
+  step("+120");
+  absl::SleepFor(absl::Milliseconds(2 * kHeartbeatTimeoutMs));
+  ExpectNoneFailedYet(workers);
+  step("-120");
+  absl::SleepFor(absl::Milliseconds(2 * kHeartbeatTimeoutMs));
+  ExpectNoneFailedYet(workers);
+  workers[2]->Signal(SIGKILL);
+  ExpectSurvivorsFailNamingRank(workers, 2, MonotonicNow());
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

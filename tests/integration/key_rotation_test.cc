@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/transfer_engine.h"
+#include "common/base/clock.h"
 #include "common/wire/header.h"
 #include "common/wire/mac.h"
 #include "server/jobs/job_registry.h"
@@ -34,9 +35,9 @@ ClientOptions RotatingOpts(std::vector<std::string> aggs, uint32_t rank) {
 // Waits until the job's key at `agg` has settled at `generation` (every member moved to it and
 // the grace period passed), moving the rotation on as dlcpd's main loop would.
 bool SettlesAt(TestAggregator& agg, uint32_t generation, absl::Duration deadline) {
-  const absl::Time end = absl::Now() + deadline;
-  while (absl::Now() < end) {
-    for (const std::string& line : agg.jobs().TendKeys(absl::Now())) (void)line;
+  const absl::Time end = MonotonicNow() + deadline;
+  while (MonotonicNow() < end) {
+    for (const std::string& line : agg.jobs().TendKeys(MonotonicNow())) (void)line;
     std::shared_ptr<server::Job> job = agg.jobs().Find(server::JobIdForName("rotating"));
     if (job && job->keys()->generation == generation && !job->keys()->previous) return true;
     absl::SleepFor(absl::Milliseconds(20));
@@ -106,14 +107,14 @@ TEST(KeyRotation, RoundsRunOnThroughTwoRotationsAndTheFirstKeyStopsWorking) {
     return least;
   };
   auto progress_after = [&](int rounds, absl::Duration deadline) {
-    const absl::Time end = absl::Now() + deadline;
-    while (rounds_done() < rounds && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+    const absl::Time end = MonotonicNow() + deadline;
+    while (rounds_done() < rounds && MonotonicNow() < end) absl::SleepFor(absl::Milliseconds(5));
     return rounds_done() >= rounds;
   };
   EXPECT_TRUE(progress_after(5, absl::Seconds(10)));
   for (uint32_t generation : {2u, 3u}) {
     // EXPECT, not ASSERT: the workers' threads must be joined below whatever happens.
-    for (auto& a : aggs) EXPECT_TRUE(a->jobs().RotateKey(job_id, absl::Now()).value_or(false));
+    for (auto& a : aggs) EXPECT_TRUE(a->jobs().RotateKey(job_id, MonotonicNow()).value_or(false));
     for (auto& a : aggs) EXPECT_TRUE(SettlesAt(*a, generation, absl::Seconds(10))) << "generation " << generation;
     // Rounds go on under the settled key: results signed with it check out at the workers.
     EXPECT_TRUE(progress_after(rounds_done() + 5, absl::Seconds(10)));
@@ -155,13 +156,13 @@ TEST(KeyRotation, RoundsRunOnThroughTwoRotationsAndTheFirstKeyStopsWorking) {
     wire::ComputeMac(key, header, reinterpret_cast<uint8_t*>(payload.data()), h.payload_len, tag);
     OutMessage m{aggs[0]->data().endpoints()[0], 1, header, wire::kHeaderSize,
                  reinterpret_cast<uint8_t*>(payload.data()), h.payload_len, tag, wire::kMacSize};
-    ASSERT_TRUE((*tx)->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+    ASSERT_TRUE((*tx)->Send({&m, 1}, MonotonicNow() + absl::Seconds(1)).ok());
   };
   // One socket, one data thread: the push under the current key is checked before the other.
   send_push(*job->worker_key(0));
   send_push(first_keys[0]);
-  const absl::Time end = absl::Now() + absl::Seconds(5);
-  while (aggs[0]->Counter("dlcp_rejects_total{reason=\"bad_mac\"}") < 1 && absl::Now() < end) {
+  const absl::Time end = MonotonicNow() + absl::Seconds(5);
+  while (aggs[0]->Counter("dlcp_rejects_total{reason=\"bad_mac\"}") < 1 && MonotonicNow() < end) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(aggs[0]->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 1);
@@ -210,8 +211,8 @@ TEST(KeyRotation, ALayoutOlderThanTheKeysHeardOfDoesNotTakeThemBack) {
   // Answer every push, signed with key 2, and count which key the pushes verify under.
   int under_k2 = 0, other = 0;
   std::vector<InMessage> batch;
-  for (const absl::Time end = absl::Now() + absl::Seconds(10);
-       result.wait_for(std::chrono::seconds(0)) != std::future_status::ready && absl::Now() < end;) {
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(10);
+       result.wait_for(std::chrono::seconds(0)) != std::future_status::ready && MonotonicNow() < end;) {
     ASSERT_TRUE((*agg)->Receive(&batch, absl::Milliseconds(5)).ok());
     for (const InMessage& m : batch) {
       wire::Header h;
@@ -231,7 +232,7 @@ TEST(KeyRotation, ALayoutOlderThanTheKeysHeardOfDoesNotTakeThemBack) {
       const uint8_t* payload = m.data + wire::kHeaderSize;
       wire::ComputeMac(k2, header, payload, r.payload_len, tag);
       OutMessage out{m.from, 1, header, wire::kHeaderSize, payload, r.payload_len, tag, wire::kMacSize};
-      ASSERT_TRUE((*agg)->Send({&out, 1}, absl::Now() + absl::Seconds(1)).ok());
+      ASSERT_TRUE((*agg)->Send({&out, 1}, MonotonicNow() + absl::Seconds(1)).ok());
     }
   }
   EXPECT_EQ(other, 0);

@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 
 namespace dlcp::testing {
 namespace {
@@ -40,7 +41,7 @@ pid_t Spawn(const std::vector<std::string>& argv, int out_fd) {
 // Waits for pid until the deadline; returns the exit code, or -1 after killing its group.
 int WaitOrKill(pid_t pid, absl::Time deadline) {
   int status = 0;
-  while (absl::Now() < deadline) {
+  while (MonotonicNow() < deadline) {
     pid_t r = waitpid(pid, &status, WNOHANG);
     if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     absl::SleepFor(absl::Milliseconds(10));
@@ -65,10 +66,10 @@ ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration ti
   pid_t pid = Spawn(argv, fds[1]);
   close(fds[1]);
   ProcessResult result;
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = MonotonicNow() + timeout;
   char buf[4096];
   for (;;) {
-    int left = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    int left = static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - MonotonicNow())));
     pollfd p{fds[0], POLLIN, 0};
     if (left == 0 || poll(&p, 1, std::min(left, 200)) < 0) break;
     if (p.revents & (POLLIN | POLLHUP)) {
@@ -100,7 +101,7 @@ void BackgroundProcess::Signal(int sig) {
 ProcessResult BackgroundProcess::Wait(absl::Duration timeout) {
   ProcessResult r;
   if (pid_ > 0) {
-    r.exit_code = WaitOrKill(pid_, absl::Now() + timeout);
+    r.exit_code = WaitOrKill(pid_, MonotonicNow() + timeout);
     pid_ = -1;
   }
   r.out = Output();
@@ -110,9 +111,9 @@ ProcessResult BackgroundProcess::Wait(absl::Duration timeout) {
 std::string BackgroundProcess::Output() const { return ReadFile(log_); }
 
 bool BackgroundProcess::WaitForOutput(const std::string& text, absl::Duration timeout) const {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = MonotonicNow() + timeout;
   while (Output().find(text) == std::string::npos) {
-    if (absl::Now() >= deadline) return false;
+    if (MonotonicNow() >= deadline) return false;
     absl::SleepFor(absl::Milliseconds(50));
   }
   return true;
@@ -127,7 +128,8 @@ BackgroundProcess::~BackgroundProcess() {
   if (!log_.empty()) unlink(log_.c_str());
 }
 
-std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vector<std::string>& flags) {
+std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vector<std::string>& flags,
+                                      const std::vector<std::string>& env) {
   auto d = std::unique_ptr<Daemon>(new Daemon());
   char tmpl[] = "/tmp/dlcpd-test-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return nullptr;
@@ -138,11 +140,16 @@ std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vect
   for (const std::string& f : flags) tls = tls || f.rfind("--tls-cert", 0) == 0;
   if (!tls) argv.push_back("--plaintext");
   argv.insert(argv.end(), flags.begin(), flags.end());
+  if (!env.empty()) {
+    std::vector<std::string> with = {"/usr/bin/env"};
+    with.insert(with.end(), env.begin(), env.end());
+    argv.insert(argv.begin(), with.begin(), with.end());
+  }
   int log = open((d->dir_ + "/log").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   d->pid_ = Spawn(argv, log);
   close(log);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(10);
+  while (MonotonicNow() < deadline) {
     const std::string text = ReadFile(d->dir_ + "/ready");
     auto field = [&](const std::string& key, int* out) {
       size_t p = text.find("\"" + key + "\":");
@@ -180,7 +187,7 @@ int Daemon::Stop(absl::Duration timeout, bool drain) {
   kill(pid_, SIGTERM);
   // Another signal number: two pending SIGTERMs would merge into one.
   if (!drain) kill(pid_, SIGINT);
-  int code = WaitOrKill(pid_, absl::Now() + timeout);
+  int code = WaitOrKill(pid_, MonotonicNow() + timeout);
   pid_ = -1;
   return code;
 }

@@ -45,8 +45,10 @@ class BackgroundProcess {
 // destroyed: the workers a test leaves behind were killed, and no one is left to tell.
 class Daemon {
  public:
-  // Starts dlcpd with extra flags and waits (bounded) for its ready file.
-  static std::unique_ptr<Daemon> Start(const std::string& binary, const std::vector<std::string>& flags);
+  // Starts dlcpd with extra flags, and `env` (NAME=VALUE) added to its environment, and waits
+  // (bounded) for its ready file.
+  static std::unique_ptr<Daemon> Start(const std::string& binary, const std::vector<std::string>& flags,
+                                       const std::vector<std::string>& env = {});
   ~Daemon();
   std::string control() const;
   int metrics_port() const { return metrics_port_; }  // -1 unless started with --metrics-port

@@ -10,6 +10,7 @@
 
 #include "absl/time/clock.h"
 #include "client/transfer_engine.h"
+#include "common/base/clock.h"
 #include "common/transport/transport.h"
 #include "common/wire/header.h"
 #include "common/wire/ranges.h"
@@ -41,9 +42,9 @@ class HandAggregator {
   // Serves datagrams for up to `wait`, until `enough` says so, recording every result request.
   template <typename Enough>
   void Serve(absl::Duration wait, Mode mode, Enough enough) {
-    const absl::Time deadline = absl::Now() + wait;
+    const absl::Time deadline = MonotonicNow() + wait;
     std::vector<InMessage> batch;
-    while (!enough() && absl::Now() < deadline) {
+    while (!enough() && MonotonicNow() < deadline) {
       ASSERT_TRUE(transport_->Receive(&batch, absl::Milliseconds(5)).ok());
       for (const InMessage& m : batch) Handle(m, mode);
     }
@@ -55,15 +56,15 @@ class HandAggregator {
   // 30 s without enough pushes to answer (a failure).
   absl::Time Trickle(size_t count, absl::Duration gap, size_t pause_after, absl::Duration pause) {
     std::vector<InMessage> batch;
-    absl::Time next = absl::Now();
+    absl::Time next = MonotonicNow();
     const absl::Time deadline = next + absl::Seconds(30);
     size_t sent = 0;
-    while (sent < count && absl::Now() < deadline) {
-      EXPECT_TRUE(transport_->Receive(&batch, std::max(next - absl::Now(), absl::ZeroDuration())).ok());
+    while (sent < count && MonotonicNow() < deadline) {
+      EXPECT_TRUE(transport_->Receive(&batch, std::max(next - MonotonicNow(), absl::ZeroDuration())).ok());
       for (const InMessage& m : batch) Handle(m, Mode::kSilent);
-      if (absl::Now() < next) continue;
+      if (MonotonicNow() < next) continue;
       auto it = std::find_if(pushes_.begin(), pushes_.end(), [&](const auto& p) { return !answered_.count(p.first); });
-      next = absl::Now() + gap;
+      next = MonotonicNow() + gap;
       if (it == pushes_.end()) continue;  // nothing pushed yet
       Answer(it->second.from, it->first);
       if (++sent == pause_after) {
@@ -72,7 +73,7 @@ class HandAggregator {
       }
     }
     EXPECT_EQ(sent, count) << "the worker stopped pushing";
-    return absl::Now();
+    return MonotonicNow();
   }
   size_t requests_before_pause = 0;
 
@@ -126,7 +127,7 @@ class HandAggregator {
     wire::EncodeHeader(h, header);
     const std::vector<uint8_t>& p = pushes_[chunk].payload;
     OutMessage out{to, 1, header, sizeof(header), p.data(), p.size()};
-    ASSERT_TRUE(transport_->Send({&out, 1}, absl::Now() + absl::Seconds(1)).ok());
+    ASSERT_TRUE(transport_->Send({&out, 1}, MonotonicNow() + absl::Seconds(1)).ok());
     answered_.insert(chunk);
   }
 
@@ -226,7 +227,7 @@ TEST(ResultRequests, AWorkerOnASlowPathWaitsOutItsOwnGapsBeforeAskingAgain) {
   EXPECT_EQ(agg.requests.size(), before) << "asked again within its own gaps";
   agg.Serve(absl::Seconds(5), HandAggregator::Mode::kSilent, [&] { return agg.requests.size() > before; });
   ASSERT_GT(agg.requests.size(), before);
-  EXPECT_GE(absl::Now() - last, absl::Milliseconds(40)) << "16 gaps of 4 ms";
+  EXPECT_GE(MonotonicNow() - last, absl::Milliseconds(40)) << "16 gaps of 4 ms";
 
   agg.Serve(absl::Seconds(10), HandAggregator::Mode::kAnswer, [&] { return op.Finished(); });
   ASSERT_TRUE(op.Finished());

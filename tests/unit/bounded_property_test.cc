@@ -13,6 +13,7 @@
 #include <random>
 
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/policy/drop_injector.h"
 #include "common/wire/bounded.h"
 #include "server/rounds/round.h"
@@ -42,7 +43,7 @@ TEST(BoundedProperty, TenThousandLossyRoundsKeepTheGuarantee) {
     auto job = std::make_shared<Job>(1, "p", world, kChunkElems * 4, uint64_t{1} << 30, 1);
     Round round(job, 1, n, wire::ChunkGeometry{chunks * kChunkElems - static_cast<uint32_t>(rng() % kChunkElems),
                                                kChunkElems},
-                &pool, absl::Now());
+                &pool, MonotonicNow());
     const wire::ChunkGeometry& g = round.geometry();
     // Each worker pushes a random subset of the chunks here (the rest go to other endpoints),
     // the same subset for all workers, with classes of its own.
@@ -70,7 +71,7 @@ TEST(BoundedProperty, TenThousandLossyRoundsKeepTheGuarantee) {
     };
     auto push = [&](uint32_t w, uint32_t c) {
       if (lossy.Drop(cls[w][c])) return;
-      round.Add(w, c, data[w].data() + g.offset(c), absl::Now());
+      round.Add(w, c, data[w].data() + g.offset(c), MonotonicNow());
     };
     // Pushes and manifests interleave in any order.
     for (uint32_t w = 0; w < world; ++w) {
@@ -147,7 +148,7 @@ TEST(BoundedProperty, TenThousandLossyRoundsKeepTheGuarantee) {
       }
       for (uint32_t w = 0; w < world; ++w) {
         if (!round.Has(w, c)) {
-          ASSERT_EQ(round.Add(w, c, data[w].data() + g.offset(c), absl::Now()), Round::AddResult::kSealed);
+          ASSERT_EQ(round.Add(w, c, data[w].data() + g.offset(c), MonotonicNow()), Round::AddResult::kSealed);
         }
       }
     }

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "server/jobs/job_registry.h"
 
 namespace dlcp::server {
@@ -30,7 +31,7 @@ TEST(JobRegistry, AJobIsNotReapedBeforeItsIdleTimeHasPassedSinceItsCreation) {
   auto job = jobs.Join({"young", 2, 0, 1024, Address{0x7f000001, 5000}});
   ASSERT_TRUE(job.ok());
   // Its only member removed (silent past the deadline): no joined member is left to date it.
-  const int64_t now = absl::GetCurrentTimeNanos();
+  const int64_t now = MonotonicNanos();
   (*job)->members[0].last_heartbeat_ns.store(now - absl::ToInt64Nanoseconds(absl::Seconds(10)));
   ASSERT_FALSE(jobs.FailSilentMembers(now, absl::Seconds(3)).empty());
   ASSERT_FALSE((*job)->members[0].joined());
@@ -80,7 +81,7 @@ TEST(JobRegistry, ASilentMemberFailsItsJobUntilItRejoinsOrEveryoneLeaves) {
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(jobs.Join({"train", 2, 1, 1024, a1}).ok());
   const uint32_t first_epoch = (*job)->epoch;
-  const int64_t t0 = absl::GetCurrentTimeNanos();
+  const int64_t t0 = MonotonicNanos();
   (*job)->members[0].last_heartbeat_ns.store(t0 + absl::ToInt64Nanoseconds(absl::Seconds(10)));
   EXPECT_TRUE(jobs.FailSilentMembers(t0 + absl::ToInt64Nanoseconds(absl::Seconds(2)), absl::Seconds(3)).empty());
   auto lines = jobs.FailSilentMembers(t0 + absl::ToInt64Nanoseconds(absl::Seconds(5)), absl::Seconds(3));

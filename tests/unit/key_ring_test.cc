@@ -1,3 +1,4 @@
+#include "common/base/clock.h"
 #include "server/jobs/key_ring.h"
 
 #include <gtest/gtest.h>
@@ -20,7 +21,7 @@ wire::MacKey Key(uint64_t seed) { return wire::MacKey{seed, seed + 1, seed + 2, 
 
 TEST(KeyRing, RotationAcceptsBothKeysUntilEveryMemberHoldsTheNewOneAndTheGraceHasPassed) {
   KeyRing ring(Key(10), 3, /*per_worker=*/false);
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = MonotonicNow();
   const std::vector<bool> joined{true, true, false};  // rank 2 has not joined: it holds nothing
   const std::vector<uint8_t> old_packet = Signed(Key(10));
   EXPECT_EQ(ring.Current().generation, 1u);
@@ -96,7 +97,7 @@ TEST(KeyRing, EachRankSignsAndChecksWithKeysOfItsOwnThatNoOtherRankHolds) {
   EXPECT_FALSE(first.Verify(Signed(g.secret), 16, 1));
 
   // While a rotation rolls out, each rank's key of either generation signs for that rank only.
-  ASSERT_TRUE(*ring.Rotate(absl::Now()));
+  ASSERT_TRUE(*ring.Rotate(MonotonicNow()));
   const KeyRing::Keys& rolling = ring.Current();
   EXPECT_NE(*rolling.newest->worker(1), *g.worker(1));
   EXPECT_TRUE(rolling.Verify(from_1, 16, 1));
@@ -116,7 +117,7 @@ TEST(KeyRing, EachRankSignsAndChecksWithKeysOfItsOwnThatNoOtherRankHolds) {
 
 TEST(KeyRing, AJoinedRankThatNeverHoldsTheNewKeyKeepsTheOldOneSigning) {
   KeyRing ring(Key(10), 2, /*per_worker=*/false);
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = MonotonicNow();
   ASSERT_TRUE(*ring.Rotate(t0));
   ring.Holds(0, 2);
   ring.Holds(1, 1);  // a heartbeat from before the rotation
@@ -140,7 +141,7 @@ TEST(KeyRing, RegistryRotatesOnScheduleAndCountsOnlyGenerationsItHandedOut) {
   absl::StatusOr<std::shared_ptr<Job>> job = jobs.Join(spec);
   ASSERT_TRUE(job.ok());
   const uint32_t id = (*job)->id;
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = MonotonicNow();
   EXPECT_TRUE(jobs.TendKeys(t0).empty());  // not due
   EXPECT_EQ(jobs.TendKeys(t0 + absl::Seconds(61)).size(), 1u);  // drawn
   EXPECT_EQ((*job)->keys()->generation, 2u);
@@ -151,11 +152,11 @@ TEST(KeyRing, RegistryRotatesOnScheduleAndCountsOnlyGenerationsItHandedOut) {
   ASSERT_TRUE(jobs.Heartbeat(id, 1, 2).ok());
   EXPECT_TRUE((*job)->keys()->switched);
   absl::SleepFor(absl::Milliseconds(150));
-  EXPECT_EQ(jobs.TendKeys(absl::Now()).size(), 1u);  // settled
+  EXPECT_EQ(jobs.TendKeys(MonotonicNow()).size(), 1u);  // settled
   EXPECT_FALSE((*job)->keys()->previous != nullptr);
-  EXPECT_TRUE(*jobs.RotateKey(id, absl::Now()));
-  EXPECT_FALSE(*jobs.RotateKey(id, absl::Now()));
-  EXPECT_EQ(jobs.RotateKey(id + 1, absl::Now()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(*jobs.RotateKey(id, MonotonicNow()));
+  EXPECT_FALSE(*jobs.RotateKey(id, MonotonicNow()));
+  EXPECT_EQ(jobs.RotateKey(id + 1, MonotonicNow()).status().code(), absl::StatusCode::kNotFound);
 
   JobLimits open;
   open.data_auth = false;
@@ -164,7 +165,7 @@ TEST(KeyRing, RegistryRotatesOnScheduleAndCountsOnlyGenerationsItHandedOut) {
   absl::StatusOr<std::shared_ptr<Job>> unsigned_job = plain.Join(spec);
   ASSERT_TRUE(unsigned_job.ok());
   EXPECT_EQ((*unsigned_job)->keys(), nullptr);
-  EXPECT_EQ(plain.RotateKey((*unsigned_job)->id, absl::Now()).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(plain.RotateKey((*unsigned_job)->id, MonotonicNow()).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -1,13 +1,14 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/policy/quiet_spell.h"
 
 namespace dlcp {
 namespace {
 
 TEST(QuietSpell, FollowsTheMeanGapWithinItsFloorAndCap) {
-  const absl::Time t0 = absl::Now();
+  const absl::Time t0 = MonotonicNow();
   // 100 arrivals over 50 ms: a mean gap of 0.5 ms, 16 of them 8 ms, capped at 5 ms.
   EXPECT_EQ(QuietSpellEnd(t0, t0 + absl::Milliseconds(50), 100, 16, absl::Milliseconds(1), absl::Milliseconds(5)),
             t0 + absl::Milliseconds(55));
@@ -17,7 +18,7 @@ TEST(QuietSpell, FollowsTheMeanGapWithinItsFloorAndCap) {
 }
 
 TEST(QuietSpell, ASlowTransferGetsItsOwnGapsPastTheCap) {
-  const absl::Time first = absl::Now();
+  const absl::Time first = MonotonicNow();
   // 101 results 2 ms apart after the first (a 10 Mbit/s path): 16 gaps are 32 ms.
   EXPECT_EQ(PacedQuiet(first, first + absl::Milliseconds(200), 101, 16), absl::Milliseconds(32));
   // Too few arrivals to know the pace: nothing beyond the usual rule.
@@ -29,7 +30,7 @@ TEST(QuietSpell, ASlowTransferGetsItsOwnGapsPastTheCap) {
 }
 
 TEST(QuietSpell, ARepairWaitsForTheLongerOfTheCappedSpellAndItsOwnPace) {
-  const absl::Time start = absl::Now();
+  const absl::Time start = MonotonicNow();
   const absl::Duration cap = absl::Milliseconds(5);
   // Fast: 100 arrivals over 50 ms from the start, 16 mean gaps capped at 5 ms; the pace since the
   // first (at 40 ms: 16 gaps of about 0.1 ms) is shorter.

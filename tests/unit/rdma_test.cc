@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/transport/rdma/grh.h"
 #include "common/transport/transport.h"
 
@@ -154,8 +155,8 @@ class RdmaTransportTest : public ::testing::Test {
   static std::vector<std::vector<uint8_t>> Collect(Transport* t, size_t want, std::vector<InMessage>* meta = nullptr) {
     std::vector<std::vector<uint8_t>> got;
     std::vector<InMessage> batch;
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (got.size() < want && absl::Now() < deadline) {
+    const absl::Time deadline = MonotonicNow() + absl::Seconds(20);
+    while (got.size() < want && MonotonicNow() < deadline) {
       EXPECT_TRUE(t->Receive(&batch, absl::Milliseconds(200)).ok());
       for (const InMessage& m : batch) {
         got.emplace_back(m.data, m.data + m.len);
@@ -188,7 +189,7 @@ TEST_F(RdmaTransportTest, GathersAndDeliversExactBytesInOrderWithTheSendersAddre
     msgs.push_back({b->local_address(), 1, header.data(), header.size(), p.data(), p.size(), trailer.data(),
                     trailer.size()});
   }
-  ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
   std::vector<InMessage> meta;
   auto got = Collect(b.get(), msgs.size(), &meta);
   ASSERT_EQ(got.size(), msgs.size());
@@ -220,7 +221,7 @@ TEST_F(RdmaTransportTest, WrapsTheSendRingAndRepostsReceivesInBatches) {
       s = next++;
       msgs.push_back({b->local_address(), 2, reinterpret_cast<const uint8_t*>(&s), sizeof(s)});
     }
-    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
     auto got = Collect(b.get(), msgs.size());
     ASSERT_EQ(got.size(), msgs.size()) << "burst " << burst;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -252,7 +253,7 @@ TEST_F(RdmaTransportTest, SpraysBurstsOverQueuePairs) {
       body[i] = i;
       msgs.push_back({b->local_address(), 1, reinterpret_cast<const uint8_t*>(&body[i]), sizeof(uint32_t)});
     }
-    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok()) << "round " << round;
+    ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok()) << "round " << round;
     std::vector<InMessage> meta;
     auto got = Collect(b.get(), msgs.size(), &meta);
     ASSERT_EQ(got.size(), msgs.size()) << "round " << round;
@@ -288,7 +289,7 @@ TEST_F(RdmaTransportTest, AMessageLeavesFromTheQueuePairItsPathNames) {
       m.path = paths[i];
       msgs.push_back(m);
     }
-    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok()) << "round " << round;
+    ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok()) << "round " << round;
     std::vector<InMessage> meta;
     auto got = Collect(b.get(), msgs.size(), &meta);
     ASSERT_EQ(got.size(), msgs.size()) << "round " << round;
@@ -307,7 +308,7 @@ TEST_F(RdmaTransportTest, EachClassArrivesWithItsDscpInTheGrh) {
   std::vector<OutMessage> msgs;
   const uint8_t body[4] = {0, 1, 2, 3};
   for (uint8_t c = 0; c < 4; ++c) msgs.push_back({b->local_address(), c, &body[c], 1});
-  ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
   std::vector<InMessage> meta;
   auto got = Collect(b.get(), 4, &meta);
   ASSERT_EQ(got.size(), 4u);
@@ -321,7 +322,7 @@ TEST_F(RdmaTransportTest, RefusesDatagramsOverTheMtu) {
   auto a = *Make();
   std::vector<uint8_t> big(a->max_datagram() + 1);
   OutMessage m{a->local_address(), 0, big.data(), big.size()};
-  absl::Status s = a->Send({&m, 1}, absl::Now() + absl::Seconds(1));
+  absl::Status s = a->Send({&m, 1}, MonotonicNow() + absl::Seconds(1));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("MTU"), std::string_view::npos) << s;
 }
@@ -329,18 +330,18 @@ TEST_F(RdmaTransportTest, RefusesDatagramsOverTheMtu) {
 TEST_F(RdmaTransportTest, ReceiveBlocksUntilItsTimeoutOrAWake) {
   auto a = *Make();
   std::vector<InMessage> out;
-  absl::Time t0 = absl::Now();
+  absl::Time t0 = MonotonicNow();
   ASSERT_TRUE(a->Receive(&out, absl::Milliseconds(100)).ok());
   EXPECT_TRUE(out.empty());
-  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(90));
+  EXPECT_GE(MonotonicNow() - t0, absl::Milliseconds(90));
   std::thread waker([&] {
     absl::SleepFor(absl::Milliseconds(50));
     a->Wake();
   });
-  t0 = absl::Now();
+  t0 = MonotonicNow();
   ASSERT_TRUE(a->Receive(&out, absl::Seconds(10)).ok());
   waker.join();
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  EXPECT_LT(MonotonicNow() - t0, absl::Seconds(5));
 }
 
 TEST_F(RdmaTransportTest, BadSettingsGiveErrorsThatNameTheFix) {

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/transport/transport.h"
 
 namespace dlcp {
@@ -40,8 +41,8 @@ class TransportTest : public ::testing::TestWithParam<TransportOptions::Kind> {
   std::vector<std::vector<uint8_t>> Collect(Transport* t, size_t want, Address* from = nullptr) {
     std::vector<std::vector<uint8_t>> got;
     std::vector<InMessage> batch;
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (got.size() < want && absl::Now() < deadline) {
+    const absl::Time deadline = MonotonicNow() + absl::Seconds(5);
+    while (got.size() < want && MonotonicNow() < deadline) {
       EXPECT_TRUE(t->Receive(&batch, absl::Milliseconds(100)).ok());
       for (const InMessage& m : batch) {
         got.emplace_back(m.data, m.data + m.len);
@@ -60,7 +61,7 @@ TEST_P(TransportTest, GathersHeaderAndPayloadAndPreservesOrder) {
   std::vector<OutMessage> msgs;
   for (size_t i = 0; i < 200; ++i) payloads.emplace_back(1 + i * 37 % 9000, static_cast<uint8_t>(i));
   for (auto& p : payloads) msgs.push_back({b->local_address(), 1, header.data(), header.size(), p.data(), p.size()});
-  ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
   Address from;
   auto got = Collect(b.get(), msgs.size(), &from);
   ASSERT_EQ(got.size(), msgs.size());
@@ -84,7 +85,7 @@ TEST_P(TransportTest, ReceiveReturnsAtMostOneBatch) {
   auto b = Make(/*batch=*/8, /*offload=*/false);
   uint8_t h[16] = {};
   std::vector<OutMessage> msgs(20, OutMessage{b->local_address(), 0, h, sizeof(h), nullptr, 0});
-  ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
   std::vector<InMessage> batch;
   absl::SleepFor(absl::Milliseconds(50));
   ASSERT_TRUE(b->Receive(&batch, absl::Seconds(1)).ok());
@@ -111,7 +112,7 @@ TEST_P(TransportTest, EqualSizeRunsArriveAsSeparateDatagrams) {
     for (size_t i = 0; i < 300; ++i) {
       msgs.push_back({b->local_address(), 2, &headers[i * 4], 4, payloads[i].data(), payloads[i].size()});
     }
-    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
     auto got = Collect(b.get(), msgs.size());
     ASSERT_EQ(got.size(), msgs.size()) << "offload=" << offload;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -140,11 +141,11 @@ TEST_P(TransportTest, DatagramsArriveFourByteAlignedAfterOddSizedOnes) {
     msgs.push_back({b->local_address(), 0, header.data(), 0, odd.data(), odd.size()});
     msgs.push_back({b->local_address(), 0, header.data(), 0, shorter.data(), shorter.size()});
   }
-  ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
   std::vector<InMessage> batch;
   size_t got = 0;
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (got < msgs.size() && absl::Now() < deadline) {
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(5);
+  while (got < msgs.size() && MonotonicNow() < deadline) {
     ASSERT_TRUE(b->Receive(&batch, absl::Milliseconds(100)).ok());
     for (const InMessage& m : batch) {
       EXPECT_EQ(reinterpret_cast<uintptr_t>(m.data) % 4, 0u) << "datagram " << got << " of " << m.len << " bytes";
@@ -157,9 +158,9 @@ TEST_P(TransportTest, DatagramsArriveFourByteAlignedAfterOddSizedOnes) {
 TEST_P(TransportTest, ReceiveHonoursItsTimeout) {
   auto a = Make();
   std::vector<InMessage> batch;
-  absl::Time start = absl::Now();
+  absl::Time start = MonotonicNow();
   ASSERT_TRUE(a->Receive(&batch, absl::Milliseconds(100)).ok());
-  absl::Duration took = absl::Now() - start;
+  absl::Duration took = MonotonicNow() - start;
   EXPECT_TRUE(batch.empty());
   EXPECT_GE(took, absl::Milliseconds(95));
   EXPECT_LT(took, absl::Seconds(2));
@@ -172,17 +173,17 @@ TEST_P(TransportTest, WakeInterruptsABlockedReceive) {
     a->Wake();
   });
   std::vector<InMessage> batch;
-  absl::Time start = absl::Now();
+  absl::Time start = MonotonicNow();
   ASSERT_TRUE(a->Receive(&batch, absl::Seconds(10)).ok());
   waker.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_LT(MonotonicNow() - start, absl::Seconds(5));
 }
 
 TEST_P(TransportTest, RejectsOversizeDatagrams) {
   auto a = Make();
   std::vector<uint8_t> big(70000);
   OutMessage m{a->local_address(), 0, big.data(), 48, big.data(), 65500};
-  absl::Status s = a->Send({&m, 1}, absl::Now() + absl::Seconds(1));
+  absl::Status s = a->Send({&m, 1}, MonotonicNow() + absl::Seconds(1));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
 }
 
@@ -195,7 +196,7 @@ TEST_P(TransportTest, SendToAClosedPortIsNotAnError) {
   }
   uint8_t h[8] = {};
   OutMessage m{gone, 0, h, sizeof(h), nullptr, 0};
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(a->Send({&m, 1}, absl::Now() + absl::Seconds(1)).ok());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(a->Send({&m, 1}, MonotonicNow() + absl::Seconds(1)).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, TransportTest,
@@ -252,7 +253,7 @@ TEST(UdpTransport, MarksEveryDatagramWithItsClassDscp) {
     headers[i] = static_cast<uint8_t>(i / 3);  // three in a row per class: GSO runs
     msgs.push_back({to, static_cast<uint8_t>(i / 3), &headers[i], 1, payload.data(), payload.size()});
   }
-  ASSERT_TRUE((*tx)->Send(msgs, absl::Now() + absl::Seconds(2)).ok());
+  ASSERT_TRUE((*tx)->Send(msgs, MonotonicNow() + absl::Seconds(2)).ok());
   for (int i = 0; i < 12; ++i) {
     uint8_t buf[2048];
     alignas(cmsghdr) uint8_t control[64];
@@ -311,12 +312,12 @@ TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
 
     std::vector<uint8_t> payload(1000, 7);
     std::vector<OutMessage> msgs(60, OutMessage{b->local_address(), 1, payload.data(), payload.size()});
-    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
     std::map<uint16_t, int> per_port;
     std::vector<uint16_t> order;
     std::vector<InMessage> batch;
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (order.size() < msgs.size() && absl::Now() < deadline) {
+    const absl::Time deadline = MonotonicNow() + absl::Seconds(5);
+    while (order.size() < msgs.size() && MonotonicNow() < deadline) {
       ASSERT_TRUE(b->Receive(&batch, absl::Milliseconds(100)).ok());
       for (const InMessage& m : batch) {
         EXPECT_EQ(m.from.ipv4, a->local_address().ipv4);
@@ -358,11 +359,11 @@ TEST(UdpTransport, AMessageLeavesFromThePathItNames) {
       m.path = paths[i];
       msgs.push_back(m);
     }
-    ASSERT_TRUE(a->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
     size_t got = 0;
     std::vector<InMessage> batch;
-    const absl::Time deadline = absl::Now() + absl::Seconds(5);
-    while (got < msgs.size() && absl::Now() < deadline) {
+    const absl::Time deadline = MonotonicNow() + absl::Seconds(5);
+    while (got < msgs.size() && MonotonicNow() < deadline) {
       ASSERT_TRUE(b->Receive(&batch, absl::Milliseconds(100)).ok());
       for (const InMessage& m : batch) {
         ASSERT_EQ(m.len, 1000u);
@@ -385,11 +386,11 @@ TEST(UdpTransport, OneSprayPortSendsEverythingFromTheBoundPort) {
   ASSERT_TRUE(a.ok() && b.ok());
   std::vector<uint8_t> payload(100, 1);
   std::vector<OutMessage> msgs(40, OutMessage{(*b)->local_address(), 2, payload.data(), payload.size()});
-  ASSERT_TRUE((*a)->Send(msgs, absl::Now() + absl::Seconds(5)).ok());
+  ASSERT_TRUE((*a)->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
   size_t got = 0;
   std::vector<InMessage> batch;
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (got < msgs.size() && absl::Now() < deadline) {
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(5);
+  while (got < msgs.size() && MonotonicNow() < deadline) {
     ASSERT_TRUE((*b)->Receive(&batch, absl::Milliseconds(100)).ok());
     for (const InMessage& m : batch) {
       EXPECT_EQ(m.from, (*a)->local_address());

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 
 namespace dlcp {
 namespace {
@@ -116,9 +117,9 @@ class LoopbackTransport final : public Transport {
     out->clear();
     held_.clear();
     std::unique_lock<std::mutex> lock(box_->mu);
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = MonotonicNow() + timeout;
     while (box_->queue.empty() && !box_->woken) {
-      absl::Duration left = deadline - absl::Now();
+      absl::Duration left = deadline - MonotonicNow();
       if (left <= absl::ZeroDuration()) break;
       box_->cv.wait_for(lock, absl::ToChronoNanoseconds(left));
     }

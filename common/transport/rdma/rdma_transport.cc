@@ -15,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/base/syscall.h"
 #include "common/transport/rdma/grh.h"
@@ -246,13 +247,13 @@ class RdmaTransport final : public Transport {
       if (absl::Status s = PostReceives(returned_); !s.ok()) return s;
       returned_.clear();
     }
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = MonotonicNow() + timeout;
     for (;;) {
       absl::StatusOr<int> got = PollReceives(out);
       if (!got.ok()) return got.status();
       if (*got > 0) return absl::OkStatus();
       if (waker_.TakeWoken()) return absl::OkStatus();
-      if (absl::Now() >= deadline) return absl::OkStatus();
+      if (MonotonicNow() >= deadline) return absl::OkStatus();
       if (options_.busy_poll) continue;
       // Arm, then look once more, so a completion between the poll and the arm is not missed.
       if (int rc = ibv_req_notify_cq(recv_cq_, 0); rc != 0) return ErrnoToStatus(rc, "ibv_req_notify_cq");
@@ -390,7 +391,7 @@ class RdmaTransport final : public Transport {
         counters_.send_would_block.fetch_add(1, std::memory_order_relaxed);
         counted = true;
       }
-      if (absl::Now() >= deadline) {
+      if (MonotonicNow() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat("no RDMA send buffer freed on ", dev_.name, " by the deadline"));
       }
       if (options_.busy_poll || got > 0) {

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/base/syscall.h"
 #include "common/transport/waker.h"
@@ -117,13 +118,13 @@ class UdpTransport final : public Transport {
 
   absl::Status Receive(std::vector<InMessage>* out, absl::Duration timeout) override {
     out->clear();
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = MonotonicNow() + timeout;
     for (;;) {
       absl::StatusOr<int> got = RecvBatch(out);
       if (!got.ok()) return got.status();
       if (*got > 0) return absl::OkStatus();
       if (waker_.TakeWoken()) return absl::OkStatus();
-      if (absl::Now() >= deadline) return absl::OkStatus();
+      if (MonotonicNow() >= deadline) return absl::OkStatus();
       if (options_.busy_poll) continue;
       absl::StatusOr<Waker::Result> w = waker_.Wait(fd_, deadline);
       if (!w.ok()) return w.status();
@@ -257,7 +258,7 @@ class UdpTransport final : public Transport {
       if (rc < 0 && errno == EINTR) continue;
       if (rc < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS)) {
         counters_.send_would_block.fetch_add(1, std::memory_order_relaxed);
-        if (absl::Now() >= deadline) return absl::DeadlineExceededError("UDP send: no buffer space before deadline");
+        if (MonotonicNow() >= deadline) return absl::DeadlineExceededError("UDP send: no buffer space before deadline");
         pollfd p{fd, POLLOUT, 0};
         DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(deadline))));
         continue;
