@@ -215,12 +215,10 @@ void ExpectNoneFailedYet(const std::vector<std::unique_ptr<BackgroundProcess>>& 
 // Ends them: Wait(0) kills what still runs.
 void ExpectRunningAndExact(std::vector<std::unique_ptr<BackgroundProcess>>& workers) {
   absl::SleepFor(absl::Milliseconds(500));
+  ExpectNoneFailedYet(workers);  // a worker whose op failed may still be closing its client
   for (size_t r = 0; r < workers.size(); ++r) {
     ProcessResult res = workers[r]->Wait(absl::ZeroDuration());
     EXPECT_EQ(res.exit_code, -1) << "rank " << r << " stopped:\n" << res.out;
-    // A worker whose op failed may still be closing its client.
-    EXPECT_EQ(res.out.find("dlcp-bench rank "), std::string::npos) << "rank " << r << " failed:\n" << res.out;
-    EXPECT_EQ(res.out.find(", expected "), std::string::npos) << res.out;
   }
 }
 
