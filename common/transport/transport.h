@@ -56,6 +56,10 @@ struct TransportCounters {
   std::atomic<uint64_t> recv_bytes{0};
   std::atomic<uint64_t> send_would_block{0};  // times a send waited for buffer space
   std::atomic<uint64_t> dropped{0};           // known drops (loopback queue full, oversize)
+  // Datagrams the kernel dropped because the receive socket's buffer was full (UDP: the
+  // socket's SO_RXQ_OVFL count). The kernel reports them on the next datagram it delivers, so
+  // drops in a burst that nothing follows show up only once traffic resumes.
+  std::atomic<uint64_t> rx_overflows{0};
   std::atomic<uint64_t> gso_sends{0};         // super-datagrams sent through UDP GSO
   std::atomic<uint64_t> spray_bursts{0};      // runs of datagrams sent from one source port
 };

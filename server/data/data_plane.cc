@@ -47,6 +47,10 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
   metrics->AddComputed("dlcp_transport_dropped_total", {}, K::kCounter,
                        "Datagrams the transport knew it lost (truncated, unreachable peer)",
                        transport_sum(&TransportCounters::dropped));
+  metrics->AddComputed("dlcp_transport_rx_overflows_total", {}, K::kCounter,
+                       "Datagrams the kernel dropped because a data socket's receive buffer was full "
+                       "(raise --socket-buffer-bytes, or net.core.rmem_max)",
+                       transport_sum(&TransportCounters::rx_overflows));
   // How datagrams are sprayed over paths: the source ports per endpoint, labelled with the burst
   // (datagrams per port choice; 1 would be per packet), and how many bursts went out.
   const double ports = static_cast<double>(plane->threads_[0]->transport()->spray_sources().size() + 1);

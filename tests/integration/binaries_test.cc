@@ -259,7 +259,17 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
     for (int c = 0; c < 4; ++c) total += Scraped(body, absl::StrCat(metric, "{class=\"", c, "\",type=\"", type, "\"}"));
     return total;
   };
-  EXPECT_EQ(all_classes("dlcp_rx_packets_total", "push"), workers * tensor_rounds * chunks + retransmits);
+  // Every push sent arrives, unless the kernel dropped it for a full receive buffer (a loaded
+  // machine): the aggregator counts those, so the totals still have to balance.
+  const double pushes_sent = workers * tensor_rounds * chunks + retransmits;
+  ASSERT_NE(body.find("\ndlcp_transport_rx_overflows_total "), std::string::npos) << body;
+  const double overflows = Scraped(body, "dlcp_transport_rx_overflows_total");
+  if (overflows == 0) {
+    EXPECT_EQ(all_classes("dlcp_rx_packets_total", "push"), pushes_sent);
+  } else {
+    EXPECT_LE(all_classes("dlcp_rx_packets_total", "push"), pushes_sent);
+    EXPECT_GE(all_classes("dlcp_rx_packets_total", "push"), pushes_sent - overflows);
+  }
   EXPECT_GT(Scraped(body, "dlcp_rx_packets_total{class=\"0\",type=\"push\"}"), 0);
   EXPECT_GT(Scraped(body, "dlcp_rx_packets_total{class=\"1\",type=\"push\"}"), 0);
   // Under ε = 0.01 class 3 takes the bottom 1% of the score range (class_policy.h), which a

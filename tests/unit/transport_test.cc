@@ -78,6 +78,7 @@ TEST_P(TransportTest, GathersHeaderAndPayloadAndPreservesOrder) {
   }
   EXPECT_EQ(a->counters().sent_packets.load(), 200u);
   EXPECT_EQ(b->counters().recv_packets.load(), 200u);
+  EXPECT_EQ(b->counters().rx_overflows.load(), 0u);
 }
 
 TEST_P(TransportTest, ReceiveReturnsAtMostOneBatch) {
@@ -297,6 +298,42 @@ void SprayPair(bool gso, uint32_t ports, uint32_t burst, std::unique_ptr<Transpo
 
 // Path spraying: bursts of spray_burst datagrams leave from each of spray_ports source ports in
 // turn, and the ports are the ones the transport reports (peers map them to the endpoint).
+// A receive buffer that overflows loses datagrams on this host, not on the path: the transport
+// counts them from the kernel's own count, which rides on the next datagram delivered.
+TEST(UdpTransport, CountsTheDatagramsItsFullReceiveBufferDropped) {
+  TransportOptions o;
+  o.bind_host = "127.0.0.1";
+  o.socket_buffer_bytes = 64 << 10;
+  auto rx = CreateTransport(o);
+  ASSERT_TRUE(rx.ok()) << rx.status();
+  int tx = socket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(tx, 0);
+  const sockaddr_in to = (*rx)->local_address().ToSockaddr();
+  const std::vector<uint8_t> datagram(1000, 7);
+  const auto send_one = [&] {
+    return sendto(tx, datagram.data(), datagram.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof(to));
+  };
+  constexpr int kBurst = 400;  // about 0.8 MB against a 128 KiB buffer (the kernel doubles it)
+  for (int i = 0; i < kBurst; ++i) ASSERT_EQ(send_one(), static_cast<ssize_t>(datagram.size()));
+  std::vector<InMessage> batch;
+  uint64_t received = 0;
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(5);
+  do {  // until the buffer is empty
+    ASSERT_TRUE((*rx)->Receive(&batch, absl::Milliseconds(100)).ok());
+    received += batch.size();
+  } while (!batch.empty() && MonotonicNow() < deadline);
+  ASSERT_LT(received, static_cast<uint64_t>(kBurst)) << "nothing overflowed: the test needs a smaller buffer";
+  // The datagram after the burst carries the kernel's count of what it dropped.
+  ASSERT_EQ(send_one(), static_cast<ssize_t>(datagram.size()));
+  do {
+    ASSERT_TRUE((*rx)->Receive(&batch, absl::Milliseconds(100)).ok());
+    received += batch.size();
+  } while (batch.empty() && MonotonicNow() < deadline);
+  close(tx);
+  EXPECT_EQ((*rx)->counters().recv_packets.load(), received);
+  EXPECT_EQ((*rx)->counters().rx_overflows.load(), kBurst + 1 - received);
+}
+
 TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
   for (bool gso : {false, true}) {
     std::unique_ptr<Transport> a, b;

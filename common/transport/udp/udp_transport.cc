@@ -25,7 +25,8 @@ constexpr size_t kSendBatch = 64;
 constexpr size_t kMaxGsoSegments = 64;    // the kernel's UDP_MAX_SEGMENTS
 constexpr size_t kMaxGsoBytes = 65000;    // a GSO super-datagram must fit one IP datagram
 constexpr size_t kCmsgSpace = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint16_t));  // IP_TOS + UDP_SEGMENT
-constexpr size_t kGroCmsgSpace = CMSG_SPACE(sizeof(int));
+// What a receive may carry: UDP_GRO's segment size and SO_RXQ_OVFL's drop count.
+constexpr size_t kRecvCmsgSpace = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint32_t));
 
 class UdpTransport final : public Transport {
  public:
@@ -77,10 +78,11 @@ class UdpTransport final : public Transport {
     slot_size_ = (std::max<size_t>(options_.max_datagram, options_.gro ? 65535 : 0) + 63) & ~size_t{63};
     recv_pool_ = static_cast<uint8_t*>(std::aligned_alloc(64, slot_size_ * options_.recv_batch));
     if (recv_pool_ == nullptr) return absl::ResourceExhaustedError("UDP receive pool");
-    if (options_.gro) {
-      int one = 1;
-      gro_ = ::setsockopt(fd_, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0;
-    }
+    int one = 1;
+    if (options_.gro) gro_ = ::setsockopt(fd_, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0;
+    // The kernel's count of datagrams it dropped for a full receive buffer, on every receive: the
+    // one loss on the path that happens on this host, and that a larger buffer cures.
+    overflow_count_ = ::setsockopt(fd_, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof(one)) == 0;
     recv_cmsg_.resize(options_.recv_batch);
     recv_iov_.resize(options_.recv_batch);
     recv_hdr_.resize(options_.recv_batch);
@@ -300,9 +302,9 @@ class UdpTransport final : public Transport {
       h.msg_namelen = sizeof(sockaddr_in);
       h.msg_iov = &recv_iov_[i];
       h.msg_iovlen = 1;
-      if (gro_) {
+      if (gro_ || overflow_count_) {
         h.msg_control = recv_cmsg_[i].data();
-        h.msg_controllen = kGroCmsgSpace;
+        h.msg_controllen = kRecvCmsgSpace;
       }
     }
     int rc = DLCP_RETRY_EINTR(::recvmmsg(fd_, recv_hdr_.data(), static_cast<unsigned>(n), MSG_DONTWAIT, nullptr));
@@ -321,12 +323,18 @@ class UdpTransport final : public Transport {
       counters_.recv_bytes.fetch_add(len, std::memory_order_relaxed);
       // With GRO, one buffer may hold several datagrams of `segment` bytes (the last shorter).
       size_t segment = len;
-      if (gro_) {
+      if (h.msg_controllen > 0) {
         for (const cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(&h), const_cast<cmsghdr*>(c))) {
           if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
             int v = 0;
             std::memcpy(&v, CMSG_DATA(c), sizeof(v));
             if (v > 0) segment = static_cast<size_t>(v);
+          } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+            // The socket's running total when this datagram was queued (32 bits, wrapping).
+            uint32_t total = 0;
+            std::memcpy(&total, CMSG_DATA(c), sizeof(total));
+            counters_.rx_overflows.fetch_add(static_cast<uint32_t>(total - overflows_seen_), std::memory_order_relaxed);
+            overflows_seen_ = total;
           }
         }
       }
@@ -350,7 +358,9 @@ class UdpTransport final : public Transport {
   Waker waker_;
   std::atomic<bool> gso_off_{false};
   bool gro_ = false;
-  std::vector<std::array<uint8_t, kGroCmsgSpace>> recv_cmsg_;
+  bool overflow_count_ = false;
+  uint32_t overflows_seen_ = 0;  // SO_RXQ_OVFL's total at the last receive that carried it
+  std::vector<std::array<uint8_t, kRecvCmsgSpace>> recv_cmsg_;
   Address local_;
   size_t slot_size_ = 0;
   uint8_t* recv_pool_ = nullptr;
