@@ -195,8 +195,7 @@ TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
   std::unique_ptr<Transport> tx = TestSocket();
   ASSERT_NE(tx, nullptr);
   SendPush(*tx, *agg, *job, *job->worker_key(0), 0, 0, 1.0f, 5);
-  absl::SleepFor(absl::Milliseconds(100));
-  EXPECT_EQ(agg->Counter("dlcp_stale_packets_total") - stale_before, 5);
+  EXPECT_EQ(agg->WaitForCounter("dlcp_stale_packets_total", stale_before + 5) - stale_before, 5);
   EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);  // genuine, just old
   EXPECT_EQ(TwoWorkerRound(clients, 100, 200), std::make_pair(300.0f, 300.0f));
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
@@ -509,22 +508,23 @@ TEST(DataPlaneValidation, RequestsForResultsOnTheirWayAreNotAnsweredAgain) {
       h.payload_len = static_cast<uint32_t>(all.size());
       send(h, all.data());
     }
-    absl::SleepFor(absl::Milliseconds(50));  // handled by the data thread
   };
+  // Each request counts every chunk once, as sent again or as not; the waits below are for the
+  // data thread to have handled them.
   const char* kResent = "dlcp_repairs_total{kind=\"result_resent\"}";
   const char* kNotResent = "dlcp_results_not_resent_total";
   // Just sent to everyone when each chunk completed: twenty requests for all of them send nothing.
   ask(20);
+  EXPECT_EQ(agg->WaitForCounter(kNotResent, 20 * kChunks), 20 * kChunks);
   EXPECT_EQ(agg->Counter(kResent), 0);
-  EXPECT_EQ(agg->Counter(kNotResent), 20 * kChunks);
   // Once the copy had time to arrive, the next request is a loss and gets each result once.
   absl::SleepFor(absl::Milliseconds(1500));
   ask(1);
-  EXPECT_EQ(agg->Counter(kResent), kChunks);
+  EXPECT_EQ(agg->WaitForCounter(kResent, kChunks), kChunks);
   // Those copies are on their way in turn, for twice as long: asking at once sends nothing more.
   ask(20);
+  EXPECT_EQ(agg->WaitForCounter(kNotResent, 40 * kChunks), 40 * kChunks);
   EXPECT_EQ(agg->Counter(kResent), kChunks);
-  EXPECT_EQ(agg->Counter(kNotResent), 40 * kChunks);
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
 }
 

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "common/metrics/registry.h"
 #include "server/control/aggregator_service.h"
 #include "server/data/data_plane.h"
@@ -67,6 +69,17 @@ class TestAggregator {
   double Counter(const std::string& name) {
     auto snap = metrics_.Snapshot();
     return snap.count(name) ? snap[name] : 0;
+  }
+  // The counter once it has reached `at_least`, or when `timeout` has passed: the data thread
+  // counts packets in its own time, later on a loaded machine.
+  double WaitForCounter(const std::string& name, double at_least, absl::Duration timeout = absl::Seconds(5)) {
+    const absl::Time end = MonotonicNow() + timeout;
+    double v = Counter(name);
+    while (v < at_least && MonotonicNow() < end) {
+      absl::SleepFor(absl::Milliseconds(2));
+      v = Counter(name);
+    }
+    return v;
   }
 
  private:
