@@ -182,6 +182,9 @@ TEST(Failover, ADrainingAggregatorIsLeftWhileItStillServes) {
   std::shared_ptr<server::Job> at_b = b->jobs().Find((*c0)->job_id());
   ASSERT_NE(at_b, nullptr);
   ASSERT_GT(at_b->rounds_completed.load(), 0u);
+  std::shared_ptr<server::Job> at_a = a->jobs().Find((*c0)->job_id());
+  ASSERT_NE(at_a, nullptr);
+  const uint32_t epoch_at_a = at_a->epoch.load();
 
   b->service().drain().Begin();
   const absl::Time deadline = MonotonicNow() + absl::Seconds(10);
@@ -191,8 +194,11 @@ TEST(Failover, ADrainingAggregatorIsLeftWhileItStillServes) {
   }
   ASSERT_TRUE(b->service().drain().Untold(b->jobs()).empty()) << "a worker never heard of the drain";
   // Once both have regrouped (milliseconds after hearing), b gets no share, though it still
-  // answers: only the drain could have moved them off it.
-  absl::SleepFor(absl::Milliseconds(200));
+  // answers: only the drain could have moved them off it. a, the one left, takes a new epoch
+  // once both workers have paused for the regroup; ops from then on wait for the new layout.
+  while (at_a->epoch.load() == epoch_at_a && MonotonicNow() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  ASSERT_NE(at_a->epoch.load(), epoch_at_a) << "the workers never regrouped on a";
+  absl::SleepFor(absl::Milliseconds(200));  // for pushes to b sent before the pause
   const uint32_t b_rounds = at_b->rounds_completed.load();
   for (int k = 0; k < 3; ++k) ExactRound(**c0, **c1, kKey, round++, kElems);
   EXPECT_EQ(at_b->rounds_completed.load(), b_rounds) << "rounds still went to the draining aggregator";
@@ -202,8 +208,6 @@ TEST(Failover, ADrainingAggregatorIsLeftWhileItStillServes) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_TRUE(b->service().drain().Holding(b->jobs()).empty()) << "a worker moved off b without probing it";
-  std::shared_ptr<server::Job> at_a = a->jobs().Find((*c0)->job_id());
-  ASSERT_NE(at_a, nullptr);
   EXPECT_FALSE(at_a->failed.load());
 }
 
