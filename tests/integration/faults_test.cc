@@ -396,10 +396,7 @@ TEST(Faults, StepsOfTheWallClockFailNothing) {
   ASSERT_NE(d, nullptr);
   std::vector<std::unique_ptr<BackgroundProcess>> workers;
   for (int r = 0; r < kWorkers; ++r) {
-    std::vector<std::string> argv = Worker(*d, "clock-steps", r);
-    argv.insert(argv.begin(), env.begin(), env.end());
-    argv.insert(argv.begin(), "/usr/bin/env");
-    workers.push_back(BackgroundProcess::Start(argv));
+    workers.push_back(BackgroundProcess::Start(WithEnvironment(env, Worker(*d, "clock-steps", r))));
   }
   absl::SleepFor(absl::Milliseconds(1500));
   step("+120");

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -128,6 +129,14 @@ BackgroundProcess::~BackgroundProcess() {
   if (!log_.empty()) unlink(log_.c_str());
 }
 
+std::vector<std::string> WithEnvironment(const std::vector<std::string>& env, std::vector<std::string> argv) {
+  if (env.empty()) return argv;
+  std::vector<std::string> with = {"/usr/bin/env"};
+  with.insert(with.end(), env.begin(), env.end());
+  with.insert(with.end(), argv.begin(), argv.end());
+  return with;
+}
+
 std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vector<std::string>& flags,
                                       const std::vector<std::string>& env) {
   auto d = std::unique_ptr<Daemon>(new Daemon());
@@ -140,11 +149,7 @@ std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vect
   for (const std::string& f : flags) tls = tls || f.rfind("--tls-cert", 0) == 0;
   if (!tls) argv.push_back("--plaintext");
   argv.insert(argv.end(), flags.begin(), flags.end());
-  if (!env.empty()) {
-    std::vector<std::string> with = {"/usr/bin/env"};
-    with.insert(with.end(), env.begin(), env.end());
-    argv.insert(argv.begin(), with.begin(), with.end());
-  }
+  argv = WithEnvironment(env, std::move(argv));
   int log = open((d->dir_ + "/log").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
   d->pid_ = Spawn(argv, log);
   close(log);

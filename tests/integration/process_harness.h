@@ -18,6 +18,10 @@ struct ProcessResult {
 // Runs argv to completion, or kills it at the timeout.
 ProcessResult RunProcess(const std::vector<std::string>& argv, absl::Duration timeout);
 
+// argv run through /usr/bin/env with `env` (NAME=VALUE) added to its environment; argv as it is
+// when `env` is empty.
+std::vector<std::string> WithEnvironment(const std::vector<std::string>& env, std::vector<std::string> argv);
+
 // GET http://127.0.0.1:port/path; the body, or empty on any failure (bounded by `timeout`).
 std::string HttpGet(int port, const std::string& path, absl::Duration timeout);
 
