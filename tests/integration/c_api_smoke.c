@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,11 +18,13 @@
 static const char* g_agg;
 static pthread_barrier_t g_connected, g_poked;
 
-/* Sends three bytes to every UDP socket of this process bound to 127.0.0.1 or to any address
- * (found through /proc): each client reads one of its sockets (the others only send), and must
- * count one truncated datagram. Returns how many it sent to, or -1. */
+/* Sends three bytes to every UDP socket of this process bound to 127.0.0.1 or to any address:
+ * each client reads one of its sockets (the others only send), and must count one truncated
+ * datagram. The sockets are this process's own descriptors, asked for their addresses; reading
+ * /proc/net/udp instead could list a socket twice (or not at all) while other processes open and
+ * close theirs, and two pokes made two drops. Returns how many it sent to, or -1. */
 static int poke_own_udp_sockets(void) {
-  unsigned long inodes[512];
+  int fds[512];
   int n = 0, sent = 0;
   DIR* dir = opendir("/proc/self/fd");
   if (dir == NULL) return -1;
@@ -32,32 +35,23 @@ static int poke_own_udp_sockets(void) {
     ssize_t len = readlink(path, link, sizeof(link) - 1);
     if (len <= 0) continue;
     link[len] = 0;
-    if (sscanf(link, "socket:[%lu]", &inodes[n]) == 1) ++n;
+    if (strncmp(link, "socket:", 7) == 0) fds[n++] = atoi(e->d_name);
   }
   closedir(dir);
-  FILE* f = fopen("/proc/net/udp", "r");
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  char line[512];
-  if (f == NULL || fd < 0 || fgets(line, sizeof(line), f) == NULL) return -1; /* the header line */
-  while (fgets(line, sizeof(line), f) != NULL) {
-    unsigned addr, port;
-    unsigned long inode;
-    /* sl local rem st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ... */
-    if (sscanf(line, " %*d: %X:%X %*X:%*X %*X %*X:%*X %*X:%*X %*X %*d %*d %lu", &addr, &port, &inode) != 3) continue;
-    if (addr != 0x0100007Fu && addr != 0) continue;
-    for (int i = 0; i < n; ++i) {
-      if (inodes[i] != inode) continue;
-      struct sockaddr_in to;
-      memset(&to, 0, sizeof(to));
-      to.sin_family = AF_INET;
-      to.sin_port = htons((uint16_t)port);
-      to.sin_addr.s_addr = htonl(0x7f000001u);
-      if (sendto(fd, "abc", 3, 0, (struct sockaddr*)&to, sizeof(to)) == 3) ++sent;
-      break;
-    }
+  int out = socket(AF_INET, SOCK_DGRAM, 0);
+  if (out < 0) return -1;
+  for (int i = 0; i < n; ++i) {
+    int type = 0;
+    socklen_t tlen = sizeof(type);
+    struct sockaddr_in at;
+    socklen_t alen = sizeof(at);
+    if (fds[i] == out || getsockopt(fds[i], SOL_SOCKET, SO_TYPE, &type, &tlen) != 0 || type != SOCK_DGRAM) continue;
+    if (getsockname(fds[i], (struct sockaddr*)&at, &alen) != 0 || at.sin_family != AF_INET || at.sin_port == 0) continue;
+    if (at.sin_addr.s_addr != htonl(0x7f000001u) && at.sin_addr.s_addr != htonl(INADDR_ANY)) continue;
+    at.sin_addr.s_addr = htonl(0x7f000001u);
+    if (sendto(out, "abc", 3, 0, (struct sockaddr*)&at, sizeof(at)) == 3) ++sent;
   }
-  fclose(f);
-  close(fd);
+  close(out);
   return sent;
 }
 
