@@ -64,6 +64,7 @@ struct WorkerResult {
   // needed (unknown_round), and every other reason.
   uint64_t stale = 0;
   uint64_t rejected = 0;
+  uint64_t rx_overflows = 0;  // results the kernel dropped for a full receive buffer (Client::ReceiveOverflows)
 };
 
 inline constexpr uint32_t kBarrierKey = 0xFFFFFFFFu;

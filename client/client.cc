@@ -337,4 +337,6 @@ std::map<std::string, uint64_t> Client::Rejects() const {
   return out;
 }
 
+uint64_t Client::ReceiveOverflows() const { return engine_ ? engine_->receive_overflows() : 0; }
+
 }  // namespace dlcp

@@ -230,6 +230,11 @@ class Client {
   // a round no longer needs count as unknown_round. Any thread, also after Close; never blocks on
   // the data path.
   std::map<std::string, uint64_t> Rejects() const;
+  // Result datagrams the kernel dropped since the client connected because its receive buffer
+  // (TransportOptions::socket_buffer_bytes, capped by net.core.rmem_max) was full: loss on this
+  // host, not on the network, which repairs then make good. Not among Rejects(), which counts
+  // what the client itself dropped. UDP only (0 over RDMA). Any thread, also after Close.
+  uint64_t ReceiveOverflows() const;
 
  private:
   Client() = default;

@@ -815,4 +815,8 @@ std::array<uint64_t, static_cast<size_t>(wire::Reject::kCount)> TransferEngine::
   return out;
 }
 
+uint64_t TransferEngine::receive_overflows() const {
+  return transport_->counters().rx_overflows.load(std::memory_order_relaxed);
+}
+
 }  // namespace dlcp

@@ -146,6 +146,9 @@ class TransferEngine {
 
   // Any thread: the packets the I/O thread dropped so far, by reason (indexed by wire::Reject).
   std::array<uint64_t, static_cast<size_t>(wire::Reject::kCount)> rejects() const;
+  // Any thread: datagrams the kernel dropped before the I/O thread saw them, because the
+  // transport's receive buffer was full (TransportCounters::rx_overflows).
+  uint64_t receive_overflows() const;
 
  private:
   struct KeyUpdate {

@@ -186,6 +186,8 @@ uint64_t dlcp_rejects(const dlcp_client* c, const char* reason) {
   return n;
 }
 
+uint64_t dlcp_rx_overflows(const dlcp_client* c) { return c == nullptr ? 0 : c->client->ReceiveOverflows(); }
+
 int dlcp_close(dlcp_client* c, char* err, size_t err_len) {
   if (c == nullptr) return 0;
   absl::Status s = c->client->Close();

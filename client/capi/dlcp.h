@@ -79,6 +79,10 @@ int dlcp_allreduce(dlcp_client* c, uint32_t key, float* data, size_t n, dlcp_rou
  * late copies of results, normal under loss), or all of them for NULL. 0 for a NULL client or a
  * reason that never occurred. Any thread. */
 uint64_t dlcp_rejects(const dlcp_client* c, const char* reason);
+/* Result datagrams the kernel dropped since the client connected because its receive buffer was
+ * full: loss on this host, which repairs make good (raise net.core.rmem_max). Not counted by
+ * dlcp_rejects. 0 over RDMA and for a NULL client. Any thread. */
+uint64_t dlcp_rx_overflows(const dlcp_client* c);
 /* Leaves the job and frees the client. Blocks for at most the control-call deadline. An
  * aggregator that is unreachable, or no longer holds the job, is logged and not an error. */
 int dlcp_close(dlcp_client* c, char* err, size_t err_len);

@@ -286,6 +286,7 @@ class PyClient {
   uint32_t job_id() const { return Get().job_id(); }
   std::string job() const { return Get().job_name(); }
   std::map<std::string, uint64_t> rejects() const { return Get().Rejects(); }
+  uint64_t rx_overflows() const { return Get().ReceiveOverflows(); }
 
  private:
   const Client& Get() const {
@@ -421,5 +422,6 @@ PYBIND11_MODULE(_dlcp, m) {
       .def_property_readonly("world_size", &PyClient::world_size)
       .def_property_readonly("job_id", &PyClient::job_id)
       .def_property_readonly("job", &PyClient::job)
-      .def("rejects", &PyClient::rejects);
+      .def("rejects", &PyClient::rejects)
+      .def("rx_overflows", &PyClient::rx_overflows);
 }

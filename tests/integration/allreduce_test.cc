@@ -1,13 +1,20 @@
 // End-to-end all-reduce through the real client, gRPC control and data plane, in one process.
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <functional>
 #include <future>
+#include <map>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "common/wire/header.h"
+#include "server/jobs/job_registry.h"
 #include "tests/integration/test_aggregator.h"
 
 namespace dlcp::testing {
@@ -379,6 +386,52 @@ TEST(AllReduceRepair, LossIsRepairedAtTheRoundsOwnPace) {
   EXPECT_GT(agg->Counter("dlcp_inject_dropped_total"), 0);
   EXPECT_GT(retransmits, 0u);
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+}
+
+// Datagrams the kernel drops because a worker's receive buffer is full are loss on that host, not
+// on the network: the worker counts them (Client::ReceiveOverflows), apart from what it drops
+// itself (Rejects), and its rounds repair what was lost and stay exact. A burst of garbage at a
+// buffer that holds about one datagram overflows it; every datagram of the burst is then either
+// refused by the worker or counted as dropped by the kernel.
+TEST(AllReduceRepair, DatagramsAFullReceiveBufferDroppedAreCountedAndRoundsStayExact) {
+  auto agg = TestAggregator::Start(TestAggregatorOptions{TransportOptions::Kind::kUdp, 1, 0, 7});
+  ASSERT_NE(agg, nullptr);
+  constexpr int kWorkers = 2, kRounds = 3;
+  constexpr uint32_t kElems = 200000;
+  auto clients = ConnectAll(kWorkers, [&](int r) {
+    ClientOptions o =
+        Options(Case{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r, "rx-overflow");
+    // The kernel doubles it, and queues a datagram past the limit only into an empty buffer.
+    if (r == 0) o.transport.socket_buffer_bytes = 4096;
+    return o;
+  });
+  if (HasFailure()) return;
+  const auto job = agg->jobs().Find(server::JobIdForName("rx-overflow"));
+  ASSERT_NE(job, nullptr);
+  const sockaddr_in to = job->members[0].address().ToSockaddr();
+  const int tx = socket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(tx, 0);
+  constexpr int kBurst = 2000;
+  const std::vector<uint8_t> garbage(1000, 0xAB);  // refused as bad_magic
+  for (int i = 0; i < kBurst; ++i) {
+    ASSERT_EQ(sendto(tx, garbage.data(), garbage.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof(to)),
+              static_cast<ssize_t>(garbage.size()));
+  }
+  close(tx);
+  // The kernel reports what it dropped with the next datagram it delivers: the rounds' results.
+  // Those overflow the buffer too, so the rounds repair results, and results come back exact.
+  for (int k = 0; k < kRounds; ++k) ASSERT_EQ(ExactRoundOf(clients, k, kElems).size(), clients.size());
+  const uint64_t overflows = clients[0]->ReceiveOverflows();
+  const std::map<std::string, uint64_t> rejects = clients[0]->Rejects();
+  const uint64_t refused = rejects.count("bad_magic") ? rejects.at("bad_magic") : 0;
+  EXPECT_GT(overflows, 0u) << "nothing overflowed: the test needs a smaller buffer or a larger burst";
+  EXPECT_LT(refused, static_cast<uint64_t>(kBurst));
+  EXPECT_GE(refused + overflows, static_cast<uint64_t>(kBurst)) << refused << " refused, " << overflows << " dropped";
+  for (const auto& [reason, count] : rejects) {
+    EXPECT_TRUE(reason == "bad_magic" || reason == "unknown_round") << reason << ": " << count;
+  }
+  for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
+  EXPECT_GE(clients[0]->ReceiveOverflows(), overflows) << "still readable after Close";
 }
 
 // A third of every worker's pushes lost at the aggregator: every endpoint's window fills with

@@ -182,6 +182,12 @@ class Client:
         (unknown_round). Only reasons that occurred are listed. Still readable after close()."""
         return self._inner.rejects()
 
+    def rx_overflows(self):
+        """Result datagrams the kernel dropped since the client connected because its receive
+        buffer was full: loss on this host, not the network, which repairs make good (raise
+        net.core.rmem_max). Not among rejects(). 0 over RDMA. Still readable after close()."""
+        return self._inner.rx_overflows()
+
     def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None, encoding=None,
                         report_classes=False):
         """Starts summing `tensor` over the job's workers, in place. `callback(stats, error)`
