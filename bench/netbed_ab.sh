@@ -3,10 +3,14 @@
 # so that both see the same machine (these 2 cores are shared and noisy; compare side by side).
 #   BED=switch (default): scripts/netbed/cluster.sh, 4 workers with a dlcpd on each, 20 MiB
 #     rounds; CROSS (e.g. 300M) adds best-effort cross traffic into every worker's port.
+#   BED=incast: the same switch, one dlcpd on its own host (a1) for all 4 workers, 20 MiB rounds:
+#     the 4-to-1 incast of tests/netbed/congested_test.sh, which overruns a1's port queues
+#     without any other traffic; CROSS (e.g. 300M) adds best-effort cross traffic into that port.
 #   BED=spines: scripts/netbed/multipath.sh, 4 workers in one rack, 2 aggregators in the other,
 #     2 spines at SPINE_MBIT Mbit/s (400) and SPINE2_MBIT (the same), 8 MiB rounds, spraying
 #     on; each run's JSON adds the packets each spine's ports dropped, towards the aggregators
-#     (pushes) and towards the workers (results).
+#     (pushes) and towards the workers (results), and the busier spine's share of the bytes
+#     each way (0.5: an even split).
 # A_FLAGS and B_FLAGS go to every dlcp-bench, A_DFLAGS and B_DFLAGS to every dlcpd; B_BUILD (a
 # build directory) runs B from another build, to compare a change with the code before it. PAIRS (3),
 # ROUNDS (10), LB (ε, 0), MTU (1500) with CHUNK (1400; 8192 with MTU=9000). STRAGGLE=STOP:EVERY
@@ -27,9 +31,9 @@ PAIRS=${PAIRS:-3}
 ROUNDS=${ROUNDS:-10}
 [[ $(id -u) == 0 ]] || { echo "netbed_ab: needs root" >&2; exit 1; }
 case $BED in
-  switch) CLUSTER="$HERE/../scripts/netbed/cluster.sh" ;;
+  switch | incast) CLUSTER="$HERE/../scripts/netbed/cluster.sh" ;;
   spines) CLUSTER="$HERE/../scripts/netbed/multipath.sh" ;;
-  *) echo "netbed_ab: BED must be switch or spines" >&2; exit 2 ;;
+  *) echo "netbed_ab: BED must be switch, incast or spines" >&2; exit 2 ;;
 esac
 SPINE_MBIT=${SPINE_MBIT:-400}
 SPINE2_MBIT=${SPINE2_MBIT:-$SPINE_MBIT}
@@ -44,6 +48,9 @@ netbed_start dlcp-netbed-ab
 if [[ $BED == spines ]]; then
   AGG_HOSTS="a1:$("$CLUSTER" ip a1) a2:$("$CLUSTER" ip a2)"
   WORKER_HOSTS=$(for i in 1 2 3 4; do printf 'w%d:%s ' "$i" "$("$CLUSTER" ip "w$i")"; done)
+elif [[ $BED == incast ]]; then
+  AGG_HOSTS="a1:198.18.0.101"  # cluster.sh's first aggregator host
+  WORKER_HOSTS=$(netbed_worker_hosts)
 else
   AGG_HOSTS=$(netbed_worker_hosts)
   WORKER_HOSTS=$AGG_HOSTS
@@ -64,11 +71,17 @@ straggle() {  # JOB: stops the job's last worker for STOP ms every EVERY ms (STR
 }
 
 run() {  # LABEL BUILD BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.jsonl
-  local label=$1 build=$2 flags=$3 dflags=$4 drops_before=""
-  [[ $BED == spines ]] && drops_before=$("$CLUSTER" drops)
+  local label=$1 build=$2 flags=$3 dflags=$4 drops_before="" bytes_before=""
+  [[ $BED == spines ]] && drops_before=$("$CLUSTER" drops) && bytes_before=$("$CLUSTER" bytes)
   # shellcheck disable=SC2086
   netbed_aggregators "$build" "$AGG_HOSTS" --transport=udp $dflags || exit 1
   [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_start 300
+  local cross_pid=""
+  if [[ -n ${CROSS:-} && $BED == incast ]]; then
+    "$CLUSTER" cross w4 a1 "$CROSS" 0 300 udp 5299 >/dev/null 2>&1 &
+    cross_pid=$!
+    sleep 1
+  fi
   local job="ab-$label-$RANDOM" stopper=""
   if [[ -n ${STRAGGLE:-} ]]; then
     straggle "$job" &
@@ -80,11 +93,16 @@ run() {  # LABEL BUILD BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.js
     --timeout-s=600 $flags
   [[ -n $stopper ]] && { kill "$stopper" 2>/dev/null; wait "$stopper" 2>/dev/null || true; }
   [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_stop
+  if [[ -n $cross_pid ]]; then
+    pkill -f "iperf3.*-p 5299" 2>/dev/null || true
+    kill "$cross_pid" 2>/dev/null || true
+    wait "$cross_pid" 2>/dev/null || true
+  fi
   netbed_stop_aggregators
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/w" 4 "netbed_ab $label")
-  local drops_after=""
-  [[ $BED == spines ]] && drops_after=$("$CLUSTER" drops)
-  python3 - "$rows" "$label" "$drops_before" "$drops_after" >>"$work/runs.jsonl" <<'PY'
+  local drops_after="" bytes_after=""
+  [[ $BED == spines ]] && drops_after=$("$CLUSTER" drops) && bytes_after=$("$CLUSTER" bytes)
+  python3 - "$rows" "$label" "$drops_before" "$drops_after" "$bytes_before" "$bytes_after" >>"$work/runs.jsonl" <<'PY'
 import json, sys
 rows = json.loads(sys.argv[1])
 if None in rows:
@@ -97,6 +115,12 @@ def parse(text):  # "s1 to_aggregators=N to_workers=M" per line
 if sys.argv[4]:
     before, after = parse(sys.argv[3]), parse(sys.argv[4])
     out["drops"] = {k: after[k] - before.get(k, 0) for k in after}
+if sys.argv[6]:  # the busier spine's share of each direction's bytes: 0.5 is an even split
+    before, after = parse(sys.argv[5]), parse(sys.argv[6])
+    sent = {k: after[k] - before.get(k, 0) for k in after}
+    out["busiest_spine_share"] = {
+        d: round(max(sent[f"s1_{d}"], sent[f"s2_{d}"]) / max(1, sent[f"s1_{d}"] + sent[f"s2_{d}"]), 3)
+        for d in ("to_aggregators", "to_workers")}
 print(json.dumps(out))
 PY
   tail -1 "$work/runs.jsonl"
