@@ -320,6 +320,18 @@ std::vector<std::unique_ptr<Client>> ConnectAll(int workers, const std::function
   return clients;
 }
 
+// `workers` clients of job `name` on `agg` over `kind`, for rounds of `elems` values, each one's
+// options (Options()) then adjusted by `adjust`.
+std::vector<std::unique_ptr<Client>> ConnectAll(const TestAggregator& agg, TransportOptions::Kind kind, int workers,
+                                                uint32_t elems, const std::string& name,
+                                                const std::function<void(int rank, ClientOptions&)>& adjust) {
+  return ConnectAll(workers, [&](int r) {
+    ClientOptions o = Options(Case{kind, 1, 1, workers, elems, 0}, {agg.address()}, r, name);
+    adjust(r, o);
+    return o;
+  });
+}
+
 // Round k of key 1 over every client: each worker's Value()s, summed exactly into every buffer.
 // Returns each worker's stats; a failed op or a wrong sum is a test failure (and an empty result).
 std::vector<RoundStats> ExactRoundOf(const std::vector<std::unique_ptr<Client>>& clients, int k, uint32_t elems) {
@@ -375,12 +387,8 @@ TEST(AllReduceRepair, LossIsRepairedAtTheRoundsOwnPace) {
   ASSERT_NE(agg, nullptr);
   constexpr int kWorkers = 2, kRounds = 4;
   constexpr uint32_t kElems = 200000;
-  auto clients = ConnectAll(kWorkers, [&](int r) {
-    ClientOptions o =
-        Options(Case{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r, "own-pace");
-    o.repair_timeout = absl::Seconds(3);
-    return o;
-  });
+  auto clients = ConnectAll(*agg, TransportOptions::Kind::kUdp, kWorkers, kElems, "own-pace",
+                            [](int, ClientOptions& o) { o.repair_timeout = absl::Seconds(3); });
   if (HasFailure()) return;
   const uint64_t retransmits = ExactRoundsWithoutTimeouts(clients, kRounds, kElems);
   EXPECT_GT(agg->Counter("dlcp_inject_dropped_total"), 0);
@@ -398,13 +406,12 @@ TEST(AllReduceRepair, DatagramsAFullReceiveBufferDroppedAreCountedAndRoundsStayE
   ASSERT_NE(agg, nullptr);
   constexpr int kWorkers = 2, kRounds = 3;
   constexpr uint32_t kElems = 200000;
-  auto clients = ConnectAll(kWorkers, [&](int r) {
-    ClientOptions o =
-        Options(Case{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r, "rx-overflow");
-    // The kernel doubles it, and queues a datagram past the limit only into an empty buffer.
-    if (r == 0) o.transport.socket_buffer_bytes = 4096;
-    return o;
-  });
+  auto clients = ConnectAll(*agg, TransportOptions::Kind::kUdp, kWorkers, kElems, "rx-overflow",
+                            [](int r, ClientOptions& o) {
+                              // The kernel doubles it, and queues a datagram past the limit only
+                              // into an empty buffer.
+                              if (r == 0) o.transport.socket_buffer_bytes = 4096;
+                            });
   if (HasFailure()) return;
   const auto job = agg->jobs().Find(server::JobIdForName("rx-overflow"));
   ASSERT_NE(job, nullptr);
@@ -449,15 +456,13 @@ TEST(AllReduceRepair, HeavyLossWithFullWindowsIsRepairedAtTheRoundsPace) {
   ASSERT_NE(agg, nullptr);
   constexpr int kWorkers = 3, kRounds = 3;
   constexpr uint32_t kElems = 300000;
-  auto clients = ConnectAll(kWorkers, [&](int r) {
-    ClientOptions o =
-        Options(Case{TransportOptions::Kind::kUdp, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r, "full-window");
-    o.repair_timeout = absl::Seconds(3);
-    o.adaptive_window = true;
-    o.window_bytes = 16 * o.chunk_bytes;
-    o.class_policy.kind = ClassPolicyOptions::Kind::kUniform;
-    return o;
-  });
+  auto clients = ConnectAll(*agg, TransportOptions::Kind::kUdp, kWorkers, kElems, "full-window",
+                            [](int, ClientOptions& o) {
+                              o.repair_timeout = absl::Seconds(3);
+                              o.adaptive_window = true;
+                              o.window_bytes = 16 * o.chunk_bytes;
+                              o.class_policy.kind = ClassPolicyOptions::Kind::kUniform;
+                            });
   if (HasFailure()) return;
   const uint64_t retransmits = ExactRoundsWithoutTimeouts(clients, kRounds, kElems);
   EXPECT_GT(retransmits, 0u);
@@ -480,14 +485,12 @@ TEST_P(AdaptiveWindowTest, LossCutsTheWindowAndSumsStayExact) {
   ASSERT_NE(agg, nullptr);
   constexpr int kWorkers = 2, kRounds = 3;
   constexpr uint32_t kElems = 300000;  // 293 chunks of 4 KiB: well past the reordering slack
-  auto clients = ConnectAll(kWorkers, [&](int r) {
-    ClientOptions o = Options(Case{wc.kind, 1, 1, kWorkers, kElems, 0}, {agg->address()}, r,
-                              wc.adaptive ? "window-adaptive" : "window-fixed");
-    o.adaptive_window = wc.adaptive;
-    o.inject.rate = {0.03, 0.03, 0.03, 0.03};
-    o.inject.seed = 5 + r;
-    return o;
-  });
+  auto clients = ConnectAll(*agg, wc.kind, kWorkers, kElems, wc.adaptive ? "window-adaptive" : "window-fixed",
+                            [&](int r, ClientOptions& o) {
+                              o.adaptive_window = wc.adaptive;
+                              o.inject.rate = {0.03, 0.03, 0.03, 0.03};
+                              o.inject.seed = 5 + r;
+                            });
   if (HasFailure()) return;
   uint64_t cuts = 0, dropped = 0;
   for (int k = 0; k < kRounds; ++k) {
@@ -537,14 +540,12 @@ class SharedLossTest : public ::testing::TestWithParam<TransportOptions::Kind> {
     if (agg == nullptr) return {};
     constexpr int kWorkers = 2, kRounds = 3;
     constexpr uint32_t kElems = 300000;
-    auto clients = ConnectAll(kWorkers, [&](int r) {
-      ClientOptions o = Options(Case{GetParam(), 1, 1, kWorkers, kElems, 0}, {agg->address()}, r, "shared-loss");
+    auto clients = ConnectAll(*agg, GetParam(), kWorkers, kElems, "shared-loss", [&](int r, ClientOptions& o) {
       o.adaptive_window = true;
       o.class_policy.kind = ClassPolicyOptions::Kind::kUniform;
       o.class_policy.uniform_class = r == 0 ? class0 : class1;
       if (r == 1) o.inject.rate = {0.03, 0.03, 0.03, 0.03};  // only rank 1 loses pushes
       o.inject.seed = 9;
-      return o;
     });
     if (HasFailure()) return {};
     Cuts c;
