@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
 #include "common/transport/transport.h"
@@ -325,13 +326,22 @@ TEST(UdpTransport, CountsTheDatagramsItsFullReceiveBufferDropped) {
   ASSERT_LT(received, static_cast<uint64_t>(kBurst)) << "nothing overflowed: the test needs a smaller buffer";
   // The datagram after the burst carries the kernel's count of what it dropped.
   ASSERT_EQ(send_one(), static_cast<ssize_t>(datagram.size()));
+  ::testing::internal::CaptureStderr();
   do {
     ASSERT_TRUE((*rx)->Receive(&batch, absl::Milliseconds(100)).ok());
     received += batch.size();
   } while (batch.empty() && MonotonicNow() < deadline);
+  const std::string log = ::testing::internal::GetCapturedStderr();
   close(tx);
   EXPECT_EQ((*rx)->counters().recv_packets.load(), received);
   EXPECT_EQ((*rx)->counters().rx_overflows.load(), kBurst + 1 - received);
+  // Nothing else names host loss, so the transport warns, once, with the count and the cure.
+  EXPECT_NE(log.find(absl::StrCat("dropped ", kBurst + 1 - received, " datagrams in all for UDP port ",
+                                  (*rx)->local_address().port)),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("net.core.rmem_max"), std::string::npos) << log;
+  EXPECT_EQ(log.find("dropped", log.find("dropped") + 1), std::string::npos) << "one warning: " << log;
 }
 
 TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {

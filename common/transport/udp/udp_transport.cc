@@ -333,8 +333,11 @@ class UdpTransport final : public Transport {
             // The socket's running total when this datagram was queued (32 bits, wrapping).
             uint32_t total = 0;
             std::memcpy(&total, CMSG_DATA(c), sizeof(total));
-            counters_.rx_overflows.fetch_add(static_cast<uint32_t>(total - overflows_seen_), std::memory_order_relaxed);
+            const uint32_t dropped = total - overflows_seen_;
             overflows_seen_ = total;
+            if (dropped > 0) {
+              ReportOverflows(counters_.rx_overflows.fetch_add(dropped, std::memory_order_relaxed) + dropped);
+            }
           }
         }
       }
@@ -349,6 +352,20 @@ class UdpTransport final : public Transport {
     return rc;
   }
 
+  // Host loss is the operator's to fix, and nothing else names it: a warning at the first drop and
+  // at each doubling of the count, so that a chronic overflow logs a few dozen lines in all.
+  void ReportOverflows(uint64_t dropped) {
+    if (dropped < next_overflow_report_) return;
+    next_overflow_report_ = 2 * dropped;
+    int buffer = 0;
+    socklen_t len = sizeof(buffer);
+    ::getsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &buffer, &len);
+    DLCP_LOG(Warning) << "the kernel dropped " << dropped << " datagrams in all for UDP port " << local_.port
+                      << ", its receive buffer (" << buffer << " bytes) full; raise net.core.rmem_max (and the "
+                      << "socket buffer setting) on this host, or read faster: this is loss on the host, not the "
+                      << "network";
+  }
+
   TransportOptions options_;
   int fd_ = -1;
   std::vector<int> spray_fds_;        // owned; the sockets of the other source ports
@@ -360,6 +377,7 @@ class UdpTransport final : public Transport {
   bool gro_ = false;
   bool overflow_count_ = false;
   uint32_t overflows_seen_ = 0;  // SO_RXQ_OVFL's total at the last receive that carried it
+  uint64_t next_overflow_report_ = 1;  // ReportOverflows
   std::vector<std::array<uint8_t, kRecvCmsgSpace>> recv_cmsg_;
   Address local_;
   size_t slot_size_ = 0;
