@@ -139,13 +139,15 @@ class UdpTransport final : public Transport {
  private:
   void SetBuffer(int fd, int force_opt, int opt, const char* what) {
     int v = static_cast<int>(options_.socket_buffer_bytes);
-    if (::setsockopt(fd, SOL_SOCKET, force_opt, &v, sizeof(v)) == 0) return;
-    // Without CAP_NET_ADMIN the kernel caps the size at net.core.{r,w}mem_max.
-    ::setsockopt(fd, SOL_SOCKET, opt, &v, sizeof(v));
+    // Without CAP_NET_ADMIN the forced size is refused, and the kernel caps the size at
+    // net.core.{r,w}mem_max.
+    if (::setsockopt(fd, SOL_SOCKET, force_opt, &v, sizeof(v)) != 0) ::setsockopt(fd, SOL_SOCKET, opt, &v, sizeof(v));
     int actual = 0;
     socklen_t len = sizeof(actual);
     ::getsockopt(fd, SOL_SOCKET, opt, &actual, &len);
-    if (fd == fd_ && static_cast<size_t>(actual) < options_.socket_buffer_bytes) {
+    if (fd != fd_) return;
+    if (opt == SO_RCVBUF) recv_buffer_bytes_ = static_cast<size_t>(actual);
+    if (static_cast<size_t>(actual) < options_.socket_buffer_bytes) {
       DLCP_LOG(Warning) << "UDP " << what << " buffer is " << actual << " bytes, asked for "
                         << options_.socket_buffer_bytes << "; raise net.core." << (opt == SO_RCVBUF ? "r" : "w")
                         << "mem_max or run with CAP_NET_ADMIN to avoid drops under bursts";
@@ -357,11 +359,8 @@ class UdpTransport final : public Transport {
   void ReportOverflows(uint64_t dropped) {
     if (dropped < next_overflow_report_) return;
     next_overflow_report_ = 2 * dropped;
-    int buffer = 0;
-    socklen_t len = sizeof(buffer);
-    ::getsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &buffer, &len);
     DLCP_LOG(Warning) << "the kernel dropped " << dropped << " datagrams in all for UDP port " << local_.port
-                      << ", its receive buffer (" << buffer << " bytes) full; raise net.core.rmem_max (and the "
+                      << ", its receive buffer (" << recv_buffer_bytes_ << " bytes) full; raise net.core.rmem_max (and the "
                       << "socket buffer setting) on this host, or read faster: this is loss on the host, not the "
                       << "network";
   }
@@ -378,6 +377,7 @@ class UdpTransport final : public Transport {
   bool overflow_count_ = false;
   uint32_t overflows_seen_ = 0;  // SO_RXQ_OVFL's total at the last receive that carried it
   uint64_t next_overflow_report_ = 1;  // ReportOverflows
+  size_t recv_buffer_bytes_ = 0;       // fd_'s, as the kernel granted it
   std::vector<std::array<uint8_t, kRecvCmsgSpace>> recv_cmsg_;
   Address local_;
   size_t slot_size_ = 0;
