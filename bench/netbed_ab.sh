@@ -76,10 +76,8 @@ run() {  # LABEL BUILD BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.js
   # shellcheck disable=SC2086
   netbed_aggregators "$build" "$AGG_HOSTS" --transport=udp $dflags || exit 1
   [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_start 300
-  local cross_pid=""
-  if [[ -n ${CROSS:-} && $BED == incast ]]; then
-    "$CLUSTER" cross w4 a1 "$CROSS" 0 300 udp 5299 >/dev/null 2>&1 &
-    cross_pid=$!
+  if [[ -n ${CROSS:-} && $BED == incast ]]; then  # into a1's port; netbed_cross_stop ends it too
+    "$CLUSTER" cross w4 a1 "$CROSS" 0 300 udp 5300 >/dev/null 2>&1 &
     sleep 1
   fi
   local job="ab-$label-$RANDOM" stopper=""
@@ -92,12 +90,7 @@ run() {  # LABEL BUILD BENCH_FLAGS DLCPD_FLAGS: one JSON line into $work/runs.js
     --tensor-bytes="$TENSOR" --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound="${LB:-0}" \
     --timeout-s=600 $flags
   [[ -n $stopper ]] && { kill "$stopper" 2>/dev/null; wait "$stopper" 2>/dev/null || true; }
-  [[ -n ${CROSS:-} && $BED == switch ]] && netbed_cross_stop
-  if [[ -n $cross_pid ]]; then
-    pkill -f "iperf3.*-p 5299" 2>/dev/null || true
-    kill "$cross_pid" 2>/dev/null || true
-    wait "$cross_pid" 2>/dev/null || true
-  fi
+  [[ -n ${CROSS:-} && $BED != spines ]] && netbed_cross_stop
   netbed_stop_aggregators
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/w" 4 "netbed_ab $label")
   local drops_after="" bytes_after=""
