@@ -339,6 +339,7 @@ ClientOptions MakeOptions(py::kwargs kw) {
   opt("rdma_device", o.transport.rdma.device);
   opt("rdma_gid_index", o.transport.rdma.gid_index);
   opt("rdma_qkey", o.transport.rdma.qkey);
+  opt("rdma_recv_slots", o.transport.rdma.recv_slots);
   py::object dscp = take("dscp");
   if (!dscp.is_none()) o.transport.dscp = dscp.cast<std::array<uint8_t, 4>>();
   opt("plaintext", o.tls.plaintext);

@@ -23,6 +23,8 @@ void DeclareTransportFlags(ConfigRegistry* c) {
   c->AddInt("rdma-port", 1, 1, 255, "RDMA device port");
   c->AddInt("rdma-gid-index", -1, -1, 65535, "RoCEv2 GID index; -1 searches the GID table for the IPv4 RoCEv2 GID");
   c->AddInt("rdma-qkey", 0x0d1c0001, 1, 0x7fffffff, "Q_Key of every dlcp queue pair; the same on workers and aggregators");
+  c->AddInt("rdma-recv-slots", 4096, 64, 65536,
+            "receive buffers per RDMA endpoint (one datagram each, registered); at most the device's queue depth");
 }
 
 void TransportOptionsFromConfig(const ConfigRegistry& c, TransportOptions* o) {
@@ -34,6 +36,7 @@ void TransportOptionsFromConfig(const ConfigRegistry& c, TransportOptions* o) {
   o->rdma.port_num = static_cast<uint8_t>(c.GetInt("rdma-port"));
   o->rdma.gid_index = static_cast<int>(c.GetInt("rdma-gid-index"));
   o->rdma.qkey = static_cast<uint32_t>(c.GetInt("rdma-qkey"));
+  o->rdma.recv_slots = static_cast<uint32_t>(c.GetInt("rdma-recv-slots"));
 }
 
 }  // namespace dlcp

@@ -51,6 +51,10 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
                        "Datagrams the kernel dropped because a data socket's receive buffer was full "
                        "(raise --socket-buffer-bytes, or net.core.rmem_max)",
                        transport_sum(&TransportCounters::rx_overflows));
+  metrics->AddComputed("dlcp_transport_rx_queue_empty_total", {}, K::kCounter,
+                       "Times an RDMA receive queue ran dry; the NIC drops what arrives then, uncounted "
+                       "(raise --rdma-recv-slots, or add data threads)",
+                       transport_sum(&TransportCounters::rx_queue_empty));
   // How datagrams are sprayed over paths: the source ports per endpoint, labelled with the burst
   // (datagrams per port choice; 1 would be per packet), and how many bursts went out.
   const double ports = static_cast<double>(plane->threads_[0]->transport()->spray_sources().size() + 1);

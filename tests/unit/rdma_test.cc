@@ -231,6 +231,56 @@ TEST_F(RdmaTransportTest, WrapsTheSendRingAndRepostsReceivesInBatches) {
     }
   }
   EXPECT_EQ(b->counters().dropped.load(), 0u);
+  EXPECT_EQ(b->counters().rx_queue_empty.load(), 0u);
+}
+
+// A receiver that falls a whole queue behind: its 64 receive buffers take the first datagrams of
+// a burst of 400 it does not read, and the NIC drops the rest without a count anywhere. The
+// queue's limit event counts that it ran dry, and a warning names it. The queue serves on: a
+// burst it has room for arrives whole and counts nothing, and falling behind again counts again
+// (the event was armed again).
+TEST_F(RdmaTransportTest, CountsAndNamesAReceiveQueueThatRanDry) {
+  RdmaOptions few;
+  few.recv_slots = 64;
+  auto a = *Make(SmallRing(), 1);
+  auto b = *Make(few, 1);
+  uint32_t next = 0;
+  // Sends n datagrams while b reads nothing, lets them land, then reads until 300 ms of quiet.
+  const auto burst = [&](uint32_t n) {
+    std::vector<uint32_t> seq(n);
+    std::vector<OutMessage> msgs;
+    for (uint32_t& s : seq) {
+      s = next++;
+      msgs.push_back({b->local_address(), 1, reinterpret_cast<const uint8_t*>(&s), sizeof(s)});
+    }
+    EXPECT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
+    absl::SleepFor(absl::Milliseconds(300));
+    size_t got = 0;
+    std::vector<InMessage> batch;
+    const absl::Time deadline = MonotonicNow() + absl::Seconds(20);
+    for (absl::Time quiet = MonotonicNow() + absl::Milliseconds(300); MonotonicNow() < quiet && MonotonicNow() < deadline;) {
+      EXPECT_TRUE(b->Receive(&batch, absl::Milliseconds(50)).ok());
+      if (!batch.empty()) quiet = MonotonicNow() + absl::Milliseconds(300);
+      got += batch.size();
+    }
+    return got;
+  };
+  testing::internal::CaptureStderr();
+  const size_t first = burst(400);
+  const uint64_t dry = b->counters().rx_queue_empty.load();
+  EXPECT_GE(first, 64u);
+  EXPECT_LT(first, 400u) << "the queue held more than its 64 buffers";
+  EXPECT_GE(dry, 1u) << first << " of 400 arrived";
+
+  EXPECT_EQ(burst(50), 50u) << "the buffers were not all posted again";
+  EXPECT_EQ(b->counters().rx_queue_empty.load(), dry);
+
+  EXPECT_LT(burst(400), 400u);
+  EXPECT_GT(b->counters().rx_queue_empty.load(), dry) << "the limit event was not armed again";
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("(64 buffers) ran dry, 1 time(s) in all"), std::string::npos) << log;
+  EXPECT_NE(log.find("raise --rdma-recv-slots"), std::string::npos) << log;
+  EXPECT_EQ(b->counters().dropped.load(), 0u);
 }
 
 // Path spraying over queue pairs: bursts leave from each queue pair in turn (the NIC derives the

@@ -148,7 +148,7 @@ class Client:
       ("fail" | "remap"); payload_encoding ("f32" | "f16" | "bf16"); rpc_timeout_s, op_timeout_s,
       repair_timeout_s, heartbeat_interval_s, window_bytes; data_host, bind_host, dscp,
       busy_poll; transport ("auto" | "udp" | "rdma"), spray_ports, spray_burst, rdma_device,
-      rdma_gid_index, rdma_qkey;
+      rdma_gid_index, rdma_qkey, rdma_recv_slots;
       inject_drop ("C:P,..."), inject_burst, inject_seed (for tests).
     Methods may be called from any thread.
     """

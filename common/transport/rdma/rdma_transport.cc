@@ -21,6 +21,7 @@
 #include "common/transport/rdma/grh.h"
 #include "common/transport/rdma/rdma_device.h"
 #include "common/transport/rdma/verbs_loader.h"
+#include "common/transport/doubling_report.h"
 #include "common/transport/waker.h"
 
 namespace dlcp {
@@ -147,6 +148,10 @@ class RdmaTransport final : public Transport {
     for (uint32_t i = 0; i < recv_slots_; ++i) all[i] = i;
     if (absl::Status s = PostReceives(all); !s.ok()) return s;
     recv_wc_.resize(options_.recv_batch);
+    // The device's asynchronous events are read between receives, without blocking.
+    const int event_flags = DLCP_SYSCALL(::fcntl(dev_.context->async_fd, F_GETFL));
+    DLCP_SYSCALL(::fcntl(dev_.context->async_fd, F_SETFL, event_flags | O_NONBLOCK));
+    ArmQueueLimit();
     local_ = Address{dev_.ipv4, 0, qps_[0]->qp_num};
     DLCP_LOG(Info) << "RDMA endpoint " << local_.ToString() << " on " << dev_.name << " port "
                    << static_cast<int>(dev_.port_num) << " GID index " << dev_.gid_index << ", MTU " << dev_.mtu
@@ -246,8 +251,14 @@ class RdmaTransport final : public Transport {
     if (!returned_.empty()) {
       if (absl::Status s = PostReceives(returned_); !s.ok()) return s;
       returned_.clear();
+      if (rearm_limit_) ArmQueueLimit();  // with buffers posted again, or it would fire at once
     }
-    const absl::Time deadline = MonotonicNow() + timeout;
+    const absl::Time now = MonotonicNow();
+    const absl::Time deadline = now + timeout;
+    if (now >= next_event_check_) {
+      next_event_check_ = now + kEventCheckInterval;
+      TakeAsyncEvents();
+    }
     for (;;) {
       absl::StatusOr<int> got = PollReceives(out);
       if (!got.ok()) return got.status();
@@ -410,6 +421,59 @@ class RdmaTransport final : public Transport {
     }
   }
 
+  // The shared receive queue's limit event, armed at one posted buffer, fires when a datagram
+  // takes the last one: what arrives after it, until the I/O thread posts buffers again, is
+  // dropped by the NIC, uncounted (an RDMA UD queue has no receiver-not-ready handshake). The
+  // event is the one place it shows. Armed again once buffers are posted again (Receive).
+  void ArmQueueLimit() {
+    rearm_limit_ = false;
+    ibv_srq_attr a{};
+    a.srq_limit = 1;
+    if (int rc = v_.modify_srq(srq_, &a, IBV_SRQ_LIMIT); rc != 0 && !limit_unsupported_) {
+      limit_unsupported_ = true;
+      DLCP_LOG(Info) << dev_.name << " cannot arm its receive queue's limit event (" << std::strerror(rc)
+                     << "): a receive queue that runs dry will not be reported";
+    }
+  }
+
+  static bool IsFault(ibv_event_type type) {
+    switch (type) {
+      case IBV_EVENT_PORT_ACTIVE:
+      case IBV_EVENT_LID_CHANGE:
+      case IBV_EVENT_PKEY_CHANGE:
+      case IBV_EVENT_SM_CHANGE:
+      case IBV_EVENT_CLIENT_REREGISTER:
+      case IBV_EVENT_GID_CHANGE:
+        return false;
+      default:
+        return true;
+    }
+  }
+
+  // Reads what the device reported since the last call; never blocks.
+  void TakeAsyncEvents() {
+    ibv_async_event e{};
+    while (v_.get_async_event(dev_.context, &e) == 0) {
+      const ibv_event_type type = e.event_type;
+      const bool ours = type == IBV_EVENT_SRQ_LIMIT_REACHED && e.element.srq == srq_;
+      v_.ack_async_event(&e);
+      if (ours) {
+        rearm_limit_ = true;
+        const uint64_t n = counters_.rx_queue_empty.fetch_add(1, std::memory_order_relaxed) + 1;
+        if (empty_report_.Due(n)) {
+          DLCP_LOG(Warning) << "the RDMA receive queue on " << dev_.name << " (" << recv_slots_
+                            << " buffers) ran dry, " << n << " time(s) in all: the NIC drops what arrives until "
+                            << "buffers are posted again, and counts it nowhere; this is loss on the host, not the "
+                            << "network: raise --rdma-recv-slots, or add data threads";
+        }
+      } else if (IsFault(type)) {
+        DLCP_LOG(Warning) << "RDMA device " << dev_.name << " reports " << v_.event_type_str(type);
+      } else {
+        DLCP_LOG(Info) << "RDMA device " << dev_.name << " reports " << v_.event_type_str(type);
+      }
+    }
+  }
+
   void DrainEvent(ibv_comp_channel* channel) {
     ibv_cq* cq = nullptr;
     void* ctx = nullptr;
@@ -466,6 +530,12 @@ class RdmaTransport final : public Transport {
   // Receive side (the I/O thread only).
   std::vector<ibv_wc> recv_wc_;
   std::vector<uint32_t> returned_;  // slots handed out by the last Receive, re-posted by the next
+  // Asynchronous events (TakeAsyncEvents) are read at most once per interval, with a Receive.
+  static constexpr absl::Duration kEventCheckInterval = absl::Milliseconds(1);
+  absl::Time next_event_check_ = absl::InfinitePast();
+  bool rearm_limit_ = false;
+  bool limit_unsupported_ = false;
+  DoublingReport empty_report_;
 
   // Send side.
   std::mutex send_mu_;

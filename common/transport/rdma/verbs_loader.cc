@@ -55,6 +55,10 @@ absl::StatusOr<Verbs> Load() {
   Bind(lib, &v.ack_cq_events, "ibv_ack_cq_events", k11, &missing);
   Bind(lib, &v.create_srq, "ibv_create_srq", k11, &missing);
   Bind(lib, &v.destroy_srq, "ibv_destroy_srq", k11, &missing);
+  Bind(lib, &v.modify_srq, "ibv_modify_srq", k11, &missing);
+  Bind(lib, &v.get_async_event, "ibv_get_async_event", k11, &missing);
+  Bind(lib, &v.ack_async_event, "ibv_ack_async_event", k11, &missing);
+  Bind(lib, &v.event_type_str, "ibv_event_type_str", k11, &missing);
   Bind(lib, &v.create_qp, "ibv_create_qp", k11, &missing);
   Bind(lib, &v.destroy_qp, "ibv_destroy_qp", k11, &missing);
   Bind(lib, &v.modify_qp, "ibv_modify_qp", k11, &missing);

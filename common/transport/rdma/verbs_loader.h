@@ -40,6 +40,11 @@ struct Verbs {
   void (*ack_cq_events)(ibv_cq* cq, unsigned int nevents);
   ibv_srq* (*create_srq)(ibv_pd* pd, ibv_srq_init_attr* attr);
   int (*destroy_srq)(ibv_srq* srq);
+  int (*modify_srq)(ibv_srq* srq, ibv_srq_attr* attr, int mask);
+  // The device context's asynchronous events (an SRQ's limit reached, a port going down).
+  int (*get_async_event)(ibv_context* context, ibv_async_event* event);
+  void (*ack_async_event)(ibv_async_event* event);
+  const char* (*event_type_str)(ibv_event_type event);
   ibv_qp* (*create_qp)(ibv_pd* pd, ibv_qp_init_attr* attr);
   int (*destroy_qp)(ibv_qp* qp);
   int (*modify_qp)(ibv_qp* qp, ibv_qp_attr* attr, int mask);

@@ -16,6 +16,7 @@
 #include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/base/syscall.h"
+#include "common/transport/doubling_report.h"
 #include "common/transport/waker.h"
 
 namespace dlcp {
@@ -357,8 +358,7 @@ class UdpTransport final : public Transport {
   // Host loss is the operator's to fix, and nothing else names it: a warning at the first drop and
   // at each doubling of the count, so that a chronic overflow logs a few dozen lines in all.
   void ReportOverflows(uint64_t dropped) {
-    if (dropped < next_overflow_report_) return;
-    next_overflow_report_ = 2 * dropped;
+    if (!overflow_report_.Due(dropped)) return;
     DLCP_LOG(Warning) << "the kernel dropped " << dropped << " datagrams in all for UDP port " << local_.port
                       << ", its receive buffer (" << recv_buffer_bytes_ << " bytes) full; raise net.core.rmem_max (and the "
                       << "socket buffer setting) on this host, or read faster: this is loss on the host, not the "
@@ -376,7 +376,7 @@ class UdpTransport final : public Transport {
   bool gro_ = false;
   bool overflow_count_ = false;
   uint32_t overflows_seen_ = 0;  // SO_RXQ_OVFL's total at the last receive that carried it
-  uint64_t next_overflow_report_ = 1;  // ReportOverflows
+  DoublingReport overflow_report_;
   size_t recv_buffer_bytes_ = 0;       // fd_'s, as the kernel granted it
   std::vector<std::array<uint8_t, kRecvCmsgSpace>> recv_cmsg_;
   Address local_;
