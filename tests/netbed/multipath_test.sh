@@ -125,6 +125,10 @@ stop_aggregators
 # (CI machines are slower than this one), so each direction is compared with equal turns on the
 # same bed: pushes in equal turns hold the whole job to the slow spine's pace (and their results
 # with it), so the results' baseline steers the pushes and only the results take equal turns.
+# Each job opens new ports, which hash anew: a baseline whose ports happened to put only a third
+# of them on the slow spine leaves steering little to take off it (a share of 0.29 against 0.34
+# failed a CI run whose rounds and drops had fallen as they should). So a share is compared with
+# 4/5 of the baseline's or of an even split, whichever is larger.
 "$MP" rate 2 50mbit
 drops() { "$MP" drops | tr '=' ' ' | awk '{print $3, $5}' | paste -sd' '; }
 slow_spine() {  # LABEL "WORKER FLAGS" [dlcpd flags...]: a 1-worker job; in $work/slow-LABEL, "spine
@@ -150,9 +154,10 @@ read -r _ fx_down fx_drops fx_p50 < "$work/slow-fixed"
 slow_spine steered ""
 read -r st_up st_down st_drops st_p50 < "$work/slow-steered"
 echo "multipath: spine 2 at 50 Mbit/s carried $st_up of the pushes (equal turns: $eq_up; median round $st_p50 ms, equal turns $eq_p50 ms) and $st_down of the results, dropping $st_drops of them (equal turns: $fx_down, $fx_drops, median round $fx_p50 ms)"
-r=$(awk -v su="$st_up" -v eu="$eq_up" -v sp="$st_p50" -v ep="$eq_p50" 'BEGIN{print (su <= 0.8 * eu && sp <= 0.75 * ep) ? 1 : 0}')
-check "$r" "one slow spine: pushes steered off it, to 4/5 of equal turns' share or less, rounds 3/4 as long or less"
+r=$(awk -v su="$st_up" -v eu="$eq_up" -v sp="$st_p50" -v ep="$eq_p50" \
+  'BEGIN{b = eu > 0.5 ? eu : 0.5; print (su <= 0.8 * b && sp <= 0.75 * ep) ? 1 : 0}')
+check "$r" "one slow spine: pushes steered off it, to 4/5 of equal turns' share (or of half) or less, rounds 3/4 as long or less"
 r=$(awk -v sd="$st_down" -v fd="$fx_down" -v s="$st_drops" -v f="$fx_drops" -v sp="$st_p50" -v fp="$fx_p50" \
-  'BEGIN{print (sd <= 0.8 * fd && s < f && sp <= 0.75 * fp) ? 1 : 0}')
-check "$r" "one slow spine: results steered off it, to 4/5 of equal turns' share or less, fewer dropped, rounds 3/4 as long or less"
+  'BEGIN{b = fd > 0.5 ? fd : 0.5; print (sd <= 0.8 * b && s < f && sp <= 0.75 * fp) ? 1 : 0}')
+check "$r" "one slow spine: results steered off it, to 4/5 of equal turns' share (or of half) or less, fewer dropped, rounds 3/4 as long or less"
 exit $fail
