@@ -234,8 +234,9 @@ class Client {
   // (TransportOptions::socket_buffer_bytes, capped by net.core.rmem_max) was full: loss on this
   // host, not on the network, which repairs then make good. Not among Rejects(), which counts
   // what the client itself dropped. The kernel reports drops with the next datagram it delivers,
-  // so the count trails by those since the last one. UDP only (0 over RDMA). Any thread, also
-  // after Close.
+  // so the count trails by those since the last one. UDP only (0 over RDMA, where the NIC counts
+  // no such drop; the client logs a warning when its receive queue runs dry, docs/rdma.md). Any
+  // thread, also after Close.
   uint64_t ReceiveOverflows() const;
 
  private:
