@@ -42,7 +42,7 @@ std::string MemlockAdvice(size_t bytes, int err) {
   return absl::StrCat("cannot register ", bytes / 1024, " KiB of buffers with the RDMA device (", std::strerror(err),
                       "); the locked-memory limit is ", limit,
                       ": raise it (ulimit -l unlimited; systemd LimitMEMLOCK=infinity; in Kubernetes the IPC_LOCK "
-                      "capability), or lower recv_slots/send_slots");
+                      "capability), or lower --rdma-recv-slots");
 }
 
 class RdmaTransport final : public Transport {
