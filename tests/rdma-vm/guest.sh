@@ -111,7 +111,7 @@ else
   $B/bench/dlcp-bench --aggregators=127.0.0.1:$p --plaintext --transport=rdma --workers=2 --loss-bound=0 \
     --tensor-bytes=1000000 --rounds=3 --timeout-s=120 > $OUT/starved.txt 2>&1 || true
   m=$(sed -n 's/.*"metrics_port":\([0-9]*\).*/\1/p' /tmp/agg6.ready)
-  dry=$(wget -qO- "http://127.0.0.1:$m/metrics" | sed -n 's/^dlcp_transport_rx_queue_empty_total \([0-9]*\).*/\1/p')
+  dry=$(timeout 10 wget -qO- "http://127.0.0.1:$m/metrics" | sed -n 's/^dlcp_transport_rx_queue_empty_total \([0-9]*\).*/\1/p')
   if grep -q '"exact":true' $OUT/starved.txt && [ "${dry:-0}" -ge 1 ] && grep -q 'raise --rdma-recv-slots' $OUT/agg6.log; then
     pass "an aggregator with 64 receive buffers: rounds exact, its queue ran dry $dry time(s), counted and named"
   else
