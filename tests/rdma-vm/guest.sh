@@ -19,7 +19,14 @@ start_dlcpd() {
   while [ ! -s /tmp/$name.ready ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
   sed -n 's/.*"control_port":\([0-9]*\).*/\1/p' /tmp/$name.ready
 }
-stop_dlcpd() { kill "$(cat /tmp/$1.pid)" 2>/dev/null || true; wait "$(cat /tmp/$1.pid)" 2>/dev/null || true; }
+# start_dlcpd runs in a command substitution, so dlcpd is no child of this shell and `wait` would
+# return at once: poll until it is gone (10 s at most), so the next step starts without it.
+stop_dlcpd() {
+  pid=$(cat /tmp/$1.pid)
+  kill "$pid" 2>/dev/null || true
+  i=0
+  while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+}
 field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" "$2" | tail -1; }
 
 # 1. Unit tests: none may skip here, there is a device.
