@@ -275,7 +275,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,"
-      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"long_gaps\":[%s]}",
+      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"long_gaps\":[%s],\"round_ms\":[%s]}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99), Percentile(r.round_ms, 1.0),
       r.max_gap_ms, r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
@@ -286,7 +286,10 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       r.retried, r.window_cuts, r.window_undos, r.nacks_deferred, r.rejected, r.stale, r.rx_overflows,
       absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
         absl::StrAppendFormat(out, "[%.3f,%.1f]", g.first, g.second);
-      }));
+      }),
+      // Every timed round, in order: scripts pool them across workers and runs (a job's round
+      // ends with its slowest worker's).
+      absl::StrJoin(r.round_ms, ",", [](std::string* out, double ms) { absl::StrAppendFormat(out, "%.3f", ms); }));
 }
 
 }  // namespace dlcp::bench

@@ -102,7 +102,8 @@ if None in rows:
     sys.exit(0)
 out = {"setting": sys.argv[2], "p50_ms": max(r["p50_ms"] for r in rows),
        "p99_ms": max(r["p99_ms"] for r in rows), "retransmits": sum(r["retransmits"] for r in rows),
-       "exact": all(r["exact"] for r in rows)}
+       "exact": all(r["exact"] for r in rows),
+       "round_ms": [round(max(t), 1) for t in zip(*(r["round_ms"] for r in rows))]}  # the job's, in order
 def parse(text):  # "s1 to_aggregators=N to_workers=M" per line
     return {f"{l.split()[0]}_{k}": int(v) for l in text.splitlines() for k, v in (f.split("=") for f in l.split()[1:])}
 if sys.argv[4]:
