@@ -1,6 +1,8 @@
 #include "common/datapath/path_shares.h"
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "common/base/check.h"
 
@@ -10,6 +12,11 @@ PathShares::PathShares(uint32_t paths, uint32_t burst)
     : turns_(paths, burst), weights_(paths, 1.0), sent_(paths, 0), lost_(paths, 0) {
   DLCP_CHECK_GE(paths, 1u);
 }
+
+namespace {
+// The step of a path that delivered at most kMinWeight of what the paths together did.
+const double kDeadStep = std::log(PathShares::kMinWeight);
+}  // namespace
 
 bool PathShares::Update() {
   uint64_t sent = 0;
@@ -23,12 +30,26 @@ bool PathShares::Update() {
   }
   if (sent < uint64_t{kMinBatch} * weights_.size()) return false;
   const double delivered = 1.0 - static_cast<double>(lost) / static_cast<double>(sent);
-  if (delivered > 0) {
+  if (lost > 0 && delivered > 0) {
+    // Each path's step is the log of its delivered fraction over all paths' (0 for a path that
+    // sent nothing: it drifts like the rest).
+    std::vector<double> step(weights_.size(), 0.0);
     for (uint32_t p = 0; p < weights_.size(); ++p) {
-      if (sent_[p] == 0) continue;  // nothing learned about it; it drifts like the rest
+      if (sent_[p] == 0) continue;
       const double ratio = (1.0 - static_cast<double>(lost_[p]) / static_cast<double>(sent_[p])) / delivered;
-      weights_[p] *= ratio * ratio;
+      // A path that lost everything would step by -inf.
+      step[p] = std::max(kDeadStep, std::log(ratio));
     }
+    AdaptGain(step);
+    // Each path's factor, relative to the best path's: only the ratios between weights matter,
+    // and the cap bounds how far a path falls behind the best one in one batch. A path that
+    // delivered (next to) nothing is not capped: it drops to the floor at once.
+    const double best = *std::max_element(step.begin(), step.end());
+    for (uint32_t p = 0; p < weights_.size(); ++p) {
+      const double factor = std::exp(gain_ * (step[p] - best));
+      weights_[p] *= step[p] <= kDeadStep ? factor : std::max(kMaxCut, factor);
+    }
+    last_step_ = std::move(step);
   }
   const double largest = *std::max_element(weights_.begin(), weights_.end());
   for (double& w : weights_) {
@@ -39,6 +60,23 @@ bool PathShares::Update() {
   std::fill(lost_.begin(), lost_.end(), 0);
   ++updates_;
   return true;
+}
+
+void PathShares::AdaptGain(const std::vector<double>& step) {
+  if (last_step_.empty()) return;
+  double dot = 0, a = 0, b = 0;
+  for (size_t p = 0; p < step.size(); ++p) {
+    dot += step[p] * last_step_[p];
+    a += step[p] * step[p];
+    b += last_step_[p] * last_step_[p];
+  }
+  if (a == 0 || b == 0) return;
+  const double cosine = dot / std::sqrt(a * b);
+  if (cosine > kAgree) {
+    gain_ = std::min(kMaxGain, gain_ * 2);
+  } else if (cosine < -kAgree) {
+    gain_ = std::max(kMinGain, gain_ / 2);
+  }
 }
 
 }  // namespace dlcp

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <vector>
 
@@ -92,11 +93,52 @@ TEST(PathSharesTest, SmallBatchesArePooled) {
   for (int i = 0; i < 20; ++i) s.OnSent(static_cast<uint32_t>(i % 2));
   ASSERT_TRUE(s.Update());
   EXPECT_EQ(s.updates(), 1u);
-  // Path 0 delivered 15 of 20, path 1 all 20: weights go as the squares of those fractions,
-  // relative to the largest.
-  const double ratio = (15.0 / 20) / (20.0 / 20);
-  EXPECT_NEAR(s.weight(0), ratio * ratio + PathShares::kDrift * (1 - ratio * ratio), 1e-9);
+  // Path 0 delivered 15 of 20, path 1 all 20: (0.75 / 1)^16 would leave path 0 a hundredth of
+  // path 1's weight; it falls by half, the most one batch may take, then drifts.
+  EXPECT_NEAR(s.weight(0), PathShares::kMaxCut + PathShares::kDrift * (1 - PathShares::kMaxCut), 1e-9);
   EXPECT_DOUBLE_EQ(s.weight(1), 1.0);
+}
+
+// Sends `n` datagrams in turn over two paths, loses `lost0` of path 0's and `lost1` of path 1's,
+// and weighs the batch.
+void Turns(PathShares& s, uint32_t n, uint32_t lost0, uint32_t lost1) {
+  for (uint32_t i = 0; i < n; ++i) s.OnSent(i % 2);
+  for (uint32_t i = 0; i < lost0; ++i) s.OnLost(0);
+  for (uint32_t i = 0; i < lost1; ++i) s.OnLost(1);
+  ASSERT_TRUE(s.Update());
+}
+
+// A path is cut by the ratio of delivered fractions to the power of the gain, which starts at its
+// largest: one loss in 100 more than the other path's.
+TEST(PathSharesTest, TheFirstLossyBatchIsWeighedAtTheLargestGain) {
+  PathShares s(2, 1);
+  EXPECT_DOUBLE_EQ(s.gain(), PathShares::kMaxGain);
+  Turns(s, 200, 1, 0);
+  const double cut = std::pow(0.99, PathShares::kMaxGain);
+  EXPECT_NEAR(s.weight(0), cut + PathShares::kDrift * (1 - cut), 1e-9);
+  EXPECT_DOUBLE_EQ(s.weight(1), 1.0);
+}
+
+// Batches that blame the paths in turn halve the gain down to its floor; batches that keep
+// blaming the same path double it back. A batch without loss changes neither.
+TEST(PathSharesTest, TheGainFallsWhileBatchesDisagreeAndRisesWhileTheyAgree) {
+  PathShares s(2, 1);
+  Turns(s, 200, 1, 0);
+  EXPECT_DOUBLE_EQ(s.gain(), 16);
+  std::vector<double> gains;
+  for (int k = 0; k < 4; ++k) {
+    Turns(s, 200, k % 2 == 0 ? 0 : 1, k % 2 == 0 ? 1 : 0);
+    gains.push_back(s.gain());
+  }
+  EXPECT_EQ(gains, (std::vector<double>{8, 4, 2, 2}));
+  Turns(s, 200, 0, 0);
+  EXPECT_DOUBLE_EQ(s.gain(), 2);
+  gains.clear();
+  for (int k = 0; k < 4; ++k) {
+    Turns(s, 200, 1, 0);  // after path 0's last loss: they agree
+    gains.push_back(s.gain());
+  }
+  EXPECT_EQ(gains, (std::vector<double>{4, 8, 16, 16}));
 }
 
 }  // namespace
