@@ -261,6 +261,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
     (reason == "unknown_round" ? result.stale : result.rejected) += count;
   }
   result.rx_overflows = (*client)->ReceiveOverflows();
+  result.rx_queue_ran_dry = (*client)->ReceiveQueueRanDry();
   if (absl::Status s = (*client)->Close(); !s.ok()) return s;
   return result;
 }
@@ -275,7 +276,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,"
-      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"long_gaps\":[%s],\"round_ms\":[%s]}",
+      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"rx_queue_ran_dry\":%u,\"long_gaps\":[%s],\"round_ms\":[%s]}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99), Percentile(r.round_ms, 1.0),
       r.max_gap_ms, r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
@@ -283,7 +284,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       r.checked ? "true" : "false", r.chunks_by_class[0], r.chunks_by_class[1], r.chunks_by_class[2],
       r.chunks_by_class[3], r.left_out_by_class[0], r.left_out_by_class[1], r.left_out_by_class[2],
       r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99), r.pull_missing,
-      r.retried, r.window_cuts, r.window_undos, r.nacks_deferred, r.rejected, r.stale, r.rx_overflows,
+      r.retried, r.window_cuts, r.window_undos, r.nacks_deferred, r.rejected, r.stale, r.rx_overflows, r.rx_queue_ran_dry,
       absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
         absl::StrAppendFormat(out, "[%.3f,%.1f]", g.first, g.second);
       }),

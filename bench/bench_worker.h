@@ -65,6 +65,7 @@ struct WorkerResult {
   uint64_t stale = 0;
   uint64_t rejected = 0;
   uint64_t rx_overflows = 0;  // results the kernel dropped for a full receive buffer (Client::ReceiveOverflows)
+  uint64_t rx_queue_ran_dry = 0;  // times the RDMA receive queue ran dry (Client::ReceiveQueueRanDry)
 };
 
 inline constexpr uint32_t kBarrierKey = 0xFFFFFFFFu;

@@ -216,7 +216,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
   }
   double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY, cuts = 0, undos = 0;
   double chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0, pull_missing = 0;
-  double rejected = 0, stale = 0, rx_overflows = 0;
+  double rejected = 0, stale = 0, rx_overflows = 0, rx_queue_ran_dry = 0;
   bool exact = ok, checked = true;
   for (const std::string& l : lines) {
     if (l.empty() || std::isnan(JsonNumber(l, "p50_ms"))) {
@@ -243,6 +243,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     rejected += JsonNumber(l, "rejected");
     stale += JsonNumber(l, "stale");
     rx_overflows += JsonNumber(l, "rx_overflows");
+    rx_queue_ran_dry += JsonNumber(l, "rx_queue_ran_dry");
     max_loss = std::max(max_loss, JsonNumber(l, "max_round_loss"));
     stop_p99 = std::max(stop_p99, JsonNumber(l, "stop_p99_ms"));
   }
@@ -261,10 +262,11 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
         "  goodput      %.3f Gbit/s per worker\n"
         "  repairs      %d chunks pushed again, %d result requests\n"
         "  dropped      %d packets refused by the workers, %d late copies they no longer needed,\n"
-        "               %d their kernels dropped for full receive buffers\n",
+        "               %d their kernels dropped for full receive buffers,\n"
+        "               their RDMA receive queues ran dry %d time(s)\n",
         workers, aggs, c.GetInt("tensors"), absl::StrCat(c.GetInt("tensor-bytes"), " B"), static_cast<int>(rounds),
         p50, p99, goodput, static_cast<int>(retrans), static_cast<int>(result_req), static_cast<int>(rejected),
-        static_cast<int>(stale), static_cast<int>(rx_overflows));
+        static_cast<int>(stale), static_cast<int>(rx_overflows), static_cast<int>(rx_queue_ran_dry));
     if (c.GetDouble("loss-bound") > 0) {
       std::cout << absl::StrFormat(
           "  loss bound   ε = %g: worst round lost %.4f of droppable contributions, %d violations\n"
@@ -281,11 +283,12 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
       "\"p99_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,\"retransmits\":%d,\"result_requests\":%d,"
       "\"loss_bound\":%g,\"loss_by_class\":[%s],\"max_round_loss\":%.6f,\"bound_violations\":%d,"
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"window_undos\":%d,\"client_rejected\":%d,"
-      "\"client_stale\":%d,\"client_rx_overflows\":%d,\"checked\":%s,\"exact\":%s}\n",
+      "\"client_stale\":%d,\"client_rx_overflows\":%d,\"client_rx_queue_ran_dry\":%d,\"checked\":%s,\"exact\":%s}\n",
       workers, aggs, c.GetInt("tensor-bytes"), c.GetInt("tensors"), static_cast<int>(rounds), p50, p99, goodput,
       max_err, static_cast<int>(retrans), static_cast<int>(result_req), c.GetDouble("loss-bound"), loss_by_class,
       max_loss, static_cast<int>(violations), stop_p99, static_cast<int>(pull_missing), static_cast<int>(cuts), static_cast<int>(undos),
-      static_cast<int>(rejected), static_cast<int>(stale), static_cast<int>(rx_overflows), checked ? "true" : "false",
+      static_cast<int>(rejected), static_cast<int>(stale), static_cast<int>(rx_overflows),
+      static_cast<int>(rx_queue_ran_dry), checked ? "true" : "false",
       exact ? "true" : "false");
   return exact ? 0 : 1;
 }

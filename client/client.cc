@@ -338,5 +338,6 @@ std::map<std::string, uint64_t> Client::Rejects() const {
 }
 
 uint64_t Client::ReceiveOverflows() const { return engine_ ? engine_->receive_overflows() : 0; }
+uint64_t Client::ReceiveQueueRanDry() const { return engine_ ? engine_->receive_queue_ran_dry() : 0; }
 
 }  // namespace dlcp

@@ -235,9 +235,14 @@ class Client {
   // host, not on the network, which repairs then make good. Not among Rejects(), which counts
   // what the client itself dropped. The kernel reports drops with the next datagram it delivers,
   // so the count trails by those since the last one. UDP only (0 over RDMA, where the NIC counts
-  // no such drop; the client logs a warning when its receive queue runs dry, docs/rdma.md). Any
-  // thread, also after Close.
+  // no such drop: see ReceiveQueueRanDry). Any thread, also after Close.
   uint64_t ReceiveOverflows() const;
+  // Over RDMA, how often since the client connected its receive queue ran out of posted buffers
+  // (the shared receive queue's limit event, docs/rdma.md): the NIC then drops what arrives, and
+  // counts it nowhere. A count of episodes, not of datagrams lost; loss on this host, which
+  // repairs make good (raise TransportOptions::rdma.recv_slots; dlcp-bench --rdma-recv-slots,
+  // Python rdma_recv_slots). 0 over UDP. Any thread, also after Close.
+  uint64_t ReceiveQueueRanDry() const;
 
  private:
   Client() = default;

@@ -819,4 +819,8 @@ uint64_t TransferEngine::receive_overflows() const {
   return transport_->counters().rx_overflows.load(std::memory_order_relaxed);
 }
 
+uint64_t TransferEngine::receive_queue_ran_dry() const {
+  return transport_->counters().rx_queue_empty.load(std::memory_order_relaxed);
+}
+
 }  // namespace dlcp

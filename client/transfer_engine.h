@@ -149,6 +149,8 @@ class TransferEngine {
   // Any thread: datagrams the kernel dropped before the I/O thread saw them, because the
   // transport's receive buffer was full (TransportCounters::rx_overflows).
   uint64_t receive_overflows() const;
+  // Any thread: how often the RDMA receive queue ran dry (TransportCounters::rx_queue_empty).
+  uint64_t receive_queue_ran_dry() const;
 
  private:
   struct KeyUpdate {

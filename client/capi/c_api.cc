@@ -187,6 +187,7 @@ uint64_t dlcp_rejects(const dlcp_client* c, const char* reason) {
 }
 
 uint64_t dlcp_rx_overflows(const dlcp_client* c) { return c == nullptr ? 0 : c->client->ReceiveOverflows(); }
+uint64_t dlcp_rx_queue_ran_dry(const dlcp_client* c) { return c == nullptr ? 0 : c->client->ReceiveQueueRanDry(); }
 
 int dlcp_close(dlcp_client* c, char* err, size_t err_len) {
   if (c == nullptr) return 0;

@@ -83,6 +83,11 @@ uint64_t dlcp_rejects(const dlcp_client* c, const char* reason);
  * full: loss on this host, which repairs make good (raise net.core.rmem_max). Not counted by
  * dlcp_rejects. 0 over RDMA and for a NULL client. Any thread. */
 uint64_t dlcp_rx_overflows(const dlcp_client* c);
+/* Over RDMA, how often the client's receive queue ran out of posted buffers since it connected:
+ * the NIC then drops what arrives, and counts it nowhere. Episodes, not datagrams; repairs make
+ * the loss good (raise the rdma_recv_slots option). 0 over UDP and for a NULL client. Any
+ * thread. */
+uint64_t dlcp_rx_queue_ran_dry(const dlcp_client* c);
 /* Leaves the job and frees the client. Blocks for at most the control-call deadline. An
  * aggregator that is unreachable, or no longer holds the job, is logged and not an error. */
 int dlcp_close(dlcp_client* c, char* err, size_t err_len);

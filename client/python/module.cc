@@ -287,6 +287,7 @@ class PyClient {
   std::string job() const { return Get().job_name(); }
   std::map<std::string, uint64_t> rejects() const { return Get().Rejects(); }
   uint64_t rx_overflows() const { return Get().ReceiveOverflows(); }
+  uint64_t rx_queue_ran_dry() const { return Get().ReceiveQueueRanDry(); }
 
  private:
   const Client& Get() const {
@@ -424,5 +425,6 @@ PYBIND11_MODULE(_dlcp, m) {
       .def_property_readonly("job_id", &PyClient::job_id)
       .def_property_readonly("job", &PyClient::job)
       .def("rejects", &PyClient::rejects)
-      .def("rx_overflows", &PyClient::rx_overflows);
+      .def("rx_overflows", &PyClient::rx_overflows)
+      .def("rx_queue_ran_dry", &PyClient::rx_queue_ran_dry);
 }

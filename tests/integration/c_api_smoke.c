@@ -139,7 +139,8 @@ static void* run(void* arg) {
   }
   /* The rounds' results came in on the same socket after the three bytes, so they were read. */
   if (dlcp_rejects(c, "truncated") != 1 || dlcp_rejects(c, NULL) < 1 || dlcp_rejects(c, "no_such_reason") != 0 ||
-      dlcp_rejects(NULL, NULL) != 0 || dlcp_rx_overflows(NULL) != 0) {
+      dlcp_rejects(NULL, NULL) != 0 || dlcp_rx_overflows(NULL) != 0 || dlcp_rx_queue_ran_dry(NULL) != 0 ||
+      dlcp_rx_queue_ran_dry(c) != 0 /* UDP */) {
     fprintf(stderr, "rank %u: dropped packets miscounted: %llu truncated, %llu in all (%llu by the kernel)\n",
             w->rank, (unsigned long long)dlcp_rejects(c, "truncated"), (unsigned long long)dlcp_rejects(c, NULL),
             (unsigned long long)dlcp_rx_overflows(c));

@@ -107,22 +107,25 @@ else
 fi
 stop_dlcpd agg3
 
-# 3b. An aggregator with too few receive buffers (--rdma-recv-slots=64, against windows of
-#     hundreds of chunks): its queue runs dry and the NIC drops pushes, uncounted. Rounds stay
-#     exact (the workers repair), dlcp_transport_rx_queue_empty_total counts it, and the log
-#     names the setting to raise.
+# 3b. An aggregator and workers with too few receive buffers (--rdma-recv-slots=64, against
+#     windows of hundreds of chunks): their queues run dry and the NIC drops what arrives,
+#     uncounted. Rounds stay exact (the workers repair), dlcp_transport_rx_queue_empty_total and
+#     the clients' count (Client::ReceiveQueueRanDry, client_rx_queue_ran_dry) count it, and the
+#     logs name the setting to raise.
 p=$(start_dlcpd agg6 --transport=rdma --rdma-recv-slots=64 --metrics-port=0)
 if [ -z "$p" ]; then
   fail starved "dlcpd did not start: $(tail -3 $OUT/agg6.log | tr '\n' ' ')"
 else
   $B/bench/dlcp-bench --aggregators=127.0.0.1:$p --plaintext --transport=rdma --workers=2 --loss-bound=0 \
-    --tensor-bytes=1000000 --rounds=3 --timeout-s=120 > $OUT/starved.txt 2>&1 || true
+    --tensor-bytes=4000000 --rounds=8 --timeout-s=120 --rdma-recv-slots=64 > $OUT/starved.txt 2>&1 || true
   m=$(sed -n 's/.*"metrics_port":\([0-9]*\).*/\1/p' /tmp/agg6.ready)
   dry=$(timeout 10 wget -qO- "http://127.0.0.1:$m/metrics" | sed -n 's/^dlcp_transport_rx_queue_empty_total \([0-9]*\).*/\1/p')
-  if grep -q '"exact":true' $OUT/starved.txt && [ "${dry:-0}" -ge 1 ] && grep -q 'raise --rdma-recv-slots' $OUT/agg6.log; then
-    pass "an aggregator with 64 receive buffers: rounds exact, its queue ran dry $dry time(s), counted and named"
+  wdry=$(field client_rx_queue_ran_dry $OUT/starved.txt)
+  if grep -q '"exact":true' $OUT/starved.txt && [ "${dry:-0}" -ge 1 ] && grep -q 'raise --rdma-recv-slots' $OUT/agg6.log \
+    && [ "${wdry:-0}" -ge 1 ] && grep -q 'raise --rdma-recv-slots' $OUT/starved.txt; then
+    pass "64 receive buffers: rounds exact; the aggregator's queue ran dry $dry time(s), the workers' $wdry, counted and named"
   else
-    fail starved "ran dry ${dry:-?} time(s); $(tail -3 $OUT/starved.txt | tr '\n' ' ')"
+    fail starved "ran dry ${dry:-?} time(s) at the aggregator, ${wdry:-?} at the workers; $(tail -3 $OUT/starved.txt | tr '\n' ' ')"
   fi
 fi
 stop_dlcpd agg6

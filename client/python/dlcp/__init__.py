@@ -188,6 +188,13 @@ class Client:
         net.core.rmem_max). Not among rejects(). 0 over RDMA. Still readable after close()."""
         return self._inner.rx_overflows()
 
+    def rx_queue_ran_dry(self):
+        """Over RDMA, how often the client's receive queue ran out of posted buffers since it
+        connected: the NIC then drops what arrives, and counts it nowhere. Episodes, not
+        datagrams; loss on this host, which repairs make good (raise rdma_recv_slots). 0 over
+        UDP. Still readable after close()."""
+        return self._inner.rx_queue_ran_dry()
+
     def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None, encoding=None,
                         report_classes=False):
         """Starts summing `tensor` over the job's workers, in place. `callback(stats, error)`
