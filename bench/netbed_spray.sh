@@ -22,7 +22,7 @@
 # line per run (with the busiest spine's share of each direction's bytes and each spine port's
 # drops during it), then a ratio table. Env: RATE (Mbit/s of path 1, 400), TENSOR, TENSORS, ROUNDS,
 # WINDOW, SPRAY (16), TRIALS (3), MTU (1500) with CHUNK (1400; 8192 with MTU=9000), BENCH_FLAGS
-# (more dlcp-bench flags, e.g. --reliable-fraction=1.0). Needs root.
+# (more dlcp-bench flags, e.g. --reliable-fraction=1.0), DLCPD_FLAGS (more dlcpd flags). Needs root.
 #   bench/netbed_spray.sh [BUILD_DIR]
 set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
@@ -72,7 +72,8 @@ cross_stop() { pkill -f "iperf3 .*-p 54[0-9][0-9]" 2>/dev/null || true; sleep 0.
 
 run() {  # SCENARIO SPRAY TRIAL: AGGS aggregators and WORKERS workers, one JSON line into results.jsonl
   local scenario=$1 spray=$2 trial=$3
-  netbed_aggregators "$BUILD" "$AGG_HOSTS" --transport=udp --spray-ports="$spray" || return 0
+  # shellcheck disable=SC2086
+  netbed_aggregators "$BUILD" "$AGG_HOSTS" --transport=udp --spray-ports="$spray" ${DLCPD_FLAGS:-} || return 0
   [[ $scenario == cross ]] && cross_start
   "$MP" bytes >"$work/bytes.before"
   "$MP" drops >"$work/drops.before"
