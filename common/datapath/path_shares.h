@@ -12,10 +12,10 @@
 // - The gain adapts, as in resilient backpropagation. It starts at kMaxGain, doubles (up to
 //   kMaxGain) while successive lossy batches agree about which paths lose (the cosine of their
 //   steps above kAgree), and halves (down to kMinGain) when they contradict each other (below
-//   -kAgree). Why: where a
-//   path's losses are its whole excess (a sender that does not slow down), a gain of 1 would fit
-//   its share to what it carried in one batch, and a larger one overshoots, so the next batch
-//   blames the other paths and the gain falls. But results are clocked by the workers' pushes,
+//   -kAgree). A path that delivered next to nothing falls to the floor at once, uncapped.
+// - Why: where a path's losses are its whole excess (a sender that does not slow down), a gain
+//   of 1 would fit its share to what it carried in one batch, and a larger one overshoots, so the
+//   next batch blames the other paths and the gain falls. But results are clocked by the workers' pushes,
 //   which their windows slow down: an overrun path's queue mostly stretches the round, and its
 //   losses understate the excess many times over (a few percent of what a path at half rate
 //   carried in equal turns, on the two-spine bed). With a fixed gain of 2 the shares took about
