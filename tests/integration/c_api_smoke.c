@@ -141,9 +141,11 @@ static void* run(void* arg) {
   if (dlcp_rejects(c, "truncated") != 1 || dlcp_rejects(c, NULL) < 1 || dlcp_rejects(c, "no_such_reason") != 0 ||
       dlcp_rejects(NULL, NULL) != 0 || dlcp_rx_overflows(NULL) != 0 || dlcp_rx_queue_ran_dry(NULL) != 0 ||
       dlcp_rx_queue_ran_dry(c) != 0 /* UDP */) {
-    fprintf(stderr, "rank %u: dropped packets miscounted: %llu truncated, %llu in all (%llu by the kernel)\n",
+    fprintf(stderr,
+            "rank %u: dropped packets miscounted: %llu truncated, %llu in all (%llu by the kernel, receive queue "
+            "ran dry %llu times)\n",
             w->rank, (unsigned long long)dlcp_rejects(c, "truncated"), (unsigned long long)dlcp_rejects(c, NULL),
-            (unsigned long long)dlcp_rx_overflows(c));
+            (unsigned long long)dlcp_rx_overflows(c), (unsigned long long)dlcp_rx_queue_ran_dry(c));
     return NULL;
   }
   if (dlcp_close(c, err, sizeof(err)) != 0) {
