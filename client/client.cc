@@ -145,7 +145,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   eo.path_steering = options.path_steering;
   eo.nack_filter = options.nack_filter;
   eo.pacing = options.pacing;
-  eo.path_burst = options.transport.spray_burst;
+  eo.path_burst = options.transport.SprayBurstFor(wire::kHeaderSize + options.chunk_bytes);
   eo.world = options.world_size;
   eo.loss_bound = options.loss_bound;
   eo.class_policy = options.class_policy;

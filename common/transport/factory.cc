@@ -53,9 +53,10 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOption
   if (options.recv_batch == 0 || options.recv_batch > 1024) {
     return absl::InvalidArgumentError(absl::StrCat("recv_batch ", options.recv_batch, " outside [1, 1024]"));
   }
-  if (options.spray_ports == 0 || options.spray_ports > 64 || options.spray_burst == 0 || options.spray_burst > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("spray_ports ", options.spray_ports, " and spray_burst ",
-                                                   options.spray_burst, " must be in [1, 64]"));
+  if (options.spray_ports == 0 || options.spray_ports > 64 || options.spray_burst > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("spray_ports ", options.spray_ports,
+                                                   " must be in [1, 64] and spray_burst ", options.spray_burst,
+                                                   " in [0, 64] (0: by datagram size)"));
   }
   for (uint8_t d : options.dscp) {
     if (d > 63) return absl::InvalidArgumentError(absl::StrCat("DSCP ", d, " outside [0, 63]"));

@@ -18,7 +18,9 @@ void DeclareTransportFlags(ConfigRegistry* c) {
   c->AddBool("udp-offload", true, "UDP GSO on send and GRO on receive, where the kernel supports them");
   c->AddInt("spray-ports", 16, 1, 64,
             "UDP source ports each endpoint sends from in turn, so ECMP spreads it over every path; 1: off");
-  c->AddInt("spray-burst", 8, 1, 64, "datagrams sent from one source port before the next takes over");
+  c->AddInt("spray-burst", 0, 0, 64,
+            "datagrams sent from one source port before the next takes over; 0: 4 for datagrams over 4 KiB "
+            "(jumbo frames), 8 otherwise");
   c->AddString("rdma-device", "", "RDMA device (e.g. mlx5_0, rxe0); empty: the first with an active RoCEv2 port");
   c->AddInt("rdma-port", 1, 1, 255, "RDMA device port");
   c->AddInt("rdma-gid-index", -1, -1, 65535, "RoCEv2 GID index; -1 searches the GID table for the IPv4 RoCEv2 GID");

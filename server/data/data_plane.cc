@@ -56,10 +56,12 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
                        "(raise --rdma-recv-slots, or add data threads)",
                        transport_sum(&TransportCounters::rx_queue_empty));
   // How datagrams are sprayed over paths: the source ports per endpoint, labelled with the burst
-  // (datagrams per port choice; 1 would be per packet), and how many bursts went out.
+  // (datagrams per port choice, `auto` where it follows the datagram size; 1 would be per
+  // packet), and how many bursts went out.
   const double ports = static_cast<double>(plane->threads_[0]->transport()->spray_sources().size() + 1);
-  metrics->AddComputed("dlcp_transport_spray_ports", {{"burst", absl::StrCat(options.transport.spray_burst)}},
-                       K::kGauge, "Source ports each data endpoint sprays its datagrams over (1: no spraying)",
+  const uint32_t burst = options.transport.spray_burst;
+  metrics->AddComputed("dlcp_transport_spray_ports", {{"burst", burst == 0 ? "auto" : absl::StrCat(burst)}}, K::kGauge,
+                       "Source ports each data endpoint sprays its datagrams over (1: no spraying)",
                        [ports] { return ports; });
   metrics->AddComputed("dlcp_transport_spray_bursts_total", {}, K::kCounter,
                        "Bursts of datagrams sent from one spraying source port",

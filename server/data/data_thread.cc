@@ -368,7 +368,7 @@ std::vector<PathShares>* DataThread::JobResultShares(const Round& r) {
   std::vector<PathShares>& shares = result_shares_[static_cast<uint64_t>(job.id) << 32 | r.epoch()];
   if (shares.size() != job.world) {
     shares.assign(job.world, PathShares(static_cast<uint32_t>(transport_->send_paths()),
-                                        options_.transport.spray_burst));
+                                        options_.transport.SprayBurstFor(wire::kHeaderSize + job.chunk_bytes)));
   }
   return &shares;
 }

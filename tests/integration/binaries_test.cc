@@ -266,6 +266,8 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   const double overflows = Scraped(body, "dlcp_transport_rx_overflows_total");
   // Over UDP no RDMA receive queue can run dry.
   ASSERT_NE(body.find("\ndlcp_transport_rx_queue_empty_total 0\n"), std::string::npos) << body;
+  // 16 source ports, with bursts sized by datagram (--spray-burst left at 0).
+  EXPECT_EQ(Scraped(body, "dlcp_transport_spray_ports{burst=\"auto\"}"), 16) << body;
   const double pushes_received = all_classes("dlcp_rx_packets_total", "push");
   if (overflows == 0) {
     EXPECT_EQ(pushes_received, pushes_sent);

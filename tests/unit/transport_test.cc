@@ -216,13 +216,14 @@ TEST(TransportFactory, ValidatesOptions) {
   o.bind_host = "no.such.host.invalid";
   EXPECT_FALSE(CreateTransport(o).ok());
   EXPECT_FALSE(ParseTransportKind("carrier-pigeon").ok());
-  for (auto [ports, burst] : {std::pair{0u, 8u}, {65u, 8u}, {16u, 0u}, {16u, 65u}}) {
+  for (auto [ports, burst] : {std::pair{0u, 8u}, {65u, 8u}, {16u, 65u}}) {
     o = TransportOptions();
     o.spray_ports = ports;
     o.spray_burst = burst;
     absl::Status s = CreateTransport(o).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << ports << "/" << burst;
-    EXPECT_NE(s.message().find("spray_ports"), std::string_view::npos) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("spray_ports ", ports)), std::string_view::npos) << s;
+    EXPECT_NE(s.message().find(absl::StrCat("spray_burst ", burst)), std::string_view::npos) << s;
   }
 }
 
@@ -297,8 +298,6 @@ void SprayPair(bool gso, uint32_t ports, uint32_t burst, std::unique_ptr<Transpo
   *b = std::move(*receiver);
 }
 
-// Path spraying: bursts of spray_burst datagrams leave from each of spray_ports source ports in
-// turn, and the ports are the ones the transport reports (peers map them to the endpoint).
 // A receive buffer that overflows loses datagrams on this host, not on the path: the transport
 // counts them from the kernel's own count, which rides on the next datagram delivered.
 TEST(UdpTransport, CountsTheDatagramsItsFullReceiveBufferDropped) {
@@ -344,6 +343,8 @@ TEST(UdpTransport, CountsTheDatagramsItsFullReceiveBufferDropped) {
   EXPECT_EQ(log.find("dropped", log.find("dropped") + 1), std::string::npos) << "one warning: " << log;
 }
 
+// Path spraying: bursts of spray_burst datagrams leave from each of spray_ports source ports in
+// turn, and the ports are the ones the transport reports (peers map them to the endpoint).
 TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
   for (bool gso : {false, true}) {
     std::unique_ptr<Transport> a, b;
@@ -382,6 +383,49 @@ TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
       ASSERT_LE(run, 3u) << "at datagram " << i << ", gso " << gso;
     }
     EXPECT_EQ(a->counters().spray_bursts.load(), 20u);
+  }
+}
+
+TEST(TransportOptions, TheDefaultSprayBurstIsShorterForJumboDatagrams) {
+  TransportOptions o;
+  EXPECT_EQ(o.spray_burst, 0u);
+  EXPECT_EQ(o.SprayBurstFor(1400 + 48), 8u);  // MTU 1500
+  EXPECT_EQ(o.SprayBurstFor(4096), 8u);       // RoCE's largest MTU
+  EXPECT_EQ(o.SprayBurstFor(4097), 4u);
+  EXPECT_EQ(o.SprayBurstFor(8192 + 48), 4u);  // MTU 9000
+  o.spray_burst = 6;
+  EXPECT_EQ(o.SprayBurstFor(1448), 6u);
+  EXPECT_EQ(o.SprayBurstFor(8240), 6u);
+}
+
+// With the default burst, each port's run is 8 datagrams of 1,000 bytes, or 4 of 5,000 (larger
+// than 4 KiB, as with jumbo frames).
+TEST(UdpTransport, SpraysShorterBurstsOfJumboDatagramsByDefault) {
+  for (bool gso : {false, true}) {
+    std::unique_ptr<Transport> a, b;
+    ASSERT_NO_FATAL_FAILURE(SprayPair(gso, 4, 0, &a, &b));
+    std::vector<uint8_t> small(1000, 1), large(5000, 2);
+    std::vector<OutMessage> msgs(32, OutMessage{b->local_address(), 1, small.data(), small.size()});
+    msgs.resize(64, OutMessage{b->local_address(), 1, large.data(), large.size()});
+    ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
+    std::vector<std::pair<uint16_t, size_t>> order;  // source port, length
+    std::vector<InMessage> batch;
+    const absl::Time deadline = MonotonicNow() + absl::Seconds(5);
+    while (order.size() < msgs.size() && MonotonicNow() < deadline) {
+      ASSERT_TRUE(b->Receive(&batch, absl::Milliseconds(100)).ok());
+      for (const InMessage& m : batch) order.emplace_back(m.from.port, m.len);
+    }
+    ASSERT_EQ(order.size(), msgs.size()) << "gso " << gso;
+    std::vector<size_t> runs = {1};
+    for (size_t i = 1; i < order.size(); ++i) {
+      if (order[i].first == order[i - 1].first) {
+        ++runs.back();
+      } else {
+        runs.push_back(1);
+      }
+    }
+    EXPECT_EQ(runs, std::vector<size_t>({8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4})) << "gso " << gso;
+    EXPECT_EQ(a->counters().spray_bursts.load(), 12u) << "gso " << gso;
   }
 }
 

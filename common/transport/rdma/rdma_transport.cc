@@ -185,7 +185,12 @@ class RdmaTransport final : public Transport {
       // One list per queue pair: while spraying, the rest of the current burst, or the run of
       // messages that name the same queue pair (path steering chooses it per message).
       const int16_t named = spraying ? messages[done].path : -1;
-      const size_t room = spraying && named < 0 ? options_.spray_burst - burst_used_ : kPostBatch;
+      const size_t burst = options_.SprayBurstFor(messages[done].size());
+      if (named < 0 && spraying && burst_used_ >= burst) {  // a burst of larger datagrams was shorter
+        burst_used_ = 0;
+        qp_index_ = (qp_index_ + 1) % qps_.size();
+      }
+      const size_t room = spraying && named < 0 ? burst - burst_used_ : kPostBatch;
       const size_t limit = std::min({kPostBatch, messages.size() - done, room});
       size_t n = 1;
       while (n < limit && (!spraying || messages[done + n].path == named)) ++n;
@@ -232,7 +237,7 @@ class RdmaTransport final : public Transport {
         posted_ = bad->wr_id;  // those before `bad` went out and hold their slots
         return ErrnoToStatus(rc, absl::StrCat("ibv_post_send on ", dev_.name));
       }
-      if (named < 0 && spraying && (burst_used_ += n) >= options_.spray_burst) {
+      if (named < 0 && spraying && (burst_used_ += n) >= burst) {
         burst_used_ = 0;
         qp_index_ = (qp_index_ + 1) % qps_.size();
       }

@@ -166,7 +166,7 @@ class UdpTransport final : public Transport {
   // Sends up to kSendBatch messages. Consecutive messages to the same peer, class and length are
   // sent as one UDP GSO super-datagram (the kernel cuts it into datagrams), which saves a trip
   // through the stack per datagram. Returns false if the kernel refused GSO, which is then off.
-  // When spraying, each burst of up to spray_burst datagrams leaves from the next source port,
+  // When spraying, each burst of up to SprayBurstFor(size) datagrams leaves from the next source port,
   // unless its messages name a path (the port they leave from).
   absl::StatusOr<bool> SendWindow(absl::Span<const OutMessage> msgs, absl::Time deadline) {
     mmsghdr hdrs[kSendBatch];
@@ -177,7 +177,6 @@ class UdpTransport final : public Transport {
     alignas(cmsghdr) uint8_t cmsgs[kSendBatch][kCmsgSpace];
     const bool gso = options_.gso && !gso_off_.load(std::memory_order_relaxed);
     const size_t ports = send_fds_.size();
-    const size_t burst = ports > 1 ? options_.spray_burst : SIZE_MAX;
     size_t port = ports > 1 ? next_port_.fetch_add(1, std::memory_order_relaxed) % ports : 0;
     size_t burst_used = 0;
     size_t units = 0, iov_used = 0;
@@ -187,6 +186,7 @@ class UdpTransport final : public Transport {
       const size_t seg = first.size();
       size_t count = 1, total = seg;
       const bool pinned = first.path >= 0 && ports > 1;
+      const size_t burst = ports > 1 ? options_.SprayBurstFor(seg) : SIZE_MAX;
       if (!pinned && burst_used >= burst) {
         port = (port + 1) % ports;
         burst_used = 0;
