@@ -1,9 +1,36 @@
 #include "server/data/data_plane.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
+#include "common/base/log.h"
 #include "server/data/data_thread.h"
 
 namespace dlcp::server {
+namespace {
+
+// The RDMA port's own counters, one sample each, read at every scrape: what the NIC counted and
+// no verbs call reports, such as mlx5's out_of_buffer (datagrams dropped for want of a posted
+// receive buffer). Every data endpoint is on the same port, so one transport reads them.
+void ExportPortCounters(const Transport* t, MetricsRegistry* metrics) {
+  if (t->kind() != TransportOptions::Kind::kRdma) return;
+  absl::StatusOr<std::vector<PortCounter>> counters = t->port_counters();
+  if (!counters.ok()) {
+    DLCP_LOG(Warning) << "no RDMA port counters to export: " << counters.status();
+    return;
+  }
+  for (const PortCounter& c : *counters) {
+    metrics->AddComputed("dlcp_rdma_port_counter_total", {{"counter", c.name}}, MetricsRegistry::Kind::kCounter,
+                         "The RDMA port's own counters (sysfs hw_counters), e.g. mlx5 out_of_buffer: datagrams "
+                         "dropped because a receive queue was empty",
+                         [t, name = c.name] {
+                           absl::StatusOr<uint64_t> v = t->port_counter(name);
+                           return v.ok() ? static_cast<double>(*v) : std::numeric_limits<double>::quiet_NaN();
+                         });
+  }
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOptions& options, JobRegistry* jobs,
                                                              MetricsRegistry* metrics) {
@@ -66,6 +93,7 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
   metrics->AddComputed("dlcp_transport_spray_bursts_total", {}, K::kCounter,
                        "Bursts of datagrams sent from one spraying source port",
                        transport_sum(&TransportCounters::spray_bursts));
+  ExportPortCounters(plane->threads_[0]->transport(), metrics);
   for (auto& t : plane->threads_) plane->running_.emplace_back([raw = t.get()] { raw->Run(); });
   return plane;
 }

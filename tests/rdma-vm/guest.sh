@@ -111,15 +111,32 @@ stop_dlcpd agg3
 #     windows of hundreds of chunks): their queues run dry and the NIC drops what arrives,
 #     uncounted. Rounds stay exact (the workers repair), dlcp_transport_rx_queue_empty_total and
 #     the clients' count (Client::ReceiveQueueRanDry, client_rx_queue_ran_dry) count it, and the
-#     logs name the setting to raise.
+#     logs name the setting to raise. The port's own counters, exported by dlcpd, count the
+#     datagrams lost.
 p=$(start_dlcpd agg6 --transport=rdma --rdma-recv-slots=64 --metrics-port=0)
 if [ -z "$p" ]; then
   fail starved "dlcpd did not start: $(tail -3 $OUT/agg6.log | tr '\n' ' ')"
 else
+  m=$(sed -n 's/.*"metrics_port":\([0-9]*\).*/\1/p' /tmp/agg6.ready)
+  timeout 10 wget -qO- "http://127.0.0.1:$m/metrics" > $OUT/agg6.before.metrics || true
   $B/bench/dlcp-bench --aggregators=127.0.0.1:$p --plaintext --transport=rdma --workers=2 --loss-bound=0 \
     --tensor-bytes=4000000 --rounds=8 --timeout-s=120 --rdma-recv-slots=64 > $OUT/starved.txt 2>&1 || true
-  m=$(sed -n 's/.*"metrics_port":\([0-9]*\).*/\1/p' /tmp/agg6.ready)
-  dry=$(timeout 10 wget -qO- "http://127.0.0.1:$m/metrics" | sed -n 's/^dlcp_transport_rx_queue_empty_total \([0-9]*\).*/\1/p')
+  timeout 10 wget -qO- "http://127.0.0.1:$m/metrics" > $OUT/agg6.metrics || true
+  dry=$(sed -n 's/^dlcp_transport_rx_queue_empty_total \([0-9]*\).*/\1/p' $OUT/agg6.metrics)
+  # The port's own counters (sysfs hw_counters) are exported too. rxe0 carries the workers'
+  # datagrams as well as the aggregator's, so it received at least what the aggregator did, and
+  # what it received beyond the receives it completed (rdma_recvs) found no buffer: the datagrams
+  # the dry queues lost, which no verbs call counts. The port counts since boot: the job's share
+  # is what grew while it ran.
+  port() { v=$(sed -n "s/^dlcp_rdma_port_counter_total{counter=\"$1\"} \([0-9]*\).*/\1/p" $2); echo "${v:-0}"; }
+  rx=$(sed -n 's/^dlcp_transport_packets_total{direction="rx"} \([0-9]*\).*/\1/p' $OUT/agg6.metrics)
+  port_rx=$(($(port rcvd_pkts $OUT/agg6.metrics) - $(port rcvd_pkts $OUT/agg6.before.metrics)))
+  port_recvs=$(($(port rdma_recvs $OUT/agg6.metrics) - $(port rdma_recvs $OUT/agg6.before.metrics)))
+  if [ "${rx:-0}" -ge 1000 ] && [ "${port_rx:-0}" -ge "${rx:-1}" ] && [ $((${port_rx:-0} - ${port_recvs:-0})) -ge 1 ]; then
+    pass "port counters exported: rxe0 received $port_rx datagrams (the aggregator $rx), $((port_rx - port_recvs)) with no buffer posted"
+  else
+    fail port-counters "rxe0 rcvd_pkts grew by $port_rx, rdma_recvs by $port_recvs, the aggregator's datagrams ${rx:-missing}"
+  fi
   wdry=$(field client_rx_queue_ran_dry $OUT/starved.txt)
   if grep -q '"exact":true' $OUT/starved.txt && [ "${dry:-0}" -ge 1 ] && grep -q 'raise --rdma-recv-slots' $OUT/agg6.log \
     && [ "${wdry:-0}" -ge 1 ] && grep -q 'raise --rdma-recv-slots' $OUT/starved.txt; then

@@ -204,6 +204,38 @@ TEST_F(RdmaTransportTest, GathersAndDeliversExactBytesInOrderWithTheSendersAddre
   EXPECT_EQ(b->counters().recv_packets.load(), msgs.size());
 }
 
+// The port's own counters come from sysfs (every driver names its own; Soft-RoCE counts packets
+// as sent_pkts and rcvd_pkts). The kernel caches them for `lifespan` ms, so a count may lag.
+TEST_F(RdmaTransportTest, ReadsThePortsOwnCounters) {
+  auto a = *Make({}, 1);
+  auto b = *Make({}, 1);
+  absl::StatusOr<std::vector<PortCounter>> before = a->port_counters();
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_FALSE(before->empty());
+  const auto sent_pkts = std::find_if(before->begin(), before->end(), [](const PortCounter& c) {
+    return c.name == "sent_pkts";
+  });
+  std::vector<uint32_t> seq(300);
+  std::vector<OutMessage> msgs;
+  for (uint32_t& s : seq) msgs.push_back({b->local_address(), 2, reinterpret_cast<const uint8_t*>(&s), sizeof(s)});
+  ASSERT_TRUE(a->Send(msgs, MonotonicNow() + absl::Seconds(5)).ok());
+  ASSERT_EQ(Collect(b.get(), msgs.size()).size(), msgs.size());
+  for (const PortCounter& c : *before) {  // counts only grow
+    absl::StatusOr<uint64_t> now = a->port_counter(c.name);
+    ASSERT_TRUE(now.ok()) << now.status();
+    EXPECT_GE(*now, c.value) << c.name;
+  }
+  if (sent_pkts == before->end()) GTEST_SKIP() << "this driver has no sent_pkts counter";
+  uint64_t sent = 0;
+  for (const absl::Time deadline = MonotonicNow() + absl::Seconds(2); MonotonicNow() < deadline;) {
+    sent = *a->port_counter("sent_pkts") - sent_pkts->value;
+    if (sent >= msgs.size()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_GE(sent, msgs.size());
+  EXPECT_EQ(a->port_counter("no_such_counter").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(RdmaTransportTest, WrapsTheSendRingAndRepostsReceivesInBatches) {
   RdmaOptions small;
   small.send_slots = 64;

@@ -467,6 +467,22 @@ TEST(UdpTransport, AMessageLeavesFromThePathItNames) {
   }
 }
 
+// Only an RDMA port has counters of its own (port_counters.h).
+TEST(UdpTransport, HasNoPortCounters) {
+  TransportOptions o;
+  o.kind = TransportOptions::Kind::kUdp;
+  o.bind_host = "127.0.0.1";
+  auto t = CreateTransport(o);
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<std::vector<PortCounter>> c = (*t)->port_counters();
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->empty());
+  absl::StatusOr<uint64_t> one = (*t)->port_counter("out_of_buffer");
+  EXPECT_EQ(one.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(one.status().message().find("udp transport has no port counter out_of_buffer"), std::string::npos)
+      << one.status();
+}
+
 TEST(UdpTransport, OneSprayPortSendsEverythingFromTheBoundPort) {
   TransportOptions o;
   o.kind = TransportOptions::Kind::kUdp;

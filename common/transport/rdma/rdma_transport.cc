@@ -34,6 +34,7 @@ constexpr size_t kPostBatch = 32;  // work requests per ibv_post_send / ibv_post
 // A receive buffer's datagram starts 64 bytes in (the GRH sits just before it), so payloads
 // after the 48-byte dlcp header are 16-byte aligned for the SIMD reduction, as with UDP.
 constexpr size_t kRecvDataOffset = 64;
+constexpr const char* kSysfs = "/sys";  // where the kernel exports the port's counters
 
 std::string MemlockAdvice(size_t bytes, int err) {
   rlimit r{};
@@ -164,6 +165,12 @@ class RdmaTransport final : public Transport {
   size_t max_datagram() const override { return max_datagram_; }
   // A message may name its queue pair (OutMessage::path), as a UDP one names its source port.
   size_t send_paths() const override { return qps_.size(); }
+  absl::StatusOr<std::vector<PortCounter>> port_counters() const override {
+    return ReadPortCounters(kSysfs, dev_.name, dev_.port_num);
+  }
+  absl::StatusOr<uint64_t> port_counter(const std::string& name) const override {
+    return ReadPortCounter(kSysfs, dev_.name, dev_.port_num, name);
+  }
   TransportOptions::Kind kind() const override { return TransportOptions::Kind::kRdma; }
   std::vector<Address> spray_sources() const override {
     std::vector<Address> out;
