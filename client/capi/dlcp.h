@@ -84,9 +84,9 @@ uint64_t dlcp_rejects(const dlcp_client* c, const char* reason);
  * dlcp_rejects. 0 over RDMA and for a NULL client. Any thread. */
 uint64_t dlcp_rx_overflows(const dlcp_client* c);
 /* Over RDMA, how often the client's receive queue ran out of posted buffers since it connected:
- * the NIC then drops what arrives, and counts it nowhere. Episodes, not datagrams; repairs make
- * the loss good (raise the rdma_recv_slots option). 0 over UDP and for a NULL client. Any
- * thread. */
+ * the NIC then drops what arrives, counted only in the port's sysfs hw_counters (mlx5:
+ * out_of_buffer). Episodes, not datagrams; repairs make the loss good (raise the
+ * rdma_recv_slots option). 0 over UDP and for a NULL client. Any thread. */
 uint64_t dlcp_rx_queue_ran_dry(const dlcp_client* c);
 /* Leaves the job and frees the client. Blocks for at most the control-call deadline. An
  * aggregator that is unreachable, or no longer holds the job, is logged and not an error. */

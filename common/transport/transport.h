@@ -63,8 +63,9 @@ struct TransportCounters {
   // drops in a burst that nothing follows show up only once traffic resumes.
   std::atomic<uint64_t> rx_overflows{0};
   // Times the receive queue ran dry (RDMA: the shared receive queue's limit event, armed at one
-  // posted buffer). The NIC drops what arrives while no buffer is posted and counts it nowhere a
-  // process can read, so this says only that it may have: the I/O thread fell a whole queue behind.
+  // posted buffer). The NIC drops what arrives while no buffer is posted, counted by no verbs
+  // call (only the port's counters do, port_counters()), so this says only that it may have: the
+  // I/O thread fell a whole queue behind.
   std::atomic<uint64_t> rx_queue_empty{0};
   std::atomic<uint64_t> gso_sends{0};         // super-datagrams sent through UDP GSO
   std::atomic<uint64_t> spray_bursts{0};      // runs of datagrams sent from one source port

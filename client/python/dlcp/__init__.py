@@ -190,9 +190,9 @@ class Client:
 
     def rx_queue_ran_dry(self):
         """Over RDMA, how often the client's receive queue ran out of posted buffers since it
-        connected: the NIC then drops what arrives, and counts it nowhere. Episodes, not
-        datagrams; loss on this host, which repairs make good (raise rdma_recv_slots). 0 over
-        UDP. Still readable after close()."""
+        connected: the NIC then drops what arrives, counted only in the port's sysfs
+        hw_counters (mlx5: out_of_buffer). Episodes, not datagrams; loss on this host, which
+        repairs make good (raise rdma_recv_slots). 0 over UDP. Still readable after close()."""
         return self._inner.rx_queue_ran_dry()
 
     def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None, encoding=None,
