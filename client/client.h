@@ -239,9 +239,10 @@ class Client {
   uint64_t ReceiveOverflows() const;
   // Over RDMA, how often since the client connected its receive queue ran out of posted buffers
   // (the shared receive queue's limit event, docs/rdma.md): the NIC then drops what arrives,
-  // counted only in its port's sysfs hw_counters (mlx5: out_of_buffer). A count of episodes, not of datagrams lost; loss on this host, which
-  // repairs make good (raise TransportOptions::rdma.recv_slots; dlcp-bench --rdma-recv-slots,
-  // Python rdma_recv_slots). 0 over UDP. Any thread, also after Close.
+  // counted only in its port's sysfs hw_counters (mlx5: out_of_buffer). A count of episodes, not
+  // of datagrams lost; loss on this host, which repairs make good (raise
+  // TransportOptions::rdma.recv_slots; dlcp-bench --rdma-recv-slots, Python rdma_recv_slots). 0
+  // over UDP. Any thread, also after Close.
   uint64_t ReceiveQueueRanDry() const;
 
  private:

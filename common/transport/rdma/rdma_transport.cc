@@ -475,9 +475,9 @@ class RdmaTransport final : public Transport {
         if (empty_report_.Due(n)) {
           DLCP_LOG(Warning) << "the RDMA receive queue on " << dev_.name << " (" << recv_slots_
                             << " buffers) ran dry, " << n << " time(s) in all: the NIC drops what arrives until "
-                            << "buffers are posted again, counted only in the port's hw_counters (mlx5: out_of_buffer); "
-                            << "this is loss on the host, not the network: raise --rdma-recv-slots, or add data "
-                            << "threads";
+                            << "buffers are posted again, counted only in the port's hw_counters (mlx5: "
+                            << "out_of_buffer); this is loss on the host, not the network: raise --rdma-recv-slots, "
+                            << "or add data threads";
         }
       } else if (IsFault(type)) {
         DLCP_LOG(Warning) << "RDMA device " << dev_.name << " reports " << v_.event_type_str(type);
