@@ -35,7 +35,8 @@ fi
 CONTROL=(tests/fuzz/control_fuzz.cc "${WIRE[@]}"
   common/base/log.cc common/base/check.cc common/base/syscall.cc common/base/host_port.cc common/metrics/registry.cc
   common/topology/topology.cc common/transport/address.cc common/transport/factory.cc common/transport/waker.cc
-  common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc "${RDMA[@]}"
+  common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc
+  common/transport/rdma/port_counters.cc "${RDMA[@]}"
   common/datapath/outbox.cc common/datapath/path_shares.cc server/engine/reduce.cc server/rounds/round.cc
   server/rounds/block_pool.cc server/jobs/job_registry.cc server/jobs/key_ring.cc server/jobs/regroup_barrier.cc
   server/data/data_plane.cc server/data/data_thread.cc server/data/bounded_rounds.cc server/policy/loss_tracker.cc
