@@ -193,7 +193,7 @@ class RdmaTransport final : public Transport {
       // messages that name the same queue pair (path steering chooses it per message).
       const int16_t named = spraying ? messages[done].path : -1;
       const size_t burst = options_.SprayBurstFor(messages[done].size());
-      if (named < 0 && spraying && burst_used_ >= burst) {  // a burst of larger datagrams was shorter
+      if (named < 0 && spraying && burst_used_ >= burst) {  // the burst is full: the next queue pair's turn
         burst_used_ = 0;
         qp_index_ = (qp_index_ + 1) % qps_.size();
       }
@@ -244,10 +244,7 @@ class RdmaTransport final : public Transport {
         posted_ = bad->wr_id;  // those before `bad` went out and hold their slots
         return ErrnoToStatus(rc, absl::StrCat("ibv_post_send on ", dev_.name));
       }
-      if (named < 0 && spraying && (burst_used_ += n) >= burst) {
-        burst_used_ = 0;
-        qp_index_ = (qp_index_ + 1) % qps_.size();
-      }
+      if (named < 0 && spraying) burst_used_ += n;
       for (size_t i = 0; i < n; ++i) {
         counters_.sent_packets.fetch_add(1, std::memory_order_relaxed);
         counters_.sent_bytes.fetch_add(messages[done + i].size(), std::memory_order_relaxed);
