@@ -83,6 +83,7 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
   if (config.start_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(config.start_delay_ms));
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(config.client);
   if (!client.ok()) return client.status();
+  const absl::StatusOr<std::map<std::string, uint64_t>> port_before = (*client)->PortCounters();
   const uint32_t rank = config.client.rank;
   const uint32_t world = config.client.world_size;
   const uint64_t elems = config.tensor_bytes / sizeof(float);
@@ -262,8 +263,22 @@ absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
   }
   result.rx_overflows = (*client)->ReceiveOverflows();
   result.rx_queue_ran_dry = (*client)->ReceiveQueueRanDry();
+  result.port_counters = PortCounterGrowth(port_before, (*client)->PortCounters());
   if (absl::Status s = (*client)->Close(); !s.ok()) return s;
   return result;
+}
+
+std::string PortCounterGrowth(const absl::StatusOr<std::map<std::string, uint64_t>>& before,
+                              const absl::StatusOr<std::map<std::string, uint64_t>>& after) {
+  if (!before.ok() || !after.ok()) return "{}";
+  std::string out;
+  for (const auto& [name, value] : *after) {
+    const auto was = before->find(name);
+    // A counter the driver reset (or one that appeared) counts from 0.
+    const uint64_t base = was != before->end() && was->second <= value ? was->second : 0;
+    absl::StrAppendFormat(&out, "%s\"%s\":%u", out.empty() ? "" : ",", name, value - base);
+  }
+  return absl::StrCat("{", out, "}");
 }
 
 std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
@@ -276,7 +291,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,"
-      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"rx_queue_ran_dry\":%u,\"long_gaps\":[%s],\"round_ms\":[%s]}",
+      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"rx_queue_ran_dry\":%u,\"port_counters\":%s,\"long_gaps\":[%s],\"round_ms\":[%s]}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99), Percentile(r.round_ms, 1.0),
       r.max_gap_ms, r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
@@ -285,7 +300,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       r.chunks_by_class[3], r.left_out_by_class[0], r.left_out_by_class[1], r.left_out_by_class[2],
       r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99), r.pull_missing,
       r.retried, r.window_cuts, r.window_undos, r.nacks_deferred, r.rejected, r.stale, r.rx_overflows, r.rx_queue_ran_dry,
-      absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
+      r.port_counters, absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
         absl::StrAppendFormat(out, "[%.3f,%.1f]", g.first, g.second);
       }),
       // Every timed round, in order: scripts pool them across workers and runs (a job's round

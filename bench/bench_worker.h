@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -66,11 +67,17 @@ struct WorkerResult {
   uint64_t rejected = 0;
   uint64_t rx_overflows = 0;  // results the kernel dropped for a full receive buffer (Client::ReceiveOverflows)
   uint64_t rx_queue_ran_dry = 0;  // times the RDMA receive queue ran dry (Client::ReceiveQueueRanDry)
+  // How much each of the NIC port's counters (Client::PortCounters) grew while the worker ran, as
+  // a JSON object: {} over UDP. The port's, so every process on it adds to them.
+  std::string port_counters = "{}";
 };
 
 inline constexpr uint32_t kBarrierKey = 0xFFFFFFFFu;
 
 absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config);
+// {"name":growth,...} of every counter in `after`; {} if either read failed.
+std::string PortCounterGrowth(const absl::StatusOr<std::map<std::string, uint64_t>>& before,
+                              const absl::StatusOr<std::map<std::string, uint64_t>>& after);
 
 double Percentile(std::vector<double> v, double q);
 std::string ResultJson(const WorkerConfig& config, const WorkerResult& r);

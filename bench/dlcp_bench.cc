@@ -218,7 +218,13 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
   double chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0, pull_missing = 0;
   double rejected = 0, stale = 0, rx_overflows = 0, rx_queue_ran_dry = 0;
   bool exact = ok, checked = true;
+  // The workers share their host's port: any one's growth is the job's on that host.
+  std::string port_counters = "{}";
   for (const std::string& l : lines) {
+    if (size_t at = l.find("\"port_counters\":{"); at != std::string::npos && port_counters == "{}") {
+      at += std::string("\"port_counters\":").size();
+      port_counters = l.substr(at, l.find('}', at) + 1 - at);
+    }
     if (l.empty() || std::isnan(JsonNumber(l, "p50_ms"))) {
       exact = false;
       continue;
@@ -267,6 +273,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
         workers, aggs, c.GetInt("tensors"), absl::StrCat(c.GetInt("tensor-bytes"), " B"), static_cast<int>(rounds),
         p50, p99, goodput, static_cast<int>(retrans), static_cast<int>(result_req), static_cast<int>(rejected),
         static_cast<int>(stale), static_cast<int>(rx_overflows), static_cast<int>(rx_queue_ran_dry));
+    if (port_counters != "{}") std::cout << "  NIC port     its counters grew by " << port_counters << "\n";
     if (c.GetDouble("loss-bound") > 0) {
       std::cout << absl::StrFormat(
           "  loss bound   ε = %g: worst round lost %.4f of droppable contributions, %d violations\n"
@@ -283,12 +290,12 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
       "\"p99_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,\"retransmits\":%d,\"result_requests\":%d,"
       "\"loss_bound\":%g,\"loss_by_class\":[%s],\"max_round_loss\":%.6f,\"bound_violations\":%d,"
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"window_undos\":%d,\"client_rejected\":%d,"
-      "\"client_stale\":%d,\"client_rx_overflows\":%d,\"client_rx_queue_ran_dry\":%d,\"checked\":%s,\"exact\":%s}\n",
+      "\"client_stale\":%d,\"client_rx_overflows\":%d,\"client_rx_queue_ran_dry\":%d,\"client_port_counters\":%s,\"checked\":%s,\"exact\":%s}\n",
       workers, aggs, c.GetInt("tensor-bytes"), c.GetInt("tensors"), static_cast<int>(rounds), p50, p99, goodput,
       max_err, static_cast<int>(retrans), static_cast<int>(result_req), c.GetDouble("loss-bound"), loss_by_class,
       max_loss, static_cast<int>(violations), stop_p99, static_cast<int>(pull_missing), static_cast<int>(cuts), static_cast<int>(undos),
       static_cast<int>(rejected), static_cast<int>(stale), static_cast<int>(rx_overflows),
-      static_cast<int>(rx_queue_ran_dry), checked ? "true" : "false",
+      static_cast<int>(rx_queue_ran_dry), port_counters, checked ? "true" : "false",
       exact ? "true" : "false");
   return exact ? 0 : 1;
 }

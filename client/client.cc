@@ -340,4 +340,13 @@ std::map<std::string, uint64_t> Client::Rejects() const {
 uint64_t Client::ReceiveOverflows() const { return engine_ ? engine_->receive_overflows() : 0; }
 uint64_t Client::ReceiveQueueRanDry() const { return engine_ ? engine_->receive_queue_ran_dry() : 0; }
 
+absl::StatusOr<std::map<std::string, uint64_t>> Client::PortCounters() const {
+  std::map<std::string, uint64_t> out;
+  if (!engine_) return out;
+  absl::StatusOr<std::vector<PortCounter>> counters = engine_->port_counters();
+  if (!counters.ok()) return counters.status();
+  for (const PortCounter& c : *counters) out[c.name] = c.value;
+  return out;
+}
+
 }  // namespace dlcp

@@ -244,6 +244,14 @@ class Client {
   // TransportOptions::rdma.recv_slots; dlcp-bench --rdma-recv-slots, Python rdma_recv_slots). 0
   // over UDP. Any thread, also after Close.
   uint64_t ReceiveQueueRanDry() const;
+  // Over RDMA, the counters of the NIC port this client's data plane runs on, by name, as its
+  // driver exports them in sysfs (common/transport/rdma/port_counters.h): what no verbs call
+  // counts, above all the datagrams the NIC dropped for want of a posted receive buffer (mlx5:
+  // out_of_buffer; docs/rdma.md, "The port's own counters"). They are the port's since it came
+  // up, every process on it included: take differences. Empty over UDP, which has no port of its
+  // own; NOT_FOUND for a port whose driver exports none. Reads files, so call it from a
+  // monitoring thread, not from an OpDone. Any thread, also after Close.
+  absl::StatusOr<std::map<std::string, uint64_t>> PortCounters() const;
 
  private:
   Client() = default;

@@ -151,6 +151,8 @@ class TransferEngine {
   uint64_t receive_overflows() const;
   // Any thread: how often the RDMA receive queue ran dry (TransportCounters::rx_queue_empty).
   uint64_t receive_queue_ran_dry() const;
+  // The transport's port counters (Transport::port_counters). Reads files; any thread.
+  absl::StatusOr<std::vector<PortCounter>> port_counters() const { return transport_->port_counters(); }
 
  private:
   struct KeyUpdate {

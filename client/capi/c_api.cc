@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -188,6 +189,26 @@ uint64_t dlcp_rejects(const dlcp_client* c, const char* reason) {
 
 uint64_t dlcp_rx_overflows(const dlcp_client* c) { return c == nullptr ? 0 : c->client->ReceiveOverflows(); }
 uint64_t dlcp_rx_queue_ran_dry(const dlcp_client* c) { return c == nullptr ? 0 : c->client->ReceiveQueueRanDry(); }
+
+int dlcp_port_counter(const dlcp_client* c, const char* name, uint64_t* value, char* err, size_t err_len) {
+  if (c == nullptr || name == nullptr || value == nullptr) {
+    return Fail(absl::InvalidArgumentError("dlcp_port_counter: client, name and value must not be NULL"), err,
+                err_len);
+  }
+  absl::StatusOr<std::map<std::string, uint64_t>> counters = c->client->PortCounters();
+  if (!counters.ok()) return Fail(counters.status(), err, err_len);
+  auto it = counters->find(name);
+  if (it == counters->end()) {
+    return Fail(absl::NotFoundError(absl::StrCat(
+                    "no port counter '", name, "'",
+                    c->client->transport_kind() == dlcp::TransportOptions::Kind::kRdma
+                        ? " on this client's RDMA port"
+                        : ": over UDP the client has no NIC port of its own")),
+                err, err_len);
+  }
+  *value = it->second;
+  return 0;
+}
 
 int dlcp_close(dlcp_client* c, char* err, size_t err_len) {
   if (c == nullptr) return 0;

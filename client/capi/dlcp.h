@@ -88,6 +88,13 @@ uint64_t dlcp_rx_overflows(const dlcp_client* c);
  * out_of_buffer). Episodes, not datagrams; repairs make the loss good (raise the
  * rdma_recv_slots option). 0 over UDP and for a NULL client. Any thread. */
 uint64_t dlcp_rx_queue_ran_dry(const dlcp_client* c);
+/* Over RDMA, one counter of the NIC port the client's data plane runs on, as its driver exports
+ * it in sysfs hw_counters (e.g. "out_of_buffer" on mlx5: datagrams dropped for want of a posted
+ * receive buffer; docs/rdma.md). The port's count since it came up, every process on it
+ * included. Returns 0 and sets *value, or NOT_FOUND (5) for a counter the port lacks and over UDP
+ * (no port of its own), INVALID_ARGUMENT (3) for a NULL argument. Reads a file: not from a
+ * latency-critical thread. Any thread. */
+int dlcp_port_counter(const dlcp_client* c, const char* name, uint64_t* value, char* err, size_t err_len);
 /* Leaves the job and frees the client. Blocks for at most the control-call deadline. An
  * aggregator that is unreachable, or no longer holds the job, is logged and not an error. */
 int dlcp_close(dlcp_client* c, char* err, size_t err_len);

@@ -288,6 +288,16 @@ class PyClient {
   std::map<std::string, uint64_t> rejects() const { return Get().Rejects(); }
   uint64_t rx_overflows() const { return Get().ReceiveOverflows(); }
   uint64_t rx_queue_ran_dry() const { return Get().ReceiveQueueRanDry(); }
+  std::map<std::string, uint64_t> port_counters() const {
+    const Client& client = Get();
+    absl::StatusOr<std::map<std::string, uint64_t>> counters;
+    {
+      py::gil_scoped_release release;  // sysfs reads
+      counters = client.PortCounters();
+    }
+    if (!counters.ok()) Raise(counters.status());
+    return *std::move(counters);
+  }
 
  private:
   const Client& Get() const {
@@ -426,5 +436,6 @@ PYBIND11_MODULE(_dlcp, m) {
       .def_property_readonly("job", &PyClient::job)
       .def("rejects", &PyClient::rejects)
       .def("rx_overflows", &PyClient::rx_overflows)
-      .def("rx_queue_ran_dry", &PyClient::rx_queue_ran_dry);
+      .def("rx_queue_ran_dry", &PyClient::rx_queue_ran_dry)
+      .def("port_counters", &PyClient::port_counters);
 }

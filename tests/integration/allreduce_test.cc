@@ -437,8 +437,14 @@ TEST(AllReduceRepair, DatagramsAFullReceiveBufferDroppedAreCountedAndRoundsStayE
   for (const auto& [reason, count] : rejects) {
     EXPECT_TRUE(reason == "bad_magic" || reason == "unknown_round") << reason << ": " << count;
   }
+  // A NIC port's counters are RDMA's: a UDP client has none, and says so with an empty set, not
+  // an error.
+  absl::StatusOr<std::map<std::string, uint64_t>> port = clients[0]->PortCounters();
+  ASSERT_TRUE(port.ok()) << port.status();
+  EXPECT_TRUE(port->empty()) << port->begin()->first;
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
   EXPECT_GE(clients[0]->ReceiveOverflows(), overflows) << "still readable after Close";
+  EXPECT_TRUE(clients[0]->PortCounters().ok()) << "still readable after Close";
 }
 
 // A third of every worker's pushes lost at the aggregator: every endpoint's window fills with

@@ -148,6 +148,16 @@ static void* run(void* arg) {
             (unsigned long long)dlcp_rx_overflows(c), (unsigned long long)dlcp_rx_queue_ran_dry(c));
     return NULL;
   }
+  /* Port counters are an RDMA NIC's: over UDP there is none to read, and that is NOT_FOUND (5)
+   * with a message, never a value; NULL arguments are INVALID_ARGUMENT (3). */
+  uint64_t value = 77;
+  err[0] = '\0';
+  if (dlcp_port_counter(c, "out_of_buffer", &value, err, sizeof(err)) != 5 || value != 77 ||
+      strstr(err, "out_of_buffer") == NULL || dlcp_port_counter(NULL, "x", &value, err, sizeof(err)) != 3 ||
+      dlcp_port_counter(c, NULL, &value, err, sizeof(err)) != 3 || dlcp_port_counter(c, "x", NULL, err, sizeof(err)) != 3) {
+    fprintf(stderr, "rank %u: dlcp_port_counter over UDP: %s (value %llu)\n", w->rank, err, (unsigned long long)value);
+    return NULL;
+  }
   if (dlcp_close(c, err, sizeof(err)) != 0) {
     fprintf(stderr, "rank %u close: %s\n", w->rank, err);
     return NULL;

@@ -269,12 +269,14 @@ def test_rejects_counts_what_each_client_dropped_by_reason(aggregators):
             # results into a buffer of megabytes.
             assert c.rx_overflows() == 0
             assert c.rx_queue_ran_dry() == 0  # an RDMA count: 0 over UDP
+            assert c.port_counters() == {}  # an RDMA NIC port's: none over UDP
     finally:
         for c in clients:
             c.close()
     assert clients[0].rejects().get("truncated") == 1  # still there to read once the client is closed
     assert clients[0].rx_overflows() == 0
     assert clients[0].rx_queue_ran_dry() == 0
+    assert clients[0].port_counters() == {}
 
 
 def test_pending_op_fails_on_close_and_timeout(aggregators):

@@ -137,6 +137,16 @@ else
   else
     fail port-counters "rxe0 rcvd_pkts grew by $port_rx, rdma_recvs by $port_recvs, the aggregator's datagrams ${rx:-missing}"
   fi
+  # The workers read the same port through the client API (Client::PortCounters), and dlcp-bench
+  # reports how much its counters grew while they ran: at least the results they received, some
+  # of which found no buffer either.
+  wport_rx=$(sed -n 's/.*"client_port_counters":{[^}]*"rcvd_pkts":\([0-9]*\).*/\1/p' $OUT/starved.txt | tail -1)
+  wport_recvs=$(sed -n 's/.*"client_port_counters":{[^}]*"rdma_recvs":\([0-9]*\).*/\1/p' $OUT/starved.txt | tail -1)
+  if [ "${wport_rx:-0}" -ge 1000 ] && [ $((${wport_rx:-0} - ${wport_recvs:-0})) -ge 1 ]; then
+    pass "port counters through the client API: rxe0 received $wport_rx datagrams while the workers ran, $((wport_rx - wport_recvs)) with no buffer posted"
+  else
+    fail client-port-counters "client_port_counters: rcvd_pkts ${wport_rx:-missing}, rdma_recvs ${wport_recvs:-missing}; $(grep -o '"client_port_counters":{[^}]*}' $OUT/starved.txt | tail -1)"
+  fi
   wdry=$(field client_rx_queue_ran_dry $OUT/starved.txt)
   if grep -q '"exact":true' $OUT/starved.txt && [ "${dry:-0}" -ge 1 ] && grep -q 'raise --rdma-recv-slots' $OUT/agg6.log \
     && [ "${wdry:-0}" -ge 1 ] && grep -q 'raise --rdma-recv-slots' $OUT/starved.txt; then

@@ -195,6 +195,15 @@ class Client:
         repairs make good (raise rdma_recv_slots). 0 over UDP. Still readable after close()."""
         return self._inner.rx_queue_ran_dry()
 
+    def port_counters(self):
+        """Over RDMA, the counters of the NIC port the client's data plane runs on, by name, as
+        its driver exports them in sysfs hw_counters ({"out_of_buffer": 0, ...} on mlx5): what no
+        verbs call counts, such as the datagrams the NIC dropped for want of a posted receive
+        buffer. The port's counts since it came up, every process on it included: take
+        differences. {} over UDP. Reads files: call it from a monitoring thread, not a
+        callback. Still readable after close()."""
+        return self._inner.port_counters()
+
     def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None, encoding=None,
                         report_classes=False):
         """Starts summing `tensor` over the job's workers, in place. `callback(stats, error)`
