@@ -69,6 +69,11 @@ struct TransportCounters {
   std::atomic<uint64_t> rx_queue_empty{0};
   std::atomic<uint64_t> gso_sends{0};         // super-datagrams sent through UDP GSO
   std::atomic<uint64_t> spray_bursts{0};      // runs of datagrams sent from one source port
+  // Datagrams sent on each send path (UDP: source port, RDMA: queue pair), by the path's index
+  // (Transport::send_paths); the first only where datagrams cannot choose. How spraying and
+  // steering shared the traffic out, to read beside the switches' per-port counters.
+  static constexpr size_t kMaxPaths = 64;  // TransportOptions::spray_ports at most
+  std::array<std::atomic<uint64_t>, kMaxPaths> path_packets{};
 };
 
 // RDMA (RoCEv2, unreliable datagram) settings; common/transport/rdma/rdma_transport.h.

@@ -93,6 +93,21 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
   metrics->AddComputed("dlcp_transport_spray_bursts_total", {}, K::kCounter,
                        "Bursts of datagrams sent from one spraying source port",
                        transport_sum(&TransportCounters::spray_bursts));
+  // Which path each datagram took, per path index (summed over the data threads, whose source
+  // ports differ but are chosen alike): how steering shared the results out.
+  const size_t paths = std::min(plane->threads_[0]->transport()->send_paths(), TransportCounters::kMaxPaths);
+  for (size_t p = 0; p < paths; ++p) {
+    metrics->AddComputed("dlcp_transport_path_packets_total", {{"path", absl::StrCat(p)}}, K::kCounter,
+                         "Datagrams sent on each send path (UDP source port, RDMA queue pair) by its index; "
+                         "with spraying, how the traffic was shared over the fabric's paths",
+                         [raw_plane, p] {
+                           double total = 0;
+                           for (const auto& t : raw_plane->threads_) {
+                             total += t->transport()->counters().path_packets[p].load(std::memory_order_relaxed);
+                           }
+                           return total;
+                         });
+  }
   ExportPortCounters(plane->threads_[0]->transport(), metrics);
   for (auto& t : plane->threads_) plane->running_.emplace_back([raw = t.get()] { raw->Run(); });
   return plane;

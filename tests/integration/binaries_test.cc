@@ -268,6 +268,18 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   ASSERT_NE(body.find("\ndlcp_transport_rx_queue_empty_total 0\n"), std::string::npos) << body;
   // 16 source ports, with bursts sized by datagram (--spray-burst left at 0).
   EXPECT_EQ(Scraped(body, "dlcp_transport_spray_ports{burst=\"auto\"}"), 16) << body;
+  // Every datagram sent is counted on exactly one of the 16 paths, and results went out on more
+  // than one of them.
+  double on_paths = 0;
+  int paths_used = 0;
+  for (int p = 0; p < 16; ++p) {
+    const double n = Scraped(body, absl::StrCat("dlcp_transport_path_packets_total{path=\"", p, "\"}"));
+    on_paths += n;
+    paths_used += n > 0;
+  }
+  EXPECT_EQ(on_paths, Scraped(body, "dlcp_transport_packets_total{direction=\"tx\"}")) << body;
+  EXPECT_GE(paths_used, 2) << body;
+  EXPECT_EQ(body.find("dlcp_transport_path_packets_total{path=\"16\"}"), std::string::npos);
   const double pushes_received = all_classes("dlcp_rx_packets_total", "push");
   if (overflows == 0) {
     EXPECT_EQ(pushes_received, pushes_sent);

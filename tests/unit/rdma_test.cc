@@ -381,6 +381,9 @@ TEST_F(RdmaTransportTest, AMessageLeavesFromTheQueuePairItsPathNames) {
   }
   // Runs 2, 0, 3, 1 per round; the first round's 2 follows nothing, every later one follows 1.
   EXPECT_EQ(a->counters().spray_bursts.load(), 24u);
+  // Each queue pair counts what was posted on it, by its path index.
+  const std::vector<uint64_t> per_path = {6, 6, 60, 12};
+  for (size_t p = 0; p < per_path.size(); ++p) EXPECT_EQ(a->counters().path_packets[p].load(), per_path[p]) << "path " << p;
 }
 
 TEST_F(RdmaTransportTest, EachClassArrivesWithItsDscpInTheGrh) {

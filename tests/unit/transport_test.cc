@@ -383,6 +383,9 @@ TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
       ASSERT_LE(run, 3u) << "at datagram " << i << ", gso " << gso;
     }
     EXPECT_EQ(a->counters().spray_bursts.load(), 20u);
+    // Each path counts what left from it: path 0 is the bound port, the spray ports follow.
+    for (size_t p = 0; p < 4; ++p) EXPECT_EQ(a->counters().path_packets[p].load(), 15u) << "path " << p;
+    EXPECT_EQ(a->counters().path_packets[4].load(), 0u);
   }
 }
 
@@ -464,6 +467,10 @@ TEST(UdpTransport, AMessageLeavesFromThePathItNames) {
     }
     EXPECT_EQ(got, msgs.size()) << "gso " << gso;
     EXPECT_EQ(a->counters().spray_bursts.load(), 4u) << "gso " << gso;  // runs: 2, 0, 3, 1
+    const std::vector<uint64_t> per_path = {1, 1, 10, 2};
+    for (size_t p = 0; p < per_path.size(); ++p) {
+      EXPECT_EQ(a->counters().path_packets[p].load(), per_path[p]) << "path " << p << ", gso " << gso;
+    }
   }
 }
 
@@ -506,6 +513,8 @@ TEST(UdpTransport, OneSprayPortSendsEverythingFromTheBoundPort) {
   }
   EXPECT_EQ(got, msgs.size());
   EXPECT_EQ((*a)->counters().spray_bursts.load(), 0u);
+  EXPECT_EQ((*a)->counters().path_packets[0].load(), 40u);
+  EXPECT_EQ((*a)->counters().path_packets[1].load(), 0u);
 }
 
 }  // namespace

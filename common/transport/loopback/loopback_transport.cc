@@ -91,6 +91,7 @@ class LoopbackTransport final : public Transport {
             absl::StrCat("datagram of ", len, " bytes exceeds max_datagram ", options_.max_datagram));
       }
       counters_.sent_packets.fetch_add(1, std::memory_order_relaxed);
+      counters_.path_packets[0].fetch_add(1, std::memory_order_relaxed);
       counters_.sent_bytes.fetch_add(len, std::memory_order_relaxed);
       std::shared_ptr<Mailbox> dst = Hub::Get().Find(m.to.port);
       if (!dst) {  // like UDP to a closed port: silently gone

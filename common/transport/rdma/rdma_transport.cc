@@ -245,6 +245,7 @@ class RdmaTransport final : public Transport {
         return ErrnoToStatus(rc, absl::StrCat("ibv_post_send on ", dev_.name));
       }
       if (named < 0 && spraying) burst_used_ += n;
+      counters_.path_packets[qp].fetch_add(n, std::memory_order_relaxed);
       for (size_t i = 0; i < n; ++i) {
         counters_.sent_packets.fetch_add(1, std::memory_order_relaxed);
         counters_.sent_bytes.fetch_add(messages[done + i].size(), std::memory_order_relaxed);

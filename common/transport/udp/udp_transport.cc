@@ -174,6 +174,7 @@ class UdpTransport final : public Transport {
     sockaddr_in addrs[kSendBatch];
     uint32_t segments[kSendBatch];
     int unit_fd[kSendBatch];
+    uint8_t unit_path[kSendBatch];
     alignas(cmsghdr) uint8_t cmsgs[kSendBatch][kCmsgSpace];
     const bool gso = options_.gso && !gso_off_.load(std::memory_order_relaxed);
     const size_t ports = send_fds_.size();
@@ -237,6 +238,7 @@ class UdpTransport final : public Transport {
         std::memcpy(CMSG_DATA(c), &gso_size, sizeof(gso_size));
       }
       unit_fd[units] = send_fds_[unit_port];
+      unit_path[units] = static_cast<uint8_t>(unit_port);
       if (ports > 1 && (pinned ? unit_fd[units] != last_fd : burst_used == 0)) {
         counters_.spray_bursts.fetch_add(1, std::memory_order_relaxed);
       }
@@ -255,6 +257,7 @@ class UdpTransport final : public Transport {
         for (int k = 0; k < rc; ++k) {
           counters_.sent_bytes.fetch_add(hdrs[sent + k].msg_len, std::memory_order_relaxed);
           counters_.sent_packets.fetch_add(segments[sent + k], std::memory_order_relaxed);
+          counters_.path_packets[unit_path[sent + k]].fetch_add(segments[sent + k], std::memory_order_relaxed);
           if (segments[sent + k] > 1) counters_.gso_sends.fetch_add(1, std::memory_order_relaxed);
         }
         sent += rc;
