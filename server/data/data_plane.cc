@@ -55,12 +55,16 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
   }
   plane->rdma_qkey_ = plane->kind_ == TransportOptions::Kind::kRdma ? options.transport.rdma.qkey : 0;
   DataPlane* raw_plane = plane.get();
-  auto transport_sum = [raw_plane](std::atomic<uint64_t> TransportCounters::*field) {
-    return [raw_plane, field] {
+  // A counter summed over the data threads; `counter` picks it out of one thread's counters.
+  auto transport_total = [raw_plane](auto counter) {
+    return [raw_plane, counter] {
       double total = 0;
-      for (const auto& t : raw_plane->threads_) total += (t->transport()->counters().*field).load();
+      for (const auto& t : raw_plane->threads_) total += counter(t->transport()->counters()).load();
       return total;
     };
+  };
+  auto transport_sum = [transport_total](std::atomic<uint64_t> TransportCounters::*field) {
+    return transport_total([field](const TransportCounters& c) -> const std::atomic<uint64_t>& { return c.*field; });
   };
   using K = MetricsRegistry::Kind;
   metrics->AddComputed("dlcp_transport_packets_total", {{"direction", "rx"}}, K::kCounter,
@@ -100,13 +104,9 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
     metrics->AddComputed("dlcp_transport_path_packets_total", {{"path", absl::StrCat(p)}}, K::kCounter,
                          "Datagrams sent on each send path (UDP source port, RDMA queue pair) by its index; "
                          "with spraying, how the traffic was shared over the fabric's paths",
-                         [raw_plane, p] {
-                           double total = 0;
-                           for (const auto& t : raw_plane->threads_) {
-                             total += t->transport()->counters().path_packets[p].load(std::memory_order_relaxed);
-                           }
-                           return total;
-                         });
+                         transport_total([p](const TransportCounters& c) -> const std::atomic<uint64_t>& {
+                           return c.path_packets[p];
+                         }));
   }
   ExportPortCounters(plane->threads_[0]->transport(), metrics);
   for (auto& t : plane->threads_) plane->running_.emplace_back([raw = t.get()] { raw->Run(); });
