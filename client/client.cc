@@ -343,10 +343,15 @@ uint64_t Client::ReceiveQueueRanDry() const { return engine_ ? engine_->receive_
 absl::StatusOr<std::map<std::string, uint64_t>> Client::PortCounters() const {
   std::map<std::string, uint64_t> out;
   if (!engine_) return out;
-  absl::StatusOr<std::vector<PortCounter>> counters = engine_->port_counters();
+  absl::StatusOr<std::vector<dlcp::PortCounter>> counters = engine_->port_counters();
   if (!counters.ok()) return counters.status();
-  for (const PortCounter& c : *counters) out[c.name] = c.value;
+  for (const dlcp::PortCounter& c : *counters) out[c.name] = c.value;
   return out;
+}
+
+absl::StatusOr<uint64_t> Client::PortCounter(const std::string& name) const {
+  if (!engine_) return absl::FailedPreconditionError("the client has no data plane");
+  return engine_->port_counter(name);
 }
 
 }  // namespace dlcp

@@ -252,6 +252,8 @@ class Client {
   // own; NOT_FOUND for a port whose driver exports none. Reads files, so call it from a
   // monitoring thread, not from an OpDone. Any thread, also after Close.
   absl::StatusOr<std::map<std::string, uint64_t>> PortCounters() const;
+  // One of them, read alone. NOT_FOUND for a counter the port lacks, and over UDP.
+  absl::StatusOr<uint64_t> PortCounter(const std::string& name) const;
 
  private:
   Client() = default;

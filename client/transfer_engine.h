@@ -153,6 +153,7 @@ class TransferEngine {
   uint64_t receive_queue_ran_dry() const;
   // The transport's port counters (Transport::port_counters). Reads files; any thread.
   absl::StatusOr<std::vector<PortCounter>> port_counters() const { return transport_->port_counters(); }
+  absl::StatusOr<uint64_t> port_counter(const std::string& name) const { return transport_->port_counter(name); }
 
  private:
   struct KeyUpdate {

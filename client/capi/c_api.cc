@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
-#include <map>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -195,18 +194,9 @@ int dlcp_port_counter(const dlcp_client* c, const char* name, uint64_t* value, c
     return Fail(absl::InvalidArgumentError("dlcp_port_counter: client, name and value must not be NULL"), err,
                 err_len);
   }
-  absl::StatusOr<std::map<std::string, uint64_t>> counters = c->client->PortCounters();
-  if (!counters.ok()) return Fail(counters.status(), err, err_len);
-  auto it = counters->find(name);
-  if (it == counters->end()) {
-    return Fail(absl::NotFoundError(absl::StrCat(
-                    "no port counter '", name, "'",
-                    c->client->transport_kind() == dlcp::TransportOptions::Kind::kRdma
-                        ? " on this client's RDMA port"
-                        : ": over UDP the client has no NIC port of its own")),
-                err, err_len);
-  }
-  *value = it->second;
+  absl::StatusOr<uint64_t> v = c->client->PortCounter(name);
+  if (!v.ok()) return Fail(v.status(), err, err_len);
+  *value = *v;
   return 0;
 }
 

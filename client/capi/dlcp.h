@@ -92,8 +92,8 @@ uint64_t dlcp_rx_queue_ran_dry(const dlcp_client* c);
  * it in sysfs hw_counters (e.g. "out_of_buffer" on mlx5: datagrams dropped for want of a posted
  * receive buffer; docs/rdma.md). The port's count since it came up, every process on it
  * included. Returns 0 and sets *value, or NOT_FOUND (5) for a counter the port lacks and over UDP
- * (no port of its own), INVALID_ARGUMENT (3) for a NULL argument. Reads a file: not from a
- * latency-critical thread. Any thread. */
+ * (no port of its own), INVALID_ARGUMENT (3) for a NULL argument or a name that cannot be a
+ * counter's (e.g. with a slash). Reads a file: not from a latency-critical thread. Any thread. */
 int dlcp_port_counter(const dlcp_client* c, const char* name, uint64_t* value, char* err, size_t err_len);
 /* Leaves the job and frees the client. Blocks for at most the control-call deadline. An
  * aggregator that is unreachable, or no longer holds the job, is logged and not an error. */

@@ -442,6 +442,9 @@ TEST(AllReduceRepair, DatagramsAFullReceiveBufferDroppedAreCountedAndRoundsStayE
   absl::StatusOr<std::map<std::string, uint64_t>> port = clients[0]->PortCounters();
   ASSERT_TRUE(port.ok()) << port.status();
   EXPECT_TRUE(port->empty()) << port->begin()->first;
+  absl::StatusOr<uint64_t> one = clients[0]->PortCounter("out_of_buffer");
+  EXPECT_EQ(one.status().code(), absl::StatusCode::kNotFound) << one.status();
+  EXPECT_NE(one.status().message().find("out_of_buffer"), std::string::npos) << one.status();
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
   EXPECT_GE(clients[0]->ReceiveOverflows(), overflows) << "still readable after Close";
   EXPECT_TRUE(clients[0]->PortCounters().ok()) << "still readable after Close";
