@@ -104,11 +104,25 @@ static absl::StatusOr<uint32_t> FitChunk(uint32_t chunk_bytes, const Transport& 
   return chunk_bytes;
 }
 
+// Where the caller left the data plane on the IPv4 wildcard (the default), an aggregator that has
+// only an IPv6 address moves it to the IPv6 one: a job's data plane runs over the family of its
+// aggregators, and its workers need no setting for that. (RDMA addresses peers by IPv4 alone.)
+static std::string DataBindHost(const ClientOptions& o) {
+  const TransportOptions::Kind kind = o.transport.kind;
+  if ((kind == TransportOptions::Kind::kUdp || kind == TransportOptions::Kind::kAuto) && o.transport.bind_host == "0.0.0.0" &&
+      !o.aggregators.empty()) {
+    absl::StatusOr<Address> first = ResolveHostPort(o.aggregators[0]);
+    if (first.ok() && first->v6) return "::";
+  }
+  return o.transport.bind_host;
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& given) {
   if (absl::Status s = ValidateOptions(given); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(given.transport);
-  if (!transport.ok()) return transport.status();
   ClientOptions options = given;
+  options.transport.bind_host = DataBindHost(given);
+  absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(options.transport);
+  if (!transport.ok()) return transport.status();
   absl::StatusOr<uint32_t> chunk = FitChunk(given.chunk_bytes, **transport);
   if (!chunk.ok()) return chunk.status();
   options.chunk_bytes = *chunk;
@@ -123,6 +137,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   so.chunk_bytes = options.chunk_bytes;
   so.data_host = options.data_host;
   so.data_port = local.port;
+  so.data_family = local.family();
   if (local.qpn != 0) {
     // RDMA peers are reached at our GID's address, not at the address gRPC sees.
     so.data_host = local.HostString();

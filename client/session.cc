@@ -145,7 +145,7 @@ absl::StatusOr<Session::Joined> Session::FinishJoin(const SessionOptions& option
   }
   for (const v1::Endpoint& e : resp.data_endpoints()) {
     absl::StatusOr<Address> a =
-        ResolveAddress(e.host().empty() ? control_host : e.host(), static_cast<uint16_t>(e.port()));
+        ResolveAddress(e.host().empty() ? control_host : e.host(), static_cast<uint16_t>(e.port()), options.data_family);
     if (!a.ok()) return a.status();
     if ((e.qpn() != 0) != (options.data_qpn != 0) || e.qkey() != options.data_qkey) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -160,13 +160,18 @@ absl::StatusOr<Session::Joined> Session::FinishJoin(const SessionOptions& option
       if (p == 0 || p > 65535) {
         return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " sent spray port ", p));
       }
-      sources.push_back(Address{a->ipv4, static_cast<uint16_t>(p)});
+      Address source = *a;
+      source.port = static_cast<uint16_t>(p);
+      sources.push_back(source);
     }
     for (uint32_t q : e.spray_qpns()) {
       if (q == 0 || q > 0xffffff) {
         return absl::FailedPreconditionError(absl::StrCat("aggregator ", control, " sent spray queue pair ", q));
       }
-      sources.push_back(Address{a->ipv4, 0, q});
+      Address source = *a;
+      source.port = 0;
+      source.qpn = q;
+      sources.push_back(source);
     }
     info.data_sources.push_back(std::move(sources));
     info.data_endpoints.push_back(*a);

@@ -50,6 +50,7 @@ struct SessionOptions {
   uint32_t chunk_bytes = 0;
   std::string data_host;
   uint16_t data_port = 0;
+  int data_family = AF_INET;  // our data plane's: aggregators' data endpoints are resolved in it
   uint32_t data_qpn = 0;   // RDMA: our UD queue pair (data_host is then our GID's address)
   uint32_t data_qkey = 0;  // RDMA: the Q_Key it accepts
   absl::Duration rpc_timeout = absl::Seconds(5);

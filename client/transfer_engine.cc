@@ -65,9 +65,9 @@ void TransferEngine::BuildDestinations() {
     dest_base_.push_back(static_cast<uint32_t>(dest_addr_.size()));
     for (size_t e = 0; e < options_.endpoints[a].size(); ++e) {
       const Address& ep = options_.endpoints[a][e];
-      dest_by_addr_[ep.Pack()] = static_cast<uint32_t>(dest_addr_.size());
+      dest_by_addr_[ep] = static_cast<uint32_t>(dest_addr_.size());
       if (a < options_.sources.size() && e < options_.sources[a].size()) {
-        for (const Address& s : options_.sources[a][e]) dest_by_addr_[s.Pack()] = static_cast<uint32_t>(dest_addr_.size());
+        for (const Address& s : options_.sources[a][e]) dest_by_addr_[s] = static_cast<uint32_t>(dest_addr_.size());
       }
       dest_addr_.push_back(ep);
       dest_epoch_.push_back(options_.epochs[a]);
@@ -502,7 +502,7 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   }
   if (h.job != options_.job) return Reject(wire::Reject::kUnknownJob);
   if (h.rank != options_.rank) return Reject(wire::Reject::kNotMember);
-  auto src = dest_by_addr_.find(m.from.Pack());
+  auto src = dest_by_addr_.find(m.from);
   if (src == dest_by_addr_.end()) return Reject(wire::Reject::kUnknownSource);
   const uint32_t from_dest = src->second;
   if (h.epoch != dest_epoch_[from_dest]) return Reject(wire::Reject::kStaleEpoch);
@@ -573,7 +573,7 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
     Reject(wire::Reject::kLengthMismatch);
     return;
   }
-  auto from = dest_by_addr_.find(m.from.Pack());
+  auto from = dest_by_addr_.find(m.from);
   if (from == dest_by_addr_.end() || from->second != dest) {
     Reject(wire::Reject::kUnknownSource);
     if (!warned_source_) {

@@ -17,6 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -317,7 +318,7 @@ class TransferEngine {
   std::vector<const wire::MacKey*> dest_prev_key_;  // into options_.previous_keys; nullptr: none
   std::vector<KeyUpdate> key_updates_;  // under mu_
   std::unordered_map<std::string, KeyUpdate> latest_keys_;  // I/O thread: newest heard, by aggregator id
-  std::unordered_map<uint64_t, uint32_t> dest_by_addr_;  // Address::Pack() -> dest
+  absl::flat_hash_map<Address, uint32_t> dest_by_addr_;  // an endpoint or a source port of one -> dest
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
   std::vector<CongestionWindow> windows_;  // per dest (adaptive_window)
   std::vector<Pacer> pacers_;              // per dest (pacing)

@@ -1,5 +1,6 @@
 // "HOST:PORT" parsing, shared by the config validators, address resolution and the client.
-// The host is everything before the last ':', so it must be non-empty; the port is 0..65535.
+// An IPv6 host is bracketed, "[::1]:7000", as in URLs and gRPC targets; SplitHostPort returns it
+// without the brackets. The host must be non-empty; the port is 0..65535.
 #pragma once
 
 #include <cstdint>
@@ -11,5 +12,8 @@
 namespace dlcp {
 
 absl::StatusOr<std::pair<std::string, uint16_t>> SplitHostPort(const std::string& host_port);
+
+// The inverse: brackets a host that holds a ':' (an IPv6 literal).
+std::string JoinHostPort(const std::string& host, uint32_t port);
 
 }  // namespace dlcp

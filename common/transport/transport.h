@@ -93,6 +93,9 @@ struct TransportOptions {
   // kAuto: RDMA where a device is usable, otherwise UDP (CreateTransport logs why).
   enum class Kind { kAuto, kUdp, kLoopback, kRdma };
   Kind kind = Kind::kAuto;
+  // Its family is the endpoint's: an IPv6 address ("::", "fd00::7") makes an IPv6-only UDP
+  // endpoint, which sends to IPv6 peers alone. A Client moves the default to "::" when its first
+  // aggregator has only an IPv6 address. RDMA takes IPv4 alone.
   std::string bind_host = "0.0.0.0";
   uint16_t port = 0;  // 0 picks a free port
   size_t max_datagram = 65507;

@@ -3,9 +3,11 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/base/build_config.h"
 #include "common/base/clock.h"
+#include "common/base/host_port.h"
 #include "common/base/log.h"
 #include "common/wire/header.h"
 #include "common/wire/version_check.h"
@@ -19,10 +21,12 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
 }
 
 std::string PeerHost(const std::string& peer) {
-  if (peer.rfind("ipv4:", 0) != 0) return "";
-  std::string rest = peer.substr(5);
-  size_t colon = rest.rfind(':');
-  return colon == std::string::npos ? rest : rest.substr(0, colon);
+  const bool v6 = peer.rfind("ipv6:", 0) == 0;
+  if (!v6 && peer.rfind("ipv4:", 0) != 0) return "";
+  // gRPC writes an IPv6 peer as a URI: "ipv6:%5B::1%5D:5000", or bracketed on older releases.
+  std::string rest = absl::StrReplaceAll(peer.substr(5), {{"%5B", "["}, {"%5D", "]"}, {"%25", "%"}});
+  absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(rest);
+  return hp.ok() ? hp->first : "";
 }
 
 AggregatorService::AggregatorService(std::string aggregator_id, std::string advertise_host, JobRegistry* jobs,
@@ -118,8 +122,8 @@ absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::Jo
         "--per-worker-data-keys=false");
   }
   std::string host = req.data_host().empty() ? PeerHost(peer) : req.data_host();
-  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("no data_host given and peer '", peer, "' is not IPv4"));
-  absl::StatusOr<Address> addr = ResolveAddress(host, static_cast<uint16_t>(req.data_port()));
+  if (host.empty()) return absl::InvalidArgumentError(absl::StrCat("no data_host given and peer '", peer, "' is not IP"));
+  absl::StatusOr<Address> addr = ResolveAddress(host, static_cast<uint16_t>(req.data_port()), data_->family());
   if (!addr.ok()) return addr.status();
   addr->qpn = req.data_qpn();
   JoinSpec spec{req.job_name(), req.world_size(), req.rank(), req.chunk_bytes(), *addr};

@@ -88,7 +88,8 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   DrainTracker drain_;
 };
 
-// The IP in a gRPC peer string ("ipv4:10.0.0.1:5000"); empty if it is not IPv4.
+// The IP in a gRPC peer string ("ipv4:10.0.0.1:5000", "ipv6:%5B::1%5D:5000"); empty if it is
+// not IP.
 std::string PeerHost(const std::string& peer);
 
 }  // namespace dlcp::server

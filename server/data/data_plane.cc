@@ -121,6 +121,8 @@ std::vector<Address> DataPlane::endpoints() const {
   return out;
 }
 
+int DataPlane::family() const { return threads_.front()->transport()->local_address().family(); }
+
 std::vector<std::vector<Address>> DataPlane::spray_sources() const {
   std::vector<std::vector<Address>> out;
   for (const auto& t : threads_) out.push_back(t->transport()->spray_sources());

@@ -30,7 +30,9 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddString("id", "", "aggregator id reported in stats; empty means host:port");
   c->AddInt("health-port", -1, -1, 65535,
             "plaintext gRPC port serving only grpc.health.v1, for kubelet probes (they cannot use TLS); -1 disables it");
-  c->AddInt("metrics-port", -1, -1, 65535, "Prometheus /metrics port on --host; -1 disables it, 0 picks a free one");
+  c->AddInt("metrics-port", -1, -1, 65535,
+            "Prometheus /metrics port on --metrics-host; -1 disables it, 0 picks a free one");
+  c->AddString("metrics-host", "", "address to serve /metrics on, IPv4 only (the HTTP server has no IPv6); empty: --host");
   c->AddString("ready-file", "", "write {\"control_port\":..,\"data_ports\":[..]} here once serving");
   c->AddInt("tick-ms", 5, 1, 1000, "data thread timer tick, also the longest receive wait");
   c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence on a round before missing chunks are NACKed");
@@ -88,6 +90,14 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.advertise_host = c.GetString("advertise-host");
   o.ready_file = c.GetString("ready-file");
   o.metrics_port = static_cast<int>(c.GetInt("metrics-port"));
+  o.metrics_host = c.GetString("metrics-host").empty() ? o.host : c.GetString("metrics-host");
+  if (o.metrics_port >= 0 && o.metrics_host.find(':') != std::string::npos) {
+    // civetweb, as Debian builds it for prometheus-cpp, cannot listen on IPv6.
+    return absl::InvalidArgumentError(absl::StrCat(
+        c.GetString("metrics-host").empty() ? "--host '" : "--metrics-host '", o.metrics_host,
+        "' is IPv6, and the metrics endpoint serves IPv4 only: set --metrics-host to an IPv4 address (0.0.0.0 for "
+        "all), or turn it off with --metrics-port=-1 and read the metrics with dlcpctl stats"));
+  }
   o.health_port = static_cast<int>(c.GetInt("health-port"));
   o.aggregator_id = c.GetString("id");
   TransportOptionsFromConfig(c, &o.data.transport);

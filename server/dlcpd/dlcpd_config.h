@@ -20,6 +20,7 @@ struct DlcpdOptions {
   std::string aggregator_id;
   std::string ready_file;
   int metrics_port = -1;  // -1: off
+  std::string metrics_host;  // --metrics-host, or --host
   int health_port = -1;   // -1: off
   absl::Duration job_idle_timeout;
   absl::Duration drain_timeout;  // zero: SIGTERM stops at once

@@ -15,6 +15,7 @@
 #include "common/rpc/heartbeat.h"
 #include "common/rpc/socket_marks.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/host_port.h"
 #include "absl/time/clock.h"
 #include "absl/strings/str_join.h"
 #include "common/base/build_config.h"
@@ -131,12 +132,12 @@ int Main(int argc, char** argv) {
   // Control rides the top class, like the data plane's control messages.
   if (auto marks = ServerDscpOption(opts->data.transport.dscp[0])) builder.SetOption(std::move(marks));
   int control_port = 0;
-  builder.AddListeningPort(absl::StrCat(opts->host, ":", opts->control_port), *credentials, &control_port);
+  builder.AddListeningPort(JoinHostPort(opts->host, opts->control_port), *credentials, &control_port);
   AggregatorService service(opts->aggregator_id, opts->advertise_host, &jobs, data->get(), &metrics);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || control_port == 0) {
-    std::cerr << "dlcpd: cannot listen on " << opts->host << ":" << opts->control_port << "\n";
+    std::cerr << "dlcpd: cannot listen on " << JoinHostPort(opts->host, opts->control_port) << "\n";
     (*data)->Stop();
     return 1;
   }
@@ -150,11 +151,11 @@ int Main(int argc, char** argv) {
     grpc::EnableDefaultHealthCheckService(false);
     grpc::ServerBuilder hb;
     hb.RegisterService(&health);
-    hb.AddListeningPort(absl::StrCat(opts->host, ":", opts->health_port), grpc::InsecureServerCredentials(),
+    hb.AddListeningPort(JoinHostPort(opts->host, opts->health_port), grpc::InsecureServerCredentials(),
                         &health_port);
     health_server = hb.BuildAndStart();
     if (!health_server || health_port == 0) {
-      std::cerr << "dlcpd: cannot listen for health checks on " << opts->host << ":" << opts->health_port << "\n";
+      std::cerr << "dlcpd: cannot listen for health checks on " << JoinHostPort(opts->host, opts->health_port) << "\n";
       server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
       (*data)->Stop();
       return 1;
@@ -163,7 +164,7 @@ int Main(int argc, char** argv) {
   std::unique_ptr<PrometheusExporter> exporter;
   if (opts->metrics_port >= 0) {
     absl::StatusOr<std::unique_ptr<PrometheusExporter>> e =
-        PrometheusExporter::Start(opts->host, static_cast<uint16_t>(opts->metrics_port), &metrics);
+        PrometheusExporter::Start(opts->metrics_host, static_cast<uint16_t>(opts->metrics_port), &metrics);
     if (!e.ok()) {
       std::cerr << "dlcpd: cannot serve metrics: " << e.status().message() << "\n";
       server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -171,13 +172,13 @@ int Main(int argc, char** argv) {
       return 1;
     }
     exporter = std::move(*e);
-    DLCP_LOG(Info) << "Prometheus metrics on http://" << opts->host << ":" << exporter->port() << "/metrics";
+    DLCP_LOG(Info) << "Prometheus metrics on http://" << JoinHostPort(opts->metrics_host, exporter->port()) << "/metrics";
   }
-  if (opts->aggregator_id.empty()) service.set_aggregator_id(absl::StrCat(opts->host, ":", control_port));
+  if (opts->aggregator_id.empty()) service.set_aggregator_id(JoinHostPort(opts->host, control_port));
   std::vector<std::string> endpoints;
   for (const Address& a : (*data)->endpoints()) endpoints.push_back(a.qpn != 0 ? a.ToString() : absl::StrCat(a.port));
   const bool rdma = (*data)->kind() == TransportOptions::Kind::kRdma;
-  DLCP_LOG(Info) << "dlcpd " << DLCP_VERSION << " serving control " << opts->host << ":" << control_port
+  DLCP_LOG(Info) << "dlcpd " << DLCP_VERSION << " serving control " << JoinHostPort(opts->host, control_port)
                  << (opts->tls.plaintext ? " (plaintext)" : opts->tls.ca_file.empty() ? " (TLS)" : " (mutual TLS)")
                  << (rdma ? ", data RDMA queue pairs " : ", data UDP ports ") << absl::StrJoin(endpoints, ",");
   if (!opts->ready_file.empty()) {

@@ -87,14 +87,13 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
         absl::StrCat("job '", s.job_name, "' uses chunk_bytes ", job->chunk_bytes, ", not ", s.chunk_bytes));
   }
   Member& m = job->members[s.rank];
-  const uint64_t packed = s.data_address.Pack();
-  uint64_t old = m.packed_address.exchange(packed, std::memory_order_acq_rel);
-  if (old == 0) {
+  const std::optional<Address> old = m.data_address.Exchange(s.data_address);
+  if (!old) {
     // The last missing rank of a failed job is back: the job goes on.
     if (job->member_count.fetch_add(1) + 1 == job->world && job->Recover()) {
       DLCP_LOG(Warning) << "job " << s.job_name << " goes on: rank " << s.rank << " joined again, every rank is back";
     }
-  } else if (old != packed) {
+  } else if (*old != s.data_address) {
     // Another process under a rank still counted (it restarted within the heartbeat deadline):
     // the old one is gone, and whatever rounds needed it with it.
     job->vacated.store(true);
@@ -116,7 +115,7 @@ absl::Status JobRegistry::Leave(uint32_t job_id, uint32_t rank, const std::strin
   if (rank >= job.world) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " outside job"));
   job.NoteLeft(rank, reason);
   job.members[rank].left_ns.store(MonotonicNanos());
-  if (job.members[rank].packed_address.exchange(0) == 0) return absl::OkStatus();
+  if (!job.members[rank].data_address.Exchange(std::nullopt)) return absl::OkStatus();
   if (job.member_count.fetch_sub(1) > 1) {
     job.vacated.store(true);
   } else {
@@ -268,7 +267,7 @@ std::vector<std::string> JobRegistry::FailSilentMembers(int64_t now_ns, absl::Du
       if (!m.joined()) continue;
       const int64_t silent_ns = now_ns - m.last_heartbeat_ns.load(std::memory_order_relaxed);
       if (silent_ns <= absl::ToInt64Nanoseconds(timeout)) continue;
-      if (m.packed_address.exchange(0) == 0) continue;  // left meanwhile
+      if (!m.data_address.Exchange(std::nullopt)) continue;  // left meanwhile
       job->member_count.fetch_sub(1);
       job->vacated.store(true);
       std::string reason = absl::StrCat("worker rank ", r, " sent no heartbeat for ",

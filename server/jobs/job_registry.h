@@ -20,6 +20,7 @@
 #include "common/base/clock.h"
 #include "common/metrics/registry.h"
 #include "common/transport/address.h"
+#include "common/transport/atomic_address.h"
 #include "common/wire/mac.h"
 #include "server/jobs/key_ring.h"
 #include "server/jobs/regroup_barrier.h"
@@ -45,12 +46,12 @@ struct JobLimits {
 };
 
 struct Member {
-  std::atomic<uint64_t> packed_address{0};  // Address::Pack(); 0 = not joined
+  AtomicAddress data_address;  // empty: not joined
   std::atomic<int64_t> last_heartbeat_ns{0};
   std::atomic<int64_t> left_ns{0};  // when it last left; its stragglers after that are late, not invalid
 
-  bool joined() const { return packed_address.load(std::memory_order_acquire) != 0; }
-  Address address() const { return Address::Unpack(packed_address.load(std::memory_order_acquire)); }
+  bool joined() const { return data_address.Load().has_value(); }
+  Address address() const { return data_address.Load().value_or(Address{}); }
 };
 
 struct Job {

@@ -7,6 +7,7 @@
 #include <exception>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/host_port.h"
 
 namespace dlcp::server {
 namespace {
@@ -61,11 +62,12 @@ class RegistryCollectable final : public prometheus::Collectable {
 absl::StatusOr<std::unique_ptr<PrometheusExporter>> PrometheusExporter::Start(const std::string& host, uint16_t port,
                                                                                MetricsRegistry* metrics) {
   std::unique_ptr<PrometheusExporter> e(new PrometheusExporter());
+  const std::string at = JoinHostPort(host, port);
   try {
     // civetweb (inside the exposer) throws when it cannot listen; nothing else here does.
-    e->exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port), /*num_threads=*/1);
+    e->exposer_ = std::make_unique<prometheus::Exposer>(at, /*num_threads=*/1);
   } catch (const std::exception& ex) {
-    return absl::UnavailableError(absl::StrCat("metrics endpoint ", host, ":", port, ": ", ex.what()));
+    return absl::UnavailableError(absl::StrCat("metrics endpoint ", at, ": ", ex.what()));
   }
   e->collectable_ = std::make_shared<RegistryCollectable>(metrics);
   e->exposer_->RegisterCollectable(e->collectable_);

@@ -15,6 +15,7 @@
 #include "client/client.h"
 #include "common/wire/header.h"
 #include "server/jobs/job_registry.h"
+#include "tests/common/ipv6_loopback.h"
 #include "tests/integration/test_aggregator.h"
 
 namespace dlcp::testing {
@@ -30,13 +31,15 @@ struct Case {
   uint32_t chunk_bytes = 4096;
   bool data_auth = true;
   wire::Encoding encoding = wire::Encoding::kF32;
+  bool ipv6 = false;  // over ::1, the workers' data plane left at its default (IPv4) wildcard
 };
 
 std::string Name(const Case& c) {
   return absl::StrCat(c.kind == TransportOptions::Kind::kUdp ? "udp" : "loopback", "_a", c.aggregators, "t",
                       c.data_threads, "_w", c.workers, "_n", c.elems, "_drop", static_cast<int>(c.drop * 100),
                       c.data_auth ? "" : "_noauth",
-                      c.encoding == wire::Encoding::kF32 ? "" : absl::StrCat("_", wire::EncodingName(c.encoding)));
+                      c.encoding == wire::Encoding::kF32 ? "" : absl::StrCat("_", wire::EncodingName(c.encoding)),
+                      c.ipv6 ? "_ipv6" : "");
 }
 
 void PrintTo(const Case& c, std::ostream* os) { *os << Name(c); }
@@ -53,7 +56,8 @@ ClientOptions Options(const Case& c, const std::vector<std::string>& aggs, int r
   o.chunk_bytes = c.chunk_bytes;
   o.transport.kind = c.kind;
   o.tls.plaintext = true;
-  o.transport.bind_host = "127.0.0.1";
+  // An IPv6 job's workers bind the IPv6 wildcard themselves: their aggregators have no IPv4 address.
+  if (!c.ipv6) o.transport.bind_host = "127.0.0.1";
   o.transport.socket_buffer_bytes = 16 << 20;
   o.repair_timeout = absl::Milliseconds(10);
   o.op_timeout = absl::Seconds(30);
@@ -67,11 +71,13 @@ class AllReduceTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(AllReduceTest, SumsAreExact) {
   const Case c = GetParam();
+  if (c.ipv6 && !HasIpv6Loopback()) GTEST_SKIP() << kNoIpv6;
   std::vector<std::unique_ptr<TestAggregator>> aggs;
   std::vector<std::string> addrs;
   for (int a = 0; a < c.aggregators; ++a) {
     TestAggregatorOptions ao{c.kind, static_cast<uint32_t>(c.data_threads), c.drop, 100u + a};
     ao.limits.data_auth = c.data_auth;
+    if (c.ipv6) ao.host = "::1";
     aggs.push_back(TestAggregator::Start(ao));
     ASSERT_NE(aggs.back(), nullptr);
     addrs.push_back(aggs.back()->address());
@@ -162,7 +168,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{TransportOptions::Kind::kLoopback, 2, 2, 4, 100003, 0, 4096, true, wire::Encoding::kF16},
         Case{TransportOptions::Kind::kLoopback, 1, 1, 3, 5, 0, 4096, true, wire::Encoding::kBF16},
         Case{TransportOptions::Kind::kUdp, 2, 1, 4, 250000, 0, 4096, true, wire::Encoding::kBF16},
-        Case{TransportOptions::Kind::kUdp, 2, 2, 3, 100003, 0.1, 4096, true, wire::Encoding::kF16}),
+        Case{TransportOptions::Kind::kUdp, 2, 2, 3, 100003, 0.1, 4096, true, wire::Encoding::kF16},
+        Case{TransportOptions::Kind::kUdp, 2, 2, 4, 250000, 0, 4096, true, wire::Encoding::kF32, /*ipv6=*/true},
+        Case{TransportOptions::Kind::kUdp, 2, 1, 3, 100003, 0.1, 4096, true, wire::Encoding::kF32, /*ipv6=*/true}),
     [](const auto& info) { return Name(info.param); });
 
 // Connects c.workers clients to one aggregator at once (joins wait for each other).
@@ -415,14 +423,13 @@ TEST(AllReduceRepair, DatagramsAFullReceiveBufferDroppedAreCountedAndRoundsStayE
   if (HasFailure()) return;
   const auto job = agg->jobs().Find(server::JobIdForName("rx-overflow"));
   ASSERT_NE(job, nullptr);
-  const sockaddr_in to = job->members[0].address().ToSockaddr();
+  const SockAddr to = job->members[0].address().ToSockaddr();
   const int tx = socket(AF_INET, SOCK_DGRAM, 0);
   ASSERT_GE(tx, 0);
   constexpr int kBurst = 2000;
   const std::vector<uint8_t> garbage(1000, 0xAB);  // refused as bad_magic
   for (int i = 0; i < kBurst; ++i) {
-    ASSERT_EQ(sendto(tx, garbage.data(), garbage.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof(to)),
-              static_cast<ssize_t>(garbage.size()));
+    ASSERT_EQ(sendto(tx, garbage.data(), garbage.size(), 0, to.get(), to.len), static_cast<ssize_t>(garbage.size()));
   }
   close(tx);
   // The kernel reports what it dropped with the next datagram it delivers: the rounds' results.

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "common/base/host_port.h"
 
 namespace dlcp::testing {
 namespace {
@@ -146,7 +147,10 @@ std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vect
   std::vector<std::string> argv = {binary, "--host=127.0.0.1", "--port=0", "--data-port=0", "--log-level=warning",
                                    absl::StrCat("--ready-file=", d->dir_, "/ready")};
   bool tls = false;
-  for (const std::string& f : flags) tls = tls || f.rfind("--tls-cert", 0) == 0;
+  for (const std::string& f : flags) {
+    tls = tls || f.rfind("--tls-cert", 0) == 0;
+    if (f.rfind("--host=", 0) == 0) d->host_ = f.substr(7);  // the last one counts, as for dlcpd
+  }
   if (!tls) argv.push_back("--plaintext");
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv = WithEnvironment(env, std::move(argv));
@@ -221,6 +225,6 @@ std::string HttpGet(int port, const std::string& path, absl::Duration timeout) {
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
-std::string Daemon::control() const { return absl::StrCat("127.0.0.1:", control_port_); }
+std::string Daemon::control() const { return JoinHostPort(host_, control_port_); }
 
 }  // namespace dlcp::testing

@@ -49,7 +49,7 @@ class BackgroundProcess {
 // destroyed: the workers a test leaves behind were killed, and no one is left to tell.
 class Daemon {
  public:
-  // Starts dlcpd with extra flags, and `env` (NAME=VALUE) added to its environment, and waits
+  // Starts dlcpd on 127.0.0.1 (or the flags' --host) with extra flags, and `env` (NAME=VALUE) added to its environment, and waits
   // (bounded) for its ready file.
   static std::unique_ptr<Daemon> Start(const std::string& binary, const std::vector<std::string>& flags,
                                        const std::vector<std::string>& env = {});
@@ -68,6 +68,7 @@ class Daemon {
  private:
   int pid_ = -1;
   int control_port_ = 0;
+  std::string host_ = "127.0.0.1";  // its --host
   int metrics_port_ = -1;
   int health_port_ = -1;
   std::string dir_;

@@ -1,5 +1,5 @@
 // An in-process dlcpd for tests: the real JobRegistry, DataPlane and gRPC AggregatorService on
-// 127.0.0.1 with ephemeral ports, over either transport.
+// 127.0.0.1 (or another local address) with ephemeral ports, over either transport.
 #pragma once
 
 #include <grpcpp/server_builder.h>
@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "common/base/host_port.h"
 #include "common/metrics/registry.h"
 #include "server/control/aggregator_service.h"
 #include "server/data/data_plane.h"
@@ -26,6 +27,7 @@ struct TestAggregatorOptions {
   DropInjectorOptions inject_class;  // per-class drops at the aggregator
   absl::Duration repair_timeout = absl::Milliseconds(10);
   int control_port = 0;  // 0: any (a restarted aggregator takes its old one)
+  std::string host = "127.0.0.1";  // control and data ports' address ("::1": over IPv6)
 };
 
 class TestAggregator {
@@ -36,7 +38,7 @@ class TestAggregator {
     a->jobs_->ExportMetrics(&a->metrics_);
     server::DataPlaneOptions d;
     d.transport.kind = o.kind;
-    d.transport.bind_host = "127.0.0.1";
+    d.transport.bind_host = o.host;
     d.transport.socket_buffer_bytes = 16 << 20;
     d.threads = o.data_threads;
     d.inject_drop = o.inject_drop;
@@ -48,7 +50,8 @@ class TestAggregator {
     a->data_ = std::move(*plane);
     a->service_ = std::make_unique<server::AggregatorService>("test", "", a->jobs_.get(), a->data_.get(), &a->metrics_);
     grpc::ServerBuilder b;
-    b.AddListeningPort(absl::StrCat("127.0.0.1:", o.control_port), grpc::InsecureServerCredentials(), &a->port_);
+    a->host_ = o.host;
+    b.AddListeningPort(JoinHostPort(o.host, o.control_port), grpc::InsecureServerCredentials(), &a->port_);
     b.RegisterService(a->service_.get());
     a->server_ = b.BuildAndStart();
     if (!a->server_ || a->port_ == 0) return nullptr;
@@ -60,7 +63,7 @@ class TestAggregator {
     data_->Stop();
   }
 
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string address() const { return JoinHostPort(host_, port_); }
   int port() const { return port_; }
   MetricsRegistry& metrics() { return metrics_; }
   server::JobRegistry& jobs() { return *jobs_; }
@@ -90,6 +93,7 @@ class TestAggregator {
   std::unique_ptr<server::AggregatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  std::string host_;
 };
 
 }  // namespace dlcp::testing

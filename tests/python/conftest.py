@@ -12,7 +12,7 @@ import pytest
 BUILD = pathlib.Path(os.environ.get("DLCP_BUILD_DIR", pathlib.Path(__file__).resolve().parents[2] / "build"))
 
 
-def start_aggregators(workdir, count, extra=()):
+def start_aggregators(workdir, count, extra=(), host="127.0.0.1"):
     dlcpd = BUILD / "server" / "dlcpd"
     if not dlcpd.exists():
         pytest.fail(f"{dlcpd} is missing; build first")
@@ -20,7 +20,7 @@ def start_aggregators(workdir, count, extra=()):
     for i in range(count):
         ready = workdir / f"agg{i}.ready"
         log = open(workdir / f"agg{i}.log", "w")
-        procs.append(subprocess.Popen([str(dlcpd), "--host=127.0.0.1", "--port=0", "--data-port=0", "--plaintext",
+        procs.append(subprocess.Popen([str(dlcpd), f"--host={host}", "--port=0", "--data-port=0", "--plaintext",
                                        "--log-level=warning", f"--ready-file={ready}", *extra],
                                       stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 10
@@ -28,8 +28,19 @@ def start_aggregators(workdir, count, extra=()):
             if time.monotonic() > deadline or procs[-1].poll() is not None:
                 raise RuntimeError(f"dlcpd {i} did not start: {(workdir / f'agg{i}.log').read_text()}")
             time.sleep(0.02)
-        addrs.append(f"127.0.0.1:{json.loads(ready.read_text())['control_port']}")
+        bracketed = f"[{host}]" if ":" in host else host
+        addrs.append(f"{bracketed}:{json.loads(ready.read_text())['control_port']}")
     return procs, ",".join(addrs)
+
+
+def has_ipv6_loopback():
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
 
 
 def stop(procs):

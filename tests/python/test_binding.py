@@ -309,8 +309,31 @@ def test_bad_options_and_unreachable_aggregators():
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, rpc_timeout_s=1)
 
 
+def test_a_job_runs_over_ipv6(tmp_path):
+    """Aggregators on ::1: the workers' data plane follows them to IPv6 with no setting."""
+    from conftest import has_ipv6_loopback, start_aggregators, stop
+    if not has_ipv6_loopback():
+        pytest.skip("this host cannot bind ::1 (IPv6 is off)")
+    procs, addrs = start_aggregators(tmp_path, 2, extra=("--inject-drop=0.05",), host="::1")
+    try:
+        assert addrs.startswith("[::1]:")
+        clients = connect_all(addrs, "py-ipv6", 3, loss_bound=0)
+        data = [np.arange(100_003, dtype=np.float32) * (r + 1) for r in range(3)]
+        handles = [c.allreduce_async(0, d) for c, d in zip(clients, data)]
+        for h in handles:
+            h.wait()
+        for d in data:
+            np.testing.assert_array_equal(d, np.arange(100_003, dtype=np.float32) * 6)
+        for c in clients:
+            c.close()
+    finally:
+        stop(procs)
+
+
 def test_resolve_aggregators_lists_every_address_sorted():
     assert dlcp.resolve_aggregators("localhost:7400") == "127.0.0.1:7400"
+    # A name with no IPv4 address gives its IPv6 ones, bracketed.
+    assert dlcp.resolve_aggregators("[::1]:7400") == "[::1]:7400"
     with pytest.raises(dlcp.Error, match="is not host:port"):
         dlcp.resolve_aggregators("dlcpd.dlcp.svc")
     with pytest.raises(dlcp.Error, match="UNAVAILABLE: cannot resolve"):

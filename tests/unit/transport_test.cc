@@ -12,25 +12,37 @@
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
 #include "common/transport/transport.h"
+#include "tests/common/ipv6_loopback.h"
 
 namespace dlcp {
 namespace {
 
 }  // namespace
 
+// A transport and the address it binds.
+struct TransportCase {
+  TransportOptions::Kind kind;
+  std::string host;
+  std::string name;
+};
+
 // gtest finds this by argument-dependent lookup; it names parameters in test listings.
-inline void PrintTo(TransportOptions::Kind k, std::ostream* os) { *os << TransportKindName(k); }
+inline void PrintTo(const TransportCase& c, std::ostream* os) { *os << c.name; }
 
 namespace {
 
-class TransportTest : public ::testing::TestWithParam<TransportOptions::Kind> {
+class TransportTest : public ::testing::TestWithParam<TransportCase> {
  protected:
+  void SetUp() override {
+    if (GetParam().host == "::1" && !testing::HasIpv6Loopback()) GTEST_SKIP() << testing::kNoIpv6;
+  }
+
   std::unique_ptr<Transport> Make(size_t batch = 64, bool offload = true) {
     TransportOptions o;
-    o.kind = GetParam();
+    o.kind = GetParam().kind;
     o.gso = offload;
     o.gro = offload;
-    o.bind_host = "127.0.0.1";
+    o.bind_host = GetParam().host;
     o.recv_batch = batch;
     o.socket_buffer_bytes = 8 << 20;
     auto t = CreateTransport(o);
@@ -124,7 +136,7 @@ TEST_P(TransportTest, EqualSizeRunsArriveAsSeparateDatagrams) {
     }
     EXPECT_EQ(a->counters().sent_packets.load(), 300u);
     EXPECT_EQ(b->counters().recv_packets.load(), 300u);
-    if (GetParam() == TransportOptions::Kind::kUdp && offload) {
+    if (GetParam().kind == TransportOptions::Kind::kUdp && offload) {
       EXPECT_GT(a->counters().gso_sends.load(), 0u) << "GSO never used";
     } else {
       EXPECT_EQ(a->counters().gso_sends.load(), 0u);
@@ -202,8 +214,10 @@ TEST_P(TransportTest, SendToAClosedPortIsNotAnError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, TransportTest,
-                         ::testing::Values(TransportOptions::Kind::kLoopback, TransportOptions::Kind::kUdp),
-                         [](const auto& info) { return std::string(TransportKindName(info.param)); });
+                         ::testing::Values(TransportCase{TransportOptions::Kind::kLoopback, "127.0.0.1", "loopback"},
+                                           TransportCase{TransportOptions::Kind::kUdp, "127.0.0.1", "udp"},
+                                           TransportCase{TransportOptions::Kind::kUdp, "::1", "udp_ipv6"}),
+                         [](const auto& info) { return info.param.name; });
 
 TEST(TransportFactory, ValidatesOptions) {
   TransportOptions o;
@@ -228,27 +242,32 @@ TEST(TransportFactory, ValidatesOptions) {
 }
 
 // Each message's class must leave the host as its DSCP code point, including runs sent as one
-// GSO super-datagram. A plain socket with IP_RECVTOS reads the TOS byte of every datagram.
-TEST(UdpTransport, MarksEveryDatagramWithItsClassDscp) {
-  int rx = socket(AF_INET, SOCK_DGRAM, 0);
+// GSO super-datagram: the TOS byte over IPv4, the traffic class over IPv6. A plain socket with
+// IP_RECVTOS (IPV6_RECVTCLASS) reads it from every datagram.
+void ExpectEveryDatagramMarkedWithItsClassDscp(const std::string& host) {
+  SCOPED_TRACE(host);
+  absl::StatusOr<Address> at = ResolveAddress(host, 0);
+  ASSERT_TRUE(at.ok()) << at.status();
+  const bool v6 = at->v6;
+  int rx = socket(at->family(), SOCK_DGRAM, 0);
   ASSERT_GE(rx, 0);
   int one = 1;
-  ASSERT_EQ(setsockopt(rx, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one)), 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(0x7f000001);
-  ASSERT_EQ(bind(rx, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  socklen_t len = sizeof(sa);
-  getsockname(rx, reinterpret_cast<sockaddr*>(&sa), &len);
+  ASSERT_EQ(v6 ? setsockopt(rx, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one))
+               : setsockopt(rx, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one)),
+            0);
+  SockAddr sa = at->ToSockaddr();
+  ASSERT_EQ(bind(rx, sa.get(), sa.len), 0);
+  sa.len = sizeof(sa.storage);
+  getsockname(rx, sa.get(), &sa.len);
   timeval tv{5, 0};
   setsockopt(rx, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 
   TransportOptions o;
-  o.bind_host = "127.0.0.1";
+  o.bind_host = host;
   o.dscp = {46, 34, 18, 8};
   auto tx = CreateTransport(o);
-  ASSERT_TRUE(tx.ok());
-  Address to = Address::FromSockaddr(sa);
+  ASSERT_TRUE(tx.ok()) << tx.status();
+  Address to = Address::FromSockaddr(sa.get());
   std::vector<uint8_t> payload(100, 0);
   uint8_t headers[12];
   std::vector<OutMessage> msgs;
@@ -270,7 +289,10 @@ TEST(UdpTransport, MarksEveryDatagramWithItsClassDscp) {
     ASSERT_EQ(n, 101) << "datagram " << i;
     int tos = -1;
     for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
-      if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) tos = *CMSG_DATA(c);
+      if ((c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) ||
+          (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS)) {
+        tos = *CMSG_DATA(c);
+      }
     }
     const uint8_t cls = buf[0];
     ASSERT_LT(cls, 4);
@@ -279,12 +301,58 @@ TEST(UdpTransport, MarksEveryDatagramWithItsClassDscp) {
   close(rx);
 }
 
+TEST(UdpTransport, MarksEveryDatagramWithItsClassDscp) { ExpectEveryDatagramMarkedWithItsClassDscp("127.0.0.1"); }
+
+TEST(UdpTransport, MarksEveryDatagramWithItsClassDscpOverIpv6) {
+  if (!testing::HasIpv6Loopback()) GTEST_SKIP() << testing::kNoIpv6;
+  ExpectEveryDatagramMarkedWithItsClassDscp("::1");
+}
+
+// A job's peers share one family: an IPv4 endpoint refuses an IPv6 peer, naming both, and the
+// other way round, rather than failing in the kernel.
+TEST(UdpTransport, RefusesAPeerOfTheOtherFamily) {
+  if (!testing::HasIpv6Loopback()) GTEST_SKIP() << testing::kNoIpv6;
+  TransportOptions o;
+  o.bind_host = "127.0.0.1";
+  auto v4 = CreateTransport(o);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  o.bind_host = "::1";
+  auto v6 = CreateTransport(o);
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  EXPECT_TRUE((*v6)->local_address().v6);
+  EXPECT_EQ((*v6)->local_address().HostString(), "::1");
+  uint8_t h[8] = {};
+  for (auto [from, to] : {std::pair{v4->get(), v6->get()}, std::pair{v6->get(), v4->get()}}) {
+    OutMessage m{to->local_address(), 0, h, sizeof(h), nullptr, 0};
+    absl::Status s = from->Send({&m, 1}, MonotonicNow() + absl::Seconds(1));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(to->local_address().ToString()), std::string_view::npos) << s;
+    EXPECT_NE(s.message().find("one family"), std::string_view::npos) << s;
+    EXPECT_EQ(from->counters().sent_packets.load(), 0u);
+  }
+}
+
+// A wildcard bind is reached through loopback by peers on this host, in its own family.
+TEST(UdpTransport, AWildcardBindReportsLoopbackOfItsFamily) {
+  TransportOptions o;
+  o.bind_host = "0.0.0.0";
+  auto v4 = CreateTransport(o);
+  ASSERT_TRUE(v4.ok()) << v4.status();
+  EXPECT_EQ((*v4)->local_address().HostString(), "127.0.0.1");
+  if (!testing::HasIpv6Loopback()) GTEST_SKIP() << testing::kNoIpv6;
+  o.bind_host = "::";
+  auto v6 = CreateTransport(o);
+  ASSERT_TRUE(v6.ok()) << v6.status();
+  EXPECT_EQ((*v6)->local_address().HostString(), "::1");
+}
+
 // A UDP sender spraying over `ports` source ports in bursts of `burst`, and a receiver on one
 // port that takes datagrams one by one (no GRO), so they can be counted.
-void SprayPair(bool gso, uint32_t ports, uint32_t burst, std::unique_ptr<Transport>* a, std::unique_ptr<Transport>* b) {
+void SprayPair(bool gso, uint32_t ports, uint32_t burst, std::unique_ptr<Transport>* a, std::unique_ptr<Transport>* b,
+               const std::string& host = "127.0.0.1") {
   TransportOptions o;
   o.kind = TransportOptions::Kind::kUdp;
-  o.bind_host = "127.0.0.1";
+  o.bind_host = host;
   o.gso = o.gro = gso;
   o.spray_ports = ports;
   o.spray_burst = burst;
@@ -308,11 +376,9 @@ TEST(UdpTransport, CountsTheDatagramsItsFullReceiveBufferDropped) {
   ASSERT_TRUE(rx.ok()) << rx.status();
   int tx = socket(AF_INET, SOCK_DGRAM, 0);
   ASSERT_GE(tx, 0);
-  const sockaddr_in to = (*rx)->local_address().ToSockaddr();
+  const SockAddr to = (*rx)->local_address().ToSockaddr();
   const std::vector<uint8_t> datagram(1000, 7);
-  const auto send_one = [&] {
-    return sendto(tx, datagram.data(), datagram.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof(to));
-  };
+  const auto send_one = [&] { return sendto(tx, datagram.data(), datagram.size(), 0, to.get(), to.len); };
   constexpr int kBurst = 400;  // about 0.8 MB against a 128 KiB buffer (the kernel doubles it)
   for (int i = 0; i < kBurst; ++i) ASSERT_EQ(send_one(), static_cast<ssize_t>(datagram.size()));
   std::vector<InMessage> batch;
@@ -345,13 +411,14 @@ TEST(UdpTransport, CountsTheDatagramsItsFullReceiveBufferDropped) {
 
 // Path spraying: bursts of spray_burst datagrams leave from each of spray_ports source ports in
 // turn, and the ports are the ones the transport reports (peers map them to the endpoint).
-TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
+void ExpectBurstsSprayedOverEverySourcePort(const std::string& host) {
+  SCOPED_TRACE(host);
   for (bool gso : {false, true}) {
     std::unique_ptr<Transport> a, b;
-    ASSERT_NO_FATAL_FAILURE(SprayPair(gso, 4, 3, &a, &b));
+    ASSERT_NO_FATAL_FAILURE(SprayPair(gso, 4, 3, &a, &b, host));
     std::vector<uint16_t> ports;
     for (const Address& s : a->spray_sources()) {
-      EXPECT_EQ(s.ipv4, a->local_address().ipv4);
+      EXPECT_EQ(s.HostString(), a->local_address().HostString());
       ports.push_back(s.port);
     }
     ASSERT_EQ(ports.size(), 3u);
@@ -368,7 +435,7 @@ TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
     while (order.size() < msgs.size() && MonotonicNow() < deadline) {
       ASSERT_TRUE(b->Receive(&batch, absl::Milliseconds(100)).ok());
       for (const InMessage& m : batch) {
-        EXPECT_EQ(m.from.ipv4, a->local_address().ipv4);
+        EXPECT_EQ(m.from.HostString(), host);
         ++per_port[m.from.port];
         order.push_back(m.from.port);
       }
@@ -387,6 +454,13 @@ TEST(UdpTransport, SpraysBurstsOverEverySourcePort) {
     for (size_t p = 0; p < 4; ++p) EXPECT_EQ(a->counters().path_packets[p].load(), 15u) << "path " << p;
     EXPECT_EQ(a->counters().path_packets[4].load(), 0u);
   }
+}
+
+TEST(UdpTransport, SpraysBurstsOverEverySourcePort) { ExpectBurstsSprayedOverEverySourcePort("127.0.0.1"); }
+
+TEST(UdpTransport, SpraysBurstsOverEverySourcePortOverIpv6) {
+  if (!testing::HasIpv6Loopback()) GTEST_SKIP() << testing::kNoIpv6;
+  ExpectBurstsSprayedOverEverySourcePort("::1");
 }
 
 TEST(TransportOptions, TheDefaultSprayBurstIsShorterForJumboDatagrams) {

@@ -68,17 +68,23 @@ atexit.register(_close_all)
 
 def resolve_aggregators(service):
     """"host:port" of a headless Service (e.g. "dlcpd.dlcp.svc:7400") -> "ip:port,ip:port,...":
-    every aggregator behind the name, sorted, so that every worker builds the same list."""
+    every aggregator behind the name, sorted, so that every worker builds the same list. Its IPv4
+    addresses where it has any, else its IPv6 ones, bracketed ("[fd00::7]:7400"): one family, as
+    a job's data plane runs over one."""
+    import ipaddress
     import socket
     host, sep, port = service.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise Error(f"INVALID_ARGUMENT: aggregator service '{service}' is not host:port")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        infos = socket.getaddrinfo(host, int(port), socket.AF_INET, socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host, int(port), socket.AF_UNSPEC, socket.SOCK_STREAM)
     except OSError as e:
         raise Error(f"UNAVAILABLE: cannot resolve aggregator service '{host}': {e}") from None
-    addrs = sorted({info[4][0] for info in infos}, key=lambda a: tuple(int(x) for x in a.split(".")))
-    return ",".join(f"{a}:{port}" for a in addrs)
+    v4 = {info[4][0] for info in infos if info[0] == socket.AF_INET}
+    v6 = {info[4][0] for info in infos if info[0] == socket.AF_INET6}
+    addrs = sorted(v4 or v6, key=ipaddress.ip_address)
+    return ",".join(f"{a}:{port}" if a in v4 else f"[{a}]:{port}" for a in addrs)
 
 
 def _as_buffer(tensor):

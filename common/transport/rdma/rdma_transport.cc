@@ -77,9 +77,13 @@ class RdmaTransport final : public Transport {
                                                      2 * kPostBatch));
     }
     uint32_t want_ipv4 = 0;
-    if (options_.bind_host != "0.0.0.0" && !options_.bind_host.empty()) {
+    if (options_.bind_host != "0.0.0.0" && options_.bind_host != "::" && !options_.bind_host.empty()) {
       absl::StatusOr<Address> a = ResolveAddress(options_.bind_host, 0);
       if (!a.ok()) return a.status();
+      if (a->v6) {  // a RoCEv2 peer is addressed by its GID's IPv4 address (grh.h)
+        return absl::InvalidArgumentError(
+            absl::StrCat("RDMA reaches its peers at IPv4 addresses (RoCEv2 GIDs), and '", options_.bind_host, "' is IPv6"));
+      }
       want_ipv4 = a->ipv4;
     }
     absl::StatusOr<rdma::DevicePort> dev = rdma::OpenDevicePort(v_, ro, want_ipv4);

@@ -40,38 +40,40 @@ class UdpTransport final : public Transport {
   }
 
   absl::Status Init() {
-    fd_ = DLCP_SYSCALL(::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    if (absl::Status s = waker_.Init(); !s.ok()) return s;
     absl::StatusOr<Address> bind_addr = ResolveAddress(options_.bind_host, options_.port);
     if (!bind_addr.ok()) return bind_addr.status();
+    family_ = bind_addr->family();
+    absl::StatusOr<int> fd = OpenSocket();
+    if (!fd.ok()) return fd.status();
+    fd_ = *fd;
+    if (absl::Status s = waker_.Init(); !s.ok()) return s;
     SetBuffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF, "receive");
     SetBuffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF, "send");
-    sockaddr_in sa = bind_addr->ToSockaddr();
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-      return ErrnoToStatus(errno, absl::StrCat("bind UDP ", bind_addr->ToString()));
+    absl::StatusOr<Address> bound = Bind(fd_, *bind_addr);
+    if (!bound.ok()) return bound.status();
+    local_ = *bound;
+    // A wildcard bind reports 0.0.0.0 or ::; peers on this host reach it through loopback.
+    if (local_.wildcard() && local_.v6) {
+      local_.ipv6[15] = 1;  // ::1
+    } else if (local_.wildcard()) {
+      local_.ipv4 = 0x7f000001;
     }
-    socklen_t len = sizeof(sa);
-    DLCP_SYSCALL(::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len));
-    local_ = Address::FromSockaddr(sa);
-    // A wildcard bind reports 0.0.0.0; peers on this host reach it through 127.0.0.1.
-    if (local_.ipv4 == 0) local_.ipv4 = 0x7f000001;
     send_fds_.push_back(fd_);
     for (uint32_t i = 1; i < options_.spray_ports; ++i) {
       // Send-only sockets on free ports of the same address. Nobody is told to send to them;
       // a minimal receive buffer bounds what strays could queue there.
-      int fd = DLCP_SYSCALL(::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-      spray_fds_.push_back(fd);
-      sockaddr_in any = Address{bind_addr->ipv4, 0}.ToSockaddr();
-      if (::bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof(any)) != 0) {
-        return ErrnoToStatus(errno, absl::StrCat("bind UDP spray port on ", bind_addr->HostString()));
-      }
-      socklen_t alen = sizeof(any);
-      DLCP_SYSCALL(::getsockname(fd, reinterpret_cast<sockaddr*>(&any), &alen));
-      spray_ports_.push_back(ntohs(any.sin_port));
-      SetBuffer(fd, SO_SNDBUFFORCE, SO_SNDBUF, "send");
+      absl::StatusOr<int> spray = OpenSocket();
+      if (!spray.ok()) return spray.status();
+      spray_fds_.push_back(*spray);
+      Address any = *bind_addr;
+      any.port = 0;
+      absl::StatusOr<Address> at = Bind(*spray, any);
+      if (!at.ok()) return at.status();
+      spray_ports_.push_back(at->port);
+      SetBuffer(*spray, SO_SNDBUFFORCE, SO_SNDBUF, "send");
       int tiny = 1;
-      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &tiny, sizeof(tiny));
-      send_fds_.push_back(fd);
+      ::setsockopt(*spray, SOL_SOCKET, SO_RCVBUF, &tiny, sizeof(tiny));
+      send_fds_.push_back(*spray);
     }
 
     // Each receive slot holds one datagram; 64-byte alignment keeps payloads (after the 48-byte
@@ -95,7 +97,11 @@ class UdpTransport final : public Transport {
   TransportOptions::Kind kind() const override { return TransportOptions::Kind::kUdp; }
   std::vector<Address> spray_sources() const override {
     std::vector<Address> out;
-    for (uint16_t p : spray_ports_) out.push_back(Address{local_.ipv4, p});
+    for (uint16_t p : spray_ports_) {
+      Address a = local_;
+      a.port = p;
+      out.push_back(a);
+    }
     return out;
   }
   size_t max_datagram() const override { return options_.max_datagram; }
@@ -106,6 +112,11 @@ class UdpTransport final : public Transport {
       if (m.size() > options_.max_datagram) {
         return absl::InvalidArgumentError(absl::StrCat("datagram of ", m.size(),
                                                        " bytes exceeds max_datagram ", options_.max_datagram));
+      }
+      if (m.to.family() != family_) {
+        return absl::InvalidArgumentError(absl::StrCat("cannot send to ", FamilyName(m.to.family()), " peer ",
+                                                       m.to.ToString(), " from ", FamilyName(family_), " endpoint ",
+                                                       local_.ToString(), ": every peer of a job must use one family"));
       }
     }
     size_t done = 0;
@@ -138,6 +149,27 @@ class UdpTransport final : public Transport {
   void Wake() override { waker_.Wake(); }
 
  private:
+  absl::StatusOr<int> OpenSocket() {
+    const int fd = DLCP_SYSCALL(::socket(family_, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    int one = 1;
+    // An IPv6 endpoint serves IPv6 alone: its peers, and the addresses it tells them, are IPv6.
+    if (family_ == AF_INET6 && ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoToStatus(err, "setsockopt IPV6_V6ONLY");
+    }
+    return fd;
+  }
+
+  // Binds `fd` to `at` and returns the address it got (its port, where `at` asked for 0).
+  static absl::StatusOr<Address> Bind(int fd, const Address& at) {
+    SockAddr sa = at.ToSockaddr();
+    if (::bind(fd, sa.get(), sa.len) != 0) return ErrnoToStatus(errno, absl::StrCat("bind UDP ", at.ToString()));
+    sa.len = sizeof(sa.storage);
+    DLCP_SYSCALL(::getsockname(fd, sa.get(), &sa.len));
+    return Address::FromSockaddr(sa.get());
+  }
+
   void SetBuffer(int fd, int force_opt, int opt, const char* what) {
     int v = static_cast<int>(options_.socket_buffer_bytes);
     // Without CAP_NET_ADMIN the forced size is refused, and the kernel caps the size at
@@ -171,7 +203,7 @@ class UdpTransport final : public Transport {
   absl::StatusOr<bool> SendWindow(absl::Span<const OutMessage> msgs, absl::Time deadline) {
     mmsghdr hdrs[kSendBatch];
     iovec iovs[kSendBatch * 3];
-    sockaddr_in addrs[kSendBatch];
+    SockAddr addrs[kSendBatch];
     uint32_t segments[kSendBatch];
     int unit_fd[kSendBatch];
     uint8_t unit_path[kSendBatch];
@@ -210,8 +242,8 @@ class UdpTransport final : public Transport {
       msghdr& h = hdrs[units].msg_hdr;
       std::memset(&h, 0, sizeof(h));
       addrs[units] = first.to.ToSockaddr();
-      h.msg_name = &addrs[units];
-      h.msg_namelen = sizeof(sockaddr_in);
+      h.msg_name = addrs[units].get();
+      h.msg_namelen = addrs[units].len;
       h.msg_iov = &iovs[iov_used];
       for (size_t k = 0; k < count; ++k) {
         const OutMessage& m = msgs[i + k];
@@ -223,8 +255,8 @@ class UdpTransport final : public Transport {
       h.msg_control = cmsgs[units];
       h.msg_controllen = CMSG_SPACE(sizeof(int));
       cmsghdr* c = CMSG_FIRSTHDR(&h);
-      c->cmsg_level = IPPROTO_IP;
-      c->cmsg_type = IP_TOS;
+      c->cmsg_level = family_ == AF_INET6 ? IPPROTO_IPV6 : IPPROTO_IP;
+      c->cmsg_type = family_ == AF_INET6 ? IPV6_TCLASS : IP_TOS;
       c->cmsg_len = CMSG_LEN(sizeof(int));
       int tos = options_.dscp[first.priority & 3] << 2;
       std::memcpy(CMSG_DATA(c), &tos, sizeof(int));
@@ -290,7 +322,7 @@ class UdpTransport final : public Transport {
         continue;
       }
       if (rc < 0 && errno == EMSGSIZE) {
-        return absl::InvalidArgumentError(absl::StrCat("UDP send to ", Address::FromSockaddr(addrs[sent]).ToString(),
+        return absl::InvalidArgumentError(absl::StrCat("UDP send to ", Address::FromSockaddr(addrs[sent].get()).ToString(),
                                                        " refused (EMSGSIZE)", MtuHint(hdrs[sent].msg_hdr)));
       }
       return ErrnoToStatus(errno, "sendmmsg");
@@ -305,7 +337,7 @@ class UdpTransport final : public Transport {
       msghdr& h = recv_hdr_[i].msg_hdr;
       std::memset(&h, 0, sizeof(h));
       h.msg_name = &recv_from_[i];
-      h.msg_namelen = sizeof(sockaddr_in);
+      h.msg_namelen = sizeof(sockaddr_storage);
       h.msg_iov = &recv_iov_[i];
       h.msg_iovlen = 1;
       if (gro_ || overflow_count_) {
@@ -347,7 +379,7 @@ class UdpTransport final : public Transport {
           }
         }
       }
-      const Address from = Address::FromSockaddr(recv_from_[i]);
+      const Address from = Address::FromSockaddr(reinterpret_cast<const sockaddr*>(&recv_from_[i]));
       const uint8_t* base = recv_pool_ + i * slot_size_;
       for (size_t off = 0; off < len; off += segment) {
         out->push_back(InMessage{from, base + off, std::min(segment, len - off)});
@@ -370,6 +402,7 @@ class UdpTransport final : public Transport {
 
   TransportOptions options_;
   int fd_ = -1;
+  int family_ = AF_INET;  // the bound address's, AF_INET or AF_INET6
   std::vector<int> spray_fds_;        // owned; the sockets of the other source ports
   std::vector<int> send_fds_;         // fd_ first, then spray_fds_
   std::vector<uint16_t> spray_ports_;
@@ -387,7 +420,7 @@ class UdpTransport final : public Transport {
   uint8_t* recv_pool_ = nullptr;
   std::vector<iovec> recv_iov_;
   std::vector<mmsghdr> recv_hdr_;
-  std::vector<sockaddr_in> recv_from_;
+  std::vector<sockaddr_storage> recv_from_;
 };
 
 }  // namespace
