@@ -68,7 +68,7 @@ test-asan: deps
 # -O2, and these tests take seconds either way.
 TSAN_FLAGS = -fsanitize=thread
 TSAN_OPT = -O1 -g1 -DNDEBUG
-TSAN_TESTS = engine_test transport_test round_test loss_tracker_test allreduce_test bounded_loss_test client_errors_test \
+TSAN_TESTS = engine_test transport_test address_test round_test loss_tracker_test allreduce_test bounded_loss_test client_errors_test \
   data_plane_validation_test \
   result_requests_test key_rotation_test key_ring_test \
   failover_test regroup_barrier_test packer_test

@@ -4,7 +4,8 @@
 # it started and removes its files.
 #   start_dlcpd NAME [DLCPD_FLAG...]      starts one and waits until it is ready: AGG[NAME] is its
 #                                         control address, METRICS[NAME] its metrics port (empty
-#                                         unless the flags ask for one, e.g. --metrics-port=0)
+#                                         unless the flags ask for one, e.g. --metrics-port=0);
+#                                         on 127.0.0.1 unless the flags give --host (::1: IPv6)
 #   run_job NAME TAGS [DLCP_BENCH_FLAG...] one dlcp-bench job against AGG[NAME]: prints its JSON,
 #                                         with TAGS ('"k":"v",...') first, and appends it to
 #                                         $BENCH_OUT
@@ -20,8 +21,10 @@ _stop_dlcpds() {
 trap _stop_dlcpds EXIT
 
 start_dlcpd() {
-  local name=$1 ready
+  local name=$1 ready host=127.0.0.1 f
   shift
+  for f in "$@"; do [[ $f == --host=* ]] && host=${f#--host=}; done
+  [[ $host == *:* ]] && host="[$host]"
   ready=$BENCH_WORK/$name.ready
   "$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --plaintext --log-level=warning "$@" \
     --ready-file="$ready" 2>"$BENCH_WORK/$name.log" &
@@ -32,7 +35,7 @@ start_dlcpd() {
     cat "$BENCH_WORK/$name.log" >&2
     exit 1
   fi
-  AGG[$name]="127.0.0.1:$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$ready")"
+  AGG[$name]="$host:$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$ready")"
   METRICS[$name]=$(sed -nE 's/.*"metrics_port":([0-9]+).*/\1/p' "$ready")
 }
 

@@ -18,6 +18,9 @@ echo
 echo "== cost of data-packet authentication"
 bash bench/auth_cost.sh "$BUILD"
 echo
+echo "== the IPv6 data plane against the IPv4 one"
+bash bench/ipv6_cost.sh "$BUILD"
+echo
 echo "== cost of rotating data keys under a running job"
 bash bench/key_rotation_cost.sh "$BUILD"
 echo

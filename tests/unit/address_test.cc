@@ -81,7 +81,9 @@ TEST(Address, HashesAndOrdersAddressesOfBothFamiliesApart) {
   for (size_t i = 0; i < all.size(); ++i) {
     for (size_t j = 0; j < all.size(); ++j) {
       EXPECT_EQ(all[i] == all[j], i == j) << all[i].ToString() << " " << all[j].ToString();
-      if (i != j) EXPECT_NE(all[i] < all[j], all[j] < all[i]) << all[i].ToString() << " " << all[j].ToString();
+      if (i != j) {
+        EXPECT_NE(all[i] < all[j], all[j] < all[i]) << all[i].ToString() << " " << all[j].ToString();
+      }
     }
   }
   // ::a.b.c.d is not the IPv4 address a.b.c.d.
