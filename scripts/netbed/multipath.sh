@@ -21,6 +21,8 @@
 # Env (defaults):
 #   PREFIX=mp  NWORKERS=4  NAGGS=2  PATHS=2  RATES="1gbit 1gbit" (one per path; the last repeats)
 #   QLEN_PKTS=64  MTU=1500  DSCP_CLASSES="46 34 18"  CLASSIFIER=u32  NET=10.71
+#   FAMILY=4 (6: the same bed over IPv6 alone, fd71:... addresses, the leaves' ECMP hashing the
+#   IPv6 5-tuple; CLASSIFIER u32 only)  NET6=fd71
 #   STATE_DIR=/tmp/multipath (remembers which namespaces this script created)
 set -Eeuo pipefail
 
@@ -35,6 +37,8 @@ MTU=${MTU:-1500}
 DSCP_CLASSES=${DSCP_CLASSES:-"46 34 18"}
 CLASSIFIER=${CLASSIFIER:-u32}
 NET=${NET:-10.71}
+FAMILY=${FAMILY:-4}
+NET6=${NET6:-fd71}
 STATE_DIR=${STATE_DIR:-/tmp/multipath}
 STATE="$STATE_DIR/multipath-$PREFIX.ns"
 HMAJ=10
@@ -47,13 +51,18 @@ source "$(dirname "$(readlink -f "$0")")/qos.sh"
 [[ $NWORKERS =~ ^[0-9]+$ && $NAGGS =~ ^[0-9]+$ && $PATHS =~ ^[0-9]+$ ]] || die "NWORKERS, NAGGS, PATHS: integers"
 (( NWORKERS >= 1 && NWORKERS <= 80 && NAGGS >= 1 && NAGGS <= 80 && PATHS >= 1 && PATHS <= 8 )) \
   || die "need 1..80 workers, 1..80 aggregators and 1..8 paths"
+[[ $FAMILY == 4 || ($FAMILY == 6 && $CLASSIFIER == u32) ]] || die "FAMILY must be 4, or 6 with CLASSIFIER=u32"
 read -r -a DSCPS <<< "$DSCP_CLASSES"
 NCLS=$(( ${#DSCPS[@]} + 1 ))
 read -r -a RATE_LIST <<< "$RATES"
 (( ${#RATE_LIST[@]} >= 1 )) || die "RATES is empty"
 
 ns() { echo "$PREFIX-$1"; }
-host_ip() { case $1 in w*) echo "$NET.1.$((10 + ${1#w}))" ;; a*) echo "$NET.2.$((100 + ${1#a}))" ;; *) die "unknown host $1" ;; esac; }
+# addr RACK_OR_LINK HOST_PART: an address of the family, e.g. "addr 1 11" is 10.71.1.11 or fd71:1::11.
+addr() { if [[ $FAMILY == 6 ]]; then echo "$NET6:$1::$2"; else echo "$NET.$1.$2"; fi; }
+subnet() { if [[ $FAMILY == 6 ]]; then echo "$NET6:$1::/64"; else echo "$NET.$1.0/24"; fi; }
+plen() { if [[ $FAMILY == 6 ]]; then echo 64; else echo 24; fi; }
+host_ip() { case $1 in w*) addr 1 $((10 + ${1#w})) ;; a*) addr 2 $((100 + ${1#a})) ;; *) die "unknown host $1" ;; esac; }
 path_rate() { local i=$(( $1 - 1 )); (( i < ${#RATE_LIST[@]} )) || i=$(( ${#RATE_LIST[@]} - 1 )); echo "${RATE_LIST[$i]}"; }
 hosts() { local i; for ((i = 1; i <= NWORKERS; i++)); do echo "w$i"; done; for ((i = 1; i <= NAGGS; i++)); do echo "a$i"; done; }
 all_ns() { hosts; echo lw; echo la; local k; for ((k = 1; k <= PATHS; k++)); do echo "s$k"; done; }
@@ -67,8 +76,10 @@ mk_ns() {
   ip netns add "$n"
   grep -qx -- "$n" "$STATE" 2>/dev/null || echo "$n" >> "$STATE"
   ip -n "$n" link set lo up
-  ip netns exec "$n" sh -c 'echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter;
-    echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter'
+  ip netns exec "$n" sh -c "echo $((FAMILY == 4)) > /proc/sys/net/ipv6/conf/all/disable_ipv6;
+    echo $((FAMILY == 4)) > /proc/sys/net/ipv6/conf/default/disable_ipv6; echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad;
+    echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad; echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter;
+    echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter"
 }
 
 # link A DEV_A IP_A/LEN B DEV_B IP_B/LEN: a veth pair, offloads off so shapers see wire-sized packets.
@@ -78,7 +89,7 @@ link() {
   for side in "$1 $2 $3" "$4 $5 $6"; do
     set -- $side
     ip -n "$(ns "$1")" link set "$2" up
-    [[ $3 == - ]] || ip -n "$(ns "$1")" addr add "$3" dev "$2"
+    [[ $3 == - ]] || ip -n "$(ns "$1")" addr add "$3" dev "$2" $([[ $FAMILY == 6 ]] && echo nodad)
     ip netns exec "$(ns "$1")" ethtool -K "$2" tso off gso off gro off >/dev/null 2>&1 || die "ethtool -K in $(ns "$1")"
   done
 }
@@ -86,6 +97,8 @@ link() {
 router() {  # forwarding, with ECMP hashing on L4 ports
   ip netns exec "$(ns "$1")" sh -c 'echo 1 > /proc/sys/net/ipv4/ip_forward;
     echo 1 > /proc/sys/net/ipv4/fib_multipath_hash_policy'
+  [[ $FAMILY == 4 ]] || ip netns exec "$(ns "$1")" sh -c 'echo 1 > /proc/sys/net/ipv6/conf/all/forwarding;
+    echo 1 > /proc/sys/net/ipv6/fib_multipath_hash_policy'
 }
 
 cmd_up() {
@@ -100,28 +113,33 @@ cmd_up() {
     ip -n "$(ns "$n")" link add br0 type bridge stp_state 0
     ip -n "$(ns "$n")" link set br0 mtu "$MTU" up
   done
-  ip -n "$(ns lw)" addr add "$NET.1.1/24" dev br0
-  ip -n "$(ns la)" addr add "$NET.2.1/24" dev br0
+  ip -n "$(ns lw)" addr add "$(addr 1 1)/$(plen)" dev br0 $([[ $FAMILY == 6 ]] && echo nodad)
+  ip -n "$(ns la)" addr add "$(addr 2 1)/$(plen)" dev br0 $([[ $FAMILY == 6 ]] && echo nodad)
   for h in $(hosts); do
     local leaf=lw; [[ $h == a* ]] && leaf=la
-    link "$h" eth0 "$(host_ip "$h")/24" "$leaf" "p-$h" -
+    link "$h" eth0 "$(host_ip "$h")/$(plen)" "$leaf" "p-$h" -
     ip -n "$(ns "$leaf")" link set "p-$h" master br0
-    ip -n "$(ns "$h")" route add default via "$NET.$([[ $h == a* ]] && echo 2 || echo 1).1"
+    ip -n "$(ns "$h")" route add default via "$(addr "$([[ $h == a* ]] && echo 2 || echo 1)" 1)"
   done
   for ((k = 1; k <= PATHS; k++)); do
     router "s$k"
-    link lw "sp$k" "$NET.$((10 + k)).1/24" "s$k" rw "$NET.$((10 + k)).2/24"
-    link "s$k" ra "$NET.$((20 + k)).1/24" la "sp$k" "$NET.$((20 + k)).2/24"
-    ip -n "$(ns "s$k")" route add "$NET.2.0/24" via "$NET.$((20 + k)).2"
-    ip -n "$(ns "s$k")" route add "$NET.1.0/24" via "$NET.$((10 + k)).1"
+    link lw "sp$k" "$(addr $((10 + k)) 1)/$(plen)" "s$k" rw "$(addr $((10 + k)) 2)/$(plen)"
+    link "s$k" ra "$(addr $((20 + k)) 1)/$(plen)" la "sp$k" "$(addr $((20 + k)) 2)/$(plen)"
+    ip -n "$(ns "s$k")" route add "$(subnet 2)" via "$(addr $((20 + k)) 2)"
+    ip -n "$(ns "s$k")" route add "$(subnet 1)" via "$(addr $((10 + k)) 1)"
     shape_spine "$k" "$(path_rate "$k")"
-    lw_hops+=(nexthop via "$NET.$((10 + k)).2" dev "sp$k" weight 1)
-    la_hops+=(nexthop via "$NET.$((20 + k)).1" dev "sp$k" weight 1)
+    lw_hops+=(nexthop via "$(addr $((10 + k)) 2)" dev "sp$k" weight 1)
+    la_hops+=(nexthop via "$(addr $((20 + k)) 1)" dev "sp$k" weight 1)
   done
-  ip -n "$(ns lw)" route add "$NET.2.0/24" "${lw_hops[@]}"
-  ip -n "$(ns la)" route add "$NET.1.0/24" "${la_hops[@]}"
-  ip netns exec "$(ns w1)" ping -c 1 -W 2 "$(host_ip a1)" >/dev/null || die "w1 cannot reach a1 across the spines"
-  echo "multipath '$PREFIX' up: $NWORKERS workers, $NAGGS aggregators, $PATHS paths ($(for ((k = 1; k <= PATHS; k++)); do printf '%s ' "$(path_rate "$k")"; done)), ECMP on L4"
+  ip -n "$(ns lw)" route add "$(subnet 2)" "${lw_hops[@]}"
+  ip -n "$(ns la)" route add "$(subnet 1)" "${la_hops[@]}"
+  # IPv6 finds its neighbours first (no ARP-like wait in ping's one try): a few tries.
+  local try
+  for try in 1 2 3; do
+    ip netns exec "$(ns w1)" ping -c 1 -W 2 "$(host_ip a1)" >/dev/null && break
+    (( try < 3 )) || die "w1 cannot reach a1 across the spines"
+  done
+  echo "multipath '$PREFIX' up: $NWORKERS workers, $NAGGS aggregators, $PATHS paths ($(for ((k = 1; k <= PATHS; k++)); do printf '%s ' "$(path_rate "$k")"; done)), ECMP on L4, IPv$FAMILY"
 }
 
 # shape_spine K RATE: both egress ports of spine K, with a bucket of 200 us at the rate (4 frames

@@ -48,6 +48,13 @@ setup_port_qos() { # NS DEV RATE_BPS BURST_BYTES: the switch-side device of a li
         match ip dsfield $(( d << 2 )) 0xfc flowid $HMAJ:$c
     done
     ip netns exec "$SW" tc filter add dev "$dev" parent $HMAJ: protocol arp prio 2 u32 match u32 0 0 flowid $HMAJ:1
+    # IPv6: the traffic class, and neighbour discovery (ICMPv6) in the top class, as ARP.
+    for ((c=1;c<NCLS;c++)); do
+      d=${DSCPS[c-1]}
+      ip netns exec "$SW" tc filter add dev "$dev" parent $HMAJ: protocol ipv6 prio 3 u32 \
+        match ip6 priority $(( d << 2 )) 0xfc flowid $HMAJ:$c
+    done
+    ip netns exec "$SW" tc filter add dev "$dev" parent $HMAJ: protocol ipv6 prio 4 u32 match ip6 protocol 58 0xff flowid $HMAJ:1
   else
     ip netns exec "$SW" tc filter add dev "$dev" parent $HMAJ: protocol all prio 1 bpf bytecode "$(bpf_bytecode)"
   fi

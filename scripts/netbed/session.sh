@@ -35,7 +35,7 @@ netbed_ip_of() { echo "198.18.0.$((10 + $1))"; }
 
 # netbed_aggregators BUILD "HOST:ADDRESS ..." [dlcpd flags...]: a dlcpd in each host's namespace
 # (control port 7400, data port 7500, plaintext); waits until all serve. Sets agg_list
-# (address:7400,...) and agg_pids; their logs are $work/HOST.log.
+# (address:7400,... with IPv6 addresses bracketed) and agg_pids; their logs are $work/HOST.log.
 netbed_aggregators() {
   local build=$1 spec h list=()
   local -a specs
@@ -48,7 +48,7 @@ netbed_aggregators() {
     ip netns exec "$PREFIX-$h" "$build/server/dlcpd" --host="${spec#*:}" --port=7400 --data-port=7500 --plaintext \
       --log-level=warning --ready-file="$work/$h.ready" "$@" 2>"$work/$h.log" &
     agg_pids+=($!)
-    list+=("${spec#*:}:7400")
+    if [[ ${spec#*:} == *:* ]]; then list+=("[${spec#*:}]:7400"); else list+=("${spec#*:}:7400"); fi
   done
   for spec in "${specs[@]}"; do
     h=${spec%%:*}

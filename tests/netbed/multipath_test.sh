@@ -14,6 +14,8 @@
 #      take at most 3/4 as long, and results stay exact. (Not an absolute share: what the slow
 #      spine can carry is a larger part of the whole on a slower machine. Nor a count of drops:
 #      equal turns drop 4,000-34,000 results here from one run to the next.)
+# FAMILY=6 runs it over IPv6 alone (the leaves hashing the IPv6 5-tuple); STEERING=0 stops after
+# step 3 (steering shares ports, whatever their family: the IPv4 run covers it).
 # Needs root. Exits 77 (ctest: skipped) when it cannot run here.
 #   tests/netbed/multipath_test.sh BUILD_DIR
 set -Eeuo pipefail
@@ -117,6 +119,7 @@ done
 echo "multipath: bounded job, worker 1: $(grep -o '"max_round_loss":[0-9.e-]*' "$work/bounded-w1.json" || echo none)"
 check $r "spraying on, ε = 0.05 with drops: bound held, partial sums exact"
 stop_aggregators
+[[ ${STEERING:-1} == 1 ]] || exit $fail
 
 # The shares follow each path's losses (path_steering.h at the worker, path_shares.h at the
 # aggregator). With one spine at a twentieth of the other's rate, equal turns (64 ports: each
