@@ -25,7 +25,8 @@
 # line per run (with the busiest spine's share of each direction's bytes and each spine port's
 # drops during it), then a ratio table. Env: RATE (Mbit/s of path 1, 400), TENSOR, TENSORS, ROUNDS,
 # WINDOW, SPRAY (16), TRIALS (3), MTU (1500) with CHUNK (1400; 8192 with MTU=9000), BENCH_FLAGS
-# (more dlcp-bench flags, e.g. --reliable-fraction=1.0), DLCPD_FLAGS (more dlcpd flags). Needs root.
+# (more dlcp-bench flags, e.g. --reliable-fraction=1.0), DLCPD_FLAGS (more dlcpd flags), FAMILY
+# (4; 6 runs the bed and the jobs over IPv6). Needs root.
 #   bench/netbed_spray.sh [BUILD_DIR]
 set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
