@@ -62,6 +62,7 @@ ns() { echo "$PREFIX-$1"; }
 addr() { if [[ $FAMILY == 6 ]]; then echo "$NET6:$1::$2"; else echo "$NET.$1.$2"; fi; }
 subnet() { if [[ $FAMILY == 6 ]]; then echo "$NET6:$1::/64"; else echo "$NET.$1.0/24"; fi; }
 plen() { if [[ $FAMILY == 6 ]]; then echo 64; else echo 24; fi; }
+NODAD=$([[ $FAMILY == 6 ]] && echo nodad || true)  # IPv6 addresses usable at once, no duplicate check
 host_ip() { case $1 in w*) addr 1 $((10 + ${1#w})) ;; a*) addr 2 $((100 + ${1#a})) ;; *) die "unknown host $1" ;; esac; }
 path_rate() { local i=$(( $1 - 1 )); (( i < ${#RATE_LIST[@]} )) || i=$(( ${#RATE_LIST[@]} - 1 )); echo "${RATE_LIST[$i]}"; }
 hosts() { local i; for ((i = 1; i <= NWORKERS; i++)); do echo "w$i"; done; for ((i = 1; i <= NAGGS; i++)); do echo "a$i"; done; }
@@ -89,7 +90,7 @@ link() {
   for side in "$1 $2 $3" "$4 $5 $6"; do
     set -- $side
     ip -n "$(ns "$1")" link set "$2" up
-    [[ $3 == - ]] || ip -n "$(ns "$1")" addr add "$3" dev "$2" $([[ $FAMILY == 6 ]] && echo nodad)
+    [[ $3 == - ]] || ip -n "$(ns "$1")" addr add "$3" dev "$2" $NODAD
     ip netns exec "$(ns "$1")" ethtool -K "$2" tso off gso off gro off >/dev/null 2>&1 || die "ethtool -K in $(ns "$1")"
   done
 }
@@ -113,8 +114,8 @@ cmd_up() {
     ip -n "$(ns "$n")" link add br0 type bridge stp_state 0
     ip -n "$(ns "$n")" link set br0 mtu "$MTU" up
   done
-  ip -n "$(ns lw)" addr add "$(addr 1 1)/$(plen)" dev br0 $([[ $FAMILY == 6 ]] && echo nodad)
-  ip -n "$(ns la)" addr add "$(addr 2 1)/$(plen)" dev br0 $([[ $FAMILY == 6 ]] && echo nodad)
+  ip -n "$(ns lw)" addr add "$(addr 1 1)/$(plen)" dev br0 $NODAD
+  ip -n "$(ns la)" addr add "$(addr 2 1)/$(plen)" dev br0 $NODAD
   for h in $(hosts); do
     local leaf=lw; [[ $h == a* ]] && leaf=la
     link "$h" eth0 "$(host_ip "$h")/$(plen)" "$leaf" "p-$h" -
@@ -133,7 +134,7 @@ cmd_up() {
   done
   ip -n "$(ns lw)" route add "$(subnet 2)" "${lw_hops[@]}"
   ip -n "$(ns la)" route add "$(subnet 1)" "${la_hops[@]}"
-  # IPv6 finds its neighbours first (no ARP-like wait in ping's one try): a few tries.
+  # A first ping can be lost while IPv6 resolves the routers' neighbours: a few tries.
   local try
   for try in 1 2 3; do
     ip netns exec "$(ns w1)" ping -c 1 -W 2 "$(host_ip a1)" >/dev/null && break

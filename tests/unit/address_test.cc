@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -154,9 +155,11 @@ TEST(AtomicAddress, ReadersNeverSeeATornAddress) {
     });
   }
   for (int i = 0; i < 20000; ++i) slot.Exchange(i % 2 ? a : b);
-  while (reads.load() < 1000) std::this_thread::yield();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (reads.load() < 1000 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
   stop = true;
   for (auto& t : readers) t.join();
+  EXPECT_GE(reads.load(), 1000u);
   EXPECT_EQ(torn.load(), 0u) << "of " << reads.load() << " reads";
 }
 
