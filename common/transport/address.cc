@@ -83,17 +83,20 @@ absl::StatusOr<Address> ResolveAddress(const std::string& host, uint16_t port, i
   if (rc != 0 || res == nullptr) {
     return absl::NotFoundError(absl::StrCat("cannot resolve host '", host, "': ", gai_strerror(rc)));
   }
-  // The first of the family asked for; without one, IPv4 before IPv6.
-  const addrinfo* pick = nullptr;
-  for (int want : {family == AF_UNSPEC ? AF_INET : family, family == AF_UNSPEC ? AF_INET6 : family}) {
-    for (const addrinfo* r = res; r != nullptr && pick == nullptr; r = r->ai_next) {
-      if (r->ai_family == want) pick = r;
+  const auto first_of = [res](int want) -> const addrinfo* {
+    for (const addrinfo* r = res; r != nullptr; r = r->ai_next) {
+      if (r->ai_family == want) return r;
     }
-  }
+    return nullptr;
+  };
+  // The first of the family asked for; without one asked, IPv4 before IPv6.
+  const addrinfo* pick = first_of(family == AF_UNSPEC ? AF_INET : family);
+  if (pick == nullptr && family == AF_UNSPEC) pick = first_of(AF_INET6);
   Address out = pick != nullptr ? Address::FromSockaddr(pick->ai_addr) : Address{};
   const int found = res->ai_family;
   freeaddrinfo(res);
-  if (pick == nullptr || out.family() != (family == AF_UNSPEC ? out.family() : family)) {
+  // An IPv4-mapped IPv6 address reads back as IPv4: not of the family asked for either.
+  if (pick == nullptr || (family != AF_UNSPEC && out.family() != family)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "host '", host, "' has no ", FamilyName(family), " address (it is ", FamilyName(found),
         "), and this data plane runs over ", FamilyName(family), ": every peer of a job must use one family"));
