@@ -113,13 +113,16 @@ stop_dlcpd agg3
 #     the clients' count (Client::ReceiveQueueRanDry, client_rx_queue_ran_dry) count it, and the
 #     logs name the setting to raise. The port's own counters, exported by dlcpd, count the
 #     datagrams lost.
+#     A second aggregator beside it doubles the results each worker takes in at once: with one,
+#     whether the workers' queues ran dry at all depended on the VM's timing (0 in some runs).
 p=$(start_dlcpd agg6 --transport=rdma --rdma-recv-slots=64 --metrics-port=0)
-if [ -z "$p" ]; then
+p7=$(start_dlcpd agg7 --transport=rdma --rdma-recv-slots=64)
+if [ -z "$p" ] || [ -z "$p7" ]; then
   fail starved "dlcpd did not start: $(tail -3 $OUT/agg6.log | tr '\n' ' ')"
 else
   m=$(sed -n 's/.*"metrics_port":\([0-9]*\).*/\1/p' /tmp/agg6.ready)
   timeout 10 wget -qO- "http://127.0.0.1:$m/metrics" > $OUT/agg6.before.metrics || true
-  $B/bench/dlcp-bench --aggregators=127.0.0.1:$p --plaintext --transport=rdma --workers=2 --loss-bound=0 \
+  $B/bench/dlcp-bench --aggregators=127.0.0.1:$p,127.0.0.1:$p7 --plaintext --transport=rdma --workers=2 --loss-bound=0 \
     --tensor-bytes=4000000 --rounds=8 --timeout-s=120 --rdma-recv-slots=64 > $OUT/starved.txt 2>&1 || true
   timeout 10 wget -qO- "http://127.0.0.1:$m/metrics" > $OUT/agg6.metrics || true
   dry=$(sed -n 's/^dlcp_transport_rx_queue_empty_total \([0-9]*\).*/\1/p' $OUT/agg6.metrics)
@@ -156,6 +159,7 @@ else
   fi
 fi
 stop_dlcpd agg6
+stop_dlcpd agg7
 
 # 4. A port that is down: --transport=rdma refuses to start and says so; auto falls back to UDP
 #    and says why.
