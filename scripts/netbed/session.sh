@@ -80,7 +80,7 @@ netbed_workers() {
   shift 3
   for spec in "${specs[@]}"; do
     i=$((i + 1))
-    ip netns exec "$PREFIX-${spec%%:*}" "$build/bench/dlcp-bench" --plaintext --aggregators="$agg_list" \
+    ip netns exec "$PREFIX-${spec%%:*}" "$build/client/dlcp-bench" --plaintext --aggregators="$agg_list" \
       --workers="${#specs[@]}" --rank=$((i - 1)) --data-host="${spec#*:}" --json "$@" >"$out.$i" 2>&1 &
     pids+=($!)
   done

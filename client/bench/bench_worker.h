@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "bench/round_values.h"
+#include "client/bench/round_values.h"
 #include "client/client.h"
 
 namespace dlcp::bench {

@@ -1,4 +1,4 @@
-#include "bench/bench_worker.h"
+#include "client/bench/bench_worker.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "bench/round_values.h"
+#include "client/bench/round_values.h"
 
 namespace dlcp::bench {
 

@@ -17,7 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "bench/bench_worker.h"
+#include "client/bench/bench_worker.h"
 #include "common/base/log.h"
 #include "common/config/registry.h"
 #include "common/policy/drop_injector.h"
