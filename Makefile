@@ -4,6 +4,8 @@ TYPE    ?= Release
 JOBS    ?= $(shell nproc)
 PYTHON  ?= /usr/bin/python3
 CMAKE_ARGS ?=
+# ON: every compiler warning fails the build (CI sets it).
+WERROR ?= OFF
 PREFIX  ?= /usr/local
 
 .PHONY: all deps configure build demo test test-asan test-tsan bench install clean
@@ -14,7 +16,7 @@ deps:
 	@bash scripts/install-deps.sh
 
 $(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(TYPE) -DPython3_EXECUTABLE=$(PYTHON) $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(TYPE) -DPython3_EXECUTABLE=$(PYTHON) -DDLCP_WERROR=$(WERROR) $(CMAKE_ARGS)
 
 configure: deps $(BUILD)/CMakeCache.txt
 
@@ -42,6 +44,7 @@ install: build
 # set the target's UNITY_BUILD off as proto/ does. The plain build (make build, make test) stays
 # one file per compiler run, so it still catches a file that misses an include of its own.
 sanitizer_build = cmake -S . -B $(1) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
+  -DDLCP_WERROR=$(WERROR) $(CMAKE_ARGS) \
   -DCMAKE_UNITY_BUILD=ON -DDLCP_WITH_CUDA=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$(2)" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$(2)" \
   "-DCMAKE_CXX_FLAGS=$(3)" "-DCMAKE_C_FLAGS=$(3)" "-DCMAKE_EXE_LINKER_FLAGS=$(3)" "-DCMAKE_SHARED_LINKER_FLAGS=$(3)"
 
