@@ -257,7 +257,6 @@ class TransferEngine {
   // The I/O thread's side of PauseForRegroup and Resume (transfer_regroup.cc).
   void ServeRegroup(absl::Time now);
   void ServeRejoin(absl::Time now);
-  void ApplyLayout(absl::Time now);
   void Restart(Op& op, absl::Time now);
   std::unique_ptr<Op> ReplayOf(const Op& finished);
   // A replay ended: the op it held back for its key starts.

@@ -2,15 +2,20 @@
 
 #include <algorithm>
 
-#include "common/base/check.h"
-
 namespace dlcp {
 
-CongestionWindow::CongestionWindow(const CongestionOptions& options) : options_(options) {
-  DLCP_CHECK_GE(options_.min, 1u);
-  DLCP_CHECK_LE(options_.min, options_.max);
-  DLCP_CHECK_GT(options_.decrease, 0.0);
-  DLCP_CHECK_LT(options_.decrease, 1.0);
+namespace {
+// The window runs inside trainers, where nothing may abort: options out of range are brought into
+// it (max at least 1, min within [1, max], a decrease that shrinks the window), not checked.
+CongestionOptions Normalized(CongestionOptions o) {
+  o.max = std::max<uint32_t>(o.max, 1);
+  o.min = std::clamp<uint32_t>(o.min, 1, o.max);
+  if (!(o.decrease > 0.0 && o.decrease < 1.0)) o.decrease = CongestionOptions{}.decrease;
+  return o;
+}
+}  // namespace
+
+CongestionWindow::CongestionWindow(const CongestionOptions& options) : options_(Normalized(options)) {
   cwnd_ = std::clamp(options_.initial, options_.min, options_.max);
   min_reorder_ = std::max<uint64_t>(1, options_.reorder);
   ssthresh_ = options_.max;

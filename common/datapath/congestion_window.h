@@ -44,6 +44,7 @@ struct CongestionOptions {
 
 class CongestionWindow {
  public:
+  // Options out of range are brought into it (max >= 1, 1 <= min <= max, 0 < decrease < 1).
   explicit CongestionWindow(const CongestionOptions& options = {});
 
   // Datagrams that may be in flight now.

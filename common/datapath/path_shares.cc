@@ -4,14 +4,14 @@
 #include <cmath>
 #include <vector>
 
-#include "common/base/check.h"
 
 namespace dlcp {
 
 PathShares::PathShares(uint32_t paths, uint32_t burst)
-    : turns_(paths, burst), weights_(paths, 1.0), sent_(paths, 0), lost_(paths, 0) {
-  DLCP_CHECK_GE(paths, 1u);
-}
+    : turns_(std::max<uint32_t>(paths, 1), burst),
+      weights_(std::max<uint32_t>(paths, 1), 1.0),
+      sent_(std::max<uint32_t>(paths, 1), 0),
+      lost_(std::max<uint32_t>(paths, 1), 0) {}
 
 namespace {
 // The step of a path that delivered at most kMinWeight of what the paths together did.

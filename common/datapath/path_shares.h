@@ -48,6 +48,7 @@ class PathShares {
   static constexpr double kAgree = 0.5;  // the cosine of successive steps that raises the gain
   static constexpr double kMaxCut = 0.5;  // the most a path's weight falls in one batch
 
+  // `paths` below 1 counts as 1.
   PathShares(uint32_t paths, uint32_t burst);
 
   // The path of the next datagram; the caller then reports OnSent.

@@ -1,13 +1,13 @@
 #include "common/datapath/path_steering.h"
 
-#include "common/base/check.h"
+#include <algorithm>
 
 namespace dlcp {
 
 PathSteering::PathSteering(uint32_t paths, uint32_t burst, const CongestionOptions& options)
-    : windows_(paths, CongestionWindow(options)), turns_(paths, burst), weights_(paths) {
-  DLCP_CHECK_GE(paths, 1u);
-}
+    : windows_(std::max<uint32_t>(paths, 1), CongestionWindow(options)),
+      turns_(std::max<uint32_t>(paths, 1), burst),
+      weights_(std::max<uint32_t>(paths, 1)) {}
 
 uint32_t PathSteering::Pick() {
   if (!turns_.InRun()) {

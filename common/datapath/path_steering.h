@@ -18,6 +18,7 @@ namespace dlcp {
 
 class PathSteering {
  public:
+  // `paths` below 1 counts as 1.
   PathSteering(uint32_t paths, uint32_t burst, const CongestionOptions& options);
 
   // The path of the next datagram; the caller then reports OnSent with its stamp.

@@ -27,6 +27,22 @@ TEST(CongestionWindowTest, SlowStartDoublesPerWindowThenStopsAtMax) {
   EXPECT_EQ(w.window(), 100u);
 }
 
+// Code in a trainer never aborts: options out of range are brought into range.
+TEST(CongestionWindowTest, OutOfRangeOptionsAreNormalizedNotFatal) {
+  CongestionOptions o = Opts(16, 0, 0);
+  o.decrease = 1.5;
+  CongestionWindow w(o);
+  EXPECT_EQ(w.window(), 1u);  // max 0 counts as 1, and the window never goes below min 1
+  w.OnLoss(w.Stamp());
+  EXPECT_EQ(w.window(), 1u);
+  CongestionOptions inverted = Opts(8, 32, 16);  // min above max: min becomes max
+  inverted.decrease = 0.0;
+  CongestionWindow v(inverted);
+  EXPECT_EQ(v.window(), 16u);
+  v.OnLoss(v.Stamp());
+  EXPECT_EQ(v.window(), 16u);
+}
+
 TEST(CongestionWindowTest, LossHalvesOncePerCongestionEvent) {
   CongestionWindow w(Opts(64, 2, 100));
   std::vector<uint64_t> stamps;
