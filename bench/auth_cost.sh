@@ -19,15 +19,10 @@ for rep in $(seq 1 "$REPS"); do
     done
   done
 done
-PYTHONPATH="$(dirname "$0")" python3 - "$BENCH_OUT" <<'PY'
-import sys, statistics
-from loopback_groups import by_shape
-groups = by_shape(sys.argv[1], "auth")
-print()
-print("| workers | size | p50 ms, auth off | one job key | per-worker keys | one key / off | per-worker / off | per-worker / one key |")
-print("|---|---|---|---|---|---|---|---|")
+report auth <<'PY'
+header("workers", "size", "p50 ms, auth off", "one job key", "per-worker keys", "one key / off", "per-worker / off",
+       "per-worker / one key")
 for (n, b), g in sorted(groups.items()):
-    off, one, per = (statistics.median(r["p50_ms"] for r in g[m]) for m in ("off", "one_key", "per_worker"))
-    print(f"| {n} | {b / 1048576:.0f} MiB | {off:.1f} | {one:.1f} | {per:.1f} | {one / off:.2f} | {per / off:.2f} |"
-          f" {per / one:.2f} |")
+    off, one, per = (med(g[m], "p50_ms") for m in ("off", "one_key", "per_worker"))
+    row(n, size(b), f"{off:.1f}", f"{one:.1f}", f"{per:.1f}", f"{one / off:.2f}", f"{per / off:.2f}", f"{per / one:.2f}")
 PY

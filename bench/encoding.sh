@@ -18,17 +18,11 @@ for rep in $(seq 1 "$REPS"); do
     done
   done
 done
-PYTHONPATH="$(dirname "$0")" python3 - "$BENCH_OUT" <<'PY'
-import sys, statistics
-from loopback_groups import by_shape
-groups = by_shape(sys.argv[1], "encoding")
-print()
-print("| workers | size | encoding | p50 ms | p50 / f32 | exact |")
-print("|---|---|---|---|---|---|")
+report encoding <<'PY'
+header("workers", "size", "encoding", "p50 ms", "p50 / f32", "exact")
 for (n, b), g in sorted(groups.items()):
-    base = statistics.median(r["p50_ms"] for r in g["f32"])
+    base = med(g["f32"], "p50_ms")
     for enc in ("f32", "f16", "bf16"):
-        p50 = statistics.median(r["p50_ms"] for r in g[enc])
-        exact = all(r["exact"] for r in g[enc])
-        print(f"| {n} | {b / 1048576:.0f} MiB | {enc} | {p50:.1f} | {p50 / base:.2f} | {exact} |")
+        p50 = med(g[enc], "p50_ms")
+        row(n, size(b), enc, f"{p50:.1f}", f"{p50 / base:.2f}", all(r["exact"] for r in g[enc]))
 PY

@@ -19,19 +19,12 @@ for rep in $(seq 1 "$REPS"); do
     done
   done
 done
-PYTHONPATH="$(dirname "$0")" python3 - "$BENCH_OUT" <<'PY'
-import sys, statistics
-from loopback_groups import by_shape
-groups = by_shape(sys.argv[1], "family")
-print()
-print("| workers | size | family | p50 ms | p50 / IPv4 | goodput Gbit/s | goodput / IPv4 | exact |")
-print("|---|---|---|---|---|---|---|---|")
+report family <<'PY'
+header("workers", "size", "family", "p50 ms", "p50 / IPv4", "goodput Gbit/s", "goodput / IPv4", "exact")
 for (n, b), g in sorted(groups.items()):
-    base = {k: statistics.median(r[k] for r in g["ipv4"]) for k in ("p50_ms", "goodput_gbps")}
+    base_p50, base_gbps = med(g["ipv4"], "p50_ms"), med(g["ipv4"], "goodput_gbps")
     for family in ("ipv4", "ipv6"):
-        p50 = statistics.median(r["p50_ms"] for r in g[family])
-        gbps = statistics.median(r["goodput_gbps"] for r in g[family])
-        exact = all(r["exact"] for r in g[family])
-        print(f"| {n} | {b / 1048576:.0f} MiB | {family} | {p50:.1f} | {p50 / base['p50_ms']:.2f} | {gbps:.2f} | "
-              f"{gbps / base['goodput_gbps']:.2f} | {exact} |")
+        p50, gbps = med(g[family], "p50_ms"), med(g[family], "goodput_gbps")
+        row(n, size(b), family, f"{p50:.1f}", f"{p50 / base_p50:.2f}", f"{gbps:.2f}", f"{gbps / base_gbps:.2f}",
+            all(r["exact"] for r in g[family]))
 PY

@@ -23,26 +23,20 @@ for rep in $(seq 1 "$REPS"); do
     read -r n size <<<"$spec"
     for mode in rotating fixed; do
       before=$(settled)
-      j=$("$BUILD/bench/dlcp-bench" --plaintext --aggregators="${AGG[$mode]}" --workers="$n" --tensor-bytes="$size" \
+      j=$("$BUILD/client/dlcp-bench" --plaintext --aggregators="${AGG[$mode]}" --workers="$n" --tensor-bytes="$size" \
           --rounds=3 --min-seconds="$JOB_SECONDS" --warmup=2 --json | tail -1)
       rotations=$([ $mode = rotating ] && python3 -c "print(int(float('$(settled)') - float('$before')))" || echo 0)
       echo "{\"keys\":\"$mode\",\"rotations_settled\":$rotations,${j#\{}" | tee -a "$BENCH_OUT"
     done
   done
 done
-PYTHONPATH="$(dirname "$0")" python3 - "$BENCH_OUT" <<'PY'
-import sys, statistics
-from loopback_groups import by_shape
-groups = by_shape(sys.argv[1], "keys")
-print()
-print("| workers | size | p50 / p99 ms, fixed key | p50 / p99 ms, rotating | rotating / fixed p50, p99 | rotations per job | exact |")
-print("|---|---|---|---|---|---|---|")
+report keys <<'PY'
+header("workers", "size", "p50 / p99 ms, fixed key", "p50 / p99 ms, rotating", "rotating / fixed p50, p99",
+       "rotations per job", "exact")
 for (n, b), g in sorted(groups.items()):
-    med = lambda mode, k: statistics.median(r[k] for r in g[mode])
-    exact = all(r["exact"] for m in g.values() for r in m)
-    rot = statistics.median(r["rotations_settled"] for r in g["rotating"])
-    print(f"| {n} | {b / 1048576:.0f} MiB | {med('fixed', 'p50_ms'):.1f} / {med('fixed', 'p99_ms'):.1f} |"
-          f" {med('rotating', 'p50_ms'):.1f} / {med('rotating', 'p99_ms'):.1f} |"
-          f" {med('rotating', 'p50_ms') / med('fixed', 'p50_ms'):.2f}, {med('rotating', 'p99_ms') / med('fixed', 'p99_ms'):.2f} |"
-          f" {rot:.0f} | {exact} |")
+    fixed, rotating = g["fixed"], g["rotating"]
+    row(n, size(b), f"{med(fixed, 'p50_ms'):.1f} / {med(fixed, 'p99_ms'):.1f}",
+        f"{med(rotating, 'p50_ms'):.1f} / {med(rotating, 'p99_ms'):.1f}",
+        f"{med(rotating, 'p50_ms') / med(fixed, 'p50_ms'):.2f}, {med(rotating, 'p99_ms') / med(fixed, 'p99_ms'):.2f}",
+        f"{med(rotating, 'rotations_settled'):.0f}", all(r["exact"] for m in g.values() for r in m))
 PY

@@ -9,6 +9,9 @@
 #   run_job NAME TAGS [DLCP_BENCH_FLAG...] one dlcp-bench job against AGG[NAME]: prints its JSON,
 #                                         with TAGS ('"k":"v",...') first, and appends it to
 #                                         $BENCH_OUT
+#   report TAG <<'PY' ... PY              runs the Python on stdin, which prints the ratio table,
+#                                         with `groups` (loopback_groups.by_shape of $BENCH_OUT by
+#                                         TAG) and loopback_groups' helpers in scope
 BENCH_WORK=$(mktemp -d /tmp/dlcp-bench.XXXXXX)
 BENCH_OUT=$BENCH_WORK/out.jsonl
 declare -A AGG METRICS
@@ -42,6 +45,14 @@ start_dlcpd() {
 run_job() {
   local name=$1 tags=$2 j
   shift 2
-  j=$("$BUILD/bench/dlcp-bench" --plaintext --aggregators="${AGG[$name]}" --json "$@" | tail -1)
+  j=$("$BUILD/client/dlcp-bench" --plaintext --aggregators="${AGG[$name]}" --json "$@" | tail -1)
   echo "{$tags,${j#\{}" | tee -a "$BENCH_OUT"
+}
+
+report() {
+  PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")" python3 -c '
+import sys
+from loopback_groups import *
+groups = by_shape(sys.argv[1], sys.argv[2])
+exec(sys.stdin.read())' "$BENCH_OUT" "$1"
 }
