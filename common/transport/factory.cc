@@ -3,8 +3,11 @@
 #include "common/transport/udp/udp_transport.h"
 
 #include <mutex>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/base/build_config.h"
 #include "common/base/log.h"
 #if DLCP_WITH_RDMA
@@ -19,6 +22,19 @@ absl::StatusOr<TransportOptions::Kind> ParseTransportKind(const std::string& nam
   if (name == "rdma") return TransportOptions::Kind::kRdma;
   if (name == "loopback") return TransportOptions::Kind::kLoopback;
   return absl::InvalidArgumentError(absl::StrCat("unknown transport '", name, "' (auto|udp|rdma|loopback)"));
+}
+
+absl::Status ParseDscpMap(const std::string& text, std::array<uint8_t, 4>* out) {
+  std::vector<std::string> parts = absl::StrSplit(text, ',');
+  if (parts.size() != 4) return absl::InvalidArgumentError("expected 4 comma-separated DSCP values, one per class");
+  for (size_t i = 0; i < 4; ++i) {
+    int v = 0;
+    if (!absl::SimpleAtoi(parts[i], &v) || v < 0 || v > 63) {
+      return absl::InvalidArgumentError(absl::StrCat("DSCP '", parts[i], "' is not in [0, 63]"));
+    }
+    (*out)[i] = static_cast<uint8_t>(v);
+  }
+  return absl::OkStatus();
 }
 
 const char* TransportKindName(TransportOptions::Kind kind) {

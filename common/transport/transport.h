@@ -118,7 +118,7 @@ struct TransportOptions {
   // 0 chooses by datagram size (SprayBurstFor). Shorter bursts spread a window more evenly over
   // the paths, but each burst is one GSO send, so they cost sends: with jumbo frames 4 was
   // faster on every bed measured, while at MTU 1500 a CPU-bound node lost more to the extra
-  // sends than it gained (docs/path-spraying.md, "Shorter bursts").
+  // sends than it gained (docs/measurements/path-spraying.md, "Shorter bursts").
   uint32_t spray_burst = 0;
   static constexpr uint32_t kJumboSprayBurst = 4;
   static constexpr uint32_t kSprayBurst = 8;
@@ -132,6 +132,8 @@ struct TransportOptions {
 
 absl::StatusOr<TransportOptions::Kind> ParseTransportKind(const std::string& name);
 const char* TransportKindName(TransportOptions::Kind kind);
+// Parses "46,34,18,0" into one DSCP code point per class (TransportOptions::dscp).
+absl::Status ParseDscpMap(const std::string& text, std::array<uint8_t, 4>* out);
 
 class Transport {
  public:

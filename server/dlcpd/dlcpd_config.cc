@@ -8,19 +8,6 @@
 
 namespace dlcp::server {
 
-absl::Status ParseDscpMap(const std::string& text, std::array<uint8_t, 4>* out) {
-  std::vector<std::string> parts = absl::StrSplit(text, ',');
-  if (parts.size() != 4) return absl::InvalidArgumentError("expected 4 comma-separated DSCP values, one per class");
-  for (size_t i = 0; i < 4; ++i) {
-    int v = 0;
-    if (!absl::SimpleAtoi(parts[i], &v) || v < 0 || v > 63) {
-      return absl::InvalidArgumentError(absl::StrCat("DSCP '", parts[i], "' is not in [0, 63]"));
-    }
-    (*out)[i] = static_cast<uint8_t>(v);
-  }
-  return absl::OkStatus();
-}
-
 void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddString("host", "0.0.0.0", "address to bind the control (gRPC) and data ports to");
   c->AddInt("port", 7400, 0, 65535, "gRPC control port (0 picks a free one)");

@@ -33,7 +33,5 @@ struct DlcpdOptions {
 void DeclareDlcpdFlags(ConfigRegistry* config);
 absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& config);
 
-// Parses "46,34,18,0" into one DSCP code point per class.
-absl::Status ParseDscpMap(const std::string& text, std::array<uint8_t, 4>* out);
 
 }  // namespace dlcp::server
