@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Path spraying over RDMA on a multipath fabric (issue 9, docs/path-spraying.md): real RoCEv2
+# Path spraying over RDMA on a multipath fabric (docs/path-spraying.md): real RoCEv2
 # packets from Soft-RoCE cross the two-spine test bed of scripts/netbed/multipath.sh, whose
 # leaves hash each packet's 5-tuple onto a spine. A RoCEv2 packet's destination port is always
 # 4791 and its source port comes from its queue pair, so the only thing a sender can vary to

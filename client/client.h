@@ -54,7 +54,7 @@ struct ClientOptions {
   absl::Duration op_timeout = absl::Seconds(60);
   // The longest silence on an op before the client asks for what is missing. Once results flow,
   // it asks sooner: after 16 of the op's own mean result gaps, at least 1 ms (quiet_spell.h). A
-  // fixed 20 ms was the tail of congested rounds (docs/bounded-loss.md, "Measured").
+  // fixed 20 ms was the tail of congested rounds (docs/measurements/bounded-loss.md).
   absl::Duration repair_timeout = absl::Milliseconds(5);
   absl::Duration heartbeat_interval = kDefaultHeartbeatInterval;
   // Bytes pushed to one aggregator endpoint whose results have not come back yet (flow control).

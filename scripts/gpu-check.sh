@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of the CUDA packer (issue: GPU chunk packing kernel). Runs the CUDA tests, which
+# The GPU check of the CUDA packer. Runs the CUDA tests, which
 # compare the GPU's packets with the CPU packer's byte for byte, then times packing 1 GiB of
 # float32 gradients against a device-to-device copy of the same bytes in the same run. Target:
 # packing reaches at least 0.7 of the copy's bandwidth. Where compute-sanitizer is installed, the

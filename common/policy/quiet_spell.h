@@ -43,7 +43,7 @@ inline absl::Duration PacedQuiet(absl::Time first, absl::Time last, uint64_t arr
 // An aggregator asks for missing pushes after 16 mean gaps of quiet, at least 1 ms (scheduling
 // jitter on a busy node) and at most the configured repair timeout, unless PacedQuiet says
 // longer. A fixed timeout was the tail of congested rounds: at 20 ms, then still at 5 ms
-// (docs/bounded-loss.md, "Measured").
+// (docs/measurements/bounded-loss.md).
 inline constexpr double kRepairGaps = 16;
 inline constexpr absl::Duration kMinRepair = absl::Milliseconds(1);
 
