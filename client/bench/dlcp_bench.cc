@@ -18,66 +18,42 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/bench/bench_worker.h"
+#include "client/options/client_flags.h"
 #include "common/base/log.h"
 #include "common/config/registry.h"
 #include "common/policy/drop_injector.h"
-#include "common/security/tls_flags.h"
-#include "common/transport/transport_flags.h"
 
 namespace dlcp::bench {
 namespace {
 
+// The client options dlcp-bench sets itself: the job's shape comes from --workers and --rank (which
+// spawns the ranks), and each result is checked digit by digit, which needs the plain sum of the
+// round's data (zero-fill, no error feedback).
+const ClientFlagsOptions& BenchClientFlags() {
+  static const ClientFlagsOptions* flags = new ClientFlagsOptions{
+      .own = {"world_size", "rank", "compensation", "error_feedback"},
+      .defaults = {{"aggregators", "127.0.0.1:7400"}, {"job", ""}},
+  };
+  return *flags;
+}
+
 void DeclareFlags(ConfigRegistry* c) {
-  c->AddString("aggregators", "127.0.0.1:7400", "aggregator control addresses HOST:PORT[,HOST:PORT...]",
-               ValidateHostPortList);
+  DeclareClientFlags(c, BenchClientFlags());  // every other client option, as in README.md
   c->AddInt("workers", 1, 1, 4096, "workers in the job");
   c->AddInt("rank", -1, -1, 4095, "this worker's rank; -1 spawns all --workers ranks as child processes");
-  c->AddString("job", "", "job name; empty picks a unique one");
   c->AddInt("tensor-bytes", 4 << 20, 4, int64_t{4} << 30, "bytes of float32 per tensor");
   c->AddInt("tensors", 1, 1, 4096, "tensors all-reduced concurrently each round");
   c->AddInt("rounds", 10, 1, 10000000, "timed rounds");
   c->AddInt("warmup", 1, 0, 1000, "untimed rounds first");
   c->AddInt("min-seconds", 0, 0, 86400, "past --rounds, go on until this many seconds of timed rounds have passed");
-  c->AddInt("chunk-bytes", 0, 0, 65456, "payload bytes per chunk (datagram); 0: fit the transport, at most 8192");
-  c->AddInt("window-bytes", 4 << 20, 64, int64_t{1} << 32, "the most bytes in flight per aggregator endpoint");
-  c->AddBool("adaptive-window", true, "adapt the window to loss (AIMD), up to --window-bytes; false: always --window-bytes");
-  c->AddBool("path-steering", true, "with --adaptive-window and spraying: each source port's share follows its own loss");
-  c->AddBool("nack-filter", true, "a NACKed push that may still be on its way goes again only when asked again");
-  c->AddBool("pacing", true, "pushes to an endpoint leave spread at twice the rate its results come back");
-  c->AddInt("op-timeout-ms", 60000, 1, 3600000, "deadline of each AllReduce");
-  c->AddInt("rpc-timeout-ms", 5000, 1, 600000, "deadline of each control call (join, heartbeat, leave)");
-  c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence before asking for missing results");
   c->AddInt("timeout-s", 600, 1, 86400, "spawn mode: kill the workers after this long");
-  c->AddString("data-host", "", "address aggregators send results to; empty: as they see us");
   c->AddInt("late-rank", -1, -1, 4095, "spawn mode: this rank starts late (tests late joins)");
   c->AddInt("late-ms", 0, 0, 600000, "spawn mode: how late --late-rank starts");
   c->AddInt("start-delay-ms", 0, 0, 600000, "sleep this long before joining");
-  c->AddDouble("loss-bound", 0.01, 0.0, 1.0, "ε: fraction of droppable contributions a round may lose; 0: reliable");
-  c->AddDouble("reliable-fraction", 0.1, 0.0, 1.0, "chunks with the largest L2 norms that go to class 0");
-  c->AddBool("rank-reliable", false, "rank a reliable round's chunks into classes by magnitude too; false: one class per tensor");
-  c->AddString("pull-mode", "consistent",
-               "consistent: every worker receives the identical aggregate; bounded: up to ε of the droppable "
-               "results may be given up on (zeroed)",
-               [](const std::string& v) { return ParsePullMode(v).status(); });
-  c->AddString("on-aggregator-loss", "fail",
-               "fail: ops fail when an aggregator dies; remap: its share moves to the others and unfinished "
-               "rounds run again",
-               [](const std::string& v) { return ParseAggregatorLoss(v).status(); });
-  c->AddString("payload-encoding", "f32", "how values travel: f32, or f16 / bf16 to halve the bytes",
-               [](const std::string& v) { return wire::ParseEncoding(v).status(); });
-  c->AddString("inject-drop-class", "", "drop this worker's outgoing packets by class, C:P[,C:P] (tests)",
-               [](const std::string& v) {
-                 std::array<double, wire::kNumClasses> unused{};
-                 return ParseClassDrops(v, &unused);
-               });
-  c->AddInt("inject-burst", 1, 1, 1000, "packets per --inject-drop-class drop event");
-  c->AddInt("inject-seed", 1, 0, INT64_MAX, "seed for --inject-drop-class (each rank adds its rank)");
   c->AddBool("progress", false, "rank 0 draws a progress bar on stderr");
   c->AddBool("retry-aborted", false,
              "run a round again when the job lost a worker, until it is back (every round then uses the same data)");
   c->AddBool("json", false, "print only the JSON line (no table)");
-  DeclareTlsFlags(c, /*server=*/false);
-  DeclareTransportFlags(c);
   c->AddString("log-level", "warning", "debug, info, warning or error", [](const std::string& v) {
     LogLevel unused;
     return ParseLogLevel(v, &unused);
@@ -86,33 +62,15 @@ void DeclareFlags(ConfigRegistry* c) {
 
 WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   WorkerConfig w;
-  w.client.aggregators = absl::StrSplit(c.GetString("aggregators"), ',', absl::SkipEmpty());
-  w.client.job_name = c.GetString("job");
+  // Validated as flags; nothing is left to fail here.
+  ClientOptionsFromFlags(c, BenchClientFlags(), &w.client).IgnoreError();
   w.client.world_size = static_cast<uint32_t>(c.GetInt("workers"));
   w.client.rank = static_cast<uint32_t>(std::max<int64_t>(0, c.GetInt("rank")));
-  w.client.chunk_bytes = static_cast<uint32_t>(c.GetInt("chunk-bytes"));
-  w.client.window_bytes = static_cast<uint64_t>(c.GetInt("window-bytes"));
-  w.client.adaptive_window = c.GetBool("adaptive-window");
-  w.client.path_steering = c.GetBool("path-steering");
-  w.client.nack_filter = c.GetBool("nack-filter");
-  w.client.pacing = c.GetBool("pacing");
-  w.client.op_timeout = absl::Milliseconds(c.GetInt("op-timeout-ms"));
-  w.client.rpc_timeout = absl::Milliseconds(c.GetInt("rpc-timeout-ms"));
-  w.client.repair_timeout = absl::Milliseconds(c.GetInt("repair-timeout-ms"));
-  w.client.data_host = c.GetString("data-host");
-  w.client.transport.bind_host = w.client.data_host.empty() ? "0.0.0.0" : w.client.data_host;
-  TransportOptionsFromConfig(c, &w.client.transport);
-  w.client.tls = TlsOptionsFromConfig(c, /*server=*/false);
-  w.client.loss_bound = c.GetDouble("loss-bound");
-  w.client.class_policy.reliable_fraction = c.GetDouble("reliable-fraction");
-  w.client.class_policy.rank_reliable = c.GetBool("rank-reliable");
-  w.client.pull_mode = *ParsePullMode(c.GetString("pull-mode"));  // validated as a flag
-  w.client.on_aggregator_loss = *ParseAggregatorLoss(c.GetString("on-aggregator-loss"));
-  w.client.payload_encoding = *wire::ParseEncoding(c.GetString("payload-encoding"));  // validated as a flag
-  ParseClassDrops(c.GetString("inject-drop-class"), &w.client.inject.rate).IgnoreError();  // validated as a flag
-  w.client.inject.burst = static_cast<uint32_t>(c.GetInt("inject-burst"));
-  w.client.inject.seed = static_cast<uint64_t>(c.GetInt("inject-seed")) + w.client.rank;
-  // Partial sums are checked digit by digit, which needs the plain sum of this round's data.
+  // A worker given --data-host and no --bind-host binds where it is told results go.
+  if (!w.client.data_host.empty() && c.GetString("bind-host") == ClientOptions{}.transport.bind_host) {
+    w.client.transport.bind_host = w.client.data_host;
+  }
+  w.client.inject.seed += w.client.rank;  // each rank drops its own packets
   w.client.compensation = ClientOptions::Compensation::kZeroFill;
   w.client.error_feedback = false;
   w.tensor_bytes = static_cast<uint64_t>(c.GetInt("tensor-bytes"));
@@ -214,6 +172,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     if (!WIFEXITED(ch.status) || WEXITSTATUS(ch.status) != 0 || ls.empty()) ok = false;
     lines.push_back(ls.empty() ? "" : ls.back());
   }
+  const double loss_bound = ConfigFrom(c).client.loss_bound;
   double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY, cuts = 0, undos = 0;
   double chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0, pull_missing = 0;
   double rejected = 0, stale = 0, rx_overflows = 0, rx_queue_ran_dry = 0;
@@ -274,11 +233,11 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
         p50, p99, goodput, static_cast<int>(retrans), static_cast<int>(result_req), static_cast<int>(rejected),
         static_cast<int>(stale), static_cast<int>(rx_overflows), static_cast<int>(rx_queue_ran_dry));
     if (port_counters != "{}") std::cout << "  NIC port     its counters grew by " << port_counters << "\n";
-    if (c.GetDouble("loss-bound") > 0) {
+    if (loss_bound > 0) {
       std::cout << absl::StrFormat(
           "  loss bound   ε = %g: worst round lost %.4f of droppable contributions, %d violations\n"
           "  left out     by class [%s], STOP p99 %.2f ms, %d results given up on (bounded pull)\n",
-          c.GetDouble("loss-bound"), max_loss, static_cast<int>(violations), loss_by_class, stop_p99,
+          loss_bound, max_loss, static_cast<int>(violations), loss_by_class, stop_p99,
           static_cast<int>(pull_missing));
     }
     std::cout << "  results exact: "
@@ -292,7 +251,7 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"window_undos\":%d,\"client_rejected\":%d,"
       "\"client_stale\":%d,\"client_rx_overflows\":%d,\"client_rx_queue_ran_dry\":%d,\"client_port_counters\":%s,\"checked\":%s,\"exact\":%s}\n",
       workers, aggs, c.GetInt("tensor-bytes"), c.GetInt("tensors"), static_cast<int>(rounds), p50, p99, goodput,
-      max_err, static_cast<int>(retrans), static_cast<int>(result_req), c.GetDouble("loss-bound"), loss_by_class,
+      max_err, static_cast<int>(retrans), static_cast<int>(result_req), loss_bound, loss_by_class,
       max_loss, static_cast<int>(violations), stop_p99, static_cast<int>(pull_missing), static_cast<int>(cuts), static_cast<int>(undos),
       static_cast<int>(rejected), static_cast<int>(stale), static_cast<int>(rx_overflows),
       static_cast<int>(rx_queue_ran_dry), port_counters, checked ? "true" : "false",

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
+#include "client/options/client_option_table.h"
 #include "common/base/build_config.h"
 
 struct dlcp_client {
@@ -41,51 +43,36 @@ absl::Status CheckStatsSize(const dlcp_round_stats* stats) {
   if (stats == nullptr) return absl::OkStatus();
   return CheckSize(*stats, offsetof(dlcp_round_stats, key) + sizeof(stats->key), "dlcp_round_stats");
 }
-// The same words the flag registry takes for a boolean (absl::SimpleAtob).
-absl::StatusOr<bool> ParseBool(const std::string& value) {
-  bool b = false;
-  if (absl::SimpleAtob(value, &b)) return b;
-  return absl::InvalidArgumentError(absl::StrCat("'", value, "' is not a boolean (true|false|1|0|yes|no)"));
+// The struct's fields as option values (client/options/client_option_table.h); a zero or null
+// field is left to the environment and the default.
+std::map<std::string, std::string> StructValues(const dlcp_options& o) {
+  std::map<std::string, std::string> v;
+  v["aggregators"] = o.aggregators;
+  v["job"] = o.job_name;
+  v["world_size"] = absl::StrCat(o.world_size);
+  v["rank"] = absl::StrCat(o.rank);
+  if (o.chunk_bytes != 0) v["chunk_bytes"] = absl::StrCat(o.chunk_bytes);
+  if (o.op_timeout_ms != 0) v["op_timeout_ms"] = absl::StrCat(o.op_timeout_ms);
+  if (o.loss_bound != 0) v["loss_bound"] = absl::StrCat(o.loss_bound < 0 ? 0 : o.loss_bound);
+  if (o.plaintext != 0) v["plaintext"] = "true";
+  if (o.tls_ca != nullptr) v["tls_ca"] = o.tls_ca;
+  if (o.tls_cert != nullptr) v["tls_cert"] = o.tls_cert;
+  if (o.tls_key != nullptr) v["tls_key"] = o.tls_key;
+  if (o.tls_server_name != nullptr) v["tls_server_name"] = o.tls_server_name;
+  return v;
 }
 
-// Sets `out` from the parse of `value`, or says which setting was bad.
-template <typename T>
-absl::Status Set(const std::string& name, absl::StatusOr<T> value, T* out) {
-  if (!value.ok()) return absl::InvalidArgumentError(absl::StrCat("setting ", name, ": ", value.status().message()));
-  *out = *value;
-  return absl::OkStatus();
-}
-
-absl::Status ApplySettings(const std::string& settings, dlcp::ClientOptions* co) {
-  for (absl::string_view item : absl::StrSplit(settings, ',', absl::SkipWhitespace())) {
-    std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
-    const std::string name(absl::StripAsciiWhitespace(kv.first));
-    const std::string value(absl::StripAsciiWhitespace(kv.second));
-    absl::Status s;
-    if (name == "on_aggregator_loss") {
-      s = Set(name, dlcp::ParseAggregatorLoss(value), &co->on_aggregator_loss);
-    } else if (name == "payload_encoding") {
-      s = Set(name, dlcp::wire::ParseEncoding(value), &co->payload_encoding);
-    } else if (name == "pull_mode") {
-      s = Set(name, dlcp::ParsePullMode(value), &co->pull_mode);
-    } else if (name == "compensation") {
-      s = Set(name, dlcp::ParseCompensation(value), &co->compensation);
-    } else if (name == "adaptive_window") {
-      s = Set(name, ParseBool(value), &co->adaptive_window);
-    } else if (name == "path_steering") {
-      s = Set(name, ParseBool(value), &co->path_steering);
-    } else if (name == "nack_filter") {
-      s = Set(name, ParseBool(value), &co->nack_filter);
-    } else if (name == "pacing") {
-      s = Set(name, ParseBool(value), &co->pacing);
-    } else {
-      s = absl::InvalidArgumentError(absl::StrCat("unknown setting '", name,
-                                                  "' (on_aggregator_loss, payload_encoding, pull_mode, compensation, "
-                                                  "adaptive_window, path_steering, nack_filter, pacing)"));
-    }
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+// The struct, then the settings string over it, then DLCP_* environment variables for what
+// neither gave, then the defaults.
+absl::StatusOr<dlcp::ClientOptions> OptionsOf(const dlcp_options& o, const char* settings) {
+  std::map<std::string, std::string> values = StructValues(o);
+  absl::StatusOr<std::map<std::string, std::string>> extra =
+      dlcp::ParseSettingsString(settings == nullptr ? "" : settings);
+  if (!extra.ok()) return extra.status();
+  for (auto& [name, value] : *extra) values[name] = value;
+  dlcp::ClientOptions co;
+  if (absl::Status s = dlcp::ApplyClientOptions(values, dlcp::ProcessEnv, "dlcp_connect", &co); !s.ok()) return s;
+  return co;
 }
 }  // namespace
 
@@ -111,22 +98,9 @@ int dlcp_connect_with(const dlcp_options* given, const char* settings, dlcp_clie
   if (o->aggregators == nullptr || o->job_name == nullptr) {
     return Fail(absl::InvalidArgumentError("dlcp_connect: null aggregators or job_name"), err, err_len);
   }
-  dlcp::ClientOptions co;
-  co.aggregators = absl::StrSplit(o->aggregators, ',', absl::SkipEmpty());
-  co.job_name = o->job_name;
-  co.world_size = o->world_size;
-  co.rank = o->rank;
-  if (o->chunk_bytes != 0) co.chunk_bytes = o->chunk_bytes;
-  if (o->op_timeout_ms != 0) co.op_timeout = absl::Milliseconds(o->op_timeout_ms);
-  if (o->loss_bound != 0) co.loss_bound = o->loss_bound < 0 ? 0 : o->loss_bound;
-  auto str = [](const char* s) { return s == nullptr ? std::string() : std::string(s); };
-  co.tls.plaintext = o->plaintext != 0;
-  co.tls.ca_file = str(o->tls_ca);
-  co.tls.cert_file = str(o->tls_cert);
-  co.tls.key_file = str(o->tls_key);
-  co.tls.server_name = str(o->tls_server_name);
-  if (absl::Status s = ApplySettings(str(settings), &co); !s.ok()) return Fail(s, err, err_len);
-  absl::StatusOr<std::unique_ptr<dlcp::Client>> c = dlcp::Client::Connect(co);
+  absl::StatusOr<dlcp::ClientOptions> co = OptionsOf(*o, settings);
+  if (!co.ok()) return Fail(co.status(), err, err_len);
+  absl::StatusOr<std::unique_ptr<dlcp::Client>> c = dlcp::Client::Connect(*co);
   if (!c.ok()) return Fail(c.status(), err, err_len);
   *out = new dlcp_client{std::move(*c)};
   return 0;

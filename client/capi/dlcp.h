@@ -54,16 +54,11 @@ typedef struct {
 const char* dlcp_version(void);
 
 int dlcp_connect(const dlcp_options* options, dlcp_client** out, char* err, size_t err_len);
-/* The same, with settings beyond dlcp_options as "name=value,name=value" (NULL or "": none):
- *   on_aggregator_loss  fail | remap   (docs/failure-modes.md)
- *   payload_encoding    f32 | f16 | bf16
- *   pull_mode           consistent | bounded
- *   compensation        rescale | zero-fill
- *   adaptive_window     true | false   (docs/congestion.md)
- *   path_steering       true | false   (docs/path-spraying.md)
- *   nack_filter         true | false   (docs/congestion.md)
- *   pacing              true | false   (docs/congestion.md)
- * An unknown name or value is INVALID_ARGUMENT (3), and the message names it. */
+/* The same, with settings beyond dlcp_options as "name=value,name=value" (NULL or "": none), e.g.
+ * "payload_encoding=bf16,on_aggregator_loss=remap". Every client option is a setting, by the
+ * names of README.md's "Client options" table; a setting given here wins over the struct's field.
+ * Options neither gives come from DLCP_* environment variables (DLCP_WINDOW_BYTES=...), then the
+ * defaults. An unknown name or a bad value is INVALID_ARGUMENT (3), and the message names it. */
 int dlcp_connect_with(const dlcp_options* options, const char* settings, dlcp_client** out, char* err,
                       size_t err_len);
 /* Starts an in-place sum of data[0..n) over the job; data must stay valid until dlcp_op_wait. */

@@ -20,9 +20,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/options/client_option_table.h"
 #include "common/base/build_config.h"
 #include "common/policy/class_policy.h"
 #include "common/policy/drop_injector.h"
@@ -314,88 +316,51 @@ class PyClient {
   bool closed_ = false;
 };
 
+// A keyword argument as the option table's text: True -> "true", a list -> "a,b", 5 -> "5".
+std::string OptionText(const std::string& name, const py::handle& v) {
+  if (py::isinstance<py::bool_>(v)) return v.cast<bool>() ? "true" : "false";
+  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+  if (py::isinstance<py::int_>(v) || py::isinstance<py::float_>(v)) return py::str(v).cast<std::string>();
+  if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+    std::vector<std::string> parts;
+    for (py::handle item : v) parts.push_back(OptionText(name, item));
+    return absl::StrJoin(parts, ",");
+  }
+  throw py::type_error(absl::StrCat("dlcp.Client option ", name, ": a ", py::str(v.get_type().attr("__name__")).cast<std::string>(),
+                                    " is not a bool, number, str or list"));
+}
+
+// The keyword arguments over DLCP_* environment variables over the defaults
+// (client/options/client_option_table.h). None counts as not given.
 ClientOptions MakeOptions(py::kwargs kw) {
+  std::map<std::string, std::string> values;
+  for (auto item : kw) {
+    const std::string name = py::str(item.first).cast<std::string>();
+    if (FindClientOption(name) == nullptr) {
+      throw py::type_error(absl::StrCat("dlcp.Client got an unknown option '", name, "' (see help(dlcp.Client))"));
+    }
+    if (!item.second.is_none()) values[name] = OptionText(name, item.second);
+  }
   ClientOptions o;
-  auto take = [&](const char* name) -> py::object {
-    if (!kw.contains(name)) return py::none();
-    py::object v = kw[name];
-    PyDict_DelItemString(kw.ptr(), name);
-    return v;
-  };
-  auto opt = [&](const char* name, auto& field) {
-    py::object v = take(name);
-    if (!v.is_none()) field = v.cast<std::remove_reference_t<decltype(field)>>();
-  };
-  auto seconds = [&](const char* name, absl::Duration& field) {
-    py::object v = take(name);
-    if (!v.is_none()) field = absl::Seconds(v.cast<double>());
-  };
-  py::object aggs = take("aggregators");
-  if (py::isinstance<py::str>(aggs)) {
-    o.aggregators = absl::StrSplit(aggs.cast<std::string>(), ',', absl::SkipEmpty());
-  } else if (!aggs.is_none()) {
-    o.aggregators = aggs.cast<std::vector<std::string>>();
-  }
-  opt("job", o.job_name);
-  opt("world_size", o.world_size);
-  opt("rank", o.rank);
-  opt("chunk_bytes", o.chunk_bytes);
-  opt("data_host", o.data_host);
-  opt("bind_host", o.transport.bind_host);
-  opt("busy_poll", o.transport.busy_poll);
-  py::object transport = take("transport");
-  if (!transport.is_none()) o.transport.kind = Parsed(ParseTransportKind(transport.cast<std::string>()));
-  opt("spray_ports", o.transport.spray_ports);
-  opt("spray_burst", o.transport.spray_burst);
-  opt("rdma_device", o.transport.rdma.device);
-  opt("rdma_gid_index", o.transport.rdma.gid_index);
-  opt("rdma_qkey", o.transport.rdma.qkey);
-  opt("rdma_recv_slots", o.transport.rdma.recv_slots);
-  py::object dscp = take("dscp");
-  if (!dscp.is_none()) o.transport.dscp = dscp.cast<std::array<uint8_t, 4>>();
-  opt("plaintext", o.tls.plaintext);
-  opt("tls_cert", o.tls.cert_file);
-  opt("tls_key", o.tls.key_file);
-  opt("tls_ca", o.tls.ca_file);
-  opt("tls_server_name", o.tls.server_name);
-  seconds("rpc_timeout_s", o.rpc_timeout);
-  seconds("op_timeout_s", o.op_timeout);
-  seconds("repair_timeout_s", o.repair_timeout);
-  seconds("heartbeat_interval_s", o.heartbeat_interval);
-  opt("window_bytes", o.window_bytes);
-  opt("adaptive_window", o.adaptive_window);
-  opt("path_steering", o.path_steering);
-  opt("nack_filter", o.nack_filter);
-  opt("pacing", o.pacing);
-  opt("loss_bound", o.loss_bound);
-  opt("reliable_fraction", o.class_policy.reliable_fraction);
-  opt("rank_reliable", o.class_policy.rank_reliable);
-  py::object policy = take("class_policy");
-  if (!policy.is_none()) o.class_policy.kind = Parsed(ParseClassPolicyKind(policy.cast<std::string>()));
-  opt("num_layers", o.num_layers);
-  py::object comp = take("compensation");
-  if (!comp.is_none()) o.compensation = Parsed(ParseCompensation(comp.cast<std::string>()));
-  opt("error_feedback", o.error_feedback);
-  py::object pull = take("pull_mode");
-  if (!pull.is_none()) o.pull_mode = Parsed(ParsePullMode(pull.cast<std::string>()));
-  opt("pull_loss_bound", o.pull_loss_bound);
-  py::object loss = take("on_aggregator_loss");
-  if (!loss.is_none()) o.on_aggregator_loss = Parsed(ParseAggregatorLoss(loss.cast<std::string>()));
-  opt("phase_aware", o.phase_aware.enabled);
-  py::object encoding = take("payload_encoding");
-  if (!encoding.is_none()) o.payload_encoding = Parsed(wire::ParseEncoding(encoding.cast<std::string>()));
-  py::object drops = take("inject_drop");
-  if (!drops.is_none()) {
-    if (absl::Status s = ParseClassDrops(drops.cast<std::string>(), &o.inject.rate); !s.ok()) Raise(s);
-  }
-  opt("inject_burst", o.inject.burst);
-  opt("inject_seed", o.inject.seed);
-  if (!kw.empty()) {
-    std::string names;
-    for (auto item : kw) absl::StrAppend(&names, names.empty() ? "" : ", ", py::str(item.first).cast<std::string>());
-    Raise(absl::InvalidArgumentError(absl::StrCat("unknown dlcp.Client option(s): ", names)));
+  if (absl::Status s = ApplyClientOptions(values, ProcessEnv, "keyword argument", &o); !s.ok()) {
+    throw py::value_error(std::string(s.message()));
   }
   return o;
+}
+
+// The option table for the package's docstring and tests: one dict per option.
+py::list OptionTable() {
+  py::list rows;
+  for (const ClientOption& o : ClientOptionTable()) {
+    py::dict d;
+    d["name"] = o.name;
+    d["env"] = o.env_name();
+    d["default"] = o.default_text();
+    d["choices"] = o.choices;
+    d["help"] = o.help;
+    rows.append(d);
+  }
+  return rows;
 }
 
 }  // namespace
@@ -408,6 +373,7 @@ PYBIND11_MODULE(_dlcp, m) {
   static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
   g_error = error.ptr();
 
+  m.def("client_options", &OptionTable, "Every dlcp.Client option: name, env, default, choices, help.");
   m.def(
       "cuda_status",
       [] {

@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/base/build_config.h"
 #include "common/base/check.h"
@@ -223,6 +224,19 @@ std::string ConfigRegistry::Help() const {
                   "  --version      print the release and what it was built with, then exit\n\n");
   for (const auto& [name, e] : entries_) {
     absl::StrAppend(&out, "  --", name, " (", EnvName(name), ", default ", e.default_text, ")\n      ", e.help, "\n");
+  }
+  return out;
+}
+
+std::string ConfigRegistry::Markdown() const {
+  std::string out = "| setting | environment | default | meaning |\n|---|---|---|---|\n";
+  for (const auto& [name, e] : entries_) {
+    std::string help = e.help;
+    if (e.type == Type::kInt) absl::StrAppend(&help, "; ", e.imin, " to ", e.imax);
+    if (e.type == Type::kDouble) absl::StrAppend(&help, "; ", e.dmin, " to ", e.dmax);
+    absl::StrAppend(&out, "| `--", name, "` | `", EnvName(name), "` | ",
+                    e.default_text.empty() ? "" : absl::StrCat("`", e.default_text, "`"), " | ",
+                    absl::StrReplaceAll(help, {{"|", "\\|"}}), " |\n");
   }
   return out;
 }

@@ -129,7 +129,7 @@ def payload_bytes_sent(stats, tensor_bytes):
 def test_sixteen_bit_encodings_sum_exactly(aggregators, encoding, drops):
     # Small integers are exact in float16 and bfloat16; one worker picks the encoding per op.
     # With drops injected, repairs carry the op's encoding too.
-    lossy = {} if drops is None else {"inject_drop": drops, "inject_seed": 7}
+    lossy = {} if drops is None else {"inject_drop_class": drops, "inject_seed": 7}
     clients = connect_all(aggregators, f"enc-{encoding}-{drops is not None}", 2, loss_bound=0,
                           payload_encoding=encoding, chunk_bytes=1024, **lossy)
     try:
@@ -148,7 +148,7 @@ def test_sixteen_bit_encodings_sum_exactly(aggregators, encoding, drops):
     finally:
         for c in clients:
             c.close()
-    with pytest.raises(dlcp.Error, match="INVALID_ARGUMENT"):
+    with pytest.raises(ValueError, match="payload_encoding.*int8"):
         dlcp.Client(aggregators=aggregators, world_size=1, rank=0, plaintext=True, payload_encoding="int8")
 
 
@@ -282,7 +282,7 @@ def test_rejects_counts_what_each_client_dropped_by_reason(aggregators):
 def test_pending_op_fails_on_close_and_timeout(aggregators):
     # Rank 0 of a two-worker job whose rank 1 never comes.
     client = dlcp.Client(aggregators=aggregators, job="pending", world_size=2, rank=0, plaintext=True, loss_bound=0,
-                         op_timeout_s=1.0)
+                         op_timeout_ms=1000)
     h = client.allreduce_async(1, np.zeros(4, dtype=np.float32))
     with pytest.raises(dlcp.Error, match="DEADLINE_EXCEEDED: dlcp op still running"):
         h.wait(0.1)
@@ -295,18 +295,46 @@ def test_pending_op_fails_on_close_and_timeout(aggregators):
 
 
 def test_bad_options_and_unreachable_aggregators():
-    with pytest.raises(dlcp.Error, match="unknown dlcp.Client option.*bogus"):
+    with pytest.raises(TypeError, match="unknown option 'bogus'"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, bogus=1)
-    with pytest.raises(dlcp.Error, match="loss_bound 2 is not in"):
+    with pytest.raises(TypeError, match="window_bytes: a dict is not"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, window_bytes={})
+    with pytest.raises(ValueError, match=r"'2' for option loss_bound \(keyword argument\): must be in \[0, 1\]"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, loss_bound=2)
-    with pytest.raises(dlcp.Error, match="pull mode 'sometimes'"):
+    with pytest.raises(ValueError, match="pull mode 'sometimes'"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, pull_mode="sometimes")
-    with pytest.raises(dlcp.Error, match="on_aggregator_loss 'retry' is not 'fail' or 'remap'"):
+    with pytest.raises(ValueError, match="on_aggregator_loss 'retry' is not 'fail' or 'remap'"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, on_aggregator_loss="retry")
     with pytest.raises(dlcp.Error, match="rank 3 is not below world_size 2"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=2, rank=3, plaintext=True)
     with pytest.raises(dlcp.Error, match="UNAVAILABLE.*127.0.0.1:1"):
-        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, rpc_timeout_s=1)
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, rpc_timeout_ms=1000)
+
+
+def test_options_come_from_keywords_then_environment_then_defaults(monkeypatch):
+    """DLCP_* variables fill what the keywords leave out, as they do for the binaries' flags."""
+    monkeypatch.setenv("DLCP_LOSS_BOUND", "7")  # out of range: the error names where it came from
+    with pytest.raises(ValueError, match="loss_bound \\(environment variable DLCP_LOSS_BOUND\\)"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True)
+    # A keyword wins over the environment: the valid keyword is taken, and the client gets as far
+    # as dialling the aggregator.
+    monkeypatch.setenv("DLCP_RPC_TIMEOUT_MS", "1000")
+    with pytest.raises(dlcp.Error, match="UNAVAILABLE.*127.0.0.1:1"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, loss_bound=0)
+    monkeypatch.setenv("DLCP_AGGREGATORS", "127.0.0.1:1")
+    monkeypatch.setenv("DLCP_PLAINTEXT", "true")
+    monkeypatch.setenv("DLCP_LOSS_BOUND", "0")
+    with pytest.raises(dlcp.Error, match="UNAVAILABLE.*127.0.0.1:1"):
+        dlcp.Client(world_size=1, rank=0)
+
+
+def test_every_option_is_a_keyword_with_its_help():
+    """The option table is the one declaration: each option is documented on dlcp.Client."""
+    table = dlcp._dlcp.client_options()
+    assert len(table) >= 40
+    for row in table:
+        assert row["env"] == "DLCP_" + row["name"].upper()
+        assert f"\n      {row['name']}" in dlcp.Client.__doc__, row["name"]
 
 
 def test_a_job_runs_over_ipv6(tmp_path):

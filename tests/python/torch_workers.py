@@ -77,7 +77,7 @@ def dies_mid_training(rank, world, aggregators, die_rank, die_step, how):
     torch.manual_seed(0)
     model = digits.Net()
     client = dlcp.Client(aggregators=aggregators, job=f"dies-{how}", world_size=world, rank=rank, plaintext=True,
-                         loss_bound=0, heartbeat_interval_s=0.5)
+                         loss_bound=0, heartbeat_interval_ms=500)
     opt = dlcp.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model, client, timeout=60)
     start = None
     try:
@@ -128,7 +128,7 @@ def bounded_pull(rank, world, aggregators, inject_drop):
     torch.set_num_threads(1)
     model = digits.Net()
     client = dlcp.Client(aggregators=aggregators, job="bounded-pull", world_size=world, rank=rank, plaintext=True,
-                         loss_bound=0.05, pull_mode="bounded", inject_drop=inject_drop, inject_seed=rank + 1)
+                         loss_bound=0.05, pull_mode="bounded", inject_drop_class=inject_drop, inject_seed=rank + 1)
     try:
         opt = dlcp.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model,
                                               client, broadcast_every=5, timeout=60)

@@ -124,17 +124,23 @@ class Handle:
 _LAUNCHER_VARS = (("rank", "RANK"), ("world_size", "WORLD_SIZE"))
 
 
+def _given(option, options, env):
+    """Whether the caller or a DLCP_* environment variable set `option`: those win over a launcher."""
+    return option in options or "DLCP_" + option.upper() in env
+
+
 def _launcher_defaults(options, env):
-    """Fills rank, world_size and job from a launcher's environment where the caller gave none."""
+    """Fills rank, world_size and job from a launcher's environment where neither the caller nor a
+    DLCP_* variable gave them."""
     for option, var in _LAUNCHER_VARS:
-        if option in options or var not in env:
+        if _given(option, options, env) or var not in env:
             continue
         try:
             options[option] = int(env[var])
         except ValueError:
             raise Error(f"{option}: the launcher's {var}={env[var]!r} is not a whole number") from None
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
-    if "job" not in options and run_id not in ("", "none"):
+    if not _given("job", options, env) and run_id not in ("", "none"):
         options["job"] = run_id
 
 
@@ -145,21 +151,14 @@ class Client:
     to the launcher's RANK and WORLD_SIZE, and job to torchrun's TORCHELASTIC_RUN_ID (its
     --rdzv_id); options given here win.
 
-    Keyword options (all optional but aggregators, world_size and rank):
-      aggregators: "host:port,..." or a list; job; world_size; rank; chunk_bytes;
-      plaintext (must be chosen explicitly), tls_cert, tls_key, tls_ca, tls_server_name;
-      loss_bound (ε, default 0.01; 0 is fully reliable), reliable_fraction, class_policy,
-      num_layers, compensation ("rescale" | "zero-fill"), error_feedback, pull_mode
-      ("consistent" | "bounded"), pull_loss_bound, phase_aware; on_aggregator_loss
-      ("fail" | "remap"); payload_encoding ("f32" | "f16" | "bf16"); rpc_timeout_s, op_timeout_s,
-      repair_timeout_s, heartbeat_interval_s, window_bytes; data_host, bind_host, dscp,
-      busy_poll; transport ("auto" | "udp" | "rdma"), spray_ports, spray_burst, rdma_device,
-      rdma_gid_index, rdma_qkey, rdma_recv_slots;
-      inject_drop ("C:P,..."), inject_burst, inject_seed (for tests).
+    Keyword options: each may also come from the environment as DLCP_<NAME> (DLCP_LOSS_BOUND=0.05),
+    which a keyword wins over; then the default. None counts as not given. The options:
+{options}
     Methods may be called from any thread.
     """
 
     def __init__(self, **options):
+        """Connects to the job's aggregators; the options are the class's (help(dlcp.Client))."""
         _launcher_defaults(options, os.environ)
         self._inner = _dlcp.Client(**options)
         with _open_lock:
@@ -255,6 +254,19 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _options_doc():
+    """The option list of Client's docstring, from the one option table (README.md's too)."""
+    lines = []
+    for row in _dlcp.client_options():
+        choices = f" ({row['choices'].replace('|', ' | ')})" if row["choices"] else ""
+        default = f"; default {row['default']}" if row["default"] else ""
+        lines.append(f"      {row['name']}{choices}: {row['help']}{default}.")
+    return "\n".join(lines)
+
+
+Client.__doc__ = Client.__doc__.replace("{options}", _options_doc())
 
 
 def _wrap_callback(callback, finish):

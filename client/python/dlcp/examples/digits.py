@@ -86,7 +86,7 @@ def train(mode, rank, world, aggregators="", epochs=10, lr=None, optimizer="sgd"
         opts = dict(aggregators=aggregators, job=f"digits-{mode}", world_size=world, rank=rank,
                     loss_bound=loss_bound, num_layers=dlcp.torch.num_layers(model))
         if inject_drop:
-            opts.update(inject_drop=inject_drop, inject_seed=1000 + rank)
+            opts.update(inject_drop_class=inject_drop, inject_seed=1000 + rank)
         opts.update(client_options or {})
         client = dlcp.Client(**opts)
     if mode == "dlcp":
