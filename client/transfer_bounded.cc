@@ -61,7 +61,7 @@ absl::Status TransferEngine::PackDevice(Op& op) {
   PackOutput out;
   out.packets = op.packets.data();
   if (absl::Status s = packer->Pack(in, &out); !s.ok()) return s;
-  op.classes = std::move(out.classes);
+  op.chunks.classes = std::move(out.classes);
   // What goes on the wire, as float32: error feedback and a regroup's restart work on it as on a
   // host tensor's data, and the results land on it.
   for (uint32_t c = 0; c < op.geometry.chunk_count(); ++c) {
@@ -93,11 +93,11 @@ absl::Status TransferEngine::Prepare(Op& op) {
     }
     if (absl::Status s = PackHost(op); !s.ok()) return s;
   }
-  for (uint8_t c : op.classes) ++op.stats.chunks_by_class[c];
-  if (op.report_classes) op.stats.classes = op.classes;
-  op.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
-  op.droppable_chunks = chunks - op.class0_pending;
-  op.droppable_pending = op.droppable_chunks;
+  for (uint8_t c : op.chunks.classes) ++op.stats.chunks_by_class[c];
+  if (op.report_classes) op.stats.classes = op.chunks.classes;
+  op.bounded.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
+  op.bounded.droppable_chunks = chunks - op.bounded.class0_pending;
+  op.bounded.droppable_pending = op.bounded.droppable_chunks;
   return absl::OkStatus();
 }
 
@@ -111,7 +111,7 @@ absl::Status TransferEngine::PackHost(Op& op) {
   // from it: the packer would only read every value for magnitudes nobody uses, a pass over the
   // tensor that delays the round's first push (about 3 ms of CPU for 20 MiB).
   if (const uint8_t uniform = layout->tiers[0].uniform; uniform != kNoUniform && !in.write_packets) {
-    op.classes.assign(op.geometry.chunk_count(), uniform);
+    op.chunks.classes.assign(op.geometry.chunk_count(), uniform);
     return absl::OkStatus();
   }
   PackOutput out;
@@ -121,7 +121,7 @@ absl::Status TransferEngine::PackHost(Op& op) {
     out.packets = op.packets.data();
   }
   if (absl::Status s = packer_->Pack(in, &out); !s.ok()) return s;
-  op.classes = std::move(out.classes);
+  op.chunks.classes = std::move(out.classes);
   return absl::OkStatus();
 }
 
@@ -132,12 +132,12 @@ constexpr absl::Duration kMinStall = absl::Milliseconds(1);
 }  // namespace
 
 absl::Time TransferEngine::PullTailEnd(const Op& op) const {
-  return QuietSpellEnd(op.start, op.last_progress, op.geometry.chunk_count() - op.remaining, kTailGaps, kMinTail,
+  return QuietSpellEnd(op.clock.start, op.clock.last_progress, op.geometry.chunk_count() - op.remaining, kTailGaps, kMinTail,
                        options_.repair_timeout);
 }
 
 void TransferEngine::ReleaseStalledWindows(Op& op, absl::Time now) {
-  if (now < QuietSpellEnd(op.start, op.last_progress, op.geometry.chunk_count() - op.remaining, kStallGaps, kMinStall,
+  if (now < QuietSpellEnd(op.clock.start, op.clock.last_progress, op.geometry.chunk_count() - op.remaining, kStallGaps, kMinStall,
                           options_.repair_timeout)) {
     return;
   }
@@ -152,18 +152,18 @@ void TransferEngine::ReleaseStalledWindows(Op& op, absl::Time now) {
 }
 
 void TransferEngine::MaybeComplete(Op& op, absl::Time now) {
-  if (op.stops_pending > 0) return;
+  if (op.bounded.stops_pending > 0) return;
   if (op.remaining == 0) return Complete(op, now);
-  if (op.pull_ppm == 0 || op.pull_armed) return;
-  const uint64_t allowed = static_cast<uint64_t>(op.pull_ppm) * op.droppable_chunks / wire::kPpm;
-  if (op.class0_pending > 0 || op.droppable_pending > allowed) return;
-  op.pull_armed = true;
+  if (op.bounded.pull_ppm == 0 || op.bounded.pull_armed) return;
+  const uint64_t allowed = static_cast<uint64_t>(op.bounded.pull_ppm) * op.bounded.droppable_chunks / wire::kPpm;
+  if (op.bounded.class0_pending > 0 || op.bounded.droppable_pending > allowed) return;
+  op.bounded.pull_armed = true;
   next_tail_ = std::min(next_tail_, PullTailEnd(op));
 }
 
 void TransferEngine::CompletePartial(Op& op, absl::Time now) {
   for (uint32_t c = 0; c < op.geometry.chunk_count(); ++c) {
-    if (op.state[c] == kHave) continue;
+    if (op.chunks.state[c] == kHave) continue;
     std::fill_n(op.data + op.geometry.offset(c), op.geometry.elems(c), 0.0f);
     ++op.stats.pull_missing;
   }
@@ -171,35 +171,35 @@ void TransferEngine::CompletePartial(Op& op, absl::Time now) {
 }
 
 std::vector<uint8_t> TransferEngine::WantedResults(const Op& op) const {
-  if (op.pull_ppm == 0 || op.stops_pending > 0) return {};
-  const uint64_t allowed = static_cast<uint64_t>(op.pull_ppm) * op.droppable_chunks / wire::kPpm;
+  if (op.bounded.pull_ppm == 0 || op.bounded.stops_pending > 0) return {};
+  const uint64_t allowed = static_cast<uint64_t>(op.bounded.pull_ppm) * op.bounded.droppable_chunks / wire::kPpm;
   std::vector<uint8_t> wanted(op.geometry.chunk_count(), 0);
   std::vector<uint32_t> droppable;
   for (uint32_t c = 0; c < op.geometry.chunk_count(); ++c) {
-    if (op.state[c] == kHave) continue;
-    if (op.classes[c] == 0) {
+    if (op.chunks.state[c] == kHave) continue;
+    if (op.chunks.classes[c] == 0) {
       wanted[c] = 1;
     } else {
       droppable.push_back(c);
     }
   }
-  const size_t need = op.droppable_pending > allowed ? op.droppable_pending - allowed : 0;
+  const size_t need = op.bounded.droppable_pending > allowed ? op.bounded.droppable_pending - allowed : 0;
   std::stable_sort(droppable.begin(), droppable.end(),
-                   [&](uint32_t a, uint32_t b) { return op.classes[a] < op.classes[b]; });
+                   [&](uint32_t a, uint32_t b) { return op.chunks.classes[a] < op.chunks.classes[b]; });
   for (size_t i = 0; i < need && i < droppable.size(); ++i) wanted[droppable[i]] = 1;
   return wanted;
 }
 
 void TransferEngine::SendManifest(const Op& op, uint32_t dest) {
   std::vector<uint8_t> classes(op.geometry.chunk_count(), wire::kNotHere);
-  for (uint32_t c : op.plan->chunks_by_dest[dest]) classes[c] = op.classes[c];
+  for (uint32_t c : op.plan->chunks_by_dest[dest]) classes[c] = op.chunks.classes[c];
   const size_t max_payload = wire::ControlPayloadLimit(transport_->max_datagram(), options_.chunk_bytes);
   wire::Header h = BaseHeader(wire::MsgType::kManifest, dest, op.key, op.round, op.geometry.tensor_elems,
                               op.geometry.chunk_count());
   for (std::vector<uint8_t>& p : wire::EncodeManifest(op.loss_bound_ppm, classes, max_payload)) {
     if (injector_.Drop(0)) continue;
     h.payload_len = static_cast<uint32_t>(p.size());
-    absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_sign_key_[dest]);
+    absl::Status s = outbox_.AddOwned(flows_[dest].addr, h, std::move(p), flows_[dest].sign_key);
     if (!s.ok()) DLCP_LOG(Warning) << "manifest: " << s;
   }
 }
@@ -209,20 +209,20 @@ void TransferEngine::HandleStop(Op& op, const wire::Header& h, const uint8_t* pa
   absl::StatusOr<wire::StopInfo> stop =
       wire::DecodeStop(absl::MakeConstSpan(payload, h.payload_len), op.geometry.chunk_count());
   if (!stop.ok()) return Reject(wire::Reject::kBadPayload);
-  if (op.stopped[from_dest]) return;  // another part, or a repeat
-  op.stopped[from_dest] = true;
-  --op.stops_pending;
+  if (op.bounded.stopped[from_dest]) return;  // another part, or a repeat
+  op.bounded.stopped[from_dest] = true;
+  --op.bounded.stops_pending;
   op.stats.droppable_total += stop->droppable_total;
   op.stats.droppable_missing += stop->droppable_missing;
   const uint64_t allowed = static_cast<uint64_t>(op.loss_bound_ppm) * stop->droppable_total / wire::kPpm;
   if (stop->droppable_missing > allowed) {
     ++op.stats.bound_violations;
-    DLCP_LOG(Error) << "aggregator " << dest_addr_[from_dest].ToString() << " sealed key " << op.key << " round "
+    DLCP_LOG(Error) << "aggregator " << flows_[from_dest].addr.ToString() << " sealed key " << op.key << " round "
                     << op.round << " with " << stop->droppable_missing << " of " << stop->droppable_total
                     << " droppable contributions missing, over the bound of " << allowed;
   }
-  op.stats.time_to_stop = now - op.start;
-  op.last_progress = now;
+  op.stats.time_to_stop = now - op.clock.start;
+  op.clock.last_progress = now;
   MaybeComplete(op, now);
 }
 

@@ -48,50 +48,41 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
 
 void TransferEngine::BuildDestinations() {
   topology_ = Topology(TopologyAggregators(options_));
-  dest_addr_.clear();
-  dest_epoch_.clear();
-  dest_key_.clear();
-  dest_prev_key_.clear();
-  dest_sign_key_.clear();
-  // Sized once per layout: dest_prev_key_ and dest_sign_key_ point into them, and
-  // ApplyLatestKeys only assigns.
+  flows_.clear();
+  // Sized once per layout: the flows' keys point into them, and ApplyLatestKeys only assigns.
   options_.previous_keys.resize(options_.keys.size());
   options_.key_generations.resize(options_.keys.size());
   options_.worker_keys.resize(options_.keys.size());
   dest_by_addr_.clear();
   dest_base_.clear();
   plans_.clear();
-  for (size_t a = 0; a < options_.endpoints.size(); ++a) {
-    dest_base_.push_back(static_cast<uint32_t>(dest_addr_.size()));
-    for (size_t e = 0; e < options_.endpoints[a].size(); ++e) {
-      const Address& ep = options_.endpoints[a][e];
-      dest_by_addr_[ep] = static_cast<uint32_t>(dest_addr_.size());
-      if (a < options_.sources.size() && e < options_.sources[a].size()) {
-        for (const Address& s : options_.sources[a][e]) dest_by_addr_[s] = static_cast<uint32_t>(dest_addr_.size());
-      }
-      dest_addr_.push_back(ep);
-      dest_epoch_.push_back(options_.epochs[a]);
-      dest_key_.push_back(options_.keys[a] ? &*options_.keys[a] : nullptr);
-      dest_prev_key_.push_back(options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr);
-      dest_sign_key_.push_back(SignKey(a));
-    }
-  }
-  ApplyLatestKeys();
   // A new layout is a new set of paths: every window starts again.
   CongestionOptions cc;
   cc.decrease = kWindowDecrease;
   cc.max = std::max<uint32_t>(1, options_.window_chunks);
   cc.min = std::min<uint32_t>(cc.min, cc.max);
-  windows_.assign(dest_addr_.size(), CongestionWindow(cc));
   PacerOptions pacing;
   pacing.burst = std::max<uint32_t>(1, options_.path_burst);
-  pacers_.assign(dest_addr_.size(), Pacer(pacing));
+  for (size_t a = 0; a < options_.endpoints.size(); ++a) {
+    dest_base_.push_back(static_cast<uint32_t>(flows_.size()));
+    for (size_t e = 0; e < options_.endpoints[a].size(); ++e) {
+      const Address& ep = options_.endpoints[a][e];
+      dest_by_addr_[ep] = static_cast<uint32_t>(flows_.size());
+      if (a < options_.sources.size() && e < options_.sources[a].size()) {
+        for (const Address& s : options_.sources[a][e]) dest_by_addr_[s] = static_cast<uint32_t>(flows_.size());
+      }
+      flows_.push_back(DestFlow{ep, options_.epochs[a], options_.keys[a] ? &*options_.keys[a] : nullptr,
+                                options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr, SignKey(a),
+                                CongestionWindow(cc), Pacer(pacing)});
+    }
+  }
+  ApplyLatestKeys();
   BuildPaths();
   BuildNackFilters();
 }
 
 uint32_t TransferEngine::WindowOf(uint32_t dest) const {
-  return options_.adaptive_window ? windows_[dest].window() : options_.window_chunks;
+  return options_.adaptive_window ? flows_[dest].window.window() : options_.window_chunks;
 }
 
 TransferEngine::~TransferEngine() { Stop(absl::CancelledError("dlcp client closed")); }
@@ -145,7 +136,7 @@ void TransferEngine::Enqueue(std::unique_ptr<Op> op, uint32_t key, uint64_t elem
     return fail(absl::InvalidArgumentError(absl::StrCat("payload encoding ", static_cast<int>(op->encoding), " is unknown")));
   }
   if (options_.bounded_pull && op->loss_bound_ppm > 0) {
-    op->pull_ppm = static_cast<uint32_t>(std::lround(options_.pull_loss_bound * wire::kPpm));
+    op->bounded.pull_ppm = static_cast<uint32_t>(std::lround(options_.pull_loss_bound * wire::kPpm));
   }
   absl::Status refused;  // `done` runs outside the lock: it may submit again
   {
@@ -228,7 +219,7 @@ std::shared_ptr<const TransferEngine::Plan> TransferEngine::PlanFor(uint32_t key
   plan->tensor_elems = tensor_elems;
   const wire::ChunkGeometry g{tensor_elems, options_.chunk_bytes / 4};
   const uint32_t chunks = g.chunk_count();
-  plan->chunks_by_dest.resize(dest_addr_.size());
+  plan->chunks_by_dest.resize(flows_.size());
   plan->dest_of_chunk.resize(chunks);
   plan->pos_in_dest.resize(chunks);
   const uint32_t blocks = (chunks + kBlockChunks - 1) / kBlockChunks;
@@ -257,7 +248,7 @@ wire::Header TransferEngine::BaseHeader(wire::MsgType type, uint32_t dest, uint3
   h.chunk_count = chunks;
   h.tensor_elems = elems;
   h.rank = static_cast<uint16_t>(options_.rank);
-  h.epoch = dest_epoch_[dest];
+  h.epoch = flows_[dest].epoch;
   return h;
 }
 
@@ -282,8 +273,8 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
       op->done(std::move(s));
       continue;
     }
-    if (options_.retain_inputs) op->input.assign(op->data, op->data + op->geometry.tensor_elems);
-    if (auto r = ops_.find(op->key); r != ops_.end() && r->second->replay) {
+    if (options_.retain_inputs) op->retained.input.assign(op->data, op->data + op->geometry.tensor_elems);
+    if (auto r = ops_.find(op->key); r != ops_.end() && r->second->retained.replay) {
       held_[op->key] = std::move(op);  // starts once the regroup's replay of its key ends
       continue;
     }
@@ -294,147 +285,152 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
 
 void TransferEngine::Launch(Op& op, absl::Time now) {
   op.plan = PlanFor(op.key, op.geometry.tensor_elems);
-  op.state.assign(op.geometry.chunk_count(), kUnsent);
-  op.stamps.assign(op.geometry.chunk_count(), 0);
-  op.repushes.assign(op.geometry.chunk_count(), 0);
-  op.resending.assign(op.geometry.chunk_count(), 0);
-  op.deferred.assign(op.geometry.chunk_count(), 0);
-  op.paths.assign(paths_.empty() ? 0 : op.geometry.chunk_count(), 0);
-  op.dests.assign(dest_addr_.size(), Dest{});
+  op.chunks.state.assign(op.geometry.chunk_count(), kUnsent);
+  op.chunks.stamps.assign(op.geometry.chunk_count(), 0);
+  op.chunks.repushes.assign(op.geometry.chunk_count(), 0);
+  op.chunks.resending.assign(op.geometry.chunk_count(), 0);
+  op.chunks.deferred.assign(op.geometry.chunk_count(), 0);
+  op.chunks.paths.assign(Steering() ? op.geometry.chunk_count() : 0, 0);
+  op.dests.assign(flows_.size(), Dest{});
   op.remaining = op.geometry.chunk_count();
-  op.start = now;
-  op.deadline = now + options_.op_timeout;
-  op.last_progress = now;
-  op.next_repair = now;  // ScanTimers: a quiet spell of the op's own pace decides
-  op.repair_attempts = 0;
+  op.clock.start = now;
+  op.clock.deadline = now + options_.op_timeout;
+  op.clock.last_progress = now;
+  op.clock.next_repair = now;  // ScanTimers: a quiet spell of the op's own pace decides
+  op.clock.repair_attempts = 0;
   op.stats.chunks = op.remaining;
   op.stats.min_contributors = std::numeric_limits<uint32_t>::max();
-  op.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
-  op.droppable_pending = op.droppable_chunks;
-  op.pull_armed = false;
-  op.stops_pending = 0;
-  op.stopped.clear();
-  op.heard.clear();
+  op.bounded.class0_pending = static_cast<uint32_t>(op.stats.chunks_by_class[0]);
+  op.bounded.droppable_pending = op.bounded.droppable_chunks;
+  op.bounded.pull_armed = false;
+  op.bounded.stops_pending = 0;
+  op.bounded.stopped.clear();
+  op.bounded.heard.clear();
   if (op.loss_bound_ppm > 0) {
-    op.stopped.assign(dest_addr_.size(), true);
-    op.heard.assign(dest_addr_.size(), false);
-    for (uint32_t d = 0; d < dest_addr_.size(); ++d) {
+    op.bounded.stopped.assign(flows_.size(), true);
+    op.bounded.heard.assign(flows_.size(), false);
+    for (uint32_t d = 0; d < flows_.size(); ++d) {
       if (op.plan->chunks_by_dest[d].empty()) continue;
-      op.stopped[d] = false;
-      ++op.stops_pending;
+      op.bounded.stopped[d] = false;
+      ++op.bounded.stops_pending;
       SendManifest(op, d);
     }
   }
 }
 
 bool TransferEngine::PushSome(size_t budget) {
+  StartTurn(budget);
   bool more = false;
+  for (auto& [key, op_ptr] : ops_) {
+    for (uint32_t d = 0; d < op_ptr->dests.size(); ++d) more |= PushTo(*op_ptr, d);
+  }
+  return more;
+}
+
+void TransferEngine::StartTurn(size_t budget) {
+  PushTurn& t = turn_;
+  t.budget = budget;
+  t.now = MonotonicNow();
   // The window is the endpoint's, shared by every op pushing there.
-  std::vector<size_t>& inflight = inflight_;
-  std::vector<size_t>& repairs = repairs_inflight_;
-  inflight.assign(dest_addr_.size(), 0);
-  repairs.assign(dest_addr_.size(), 0);
-  const absl::Time now = MonotonicNow();
-  std::vector<uint32_t>& allow = allowance_;
-  allow.assign(dest_addr_.size(), std::numeric_limits<uint32_t>::max());
+  t.inflight.assign(flows_.size(), 0);
+  t.repairs.assign(flows_.size(), 0);
+  t.allow.assign(flows_.size(), std::numeric_limits<uint32_t>::max());
   if (options_.pacing) {
-    for (uint32_t d = 0; d < dest_addr_.size(); ++d) allow[d] = pacers_[d].Allowance(now);
+    for (uint32_t d = 0; d < flows_.size(); ++d) t.allow[d] = flows_[d].pacer.Allowance(t.now);
   }
   for (auto& [key, op_ptr] : ops_) {
     for (uint32_t d = 0; d < op_ptr->dests.size(); ++d) {
       const Dest& dest = op_ptr->dests[d];
-      inflight[d] += dest.next - dest.acked + dest.repairs_out;
-      repairs[d] += dest.repairs_out;
+      t.inflight[d] += dest.next - dest.acked + dest.repairs_out;
+      t.repairs[d] += dest.repairs_out;
     }
   }
-  for (auto& [key, op_ptr] : ops_) {
-    Op& op = *op_ptr;
-    for (uint32_t d = 0; d < op.dests.size(); ++d) {
-      wire::Header h = BaseHeader(wire::MsgType::kPush, d, op.key, op.round, op.geometry.tensor_elems,
-                                  op.geometry.chunk_count());
-      h.encoding = static_cast<uint8_t>(op.encoding);
-      Dest& dest = op.dests[d];
-      const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[d];
-      // A retransmission rides class 0: its chunk was lost once in its own class, and the
-      // aggregator asks only for what it must have (the bound, or a reliable round).
-      auto push = [&](uint32_t c, bool repair) {
-        h.chunk = c;
-        // A repair keeps its first push's stamp: a result cannot tell which copy it answers
-        // (Karn), and taking the repair's would make every chunk pushed since look lost.
-        const uint64_t stamp = windows_[d].Stamp();
-        if (!repair) op.stamps[c] = stamp;
-        if (repair && op.repushes[c] < 255) ++op.repushes[c];
-        op.deferred[c] = 0;
-        const int16_t path = PickPath(d);
-        if (path >= 0) {
-          paths_[d].OnSent(path, stamp);
-          if (!repair) op.paths[c] = static_cast<uint8_t>(path);
-        }
-        h.priority = repair ? 0 : op.classes[c];
-        h.flags = repair ? wire::kFlagRepaired : 0;
-        h.lost_class = repair ? op.classes[c] : 0;
-        h.payload_len = op.geometry.bytes(c, wire::EncodingWidth(op.encoding));
-        op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
-        if (injector_.Drop(h.priority)) {
-          ++op.stats.injected_drops;
-          return;
-        }
-        const uint8_t* payload = op.packets.empty()
-                                     ? reinterpret_cast<const uint8_t*>(op.data + op.geometry.offset(c))
-                                     : op.packets.data() + c * op.packet_stride + wire::kHeaderSize;
-        absl::Status s = outbox_.Add(dest_addr_[d], h, payload, dest_sign_key_[d], nullptr, path);
-        if (!s.ok()) DLCP_LOG(Warning) << "push to " << dest_addr_[d].ToString() << ": " << s;
-      };
-      const auto spend = [&] {  // the pacer's tokens may go below zero, after repairs
-        if (allow[d] > 0) --allow[d];
-        if (options_.pacing) pacers_[d].OnSent(1);
-      };
-      const size_t window = WindowOf(d);
-      // A repair takes a free slot of the window, and when the window is full of chunks still
-      // waiting for results, repairs have a window's worth of their own: those results often
-      // wait for exactly these repairs (this worker's, or another's that waits on this one's
-      // results in turn), and without room every worker's window stalls until a silence. On
-      // the congested test bed that stall was 70 ms of an idle link in many rounds.
-      const auto repair_room = [&] {
-        return !options_.adaptive_window || inflight[d] < window || repairs[d] < window;
-      };
-      // Repairs are not held back by the pacer, only counted by it: they are what the round's tail
-      // waits for, and a NACK asks for few at a time.
-      while (!dest.resend.empty() && budget > 0 && repair_room()) {
-        uint32_t c = dest.resend.back();
-        dest.resend.pop_back();
-        op.resending[c] = 0;
-        if (op.state[c] == kHave) continue;
-        push(c, true);
-        spend();
-        ++dest.repairs_out;
-        ++inflight[d];
-        ++repairs[d];
-        ++op.stats.retransmits;
-        --budget;
-      }
-      while (dest.next < mine.size() && inflight[d] < window && budget > 0 && allow[d] > 0) {
-        uint32_t c = mine[dest.next++];
-        ++inflight[d];
-        // A bounded round may seal before this worker pushed everything; a chunk whose final
-        // result is already here is not pushed (and must not count as outstanding again).
-        if (op.state[c] == kHave) continue;
-        op.state[c] = kSent;
-        push(c, false);
-        spend();
-        --budget;
-      }
-      const bool repairs_left = !dest.resend.empty() && repair_room();
-      const bool pushes_left = dest.next < mine.size() && inflight[d] < window;
-      if (repairs_left || (pushes_left && allow[d] > 0)) {
-        more = true;
-      } else if (pushes_left) {
-        // Held back by the pacer: the loop sleeps until it lets the next one out.
-        next_pace_ = std::min(next_pace_, pacers_[d].NextSend(now));
-      }
-    }
+}
+
+bool TransferEngine::PushTo(Op& op, uint32_t d) {
+  PushTurn& t = turn_;
+  wire::Header h = BaseHeader(wire::MsgType::kPush, d, op.key, op.round, op.geometry.tensor_elems,
+                              op.geometry.chunk_count());
+  h.encoding = static_cast<uint8_t>(op.encoding);
+  Dest& dest = op.dests[d];
+  const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[d];
+  const size_t window = WindowOf(d);
+  // Repairs are not held back by the pacer, only counted by it: they are what the round's tail
+  // waits for, and a NACK asks for few at a time.
+  while (!dest.resend.empty() && t.budget > 0 && RepairRoom(d, window)) {
+    uint32_t c = dest.resend.back();
+    dest.resend.pop_back();
+    op.chunks.resending[c] = 0;
+    if (op.chunks.state[c] == kHave) continue;
+    PushChunk(op, d, h, c, /*repair=*/true);
+    Spend(d);
+    ++dest.repairs_out;
+    ++t.inflight[d];
+    ++t.repairs[d];
+    ++op.stats.retransmits;
+    --t.budget;
   }
-  return more;
+  while (dest.next < mine.size() && t.inflight[d] < window && t.budget > 0 && t.allow[d] > 0) {
+    uint32_t c = mine[dest.next++];
+    ++t.inflight[d];
+    // A bounded round may seal before this worker pushed everything; a chunk whose final
+    // result is already here is not pushed (and must not count as outstanding again).
+    if (op.chunks.state[c] == kHave) continue;
+    op.chunks.state[c] = kSent;
+    PushChunk(op, d, h, c, /*repair=*/false);
+    Spend(d);
+    --t.budget;
+  }
+  const bool repairs_left = !dest.resend.empty() && RepairRoom(d, window);
+  const bool pushes_left = dest.next < mine.size() && t.inflight[d] < window;
+  if (repairs_left || (pushes_left && t.allow[d] > 0)) return true;
+  // Held back by the pacer: the loop sleeps until it lets the next one out.
+  if (pushes_left) next_pace_ = std::min(next_pace_, flows_[d].pacer.NextSend(t.now));
+  return false;
+}
+
+// A repair takes a free slot of the window, and when the window is full of chunks still waiting
+// for results, repairs have a window's worth of their own: those results often wait for exactly
+// these repairs (this worker's, or another's that waits on this one's results in turn), and
+// without room every worker's window stalls until a silence. On the congested test bed that stall
+// was 70 ms of an idle link in many rounds.
+bool TransferEngine::RepairRoom(uint32_t d, size_t window) const {
+  return !options_.adaptive_window || turn_.inflight[d] < window || turn_.repairs[d] < window;
+}
+
+void TransferEngine::Spend(uint32_t d) {
+  if (turn_.allow[d] > 0) --turn_.allow[d];  // the pacer's tokens may go below zero, after repairs
+  if (options_.pacing) flows_[d].pacer.OnSent(1);
+}
+
+// A retransmission rides class 0: its chunk was lost once in its own class, and the aggregator
+// asks only for what it must have (the bound, or a reliable round).
+void TransferEngine::PushChunk(Op& op, uint32_t d, wire::Header& h, uint32_t c, bool repair) {
+  h.chunk = c;
+  // A repair keeps its first push's stamp: a result cannot tell which copy it answers (Karn), and
+  // taking the repair's would make every chunk pushed since look lost.
+  const uint64_t stamp = flows_[d].window.Stamp();
+  if (!repair) op.chunks.stamps[c] = stamp;
+  if (repair && op.chunks.repushes[c] < 255) ++op.chunks.repushes[c];
+  op.chunks.deferred[c] = 0;
+  const int16_t path = PickPath(d);
+  if (path >= 0) {
+    flows_[d].paths->OnSent(path, stamp);
+    if (!repair) op.chunks.paths[c] = static_cast<uint8_t>(path);
+  }
+  h.priority = repair ? 0 : op.chunks.classes[c];
+  h.flags = repair ? wire::kFlagRepaired : 0;
+  h.lost_class = repair ? op.chunks.classes[c] : 0;
+  h.payload_len = op.geometry.bytes(c, wire::EncodingWidth(op.encoding));
+  op.stats.bytes_sent += wire::kHeaderSize + h.payload_len;
+  if (injector_.Drop(h.priority)) {
+    ++op.stats.injected_drops;
+    return;
+  }
+  const uint8_t* payload = op.packets.empty() ? reinterpret_cast<const uint8_t*>(op.data + op.geometry.offset(c))
+                                              : op.packets.data() + c * op.packet_stride + wire::kHeaderSize;
+  absl::Status s = outbox_.Add(flows_[d].addr, h, payload, flows_[d].sign_key, nullptr, path);
+  if (!s.ok()) DLCP_LOG(Warning) << "push to " << flows_[d].addr.ToString() << ": " << s;
 }
 
 void TransferEngine::Run() {
@@ -505,10 +501,10 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   auto src = dest_by_addr_.find(m.from);
   if (src == dest_by_addr_.end()) return Reject(wire::Reject::kUnknownSource);
   const uint32_t from_dest = src->second;
-  if (h.epoch != dest_epoch_[from_dest]) return Reject(wire::Reject::kStaleEpoch);
-  if (const wire::MacKey* key = dest_key_[from_dest]) {
+  if (h.epoch != flows_[from_dest].epoch) return Reject(wire::Reject::kStaleEpoch);
+  if (const wire::MacKey* key = flows_[from_dest].key) {
     if (!(h.flags & wire::kFlagMac)) return Reject(wire::Reject::kMissingMac);
-    if (!wire::VerifyMacEither(*key, dest_prev_key_[from_dest], absl::MakeConstSpan(m.data, m.len), h.payload_len)) {
+    if (!wire::VerifyMacEither(*key, flows_[from_dest].prev_key, absl::MakeConstSpan(m.data, m.len), h.payload_len)) {
       return Reject(wire::Reject::kBadMac);
     }
   }
@@ -522,7 +518,7 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   switch (h.type) {
     case wire::MsgType::kResult:
       if (op != nullptr) {
-        if (!op->heard.empty()) op->heard[from_dest] = true;
+        if (!op->bounded.heard.empty()) op->bounded.heard[from_dest] = true;
         return HandleResult(*op, h, m, now);
       }
       break;
@@ -579,23 +575,23 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
     if (!warned_source_) {
       warned_source_ = true;
       DLCP_LOG(Warning) << "result for chunk " << c << " came from " << m.from.ToString() << ", but that chunk's "
-                        << "aggregator endpoint is " << dest_addr_[dest].ToString()
+                        << "aggregator endpoint is " << flows_[dest].addr.ToString()
                         << "; dropping it. On a multi-homed aggregator, set dlcpd --advertise-host to the address "
                         << "it sends from.";
     }
     return;
   }
-  if (op.state[c] == kHave) return;  // a duplicate; the first copy was identical
+  if (op.chunks.state[c] == kHave) return;  // a duplicate; the first copy was identical
   float* out = op.data + op.geometry.offset(c);
   if (h.flags & wire::kFlagLeftOut) {
-    ++op.stats.left_out_by_class[op.classes[c]];
-    if (options_.error_feedback && !op.replay) {  // the original round took care of its own
+    ++op.stats.left_out_by_class[op.chunks.classes[c]];
+    if (options_.error_feedback && !op.retained.replay) {  // the original round took care of its own
       Residual& r = residuals_[op.key];
       if (r.values.size() != op.geometry.tensor_elems) r.values.assign(op.geometry.tensor_elems, 0.0f);
       float* keep = r.values.data() + op.geometry.offset(c);
       for (uint32_t i = 0; i < op.geometry.elems(c); ++i) keep[i] += out[i];
       r.chunks.push_back(c);
-      if (options_.retain_inputs) op.left_out.push_back(c);
+      if (options_.retain_inputs) op.retained.left_out.push_back(c);
     }
   }
   wire::DecodeValues(m.data + wire::kHeaderSize, op.geometry.elems(c), encoding, out);
@@ -603,18 +599,18 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
     const float scale = static_cast<float>(options_.world) / h.contributors;
     for (uint32_t i = 0; i < op.geometry.elems(c); ++i) out[i] *= scale;
   }
-  op.state[c] = kHave;
+  op.chunks.state[c] = kHave;
   // Someone's push of it was lost (repaired, or left out of a sealed round) in a class at least
   // as important as this worker's: in the queue this worker's push took, or one served first.
-  const bool lost = (h.flags & wire::kFlagRepaired) && h.lost_class <= op.classes[c];
+  const bool lost = (h.flags & wire::kFlagRepaired) && h.lost_class <= op.chunks.classes[c];
   OnResultPosition(op, dest, op.plan->pos_in_dest[c], lost);
-  pacers_[dest].OnDelivered(1, now);
-  (op.classes[c] == 0 ? op.class0_pending : op.droppable_pending)--;
+  flows_[dest].pacer.OnDelivered(1, now);
+  (op.chunks.classes[c] == 0 ? op.bounded.class0_pending : op.bounded.droppable_pending)--;
   op.stats.bytes_received += m.len;
   op.stats.min_contributors = std::min<uint32_t>(op.stats.min_contributors, h.contributors);
-  if (op.remaining == op.geometry.chunk_count()) op.first_result = now;
-  op.last_progress = now;
-  op.repair_attempts = 0;
+  if (op.remaining == op.geometry.chunk_count()) op.clock.first_result = now;
+  op.clock.last_progress = now;
+  op.clock.repair_attempts = 0;
   --op.remaining;
   MaybeComplete(op, now);
 }
@@ -626,7 +622,7 @@ void TransferEngine::Complete(Op& op, absl::Time now) {
     }
   }
   completed_round_[op.key] = op.round;
-  op.stats.time = now - op.start;
+  op.stats.time = now - op.clock.start;
   if (op.device) {
     // The aggregate goes back where the tensor lives before anyone hears of completion.
     absl::Status s = StoreToDevice(op.data, op.geometry.tensor_elems, op.device->type, op.device->data,
@@ -651,28 +647,28 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
     return;
   }
   // An empty NACK: the aggregator lacks part of this worker's manifest.
-  if (op.loss_bound_ppm > 0) op.heard[from_dest] = true;
+  if (op.loss_bound_ppm > 0) op.bounded.heard[from_dest] = true;
   if (ranges->empty() && op.loss_bound_ppm > 0) return SendManifest(op, from_dest);
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
       // Only chunks already pushed: the rest go out under the window anyway. A chunk asked for
       // twice before it went again goes once.
-      if (op.state[c] != kSent || op.resending[c]) continue;
+      if (op.chunks.state[c] != kSent || op.chunks.resending[c]) continue;
       // In a reliable round, one that may still be on its way waits for the next NACK
       // (nack_filter.h). A repair's stamp is its first push's, so only a first push can be known
       // lost. A bounded round's aggregator asks for each chunk once while data flows, and again
       // only once the round goes quiet: waiting for that cost more than the duplicates.
-      if (op.loss_bound_ppm == 0 && !nack_filters_.empty() && !op.deferred[c] &&
-          (op.repushes[c] > 0 ||
-           !nack_filters_[from_dest].KnownLost(paths_.empty() ? 0 : op.paths[c], op.classes[c], op.stamps[c]))) {
-        op.deferred[c] = 1;
+      if (op.loss_bound_ppm == 0 && flows_[from_dest].nack_filter && !op.chunks.deferred[c] &&
+          (op.chunks.repushes[c] > 0 ||
+           !flows_[from_dest].nack_filter->KnownLost(Steering() ? op.chunks.paths[c] : 0, op.chunks.classes[c], op.chunks.stamps[c]))) {
+        op.chunks.deferred[c] = 1;
         ++op.stats.nacks_deferred;
         continue;
       }
       // Not a loss signal for the window: it comes a quiet spell after the loss, and in a
       // reliable round mostly says that some worker is slow (transfer_window.cc reads losses
       // from the results instead).
-      op.resending[c] = 1;
+      op.chunks.resending[c] = 1;
       op.dests[op.plan->dest_of_chunk[c]].resend.push_back(c);
     }
   }
@@ -691,10 +687,10 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only, 
     const size_t cap = std::max<size_t>(WindowOf(dest), std::min(CongestionOptions{}.initial, options_.window_chunks));
     for (uint32_t c : op.plan->chunks_by_dest[dest]) {
       if (missing.size() >= cap) break;
-      if (op.state[c] == kSent && (wanted == nullptr || wanted->empty() || (*wanted)[c])) missing.push_back(c);
+      if (op.chunks.state[c] == kSent && (wanted == nullptr || wanted->empty() || (*wanted)[c])) missing.push_back(c);
     }
     // Nothing pushed there lacks a result yet; a bounded round may still lack its STOP.
-    if (missing.empty() && (op.loss_bound_ppm == 0 || op.stopped[dest])) return;
+    if (missing.empty() && (op.loss_bound_ppm == 0 || op.bounded.stopped[dest])) return;
   }
   wire::Header h = BaseHeader(wire::MsgType::kResultReq, dest, op.key, op.round, op.geometry.tensor_elems,
                               op.geometry.chunk_count());
@@ -708,7 +704,7 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only, 
   std::vector<uint8_t> p =
       std::move(wire::EncodeRanges(ranges, wire::ControlPayloadLimit(transport_->max_datagram(), options_.chunk_bytes))[0]);
   h.payload_len = static_cast<uint32_t>(p.size());
-  absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(p), dest_sign_key_[dest]);
+  absl::Status s = outbox_.AddOwned(flows_[dest].addr, h, std::move(p), flows_[dest].sign_key);
   if (!s.ok()) DLCP_LOG(Warning) << "result request: " << s;
 }
 
@@ -718,7 +714,7 @@ void TransferEngine::SendDone(uint32_t key, uint32_t round, uint32_t dest, uint3
   h.flags = wire::kFlagDone;
   std::vector<uint8_t> empty = wire::EncodeRanges({}, 16)[0];
   h.payload_len = static_cast<uint32_t>(empty.size());
-  absl::Status s = outbox_.AddOwned(dest_addr_[dest], h, std::move(empty), dest_sign_key_[dest]);
+  absl::Status s = outbox_.AddOwned(flows_[dest].addr, h, std::move(empty), flows_[dest].sign_key);
   if (!s.ok()) DLCP_LOG(Warning) << "done: " << s;
 }
 
@@ -728,12 +724,12 @@ void TransferEngine::ScanTimers(absl::Time now) {
   next_tail_ = absl::InfiniteFuture();
   for (auto& [key, op_ptr] : ops_) {
     Op& op = *op_ptr;
-    if (now >= op.deadline) {
+    if (now >= op.clock.deadline) {
       std::string where;
       for (uint32_t d = 0; d < op.dests.size(); ++d) {
         uint32_t missing = 0;
-        for (uint32_t c : op.plan->chunks_by_dest[d]) missing += op.state[c] != kHave;
-        if (missing > 0) absl::StrAppend(&where, " ", dest_addr_[d].ToString(), ":", missing);
+        for (uint32_t c : op.plan->chunks_by_dest[d]) missing += op.chunks.state[c] != kHave;
+        if (missing > 0) absl::StrAppend(&where, " ", flows_[d].addr.ToString(), ":", missing);
       }
       expired.emplace_back(key, absl::DeadlineExceededError(absl::StrCat(
                                     "AllReduce key ", key, " round ", op.round, ": ", op.remaining, " of ",
@@ -742,11 +738,11 @@ void TransferEngine::ScanTimers(absl::Time now) {
                                     "); are all workers of the job running?")));
       continue;
     }
-    if (op.pull_armed && now >= PullTailEnd(op)) {
+    if (op.bounded.pull_armed && now >= PullTailEnd(op)) {
       tails.push_back(key);
       continue;
     }
-    if (op.pull_armed) next_tail_ = std::min(next_tail_, PullTailEnd(op));
+    if (op.bounded.pull_armed) next_tail_ = std::min(next_tail_, PullTailEnd(op));
     ReleaseStalledWindows(op, now);
     // Quiet for the op's own pace once results flow (as at the aggregator), and never shorter
     // than a slow path's own gaps between results; before the first result there is no pace
@@ -754,8 +750,8 @@ void TransferEngine::ScanTimers(absl::Time now) {
     const uint32_t arrived = op.geometry.chunk_count() - op.remaining;
     const absl::Duration quiet =
         arrived == 0 ? options_.repair_timeout
-                     : RepairQuiet(op.start, op.first_result, op.last_progress, arrived, options_.repair_timeout);
-    if (now >= op.next_repair && now - op.last_progress >= quiet) {
+                     : RepairQuiet(op.clock.start, op.clock.first_result, op.clock.last_progress, arrived, options_.repair_timeout);
+    if (now >= op.clock.next_repair && now - op.clock.last_progress >= quiet) {
       const std::vector<uint8_t> wanted = WantedResults(op);
       for (uint32_t d = 0; d < op.dests.size(); ++d) {
         // Silence: whatever is in flight was lost or waits on someone else's loss. It no longer
@@ -766,19 +762,19 @@ void TransferEngine::ScanTimers(absl::Time now) {
         Dest& dest = op.dests[d];
         if (options_.adaptive_window && (dest.next > dest.acked || dest.repairs_out > 0)) {
           const uint32_t oldest = dest.next > dest.acked ? op.plan->chunks_by_dest[d][dest.acked] : 0;
-          const bool blame = dest.next > dest.acked && op.state[oldest] == kSent && op.repushes[oldest] == 0;
-          windows_[d].OnSilence(blame ? op.stamps[oldest] : 0);
+          const bool blame = dest.next > dest.acked && op.chunks.state[oldest] == kSent && op.chunks.repushes[oldest] == 0;
+          flows_[d].window.OnSilence(blame ? op.chunks.stamps[oldest] : 0);
           ++op.stats.window_cuts;
         }
         dest.acked = dest.next;
         dest.repairs_out = 0;
         // An aggregator that has never answered may have missed the whole manifest, or the round.
-        if (op.loss_bound_ppm > 0 && !op.stopped[d] && !op.heard[d]) SendManifest(op, d);
+        if (op.loss_bound_ppm > 0 && !op.bounded.stopped[d] && !op.bounded.heard[d]) SendManifest(op, d);
         SendResultReq(op, d, false, &wanted);
       }
       ++op.stats.result_requests;
-      op.repair_attempts = std::min(op.repair_attempts + 1, kMaxRepairBackoff);
-      op.next_repair = now + quiet * op.repair_attempts;
+      op.clock.repair_attempts = std::min(op.clock.repair_attempts + 1, kMaxRepairBackoff);
+      op.clock.next_repair = now + quiet * op.clock.repair_attempts;
     }
   }
   for (auto& [key, status] : expired) Finish(key, std::move(status));
@@ -790,7 +786,7 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
   if (it == ops_.end()) return;
   std::unique_ptr<Op> op = std::move(it->second);
   ops_.erase(it);
-  if (op->replay) return FinishReplay(std::move(op), result.status());
+  if (op->retained.replay) return FinishReplay(std::move(op), result.status());
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_keys_.erase(key);
@@ -803,7 +799,7 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
     op->data = nullptr;
     op->staging = {};  // a device op's results; its input stays in `input`
     op->done = nullptr;
-    op->state = {};
+    op->chunks.state = {};
     op->dests = {};
     last_done_[key] = std::move(op);
   }

@@ -23,6 +23,7 @@
 #include "absl/types/span.h"
 #include "client/client.h"
 #include "client/key_progress.h"
+#include "client/dest_flow.h"
 #include "client/packer/packer.h"
 #include "client/transfer_op.h"
 #include "common/datapath/congestion_window.h"
@@ -189,7 +190,14 @@ class TransferEngine {
   std::unique_ptr<Op> ReplayOf(const Op& finished);
   // A replay ended: the op it held back for its key starts.
   void FinishReplay(std::unique_ptr<Op> replay, const absl::Status& status);
+  // Pushes up to `budget` chunks and repairs over every op, under each dest's window and pacer;
+  // returns whether more could go at once.
   bool PushSome(size_t budget);
+  void StartTurn(size_t budget);  // counts what is in flight per dest
+  bool PushTo(Op& op, uint32_t dest);  // one op's repairs, then new pushes, to one dest
+  bool RepairRoom(uint32_t dest, size_t window) const;
+  void Spend(uint32_t dest);  // a push or repair to `dest` takes a pacer token
+  void PushChunk(Op& op, uint32_t dest, wire::Header& h, uint32_t chunk, bool repair);
   void HandleDatagram(const InMessage& m, absl::Time now);
   void HandleResult(Op& op, const wire::Header& h, const InMessage& m, absl::Time now);
   void HandleNack(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest);
@@ -227,6 +235,8 @@ class TransferEngine {
   uint32_t WindowOf(uint32_t dest) const;
   // Path steering: the send path for the next push to `dest`, or -1 (the transport's rotation).
   int16_t PickPath(uint32_t dest);
+  // Whether the flows steer their pushes over paths (all do, or none).
+  bool Steering() const { return !flows_.empty() && flows_[0].paths.has_value(); }
   void BuildPaths();
   void BuildNackFilters();
   void Finish(uint32_t key, absl::StatusOr<RoundStats> result);
@@ -238,24 +248,22 @@ class TransferEngine {
   EngineOptions options_;
   std::unique_ptr<Transport> transport_;
   Topology topology_;
-  std::vector<Address> dest_addr_;
-  std::vector<uint32_t> dest_epoch_;
-  std::vector<const wire::MacKey*> dest_key_;  // into options_.keys; nullptr: no authentication
-  std::vector<const wire::MacKey*> dest_sign_key_;  // what pushes there are signed with (SignKey)
-  std::vector<const wire::MacKey*> dest_prev_key_;  // into options_.previous_keys; nullptr: none
+  std::vector<DestFlow> flows_;  // per dest: one per endpoint of the layout
   std::vector<KeyUpdate> key_updates_;  // under mu_
   std::unordered_map<std::string, KeyUpdate> latest_keys_;  // I/O thread: newest heard, by aggregator id
   absl::flat_hash_map<Address, uint32_t> dest_by_addr_;  // an endpoint or a source port of one -> dest
   std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
-  std::vector<CongestionWindow> windows_;  // per dest (adaptive_window)
-  std::vector<Pacer> pacers_;              // per dest (pacing)
-  std::vector<uint32_t> allowance_;        // PushSome's: what each dest's pacer lets out this turn
   // When a dest held back by its pacer may send again (PushSome); InfiniteFuture: none is.
   absl::Time next_pace_ = absl::InfiniteFuture();
-  std::vector<PathSteering> paths_;  // per dest; empty: no path steering
-  std::vector<NackFilter> nack_filters_;  // per dest; empty: every NACKed push goes again
-  std::vector<size_t> inflight_;     // PushSome's count per dest, kept to save an allocation per turn
-  std::vector<size_t> repairs_inflight_;  // PushSome's: the repairs among them
+  // PushSome's state for one turn of the loop, per dest; kept to save allocations per turn.
+  struct PushTurn {
+    size_t budget = 0;  // pushes left this turn
+    absl::Time now;
+    std::vector<size_t> inflight;  // pushes and repairs out, over every op
+    std::vector<size_t> repairs;   // the repairs among them
+    std::vector<uint32_t> allow;   // what the dest's pacer lets out this turn
+  };
+  PushTurn turn_;
   Outbox outbox_;
 
   // Shared with Submit(), under mu_.

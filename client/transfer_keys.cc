@@ -50,11 +50,11 @@ void TransferEngine::ApplyLatestKeys() {
     options_.previous_keys[a] = u.previous;
     options_.worker_keys[a] = u.worker;
     options_.key_generations[a] = u.version / 2;
-    const size_t end = a + 1 < dest_base_.size() ? dest_base_[a + 1] : dest_addr_.size();
+    const size_t end = a + 1 < dest_base_.size() ? dest_base_[a + 1] : flows_.size();
     for (size_t d = dest_base_[a]; d < end; ++d) {
-      dest_key_[d] = &*options_.keys[a];
-      dest_prev_key_[d] = options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr;
-      dest_sign_key_[d] = SignKey(a);
+      flows_[d].key = &*options_.keys[a];
+      flows_[d].prev_key = options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr;
+      flows_[d].sign_key = SignKey(a);
     }
   }
 }

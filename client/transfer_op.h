@@ -44,6 +44,50 @@ struct DestProgress {
 
 enum ChunkState : uint8_t { kUnsent = 0, kSent = 1, kHave = 2 };
 
+// Per chunk of an op, indexed by chunk.
+struct ChunkMarks {
+  std::vector<uint8_t> state;    // ChunkState
+  std::vector<uint8_t> classes;  // the priority class this worker gave it
+  std::vector<uint64_t> stamps;  // its endpoint window's stamp at its first push
+  // How often it was pushed again (repairs), each holding a window slot until its result comes.
+  // Saturates at 255.
+  std::vector<uint8_t> repushes;
+  std::vector<uint8_t> paths;      // the send path of its first push (path steering)
+  std::vector<uint8_t> resending;  // waiting in its DestProgress::resend
+  std::vector<uint8_t> deferred;   // a NACK for its latest push was let pass
+};
+
+// A bounded-loss round's own state (docs/bounded-loss.md): STOPs per destination, and the bounded
+// pull's count of what is still missing.
+struct BoundedRound {
+  std::vector<bool> stopped;  // per dest: its STOP arrived
+  std::vector<bool> heard;    // per dest: it has answered this round (so it has the manifest or will ask)
+  uint32_t stops_pending = 0;
+  // Bounded pull: results still missing for chunks this worker classed 0, and for the others.
+  uint32_t pull_ppm = 0;
+  uint32_t class0_pending = 0, droppable_pending = 0, droppable_chunks = 0;
+  bool pull_armed = false;
+};
+
+// When an op started, must end, last made progress, and asks for what is missing next.
+struct OpClock {
+  absl::Time start, deadline, last_progress, next_repair;
+  absl::Time first_result;  // when the first result arrived (set once one has)
+  int repair_attempts = 0;
+};
+
+// What a regroup needs of an op (EngineOptions::retain_inputs).
+struct RetainedInput {
+  // The data as pushed (after error feedback), and the chunks whose left-out contribution went
+  // into the residual, so that a restart can take it back out.
+  std::vector<float> input;
+  std::vector<uint32_t> left_out;
+  // A round this worker had finished, pushed again after a regroup for the workers that had not;
+  // its results go to `scratch` and nobody waits for it.
+  bool replay = false;
+  std::vector<float> scratch;
+};
+
 // One all-reduce in flight.
 struct TransferOp {
   uint32_t key = 0;
@@ -51,15 +95,7 @@ struct TransferOp {
   float* data = nullptr;
   wire::ChunkGeometry geometry;
   std::shared_ptr<const ChunkPlan> plan;
-  std::vector<uint8_t> state;
-  std::vector<uint8_t> classes;  // per chunk
-  std::vector<uint64_t> stamps;  // per chunk: its endpoint window's stamp at its first push
-  // Per chunk: how often it was pushed again (repairs), each holding a window slot until its
-  // result comes. Saturates at 255.
-  std::vector<uint8_t> repushes;
-  std::vector<uint8_t> paths;    // per chunk: the send path of its first push (path steering)
-  std::vector<uint8_t> resending;  // per chunk: waiting in its DestProgress::resend
-  std::vector<uint8_t> deferred;   // per chunk: a NACK for its latest push was let pass
+  ChunkMarks chunks;
   // How the values travel. A float32 push sends straight from `data`; other encodings send the
   // payloads of `packets` (the packer's headers there are rebuilt per destination at send time,
   // since each aggregator has its own epoch).
@@ -75,28 +111,12 @@ struct TransferOp {
   TensorInfo tensor;
   uint32_t loss_bound_ppm = 0;  // 0: reliable round, no manifest and no STOP
   bool report_classes = false;  // AllReduceOptions::report_classes
-  std::vector<bool> stopped;    // per dest: its STOP arrived
-  std::vector<bool> heard;      // per dest: it has answered this round (so it has the manifest or will ask)
-  uint32_t stops_pending = 0;
+  BoundedRound bounded;
   int64_t broadcast_root = -1;
-  // Bounded pull: results still missing for chunks this worker classed 0, and for the others.
-  uint32_t pull_ppm = 0;
-  uint32_t class0_pending = 0, droppable_pending = 0, droppable_chunks = 0;
-  bool pull_armed = false;
-  absl::Time start, deadline, last_progress, next_repair;
-  absl::Time first_result;  // when the first result arrived (set once one has)
-  int repair_attempts = 0;
+  OpClock clock;
   RoundStats stats;
   OpDone done;
-  // retain_inputs: the data as pushed (after error feedback), and the chunks whose left-out
-  // contribution went into the residual, so that a restart can take it back out.
-  std::vector<float> input;
-  std::vector<uint32_t> left_out;
-  // A round this worker had finished, pushed again after a regroup for the workers that had
-  // not; its results go to `scratch` and nobody waits for it.
-  bool replay = false;
-  std::vector<float> scratch;
+  RetainedInput retained;
 };
-
 
 }  // namespace dlcp

@@ -109,7 +109,7 @@ void TransferEngine::ServeRejoin(absl::Time now) {
     residuals_.clear();  // what earlier rounds left out belongs to the abandoned ones
     for (auto& [key, op] : ops_) {
       // Nothing of it arrived (it was submitted after the loss, say): it is round 0 now.
-      if (!op->replay && op->remaining == op->geometry.chunk_count() && op->left_out.empty()) {
+      if (!op->retained.replay && op->remaining == op->geometry.chunk_count() && op->retained.left_out.empty()) {
         op->round = next_round_[key]++;
         op->stats.round = op->round;
         Launch(*op, now);
@@ -125,18 +125,18 @@ void TransferEngine::ServeRejoin(absl::Time now) {
 }
 
 void TransferEngine::Restart(Op& op, absl::Time now) {
-  if (op.input.size() == op.geometry.tensor_elems) {
-    std::memcpy(op.data, op.input.data(), op.input.size() * sizeof(float));
+  if (op.retained.input.size() == op.geometry.tensor_elems) {
+    std::memcpy(op.data, op.retained.input.data(), op.retained.input.size() * sizeof(float));
   }
   // Contributions the old layout left out went into the residual; this attempt decides afresh.
-  if (!op.left_out.empty()) {
+  if (!op.retained.left_out.empty()) {
     Residual& r = residuals_[op.key];
-    for (uint32_t c : op.left_out) {
+    for (uint32_t c : op.retained.left_out) {
       float* keep = r.values.data() + op.geometry.offset(c);
-      const float* in = op.input.data() + op.geometry.offset(c);
+      const float* in = op.retained.input.data() + op.geometry.offset(c);
       for (uint32_t i = 0; i < op.geometry.elems(c); ++i) keep[i] -= in[i];
     }
-    op.left_out.clear();
+    op.retained.left_out.clear();
   }
   op.stats.left_out_by_class = {};
   op.stats.droppable_total = op.stats.droppable_missing = 0;
@@ -150,22 +150,22 @@ std::unique_ptr<TransferEngine::Op> TransferEngine::ReplayOf(const Op& finished)
   op->key = finished.key;
   op->round = finished.round;
   op->geometry = finished.geometry;
-  op->classes = finished.classes;
+  op->chunks.classes = finished.chunks.classes;
   op->encoding = finished.encoding;
   op->packets = finished.packets;
   op->packet_stride = finished.packet_stride;
   op->tensor = finished.tensor;
   op->loss_bound_ppm = finished.loss_bound_ppm;
   op->broadcast_root = finished.broadcast_root;
-  op->pull_ppm = finished.pull_ppm;
-  op->droppable_chunks = finished.droppable_chunks;
+  op->bounded.pull_ppm = finished.bounded.pull_ppm;
+  op->bounded.droppable_chunks = finished.bounded.droppable_chunks;
   op->stats.key = finished.key;
   op->stats.round = finished.round;
   op->stats.chunks_by_class = finished.stats.chunks_by_class;
-  op->input = finished.input;
-  op->scratch = finished.input;
-  op->data = op->scratch.data();
-  op->replay = true;
+  op->retained.input = finished.retained.input;
+  op->retained.scratch = finished.retained.input;
+  op->data = op->retained.scratch.data();
+  op->retained.replay = true;
   op->done = [](absl::StatusOr<RoundStats>) {};
   return op;
 }

@@ -19,37 +19,37 @@ namespace dlcp {
 // strict priority lets happen while the more important ones flow.
 void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lost) {
   Dest& d = op.dests[dest];
-  CongestionWindow& w = windows_[dest];
+  CongestionWindow& w = flows_[dest].window;
   const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[dest];
   const uint32_t chunk = mine[pos];
-  const bool repushed = op.repushes[chunk] > 0;
+  const bool repushed = op.chunks.repushes[chunk] > 0;
   // Every repair of it held a slot; the result frees them all.
-  d.repairs_out -= std::min<size_t>(d.repairs_out, op.repushes[chunk]);
-  if (!repushed && !lost && w.OnLate(op.stamps[chunk])) ++op.stats.window_undos;
-  if (!paths_.empty()) {
-    paths_[dest].OnAcked(op.paths[chunk]);
+  d.repairs_out -= std::min<size_t>(d.repairs_out, op.chunks.repushes[chunk]);
+  if (!repushed && !lost && w.OnLate(op.chunks.stamps[chunk])) ++op.stats.window_undos;
+  if (Steering()) {
+    flows_[dest].paths->OnAcked(op.chunks.paths[chunk]);
     // This worker's push came through on its path, whoever else lost theirs.
-    if (!repushed) paths_[dest].OnLate(op.paths[chunk], op.stamps[chunk]);
+    if (!repushed) flows_[dest].paths->OnLate(op.chunks.paths[chunk], op.chunks.stamps[chunk]);
   }
   if (pos + 1 > d.acked) {
     w.OnAcked(static_cast<uint32_t>(pos + 1 - d.acked));
     d.acked = pos + 1;
   }
   if (repushed) return;  // its stamp says little about when this result left
-  if (!nack_filters_.empty()) {
-    nack_filters_[dest].OnDelivered(paths_.empty() ? 0 : op.paths[chunk], op.classes[chunk], op.stamps[chunk]);
+  if (flows_[dest].nack_filter) {
+    flows_[dest].nack_filter->OnDelivered(Steering() ? op.chunks.paths[chunk] : 0, op.chunks.classes[chunk], op.chunks.stamps[chunk]);
   }
-  const uint64_t newest = op.stamps[chunk];
+  const uint64_t newest = op.chunks.stamps[chunk];
   const uint64_t reorder = w.reorder();
   while (d.gap_scan < pos) {
     const uint32_t c = mine[d.gap_scan];
-    if (op.state[c] == kSent) {
-      if (op.stamps[c] + reorder > newest) break;  // it may still come
+    if (op.chunks.state[c] == kSent) {
+      if (op.chunks.stamps[c] + reorder > newest) break;  // it may still come
       // A loss counts when it costs a repair. Under a loss bound, the lowest class is best
       // effort: the switch sheds it first, to anyone's traffic, and ε budgets for that; cutting
       // every class's window for it would hand the link to the cross traffic while the classes
       // above had room. Beyond ε the aggregator asks for it, and the repair rides class 0.
-      if (op.loss_bound_ppm == 0 || op.classes[c] < wire::kNumClasses - 1) NoteLoss(op, c);
+      if (op.loss_bound_ppm == 0 || op.chunks.classes[c] < wire::kNumClasses - 1) NoteLoss(op, c);
     }
     ++d.gap_scan;
   }
@@ -58,14 +58,14 @@ void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lo
 void TransferEngine::NoteLoss(Op& op, uint32_t chunk) {
   if (!options_.adaptive_window) return;
   const uint32_t dest = op.plan->dest_of_chunk[chunk];
-  if (windows_[dest].OnLoss(op.stamps[chunk])) ++op.stats.window_cuts;
-  if (!paths_.empty()) paths_[dest].OnLoss(op.paths[chunk], op.stamps[chunk]);
+  if (flows_[dest].window.OnLoss(op.chunks.stamps[chunk])) ++op.stats.window_cuts;
+  if (Steering()) flows_[dest].paths->OnLoss(op.chunks.paths[chunk], op.chunks.stamps[chunk]);
 }
 
 // Path steering (common/datapath/path_steering.h, docs/path-spraying.md): one per endpoint, over
 // the transport's send paths, when the window adapts and datagrams can choose their path.
 void TransferEngine::BuildPaths() {
-  paths_.clear();
+  for (DestFlow& f : flows_) f.paths.reset();
   const size_t n = transport_->send_paths();
   // A chunk's path is kept in a byte.
   if (!options_.adaptive_window || !options_.path_steering || n < 2 || n > 256) return;
@@ -74,17 +74,18 @@ void TransferEngine::BuildPaths() {
   cc.min = 1;
   cc.undo_threshold = true;  // these windows only share turns out: nothing overruns
   cc.max = std::max<uint32_t>(cc.initial, options_.window_chunks);
-  paths_.assign(dest_addr_.size(), PathSteering(static_cast<uint32_t>(n), options_.path_burst, cc));
+  for (DestFlow& f : flows_) f.paths.emplace(static_cast<uint32_t>(n), options_.path_burst, cc);
 }
 
 void TransferEngine::BuildNackFilters() {
-  nack_filters_.clear();
-  if (!options_.nack_filter) return;
-  nack_filters_.assign(dest_addr_.size(), NackFilter(paths_.empty() ? 1 : paths_[0].paths()));
+  for (DestFlow& f : flows_) {
+    f.nack_filter.reset();
+    if (options_.nack_filter) f.nack_filter.emplace(f.paths ? f.paths->paths() : 1);
+  }
 }
 
 int16_t TransferEngine::PickPath(uint32_t dest) {
-  return paths_.empty() ? -1 : static_cast<int16_t>(paths_[dest].Pick());
+  return flows_[dest].paths ? static_cast<int16_t>(flows_[dest].paths->Pick()) : -1;
 }
 
 }  // namespace dlcp

@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/options/client_option_table.h"
@@ -53,7 +54,7 @@ std::map<std::string, std::string> StructValues(const dlcp_options& o) {
   v["rank"] = absl::StrCat(o.rank);
   if (o.chunk_bytes != 0) v["chunk_bytes"] = absl::StrCat(o.chunk_bytes);
   if (o.op_timeout_ms != 0) v["op_timeout_ms"] = absl::StrCat(o.op_timeout_ms);
-  if (o.loss_bound != 0) v["loss_bound"] = absl::StrCat(o.loss_bound < 0 ? 0 : o.loss_bound);
+  if (o.loss_bound != 0) v["loss_bound"] = absl::StrFormat("%.17g", o.loss_bound < 0 ? 0.0 : o.loss_bound);
   if (o.plaintext != 0) v["plaintext"] = "true";
   if (o.tls_ca != nullptr) v["tls_ca"] = o.tls_ca;
   if (o.tls_cert != nullptr) v["tls_cert"] = o.tls_cert;
