@@ -29,7 +29,7 @@ std::vector<Topology::Aggregator> TopologyAggregators(const EngineOptions& o) {
 TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Transport> transport)
     : options_(options),
       transport_(std::move(transport)),
-      topology_(TopologyAggregators(options)),
+      routing_{Topology(TopologyAggregators(options))},
       outbox_(transport_.get()),
       injector_(options.inject),
       phase_(options.phase_aware) {
@@ -47,15 +47,15 @@ TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Tra
 }
 
 void TransferEngine::BuildDestinations() {
-  topology_ = Topology(TopologyAggregators(options_));
+  routing_.topology = Topology(TopologyAggregators(options_));
   flows_.clear();
   // Sized once per layout: the flows' keys point into them, and ApplyLatestKeys only assigns.
   options_.previous_keys.resize(options_.keys.size());
   options_.key_generations.resize(options_.keys.size());
   options_.worker_keys.resize(options_.keys.size());
-  dest_by_addr_.clear();
-  dest_base_.clear();
-  plans_.clear();
+  routing_.dest_by_addr.clear();
+  routing_.dest_base.clear();
+  routing_.plans.clear();
   // A new layout is a new set of paths: every window starts again.
   CongestionOptions cc;
   cc.decrease = kWindowDecrease;
@@ -64,12 +64,12 @@ void TransferEngine::BuildDestinations() {
   PacerOptions pacing;
   pacing.burst = std::max<uint32_t>(1, options_.path_burst);
   for (size_t a = 0; a < options_.endpoints.size(); ++a) {
-    dest_base_.push_back(static_cast<uint32_t>(flows_.size()));
+    routing_.dest_base.push_back(static_cast<uint32_t>(flows_.size()));
     for (size_t e = 0; e < options_.endpoints[a].size(); ++e) {
       const Address& ep = options_.endpoints[a][e];
-      dest_by_addr_[ep] = static_cast<uint32_t>(flows_.size());
+      routing_.dest_by_addr[ep] = static_cast<uint32_t>(flows_.size());
       if (a < options_.sources.size() && e < options_.sources[a].size()) {
-        for (const Address& s : options_.sources[a][e]) dest_by_addr_[s] = static_cast<uint32_t>(flows_.size());
+        for (const Address& s : options_.sources[a][e]) routing_.dest_by_addr[s] = static_cast<uint32_t>(flows_.size());
       }
       flows_.push_back(DestFlow{ep, options_.epochs[a], options_.keys[a] ? &*options_.keys[a] : nullptr,
                                 options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr, SignKey(a),
@@ -141,24 +141,24 @@ void TransferEngine::Enqueue(std::unique_ptr<Op> op, uint32_t key, uint64_t elem
   absl::Status refused;  // `done` runs outside the lock: it may submit again
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!error_.ok()) {
-      refused = error_;
-    } else if (!job_failed_.ok()) {
-      refused = job_failed_;
-    } else if (stopped_) {
+    if (!shared_.error.ok()) {
+      refused = shared_.error;
+    } else if (!shared_.job_failed.ok()) {
+      refused = shared_.job_failed;
+    } else if (shared_.stopped) {
       refused = absl::FailedPreconditionError("dlcp client is closed");
-    } else if (active_keys_.count(key)) {
+    } else if (shared_.active_keys.count(key)) {
       refused = absl::FailedPreconditionError(absl::StrCat("key ", key, " already has an AllReduce in flight"));
-    } else if (active_keys_.size() >= options_.max_inflight) {
+    } else if (shared_.active_keys.size() >= options_.max_inflight) {
       refused = absl::ResourceExhaustedError(absl::StrCat(options_.max_inflight,
                                                           " AllReduce ops already in flight (the aggregators' "
                                                           "--max-rounds-in-flight); wait for one to finish"));
     } else {
       op->key = key;
-      op->round = next_round_[key]++;
+      op->round = shared_.next_round[key]++;
       op->geometry = wire::ChunkGeometry{static_cast<uint32_t>(elems), options_.chunk_bytes / 4};
-      active_keys_.insert(key);
-      submitted_.push_back(std::move(op));
+      shared_.active_keys.insert(key);
+      shared_.submitted.push_back(std::move(op));
     }
   }
   if (!refused.ok()) return fail(std::move(refused));
@@ -168,8 +168,8 @@ void TransferEngine::Enqueue(std::unique_ptr<Op> op, uint32_t key, uint64_t elem
 void TransferEngine::FailFatal(const absl::Status& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!error_.ok()) return;
-    error_ = reason;
+    if (!shared_.error.ok()) return;
+    shared_.error = reason;
   }
   regroup_cv_.notify_all();
   transport_->Wake();
@@ -178,8 +178,8 @@ void TransferEngine::FailFatal(const absl::Status& reason) {
 void TransferEngine::FailJob(const absl::Status& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!job_failed_.ok()) return;
-    job_failed_ = reason;
+    if (!shared_.job_failed.ok()) return;
+    shared_.job_failed = reason;
   }
   DLCP_LOG(Warning) << reason;
   transport_->Wake();
@@ -188,8 +188,8 @@ void TransferEngine::FailJob(const absl::Status& reason) {
 void TransferEngine::Stop(const absl::Status& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_) return;
-    stopped_ = true;
+    if (shared_.stopped) return;
+    shared_.stopped = true;
   }
   regroup_cv_.notify_all();
   stop_.store(true);
@@ -202,8 +202,8 @@ void TransferEngine::FailAll(const absl::Status& reason) {
   std::deque<std::unique_ptr<Op>> pending;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending.swap(submitted_);
-    active_keys_.clear();
+    pending.swap(shared_.submitted);
+    shared_.active_keys.clear();
   }
   for (auto& op : pending) op->done(reason);
   for (auto& [key, op] : ops_) op->done(reason);
@@ -213,8 +213,8 @@ void TransferEngine::FailAll(const absl::Status& reason) {
 }
 
 std::shared_ptr<const TransferEngine::Plan> TransferEngine::PlanFor(uint32_t key, uint32_t tensor_elems) {
-  auto it = plans_.find(key);
-  if (it != plans_.end() && it->second->tensor_elems == tensor_elems) return it->second;
+  auto it = routing_.plans.find(key);
+  if (it != routing_.plans.end() && it->second->tensor_elems == tensor_elems) return it->second;
   auto plan = std::make_shared<Plan>();
   plan->tensor_elems = tensor_elems;
   const wire::ChunkGeometry g{tensor_elems, options_.chunk_bytes / 4};
@@ -223,17 +223,17 @@ std::shared_ptr<const TransferEngine::Plan> TransferEngine::PlanFor(uint32_t key
   plan->dest_of_chunk.resize(chunks);
   plan->pos_in_dest.resize(chunks);
   const uint32_t blocks = (chunks + kBlockChunks - 1) / kBlockChunks;
-  const std::vector<Topology::Owner> owners = topology_.OwnersOfTensor(options_.job, key, blocks);
+  const std::vector<Topology::Owner> owners = routing_.topology.OwnersOfTensor(options_.job, key, blocks);
   for (uint32_t block = 0; block < blocks; ++block) {
     const Topology::Owner& o = owners[block];
-    const uint32_t dest = dest_base_[o.aggregator] + o.endpoint;
+    const uint32_t dest = routing_.dest_base[o.aggregator] + o.endpoint;
     for (uint32_t c = block * kBlockChunks; c < std::min(chunks, (block + 1) * kBlockChunks); ++c) {
       plan->pos_in_dest[c] = static_cast<uint32_t>(plan->chunks_by_dest[dest].size());
       plan->chunks_by_dest[dest].push_back(c);
       plan->dest_of_chunk[c] = static_cast<uint16_t>(dest);
     }
   }
-  plans_[key] = plan;
+  routing_.plans[key] = plan;
   return plan;
 }
 
@@ -253,11 +253,11 @@ wire::Header TransferEngine::BaseHeader(wire::MsgType type, uint32_t dest, uint3
 }
 
 void TransferEngine::TakeSubmissions(absl::Time now) {
-  if (paused_) return;  // they start in the layout Resume brings
+  if (shared_.paused) return;  // they start in the layout Resume brings
   std::deque<std::unique_ptr<Op>> fresh;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fresh.swap(submitted_);
+    fresh.swap(shared_.submitted);
   }
   for (auto& op : fresh) {
     op->stats.key = op->key;
@@ -267,8 +267,8 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
       {
         // Nothing of the round went out: the key's next op takes its number, as on the others.
         std::lock_guard<std::mutex> lock(mu_);
-        active_keys_.erase(op->key);
-        next_round_[op->key] = op->round;
+        shared_.active_keys.erase(op->key);
+        shared_.next_round[op->key] = op->round;
       }
       op->done(std::move(s));
       continue;
@@ -442,9 +442,9 @@ void TransferEngine::Run() {
     absl::Status fail_ops;  // set only when there are ops to fail
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!error_.ok()) break;  // FailFatal: the loop ends and every op fails with the error
-      job_failed = !job_failed_.ok();
-      if (job_failed && (!submitted_.empty() || !ops_.empty() || !held_.empty())) fail_ops = job_failed_;
+      if (!shared_.error.ok()) break;  // FailFatal: the loop ends and every op fails with the error
+      job_failed = !shared_.job_failed.ok();
+      if (job_failed && (!shared_.submitted.empty() || !ops_.empty() || !held_.empty())) fail_ops = shared_.job_failed;
     }
     // The job lost a worker: nothing can finish until it is back (ServeRejoin).
     if (!fail_ops.ok()) FailAll(fail_ops);
@@ -453,11 +453,11 @@ void TransferEngine::Run() {
     ServeRejoin(MonotonicNow());
     TakeSubmissions(MonotonicNow());
     next_pace_ = absl::InfiniteFuture();
-    bool more = !paused_ && !job_failed && PushSome(kPushBudget);
+    bool more = !shared_.paused && !job_failed && PushSome(kPushBudget);
     absl::Status s = outbox_.Flush();
     if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) {
       std::lock_guard<std::mutex> lock(mu_);
-      error_ = s;
+      shared_.error = s;
       break;
     }
     absl::Duration wait = more ? absl::ZeroDuration() : (ops_.empty() ? absl::Milliseconds(100) : tick);
@@ -466,12 +466,12 @@ void TransferEngine::Run() {
     s = transport_->Receive(&batch, wait);
     if (!s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
-      error_ = absl::Status(s.code(), absl::StrCat("dlcp data plane failed: ", s.message()));
+      shared_.error = absl::Status(s.code(), absl::StrCat("dlcp data plane failed: ", s.message()));
       break;
     }
     const absl::Time now = MonotonicNow();
     // Paused, the old layout's packets; failed, the abandoned rounds': nothing of them may count.
-    if (paused_ || job_failed) continue;
+    if (shared_.paused || job_failed) continue;
     for (const InMessage& m : batch) HandleDatagram(m, now);
     if (now - last_scan >= tick || now >= next_tail_) {
       ScanTimers(now);
@@ -483,7 +483,7 @@ void TransferEngine::Run() {
   absl::Status err;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    err = error_;
+    err = shared_.error;
   }
   if (!err.ok()) {
     DLCP_LOG(Error) << err;
@@ -498,8 +498,8 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
   }
   if (h.job != options_.job) return Reject(wire::Reject::kUnknownJob);
   if (h.rank != options_.rank) return Reject(wire::Reject::kNotMember);
-  auto src = dest_by_addr_.find(m.from);
-  if (src == dest_by_addr_.end()) return Reject(wire::Reject::kUnknownSource);
+  auto src = routing_.dest_by_addr.find(m.from);
+  if (src == routing_.dest_by_addr.end()) return Reject(wire::Reject::kUnknownSource);
   const uint32_t from_dest = src->second;
   if (h.epoch != flows_[from_dest].epoch) return Reject(wire::Reject::kStaleEpoch);
   if (const wire::MacKey* key = flows_[from_dest].key) {
@@ -569,8 +569,8 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
     Reject(wire::Reject::kLengthMismatch);
     return;
   }
-  auto from = dest_by_addr_.find(m.from);
-  if (from == dest_by_addr_.end() || from->second != dest) {
+  auto from = routing_.dest_by_addr.find(m.from);
+  if (from == routing_.dest_by_addr.end() || from->second != dest) {
     Reject(wire::Reject::kUnknownSource);
     if (!warned_source_) {
       warned_source_ = true;
@@ -789,7 +789,7 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
   if (op->retained.replay) return FinishReplay(std::move(op), result.status());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    active_keys_.erase(key);
+    shared_.active_keys.erase(key);
   }
   const bool keep = options_.retain_inputs && result.ok();
   op->done(std::move(result));

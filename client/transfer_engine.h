@@ -166,7 +166,7 @@ class TransferEngine {
     std::optional<wire::MacKey> previous;
     std::optional<wire::MacKey> worker;
   };
-  void ServeKeys();  // I/O thread: takes key_updates_ into latest_keys_ and applies them
+  void ServeKeys();  // I/O thread: takes shared_.key_updates into latest_keys_ and applies them
   void ApplyLatestKeys();  // I/O thread: latest_keys_ over the layout's where newer
   // What pushes to aggregator `a` are signed with: this worker's own key there, else the job's;
   // nullptr where it does not authenticate.
@@ -247,12 +247,16 @@ class TransferEngine {
 
   EngineOptions options_;
   std::unique_ptr<Transport> transport_;
-  Topology topology_;
   std::vector<DestFlow> flows_;  // per dest: one per endpoint of the layout
-  std::vector<KeyUpdate> key_updates_;  // under mu_
   std::unordered_map<std::string, KeyUpdate> latest_keys_;  // I/O thread: newest heard, by aggregator id
-  absl::flat_hash_map<Address, uint32_t> dest_by_addr_;  // an endpoint or a source port of one -> dest
-  std::vector<uint32_t> dest_base_;  // first dest index of each aggregator
+  // Where each chunk goes in the current layout, and where each packet came from.
+  struct Routing {
+    Topology topology;
+    absl::flat_hash_map<Address, uint32_t> dest_by_addr;  // an endpoint or a source port of one -> dest
+    std::vector<uint32_t> dest_base;  // first dest index of each aggregator
+    std::unordered_map<uint32_t, std::shared_ptr<const Plan>> plans;  // per key, for its length
+  };
+  Routing routing_;
   // When a dest held back by its pacer may send again (PushSome); InfiniteFuture: none is.
   absl::Time next_pace_ = absl::InfiniteFuture();
   // PushSome's state for one turn of the loop, per dest; kept to save allocations per turn.
@@ -266,26 +270,28 @@ class TransferEngine {
   PushTurn turn_;
   Outbox outbox_;
 
-  // Shared with Submit(), under mu_.
+  // What other threads hand the I/O thread, and its answers: all under mu_.
   std::mutex mu_;
-  std::deque<std::unique_ptr<Op>> submitted_;
-  std::set<uint32_t> active_keys_;
-  std::unordered_map<uint32_t, uint32_t> next_round_;
-  absl::Status error_;
-  bool stopped_ = false;
-  // Regroup handshake (transfer_regroup.cc).
-  std::condition_variable regroup_cv_;
-  bool pause_requested_ = false;
-  // The I/O thread's answer. Only it writes this (under mu_), so it reads it without the lock.
-  bool paused_ = false;
-  std::vector<KeyProgress> progress_;
-  std::optional<std::pair<EngineLayout, std::vector<KeyProgress>>> resume_;
-  absl::Status job_failed_;  // FailJob, until Rejoin
-  std::optional<std::vector<uint32_t>> rejoin_;
+  std::condition_variable regroup_cv_;  // the regroup handshake (transfer_regroup.cc)
+  struct Shared {
+    std::deque<std::unique_ptr<Op>> submitted;
+    std::set<uint32_t> active_keys;
+    std::unordered_map<uint32_t, uint32_t> next_round;
+    absl::Status error;
+    bool stopped = false;
+    std::vector<KeyUpdate> key_updates;
+    bool pause_requested = false;
+    // The I/O thread's answer. Only it writes this (under mu_), so it reads it without the lock.
+    bool paused = false;
+    std::vector<KeyProgress> progress;
+    std::optional<std::pair<EngineLayout, std::vector<KeyProgress>>> resume;
+    absl::Status job_failed;  // FailJob, until Rejoin
+    std::optional<std::vector<uint32_t>> rejoin;
+  };
+  Shared shared_;
 
   // I/O thread only.
   std::unordered_map<uint32_t, std::unique_ptr<Op>> ops_;
-  std::unordered_map<uint32_t, std::shared_ptr<const Plan>> plans_;
   std::unordered_map<uint32_t, uint32_t> completed_round_;  // key -> last round finished here
   // Classes every op's chunks and, for 16-bit encodings, writes their packets (client/packer).
   std::unique_ptr<Packer> packer_;

@@ -17,7 +17,7 @@ void TransferEngine::UpdateKeys(const std::string& aggregator_id, uint32_t gener
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint32_t version = KeyVersion(generation, previous.has_value());
-    key_updates_.push_back(KeyUpdate{aggregator_id, version, newest, std::move(previous), std::move(worker)});
+    shared_.key_updates.push_back(KeyUpdate{aggregator_id, version, newest, std::move(previous), std::move(worker)});
   }
   transport_->Wake();
 }
@@ -26,8 +26,8 @@ void TransferEngine::ServeKeys() {
   std::vector<KeyUpdate> updates;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (key_updates_.empty()) return;
-    updates.swap(key_updates_);
+    if (shared_.key_updates.empty()) return;
+    updates.swap(shared_.key_updates);
   }
   for (KeyUpdate& u : updates) {
     auto known = latest_keys_.find(u.aggregator_id);
@@ -50,8 +50,8 @@ void TransferEngine::ApplyLatestKeys() {
     options_.previous_keys[a] = u.previous;
     options_.worker_keys[a] = u.worker;
     options_.key_generations[a] = u.version / 2;
-    const size_t end = a + 1 < dest_base_.size() ? dest_base_[a + 1] : flows_.size();
-    for (size_t d = dest_base_[a]; d < end; ++d) {
+    const size_t end = a + 1 < routing_.dest_base.size() ? routing_.dest_base[a + 1] : flows_.size();
+    for (size_t d = routing_.dest_base[a]; d < end; ++d) {
       flows_[d].key = &*options_.keys[a];
       flows_[d].prev_key = options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr;
       flows_[d].sign_key = SignKey(a);

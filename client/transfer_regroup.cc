@@ -14,41 +14,41 @@ namespace dlcp {
 absl::StatusOr<std::vector<KeyProgress>> TransferEngine::PauseForRegroup(absl::Duration timeout) {
   if (!options_.retain_inputs) return absl::FailedPreconditionError("fail-over needs retain_inputs");
   std::unique_lock<std::mutex> lock(mu_);
-  pause_requested_ = true;
+  shared_.pause_requested = true;
   transport_->Wake();
   if (!regroup_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
-                            [this] { return paused_ || stopped_ || !error_.ok(); })) {
+                            [this] { return shared_.paused || shared_.stopped || !shared_.error.ok(); })) {
     return absl::DeadlineExceededError("the data path did not pause for the regroup");
   }
-  if (!error_.ok()) return error_;
-  if (stopped_) return absl::CancelledError("dlcp client closed");
-  return progress_;
+  if (!shared_.error.ok()) return shared_.error;
+  if (shared_.stopped) return absl::CancelledError("dlcp client closed");
+  return shared_.progress;
 }
 
 void TransferEngine::Resume(EngineLayout layout, std::vector<KeyProgress> agreed) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    resume_.emplace(std::move(layout), std::move(agreed));
+    shared_.resume.emplace(std::move(layout), std::move(agreed));
   }
   transport_->Wake();
 }
 
 void TransferEngine::ServeRegroup(absl::Time now) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (pause_requested_ && !paused_) {
+  if (shared_.pause_requested && !shared_.paused) {
     // Rounds finished per key: one more than the last one completed here. Nothing completes
     // while paused, so the count holds until Resume.
-    progress_.clear();
-    for (const auto& [key, round] : completed_round_) progress_.push_back(KeyProgress{key, round + 1, 0});
+    shared_.progress.clear();
+    for (const auto& [key, round] : completed_round_) shared_.progress.push_back(KeyProgress{key, round + 1, 0});
     for (const auto& [key, op] : ops_) {
-      if (!completed_round_.count(key)) progress_.push_back(KeyProgress{key, 0, 0});
+      if (!completed_round_.count(key)) shared_.progress.push_back(KeyProgress{key, 0, 0});
     }
-    paused_ = true;
+    shared_.paused = true;
     regroup_cv_.notify_all();
   }
-  if (resume_.has_value() && paused_) {
-    auto [layout, agreed] = std::move(*resume_);
-    resume_.reset();
+  if (shared_.resume.has_value() && shared_.paused) {
+    auto [layout, agreed] = std::move(*shared_.resume);
+    shared_.resume.reset();
     static_cast<EngineLayout&>(options_) = std::move(layout);
     BuildDestinations();
     for (auto& [key, op] : ops_) Restart(*op, now);
@@ -61,7 +61,7 @@ void TransferEngine::ServeRegroup(absl::Time now) {
       // this worker's input again, in the new layout. Its own next op of the key waits.
       auto last = last_done_.find(k.key);
       if (last == last_done_.end() || last->second->round + 1 != mine) {
-        error_ = absl::InternalError(absl::StrCat("regroup: key ", k.key, " round ", mine - 1,
+        shared_.error = absl::InternalError(absl::StrCat("regroup: key ", k.key, " round ", mine - 1,
                                                   " must be pushed again, but its input was not kept"));
         break;
       }
@@ -76,14 +76,14 @@ void TransferEngine::ServeRegroup(absl::Time now) {
                         << " again, for the workers that had not finished it";
       ops_[k.key] = std::move(replay);
     }
-    pause_requested_ = paused_ = false;
+    shared_.pause_requested = shared_.paused = false;
   }
 }
 
 void TransferEngine::Rejoin(std::vector<uint32_t> epochs) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    rejoin_ = std::move(epochs);
+    shared_.rejoin = std::move(epochs);
   }
   transport_->Wake();
 }
@@ -92,17 +92,17 @@ void TransferEngine::ServeRejoin(absl::Time now) {
   std::vector<uint32_t> abandoned;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!rejoin_.has_value()) return;
-    if (rejoin_->size() != options_.epochs.size()) {
+    if (!shared_.rejoin.has_value()) return;
+    if (shared_.rejoin->size() != options_.epochs.size()) {
       // The aggregators changed under it too (a regroup in between): no layout fits both.
-      error_ = absl::AbortedError("the job went on after losing a worker while its aggregators changed; restart it");
-      rejoin_.reset();
+      shared_.error = absl::AbortedError("the job went on after losing a worker while its aggregators changed; restart it");
+      shared_.rejoin.reset();
       return;
     }
-    options_.epochs = std::move(*rejoin_);
-    rejoin_.reset();
-    job_failed_ = absl::OkStatus();
-    next_round_.clear();
+    options_.epochs = std::move(*shared_.rejoin);
+    shared_.rejoin.reset();
+    shared_.job_failed = absl::OkStatus();
+    shared_.next_round.clear();
     BuildDestinations();
     completed_round_.clear();
     last_done_.clear();
@@ -110,7 +110,7 @@ void TransferEngine::ServeRejoin(absl::Time now) {
     for (auto& [key, op] : ops_) {
       // Nothing of it arrived (it was submitted after the loss, say): it is round 0 now.
       if (!op->retained.replay && op->remaining == op->geometry.chunk_count() && op->retained.left_out.empty()) {
-        op->round = next_round_[key]++;
+        op->round = shared_.next_round[key]++;
         op->stats.round = op->round;
         Launch(*op, now);
       } else {
@@ -173,8 +173,8 @@ std::unique_ptr<TransferEngine::Op> TransferEngine::ReplayOf(const Op& finished)
 void TransferEngine::FinishReplay(std::unique_ptr<Op> replay, const absl::Status& status) {
   if (!status.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (error_.ok()) {
-      error_ = absl::Status(status.code(), absl::StrCat("pushing key ", replay->key, " round ", replay->round,
+    if (shared_.error.ok()) {
+      shared_.error = absl::Status(status.code(), absl::StrCat("pushing key ", replay->key, " round ", replay->round,
                                                         " again after the regroup: ", status.message()));
     }
     return;
