@@ -26,7 +26,7 @@ struct ChunkPlan {
 
 // One destination (aggregator endpoint) of an op: how far its chunks went out and came back.
 struct DestProgress {
-  size_t next = 0;           // into plan->chunks_by_dest[d]
+  size_t next = 0;  // into plan->chunks_by_dest[d]
   // Positions in chunks_by_dest below this have been passed by a result: the aggregator got
   // that far. Pushes beyond it are in flight; the window bounds them. A chunk below it whose
   // result is still missing is stalled on some loss, and does not hold the window: the

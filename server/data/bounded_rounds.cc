@@ -13,7 +13,7 @@ namespace dlcp::server {
 
 void DataThread::HandleManifest(const wire::Header& h, const uint8_t* payload, Round* round, absl::Time now) {
   if (round->sealed()) {  // the worker missed the STOP
-    stops_resent_->Add();
+    metrics_.stops_resent->Add();
     return SendStop(*round, h.rank);
   }
   absl::StatusOr<wire::ManifestPart> part =
@@ -78,12 +78,12 @@ void DataThread::Seal(Round* round, absl::Time now) {
   for (uint32_t w = 0; w < world; ++w) {
     for (uint32_t c = 0; c < t.chunk_count(); ++c) {
       const uint8_t cls = t.class_of(w, c);
-      if (cls != wire::kNotHere) contributions_[cls][!t.got(w, c)]->Add();
+      if (cls != wire::kNotHere) metrics_.contributions[cls][!t.got(w, c)]->Add();
     }
     SendStop(*round, w);
   }
-  loss_fraction_->Observe(t.droppable_total() ? static_cast<double>(t.droppable_missing()) / t.droppable_total() : 0);
-  stop_ms_->Observe(absl::ToDoubleMilliseconds(now - round->created()));
+  metrics_.loss_fraction->Observe(t.droppable_total() ? static_cast<double>(t.droppable_missing()) / t.droppable_total() : 0);
+  metrics_.stop_ms->Observe(absl::ToDoubleMilliseconds(now - round->created()));
 }
 
 void DataThread::SendStop(const Round& r, uint32_t rank) {

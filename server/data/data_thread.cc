@@ -32,61 +32,11 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
         return o;
       }()),
       rng_(options.inject_seed + index),
-      last_scan_(MonotonicNow()) {
+      last_scan_(MonotonicNow()),
+      metrics_(DataMetrics::Make(metrics)) {
   // A result's path is kept in a byte (Round::NoteResultPath).
   const size_t paths = transport_->send_paths();
   steer_results_ = options.result_steering && paths >= 2 && paths <= 255;
-  static const char* kTypeNames[] = {"",      "push",  "result",   "push_nack", "result_req",
-                                     "probe", "error", "manifest", "stop"};
-  static_assert(sizeof(kTypeNames) / sizeof(kTypeNames[0]) == wire::kMaxMsgType + 1);
-  for (uint8_t c = 0; c < wire::kNumClasses; ++c) {
-    const std::string cls = absl::StrCat(c);
-    for (uint8_t t = 1; t <= wire::kMaxMsgType; ++t) {
-      rx_packets_[t][c] = metrics->GetCounter("dlcp_rx_packets_total", {{"type", kTypeNames[t]}, {"class", cls}},
-                                              "Valid data-plane packets received, by message type and class");
-      tx_packets_[t][c] = metrics->GetCounter("dlcp_tx_packets_total", {{"type", kTypeNames[t]}, {"class", cls}},
-                                              "Data-plane packets sent, by message type and class");
-    }
-    rx_bytes_[c] = metrics->GetCounter("dlcp_rx_bytes_total", {{"class", cls}}, "Bytes of valid packets received");
-    for (int out = 0; out < 2; ++out) {
-      contributions_[c][out] = metrics->GetCounter(
-          "dlcp_contributions_total", {{"class", cls}, {"outcome", out ? "left_out" : "summed"}},
-          "Worker contributions to bounded-loss rounds at seal time, by the class the worker gave them");
-    }
-    tx_bytes_[c] = metrics->GetCounter("dlcp_tx_bytes_total", {{"class", cls}}, "Bytes of packets sent");
-  }
-  const std::string repairs_help = "Repair actions: NACKs and probes sent, results and STOPs sent again on request";
-  push_nacks_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "push_nack"}}, repairs_help);
-  probes_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "probe"}}, repairs_help);
-  results_resent_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "result_resent"}}, repairs_help);
-  results_in_flight_ = metrics->GetCounter(
-      "dlcp_results_not_resent_total", {},
-      "Results asked for again within a repair interval of their last copy, not sent again: that copy may still arrive");
-  result_share_updates_ = metrics->GetCounter(
-      "dlcp_result_share_updates_total", {},
-      "Times the shares of results to one worker over the spray paths were weighed again from their losses");
-  stops_resent_ = metrics->GetCounter("dlcp_repairs_total", {{"kind", "stop_resent"}}, repairs_help);
-  push_duplicate_ = metrics->GetCounter("dlcp_push_duplicates_total", {}, "Pushes already summed, ignored");
-  stale_ = metrics->GetCounter("dlcp_stale_packets_total", {}, "Packets for rounds already delivered and released");
-  inject_dropped_ = metrics->GetCounter("dlcp_inject_dropped_total", {}, "Packets discarded by --inject-drop*");
-  push_sealed_ = metrics->GetCounter("dlcp_push_after_seal_total", {},
-                                     "Pushes that reached a bounded-loss round after it sealed, not summed");
-  loss_fraction_ = metrics->GetHistogram(
-      "dlcp_round_loss_fraction", {0, 0.0001, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1},
-      "Per bounded-loss round and endpoint: droppable contributions left out over those declared");
-  stop_ms_ = metrics->GetHistogram("dlcp_time_to_stop_ms", ExponentialBuckets(0.125, 2, 20),
-                                   "Bounded-loss rounds: time from the first packet to STOP");
-  const std::string rounds_help = "Rounds released, by outcome";
-  rounds_completed_ = metrics->GetCounter("dlcp_rounds_total", {{"outcome", "completed"}}, rounds_help);
-  rounds_expired_ = metrics->GetCounter("dlcp_rounds_total", {{"outcome", "expired"}}, rounds_help);
-  rounds_aborted_ = metrics->GetCounter("dlcp_rounds_total", {{"outcome", "aborted"}}, rounds_help);
-  send_errors_ = metrics->GetCounter("dlcp_send_errors_total", {}, "Failed sends on the data plane");
-  for (size_t i = 1; i < static_cast<size_t>(wire::Reject::kCount); ++i) {
-    rejects_[i] = metrics->GetCounter("dlcp_rejects_total", {{"reason", wire::RejectName(static_cast<wire::Reject>(i))}},
-                                      "Invalid packets dropped, by reason");
-  }
-  round_ms_ = metrics->GetHistogram("dlcp_round_duration_ms", ExponentialBuckets(0.125, 2, 20),
-                                   "Time from a round's first push to its last contribution, per data thread");
 }
 
 void DataThread::Stop() {
@@ -96,12 +46,12 @@ void DataThread::Stop() {
 
 void DataThread::Check(absl::Status s) {
   if (!s.ok()) {
-    send_errors_->Add();
+    metrics_.send_errors->Add();
     DLCP_LOG(Warning) << "data thread " << index_ << ": " << s;
   }
 }
 
-void DataThread::Reject(wire::Reject reason) { rejects_[static_cast<size_t>(reason)]->Add(); }
+void DataThread::Reject(wire::Reject reason) { metrics_.rejects[static_cast<size_t>(reason)]->Add(); }
 
 void DataThread::Run() {
   std::vector<InMessage> batch;
@@ -138,7 +88,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   if (!job || job->closed.load(std::memory_order_relaxed)) {
     // A DONE or retransmit that lost the race with its job's end is late, not invalid. (Without
     // the job's key it cannot be told from a forgery, so it is never answered.)
-    if (jobs_->RecentlyClosed(h.job)) return stale_->Add();
+    if (jobs_->RecentlyClosed(h.job)) return metrics_.stale->Add();
     return Reject(wire::Reject::kUnknownJob);
   }
   // Authentication first: nothing else about a packet is believed before its MAC checks out.
@@ -150,7 +100,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
   if (!job->members[h.rank].joined()) {
     const int64_t left = job->members[h.rank].left_ns.load(std::memory_order_relaxed);
     if (left != 0 && MonotonicNanos() - left < absl::ToInt64Nanoseconds(absl::Minutes(1))) {
-      return stale_->Add();
+      return metrics_.stale->Add();
     }
     return Reject(wire::Reject::kNotMember);
   }
@@ -166,11 +116,11 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
       h.payload_len != g.bytes(h.chunk, wire::EncodingWidth(static_cast<wire::Encoding>(h.encoding)))) {
     return Reject(wire::Reject::kShapeMismatch);
   }
-  rx_packets_[static_cast<uint8_t>(h.type)][h.priority]->Add();
-  rx_bytes_[h.priority]->Add(m.len);
-  if (injector_.Drop(h.priority)) return inject_dropped_->Add();
+  metrics_.rx_packets[static_cast<uint8_t>(h.type)][h.priority]->Add();
+  metrics_.rx_bytes[h.priority]->Add(m.len);
+  if (injector_.Drop(h.priority)) return metrics_.inject_dropped->Add();
   if (h.type == wire::MsgType::kPush) {
-    if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
+    if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return metrics_.inject_dropped->Add();
     // A push for round r says this worker has every result of round r - 1.
     if (h.round > 0) {
       auto prev = rounds_.find(RoundKey{h.job, h.epoch, h.key, h.round - 1});
@@ -210,7 +160,7 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
                 absl::StrCat("round ", h.round, " of key ", h.key, " is no longer held by this aggregator"));
       Reject(wire::Reject::kUnknownRound);
     } else {
-      stale_->Add();  // a retransmit or DONE that crossed the round's release: expected, harmless
+      metrics_.stale->Add();  // a retransmit or DONE that crossed the round's release: expected, harmless
     }
     return nullptr;
   }
@@ -262,10 +212,10 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
       if (round->bounded) CheckBound(round, now);
       return;
     case Round::AddResult::kSealed:
-      push_sealed_->Add();
+      metrics_.push_sealed->Add();
       return;
     case Round::AddResult::kDuplicate:
-      push_duplicate_->Add();
+      metrics_.push_duplicate->Add();
       return;
     case Round::AddResult::kNoMemory:
       Reject(wire::Reject::kOverCapacity);
@@ -306,10 +256,10 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
         // A copy sent within a repair interval (longer after each copy) may still be on its
         // way; the next request asks again if it was lost.
         if (round->ResultMayBeOnItsWay(h.rank, c, now, interval)) {
-          results_in_flight_->Add();
+          metrics_.results_in_flight->Add();
           continue;
         }
-        results_resent_->Add();
+        metrics_.results_resent->Add();
         // Asked for again after a quiet spell: the copy sent last was lost on its path.
         if (const int path = round->ResultPath(h.rank, c); path >= 0 && rank_shares != nullptr) {
           rank_shares->OnLost(static_cast<uint32_t>(path));
@@ -326,7 +276,7 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
     // far the worker has pushed (its chunk field: 1 + the highest chunk pushed here; 0: none),
     // and the worker gets its share of the repair the bound needs.
     if (round->sealed()) {
-      stops_resent_->Add();
+      metrics_.stops_resent->Add();
       return SendStop(*round, h.rank);
     }
     if (h.chunk > 0) round->bounded->MarkSentThrough(h.rank, std::min(h.chunk, h.chunk_count) - 1);
@@ -376,7 +326,7 @@ std::vector<PathShares>* DataThread::JobResultShares(const Round& r) {
 void DataThread::MarkDone(Round& r, uint32_t rank) {
   if (!r.MarkDone(rank)) return;
   std::vector<PathShares>* shares = JobResultShares(r);
-  if (shares != nullptr && (*shares)[rank].Update()) result_share_updates_->Add();
+  if (shares != nullptr && (*shares)[rank].Update()) metrics_.result_share_updates->Add();
 }
 
 void DataThread::SendResultToAll(Round& r, uint32_t chunk, absl::Time now) {
@@ -400,9 +350,9 @@ void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares*
                             absl::Span<const uint8_t> payload, const ResultDigest* digest, bool again) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
-  if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return inject_dropped_->Add();
+  if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return metrics_.inject_dropped->Add();
   const uint8_t priority = r.result_class(chunk);
-  if (injector_.Drop(priority)) return inject_dropped_->Add();
+  if (injector_.Drop(priority)) return metrics_.inject_dropped->Add();
   wire::Header h = RoundHeader(r, wire::MsgType::kResult, rank);
   h.priority = priority;
   h.chunk = chunk;
@@ -456,7 +406,7 @@ void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, c
   for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, max_payload)) {
     wire::Header h = RoundHeader(r, type, rank);  // priority 0: control rides the top class
     h.payload_len = static_cast<uint32_t>(p.size());
-    (type == wire::MsgType::kProbe ? probes_ : push_nacks_)->Add();
+    (type == wire::MsgType::kProbe ? metrics_.probes : metrics_.push_nacks)->Add();
     SendOwned(*r.job(), m.address(), h, std::move(p));
   }
 }
@@ -488,8 +438,8 @@ std::string DataThread::JobFailedMessage(const Job& job) {
 }
 
 void DataThread::CountTx(const wire::Header& h) {
-  tx_packets_[static_cast<uint8_t>(h.type)][h.priority]->Add();
-  tx_bytes_[h.priority]->Add(wire::kHeaderSize + h.payload_len);
+  metrics_.tx_packets[static_cast<uint8_t>(h.type)][h.priority]->Add();
+  metrics_.tx_bytes[h.priority]->Add(wire::kHeaderSize + h.payload_len);
 }
 
 void DataThread::SendOwned(const Job& job, const Address& to, const wire::Header& h, std::vector<uint8_t> payload) {
@@ -508,8 +458,8 @@ void DataThread::MaybeFree(RoundMap::iterator it) {
 
 void DataThread::CountCompleted(const Round& r) {
   r.job()->rounds_completed.fetch_add(1, std::memory_order_relaxed);
-  rounds_completed_->Add();
-  round_ms_->Observe(absl::ToDoubleMilliseconds(r.last_progress() - r.created()));
+  metrics_.rounds_completed->Add();
+  metrics_.round_ms->Observe(absl::ToDoubleMilliseconds(r.last_progress() - r.created()));
 }
 
 void DataThread::ScanTimers(absl::Time now) {
@@ -536,7 +486,7 @@ void DataThread::ScanTimers(absl::Time now) {
       if (r.job()->left_gracefully.load() && r.Finished()) {
         CountCompleted(r);  // delivered; only the DONE lost the race with the Leave
       } else {
-        rounds_aborted_->Add();
+        metrics_.rounds_aborted->Add();
       }
       it = rounds_.erase(it);
       continue;
@@ -544,7 +494,7 @@ void DataThread::ScanTimers(absl::Time now) {
     if (r.Superseded()) {
       // The job regrouped (it lost an aggregator): its workers run this round again in the new
       // layout, and tell nobody here about the old one.
-      rounds_aborted_->Add();
+      metrics_.rounds_aborted->Add();
       it = rounds_.erase(it);
       continue;
     }
@@ -555,7 +505,7 @@ void DataThread::ScanTimers(absl::Time now) {
           SendError(*r.job(), RoundHeader(r, wire::MsgType::kError, w), r.job()->members[w].address(), absl::StatusCode::kAborted, JobFailedMessage(*r.job()));
         }
       }
-      rounds_aborted_->Add();
+      metrics_.rounds_aborted->Add();
       it = rounds_.erase(it);
       continue;
     }
@@ -582,7 +532,7 @@ void DataThread::ScanTimers(absl::Time now) {
       DLCP_LOG(Warning) << "job " << r.job()->name << " key " << r.key() << " round " << r.round()
                         << " expired after " << options_.round_timeout << " with " << r.open_chunks()
                         << " chunks incomplete";
-      rounds_expired_->Add();
+      metrics_.rounds_expired->Add();
       it = rounds_.erase(it);
       continue;
     }

@@ -15,6 +15,7 @@
 #include "common/policy/drop_injector.h"
 #include "common/transport/transport.h"
 #include "common/wire/header.h"
+#include "server/data/data_metrics.h"
 #include "server/data/data_plane.h"
 #include "server/jobs/job_registry.h"
 #include "server/rounds/round.h"
@@ -155,30 +156,7 @@ class DataThread {
   absl::Time last_scan_;
   absl::Time last_floor_prune_;
 
-  // Per message type (index: wire::MsgType value) and priority class.
-  Counter* rx_packets_[wire::kMaxMsgType + 1][wire::kNumClasses] = {};
-  Counter* tx_packets_[wire::kMaxMsgType + 1][wire::kNumClasses] = {};
-  Counter* rx_bytes_[wire::kNumClasses] = {};
-  Counter* tx_bytes_[wire::kNumClasses] = {};
-  Counter* results_resent_;
-  Counter* results_in_flight_;
-  Counter* result_share_updates_;
-  Counter* stops_resent_;
-  Counter* push_nacks_;
-  Counter* probes_;
-  Counter* push_duplicate_;
-  Counter* stale_;
-  Counter* inject_dropped_;
-  Counter* push_sealed_;
-  Counter* contributions_[wire::kNumClasses][2] = {};  // [class][left out]
-  Histogram* loss_fraction_;
-  Histogram* stop_ms_;
-  Counter* rounds_completed_;
-  Counter* rounds_expired_;
-  Counter* rounds_aborted_;
-  Counter* send_errors_;
-  Counter* rejects_[static_cast<size_t>(wire::Reject::kCount)] = {};
-  Histogram* round_ms_;
+  DataMetrics metrics_;
 };
 
 }  // namespace dlcp::server
