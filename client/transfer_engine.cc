@@ -660,7 +660,8 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
       // only once the round goes quiet: waiting for that cost more than the duplicates.
       if (op.loss_bound_ppm == 0 && flows_[from_dest].nack_filter && !op.chunks.deferred[c] &&
           (op.chunks.repushes[c] > 0 ||
-           !flows_[from_dest].nack_filter->KnownLost(Steering() ? op.chunks.paths[c] : 0, op.chunks.classes[c], op.chunks.stamps[c]))) {
+           !flows_[from_dest].nack_filter->KnownLost(Steering() ? op.chunks.paths[c] : 0, op.chunks.classes[c],
+                                                     op.chunks.stamps[c]))) {
         op.chunks.deferred[c] = 1;
         ++op.stats.nacks_deferred;
         continue;
@@ -750,7 +751,8 @@ void TransferEngine::ScanTimers(absl::Time now) {
     const uint32_t arrived = op.geometry.chunk_count() - op.remaining;
     const absl::Duration quiet =
         arrived == 0 ? options_.repair_timeout
-                     : RepairQuiet(op.clock.start, op.clock.first_result, op.clock.last_progress, arrived, options_.repair_timeout);
+                     : RepairQuiet(op.clock.start, op.clock.first_result, op.clock.last_progress, arrived,
+                                   options_.repair_timeout);
     if (now >= op.clock.next_repair && now - op.clock.last_progress >= quiet) {
       const std::vector<uint8_t> wanted = WantedResults(op);
       for (uint32_t d = 0; d < op.dests.size(); ++d) {
@@ -762,7 +764,8 @@ void TransferEngine::ScanTimers(absl::Time now) {
         Dest& dest = op.dests[d];
         if (options_.adaptive_window && (dest.next > dest.acked || dest.repairs_out > 0)) {
           const uint32_t oldest = dest.next > dest.acked ? op.plan->chunks_by_dest[d][dest.acked] : 0;
-          const bool blame = dest.next > dest.acked && op.chunks.state[oldest] == kSent && op.chunks.repushes[oldest] == 0;
+          const bool blame =
+              dest.next > dest.acked && op.chunks.state[oldest] == kSent && op.chunks.repushes[oldest] == 0;
           flows_[d].window.OnSilence(blame ? op.chunks.stamps[oldest] : 0);
           ++op.stats.window_cuts;
         }

@@ -128,7 +128,8 @@ ClientOption Custom(std::string name, std::string help, std::function<std::strin
 
 ClientOption Aggregators() {
   return Custom(
-      "aggregators", "control addresses of the job's aggregators, HOST:PORT[,HOST:PORT...]; the same list on every worker",
+      "aggregators",
+      "control addresses of the job's aggregators, HOST:PORT[,HOST:PORT...]; the same list on every worker",
       [](const ClientOptions& o) { return absl::StrJoin(o.aggregators, ","); },
       [](const std::string& text, ClientOptions* o) -> absl::Status {
         std::vector<std::string> list = absl::StrSplit(text, ',', absl::SkipWhitespace());
@@ -172,7 +173,8 @@ std::vector<ClientOption> Connection() {
       Text("job", "job name; every worker of a job gives the same one", [](auto& o) -> auto& { return o.job_name; }),
       Int("world_size", 1, 65535, "workers in the job", [](auto& o) -> auto& { return o.world_size; }),
       Int("rank", 0, 65534, "this worker's rank, 0 .. world_size - 1", [](auto& o) -> auto& { return o.rank; }),
-      Bool("plaintext", "dial gRPC without TLS; must be chosen explicitly", [](auto& o) -> auto& { return o.tls.plaintext; }),
+      Bool("plaintext", "dial gRPC without TLS; must be chosen explicitly",
+           [](auto& o) -> auto& { return o.tls.plaintext; }),
       Text("tls_ca", "PEM CA that signs the aggregators' certificates; empty: the system's roots",
            [](auto& o) -> auto& { return o.tls.ca_file; }),
       Text("tls_cert", "PEM client certificate, for mutual TLS", [](auto& o) -> auto& { return o.tls.cert_file; }),
@@ -243,7 +245,8 @@ std::vector<ClientOption> BoundedLoss() {
       InjectDrops(),
       Int("inject_burst", 1, 1000, "tests only: packets per inject_drop_class drop event",
           [](auto& o) -> auto& { return o.inject.burst; }),
-      Int("inject_seed", 0, INT64_MAX, "tests only: seed of inject_drop_class", [](auto& o) -> auto& { return o.inject.seed; }),
+      Int("inject_seed", 0, INT64_MAX, "tests only: seed of inject_drop_class",
+          [](auto& o) -> auto& { return o.inject.seed; }),
   };
 }
 

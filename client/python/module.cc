@@ -326,8 +326,8 @@ std::string OptionText(const std::string& name, const py::handle& v) {
     for (py::handle item : v) parts.push_back(OptionText(name, item));
     return absl::StrJoin(parts, ",");
   }
-  throw py::type_error(absl::StrCat("dlcp.Client option ", name, ": a ", py::str(v.get_type().attr("__name__")).cast<std::string>(),
-                                    " is not a bool, number, str or list"));
+  const std::string type = py::str(v.get_type().attr("__name__")).cast<std::string>();
+  throw py::type_error(absl::StrCat("dlcp.Client option ", name, ": a ", type, " is not a bool, number, str or list"));
 }
 
 // The keyword arguments over DLCP_* environment variables over the defaults

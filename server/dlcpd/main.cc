@@ -14,6 +14,7 @@
 #include "common/base/clock.h"
 #include "common/rpc/heartbeat.h"
 #include "common/rpc/socket_marks.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/host_port.h"
 #include "absl/time/clock.h"
@@ -90,7 +91,115 @@ void DrainUntilTold(AggregatorService& service, const JobRegistry& jobs, absl::D
                  << (holding.empty() ? ": every worker has moved off" : ": every worker was told");
 }
 
-int Main(int argc, char** argv) {
+// Signals are taken synchronously by the main thread; every thread started after this inherits
+// the mask.
+sigset_t BlockStopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// The gRPC control server, on `*port` (the one asked for, or the one picked for 0).
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartControl(const DlcpdOptions& o,
+                                                           const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                                                           AggregatorService* service, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  // Control rides the top class, like the data plane's control messages.
+  if (auto marks = ServerDscpOption(o.data.transport.dscp[0])) builder.SetOption(std::move(marks));
+  builder.AddListeningPort(JoinHostPort(o.host, o.control_port), credentials, port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || *port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", JoinHostPort(o.host, o.control_port)));
+  }
+  return server;
+}
+
+// Kubelet's gRPC probes cannot do TLS: a plaintext server that serves nothing but health.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealth(const DlcpdOptions& o, HealthService* health, int* port) {
+  // The default health service is a process-wide switch that each server reads as it starts: off
+  // for this one, which has its own, or gRPC logs a duplicate registration as an error.
+  grpc::EnableDefaultHealthCheckService(false);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(health);
+  builder.AddListeningPort(JoinHostPort(o.host, o.health_port), grpc::InsecureServerCredentials(), port);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || *port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for health checks on ", JoinHostPort(o.host, o.health_port)));
+  }
+  return server;
+}
+
+// Says where dlcpd serves: the log, the ready file and the service manager.
+void AnnounceServing(const DlcpdOptions& o, const DataPlane& data, int control_port, int metrics_port,
+                     int health_port) {
+  std::vector<std::string> endpoints;
+  for (const Address& a : data.endpoints()) endpoints.push_back(a.qpn != 0 ? a.ToString() : absl::StrCat(a.port));
+  const bool rdma = data.kind() == TransportOptions::Kind::kRdma;
+  DLCP_LOG(Info) << "dlcpd " << DLCP_VERSION << " serving control " << JoinHostPort(o.host, control_port)
+                 << (o.tls.plaintext ? " (plaintext)" : o.tls.ca_file.empty() ? " (TLS)" : " (mutual TLS)")
+                 << (rdma ? ", data RDMA queue pairs " : ", data UDP ports ") << absl::StrJoin(endpoints, ",");
+  if (!o.ready_file.empty()) {
+    if (absl::Status s = WriteReadyFile(o.ready_file, control_port, metrics_port, health_port, data.endpoints());
+        !s.ok()) {
+      DLCP_LOG(Error) << s;
+    }
+  }
+  if (absl::Status s = NotifyServiceManager(absl::StrCat("READY=1\nSTATUS=serving control on port ", control_port,
+                                                         ", data ", rdma ? "queue pairs " : "ports ",
+                                                         absl::StrJoin(endpoints, ",")));
+      !s.ok()) {
+    DLCP_LOG(Warning) << "cannot tell the service manager dlcpd is ready: " << s;
+  }
+}
+
+// What the main thread does four times a second: fail jobs with a silent worker, move key
+// rotations on, and remove jobs whose workers all vanished.
+void Tend(JobRegistry& jobs, const DlcpdOptions& o) {
+  for (const std::string& line : jobs.FailSilentMembers(MonotonicNanos(), o.limits.heartbeat_timeout)) {
+    DLCP_LOG(Warning) << line;
+  }
+  for (const std::string& line : jobs.ExpireRegroups(MonotonicNow())) DLCP_LOG(Warning) << line;
+  for (const std::string& line : jobs.TendKeys(MonotonicNow())) DLCP_LOG(Info) << line;
+  for (const std::string& name : jobs.ReapIdle(MonotonicNanos(), o.job_idle_timeout)) {
+    DLCP_LOG(Warning) << "job " << name << " removed: no heartbeat from any member for "
+                      << absl::FormatDuration(o.job_idle_timeout);
+  }
+}
+
+// Tends the jobs until SIGINT or SIGTERM; returns the signal.
+int ServeUntilSignal(const sigset_t& signals, const std::function<void()>& tend) {
+  for (;;) {
+    timespec quarter{0, 250 * 1000 * 1000};
+    if (const int sig = sigtimedwait(&signals, nullptr, &quarter); sig > 0) return sig;
+    tend();
+  }
+}
+
+// After the signal: health goes to not serving, then the drain (if configured) tells the workers.
+void StopServing(const DlcpdOptions& o, AggregatorService& service, const JobRegistry& jobs, grpc::Server& server,
+                 HealthService& health, const sigset_t& signals, int sig, const std::function<void()>& tend) {
+  health.set_serving(false);
+  if (grpc::HealthCheckServiceInterface* h = server.GetHealthCheckService()) h->SetServingStatus(false);
+  if (o.drain_timeout > absl::ZeroDuration()) {
+    // How long a worker with the default interval takes to ask again, and some slack.
+    const absl::Duration settle =
+        HeartbeatInterval(kDefaultHeartbeatInterval, o.limits.heartbeat_timeout) + absl::Milliseconds(250);
+    DrainUntilTold(service, jobs, o.drain_timeout, settle, &signals, sig, tend);
+  } else {
+    DLCP_LOG(Info) << "signal " << sig << ": shutting down";
+  }
+  if (absl::Status s = NotifyServiceManager("STOPPING=1\nSTATUS=shutting down"); !s.ok()) {
+    DLCP_LOG(Warning) << "cannot tell the service manager dlcpd is stopping: " << s;
+  }
+}
+
+absl::StatusOr<DlcpdOptions> LoadOptions(int argc, char** argv, std::optional<int>* exit_code) {
   ConfigRegistry config("dlcpd", "dlcp aggregator daemon: sums gradient chunks pushed by the workers of a job.");
   DeclareDlcpdFlags(&config);
   absl::StatusOr<DlcpdOptions> opts = absl::UnknownError("not loaded");
@@ -102,135 +211,69 @@ int Main(int argc, char** argv) {
     opts = DlcpdOptionsFromConfig(config);
     return opts.status();
   };
-  if (std::optional<int> exit_code = config.StartMain(argc, argv, validate, "refusing to start: ")) return *exit_code;
-  ConfigureLogging(opts->log);
+  *exit_code = config.StartMain(argc, argv, validate, "refusing to start: ");
+  return opts;
+}
 
-  // Signals are taken synchronously by the main thread; every other thread inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
+// Each part that starts has one way down: the scope guards stop them in the reverse order.
+int Main(int argc, char** argv) {
+  std::optional<int> exit_code;
+  absl::StatusOr<DlcpdOptions> loaded = LoadOptions(argc, argv, &exit_code);
+  if (exit_code) return *exit_code;
+  const DlcpdOptions& o = *loaded;
+  ConfigureLogging(o.log);
+  const sigset_t signals = BlockStopSignals();
   MetricsRegistry metrics;
-  JobRegistry jobs(opts->limits);
+  JobRegistry jobs(o.limits);
   jobs.ExportMetrics(&metrics);
-  absl::StatusOr<std::unique_ptr<DataPlane>> data = DataPlane::Create(opts->data, &jobs, &metrics);
+  absl::StatusOr<std::unique_ptr<DataPlane>> data = DataPlane::Create(o.data, &jobs, &metrics);
   if (!data.ok()) {
     std::cerr << "dlcpd: cannot start the data plane: " << data.status().message() << "\n";
     return 1;
   }
-
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(opts->tls);
+  absl::Cleanup stop_data = [&] { (*data)->Stop(); };
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(o.tls);
   if (!credentials.ok()) {
     std::cerr << "dlcpd: refusing to start: " << credentials.status().message() << "\n";
-    (*data)->Stop();
     return 2;
   }
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  // Control rides the top class, like the data plane's control messages.
-  if (auto marks = ServerDscpOption(opts->data.transport.dscp[0])) builder.SetOption(std::move(marks));
+  AggregatorService service(o.aggregator_id, o.advertise_host, &jobs, data->get(), &metrics);
   int control_port = 0;
-  builder.AddListeningPort(JoinHostPort(opts->host, opts->control_port), *credentials, &control_port);
-  AggregatorService service(opts->aggregator_id, opts->advertise_host, &jobs, data->get(), &metrics);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || control_port == 0) {
-    std::cerr << "dlcpd: cannot listen on " << JoinHostPort(opts->host, opts->control_port) << "\n";
-    (*data)->Stop();
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = StartControl(o, *credentials, &service, &control_port);
+  if (!server.ok()) {
+    std::cerr << "dlcpd: " << server.status().message() << "\n";
     return 1;
   }
-  // Kubelet's gRPC probes cannot do TLS: a plaintext server that serves nothing but health.
-  std::unique_ptr<grpc::Server> health_server;
+  absl::Cleanup stop_server = [&] { (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2)); };
   HealthService health;
   int health_port = -1;
-  if (opts->health_port >= 0) {
-    // The default health service is a process-wide switch that each server reads as it starts:
-    // off for this one, which has its own, or gRPC logs a duplicate registration as an error.
-    grpc::EnableDefaultHealthCheckService(false);
-    grpc::ServerBuilder hb;
-    hb.RegisterService(&health);
-    hb.AddListeningPort(JoinHostPort(opts->host, opts->health_port), grpc::InsecureServerCredentials(),
-                        &health_port);
-    health_server = hb.BuildAndStart();
-    if (!health_server || health_port == 0) {
-      std::cerr << "dlcpd: cannot listen for health checks on " << JoinHostPort(opts->host, opts->health_port) << "\n";
-      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-      (*data)->Stop();
-      return 1;
-    }
+  absl::StatusOr<std::unique_ptr<grpc::Server>> health_server = std::unique_ptr<grpc::Server>();
+  if (o.health_port >= 0) health_server = StartHealth(o, &health, &health_port);
+  if (!health_server.ok()) {
+    std::cerr << "dlcpd: " << health_server.status().message() << "\n";
+    return 1;
   }
-  std::unique_ptr<PrometheusExporter> exporter;
-  if (opts->metrics_port >= 0) {
-    absl::StatusOr<std::unique_ptr<PrometheusExporter>> e =
-        PrometheusExporter::Start(opts->metrics_host, static_cast<uint16_t>(opts->metrics_port), &metrics);
-    if (!e.ok()) {
-      std::cerr << "dlcpd: cannot serve metrics: " << e.status().message() << "\n";
-      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-      (*data)->Stop();
-      return 1;
-    }
-    exporter = std::move(*e);
-    DLCP_LOG(Info) << "Prometheus metrics on http://" << JoinHostPort(opts->metrics_host, exporter->port()) << "/metrics";
-  }
-  if (opts->aggregator_id.empty()) service.set_aggregator_id(JoinHostPort(opts->host, control_port));
-  std::vector<std::string> endpoints;
-  for (const Address& a : (*data)->endpoints()) endpoints.push_back(a.qpn != 0 ? a.ToString() : absl::StrCat(a.port));
-  const bool rdma = (*data)->kind() == TransportOptions::Kind::kRdma;
-  DLCP_LOG(Info) << "dlcpd " << DLCP_VERSION << " serving control " << JoinHostPort(opts->host, control_port)
-                 << (opts->tls.plaintext ? " (plaintext)" : opts->tls.ca_file.empty() ? " (TLS)" : " (mutual TLS)")
-                 << (rdma ? ", data RDMA queue pairs " : ", data UDP ports ") << absl::StrJoin(endpoints, ",");
-  if (!opts->ready_file.empty()) {
-    if (absl::Status s = WriteReadyFile(opts->ready_file, control_port, exporter ? exporter->port() : -1, health_port,
-                                    (*data)->endpoints()); !s.ok()) {
-      DLCP_LOG(Error) << s;
-    }
-  }
-  if (absl::Status s = NotifyServiceManager(absl::StrCat("READY=1\nSTATUS=serving control on port ", control_port,
-                                                         ", data ", rdma ? "queue pairs " : "ports ",
-                                                         absl::StrJoin(endpoints, ",")));
-      !s.ok()) {
-    DLCP_LOG(Warning) << "cannot tell the service manager dlcpd is ready: " << s;
-  }
-
-  // The main thread waits for a signal and, four times a second, fails jobs with a silent worker,
-  // moves key rotations on and removes jobs whose workers all vanished.
-  const auto tend = [&] {
-    for (const std::string& line : jobs.FailSilentMembers(MonotonicNanos(), opts->limits.heartbeat_timeout)) {
-      DLCP_LOG(Warning) << line;
-    }
-    for (const std::string& line : jobs.ExpireRegroups(MonotonicNow())) DLCP_LOG(Warning) << line;
-    for (const std::string& line : jobs.TendKeys(MonotonicNow())) DLCP_LOG(Info) << line;
-    for (const std::string& name : jobs.ReapIdle(MonotonicNanos(), opts->job_idle_timeout)) {
-      DLCP_LOG(Warning) << "job " << name << " removed: no heartbeat from any member for "
-                        << absl::FormatDuration(opts->job_idle_timeout);
-    }
+  absl::Cleanup stop_health = [&] {
+    if (*health_server) (*health_server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   };
-  int sig = 0;
-  for (;;) {
-    timespec quarter{0, 250 * 1000 * 1000};
-    sig = sigtimedwait(&signals, nullptr, &quarter);
-    if (sig > 0) break;
-    tend();
+  absl::StatusOr<std::unique_ptr<PrometheusExporter>> exporter = std::unique_ptr<PrometheusExporter>();
+  if (o.metrics_port >= 0) {
+    exporter = PrometheusExporter::Start(o.metrics_host, static_cast<uint16_t>(o.metrics_port), &metrics);
   }
-  health.set_serving(false);
-  if (grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService()) h->SetServingStatus(false);
-  if (opts->drain_timeout > absl::ZeroDuration()) {
-    // How long a worker with the default interval takes to ask again, and some slack.
-    const absl::Duration settle =
-        HeartbeatInterval(kDefaultHeartbeatInterval, opts->limits.heartbeat_timeout) + absl::Milliseconds(250);
-    DrainUntilTold(service, jobs, opts->drain_timeout, settle, &signals, sig, tend);
-  } else {
-    DLCP_LOG(Info) << "signal " << sig << ": shutting down";
+  if (!exporter.ok()) {
+    std::cerr << "dlcpd: cannot serve metrics: " << exporter.status().message() << "\n";
+    return 1;
   }
-  if (absl::Status s = NotifyServiceManager("STOPPING=1\nSTATUS=shutting down"); !s.ok()) {
-    DLCP_LOG(Warning) << "cannot tell the service manager dlcpd is stopping: " << s;
+  if (*exporter) {
+    DLCP_LOG(Info) << "Prometheus metrics on http://" << JoinHostPort(o.metrics_host, (*exporter)->port())
+                   << "/metrics";
   }
-  exporter.reset();
-  if (health_server) health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  (*data)->Stop();
+  absl::Cleanup stop_exporter = [&] { exporter->reset(); };
+  if (o.aggregator_id.empty()) service.set_aggregator_id(JoinHostPort(o.host, control_port));
+  AnnounceServing(o, **data, control_port, *exporter ? (*exporter)->port() : -1, health_port);
+  const auto tend = [&] { Tend(jobs, o); };
+  const int sig = ServeUntilSignal(signals, tend);
+  StopServing(o, service, jobs, **server, health, signals, sig, tend);
   return 0;
 }
 
