@@ -195,29 +195,41 @@ class UdpTransport final : public Transport {
                         "that a chunk and its 48-byte header fit the MTU: 1400 for 1500, 8192 for 9000");
   }
 
+  // One sendmmsg batch: each unit is a datagram, or a GSO super-datagram of `segments` of them,
+  // leaving from socket `fd` (spray path `path`).
+  struct SendBatch {
+    mmsghdr hdrs[kSendBatch];
+    iovec iovs[kSendBatch * 3];
+    SockAddr addrs[kSendBatch];
+    uint32_t segments[kSendBatch];
+    int fd[kSendBatch];
+    uint8_t path[kSendBatch];
+    alignas(cmsghdr) uint8_t cmsgs[kSendBatch][kCmsgSpace];
+    size_t units = 0;
+    size_t iovs_used = 0;
+  };
+
   // Sends up to kSendBatch messages. Consecutive messages to the same peer, class and length are
   // sent as one UDP GSO super-datagram (the kernel cuts it into datagrams), which saves a trip
   // through the stack per datagram. Returns false if the kernel refused GSO, which is then off.
   // When spraying, each burst of up to SprayBurstFor(size) datagrams leaves from the next source port,
   // unless its messages name a path (the port they leave from).
   absl::StatusOr<bool> SendWindow(absl::Span<const OutMessage> msgs, absl::Time deadline) {
-    mmsghdr hdrs[kSendBatch];
-    iovec iovs[kSendBatch * 3];
-    SockAddr addrs[kSendBatch];
-    uint32_t segments[kSendBatch];
-    int unit_fd[kSendBatch];
-    uint8_t unit_path[kSendBatch];
-    alignas(cmsghdr) uint8_t cmsgs[kSendBatch][kCmsgSpace];
+    SendBatch batch;
+    BuildUnits(msgs, &batch);
+    return SendUnits(batch, deadline);
+  }
+
+  // Groups `msgs` into units, each with its port: a new burst takes the next spray port.
+  void BuildUnits(absl::Span<const OutMessage> msgs, SendBatch* b) {
     const bool gso = options_.gso && !gso_off_.load(std::memory_order_relaxed);
     const size_t ports = send_fds_.size();
     size_t port = ports > 1 ? next_port_.fetch_add(1, std::memory_order_relaxed) % ports : 0;
     size_t burst_used = 0;
-    size_t units = 0, iov_used = 0;
     int last_fd = -1;
     for (size_t i = 0; i < msgs.size();) {
       const OutMessage& first = msgs[i];
       const size_t seg = first.size();
-      size_t count = 1, total = seg;
       const bool pinned = first.path >= 0 && ports > 1;
       const size_t burst = ports > 1 ? options_.SprayBurstFor(seg) : SIZE_MAX;
       if (!pinned && burst_used >= burst) {
@@ -225,72 +237,93 @@ class UdpTransport final : public Transport {
         burst_used = 0;
       }
       const size_t unit_port = pinned ? static_cast<size_t>(first.path) % ports : port;
-      // Segments of a GSO send land back to back in the receiver's GRO buffer: only a size that
-      // is a multiple of 4 keeps the float payloads after it aligned.
-      while (gso && seg % 4 == 0 && i + count < msgs.size() && count < kMaxGsoSegments &&
-             (pinned || burst_used + count < burst)) {
-        const OutMessage& m = msgs[i + count];
-        const size_t len = m.size();
-        if (!(m.to == first.to) || m.priority != first.priority || m.path != first.path || len > seg ||
-            total + len > kMaxGsoBytes) {
-          break;
-        }
-        total += len;
-        ++count;
-        if (len < seg) break;  // only the last segment may be shorter
-      }
-      msghdr& h = hdrs[units].msg_hdr;
-      std::memset(&h, 0, sizeof(h));
-      addrs[units] = first.to.ToSockaddr();
-      h.msg_name = addrs[units].get();
-      h.msg_namelen = addrs[units].len;
-      h.msg_iov = &iovs[iov_used];
-      for (size_t k = 0; k < count; ++k) {
-        const OutMessage& m = msgs[i + k];
-        iovs[iov_used++] = {const_cast<uint8_t*>(m.header), m.header_len};
-        if (m.payload_len > 0) iovs[iov_used++] = {const_cast<uint8_t*>(m.payload), m.payload_len};
-        if (m.trailer_len > 0) iovs[iov_used++] = {const_cast<uint8_t*>(m.trailer), m.trailer_len};
-      }
-      h.msg_iovlen = &iovs[iov_used] - h.msg_iov;
-      h.msg_control = cmsgs[units];
-      h.msg_controllen = CMSG_SPACE(sizeof(int));
-      cmsghdr* c = CMSG_FIRSTHDR(&h);
-      c->cmsg_level = family_ == AF_INET6 ? IPPROTO_IPV6 : IPPROTO_IP;
-      c->cmsg_type = family_ == AF_INET6 ? IPV6_TCLASS : IP_TOS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      int tos = options_.dscp[first.priority & 3] << 2;
-      std::memcpy(CMSG_DATA(c), &tos, sizeof(int));
-      if (count > 1) {
-        h.msg_controllen = kCmsgSpace;
-        c = CMSG_NXTHDR(&h, c);
-        c->cmsg_level = SOL_UDP;
-        c->cmsg_type = UDP_SEGMENT;
-        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-        uint16_t gso_size = static_cast<uint16_t>(seg);
-        std::memcpy(CMSG_DATA(c), &gso_size, sizeof(gso_size));
-      }
-      unit_fd[units] = send_fds_[unit_port];
-      unit_path[units] = static_cast<uint8_t>(unit_port);
-      if (ports > 1 && (pinned ? unit_fd[units] != last_fd : burst_used == 0)) {
+      const size_t room = pinned ? SIZE_MAX : burst - burst_used;
+      const size_t count = gso ? GsoRun(msgs.subspan(i), room) : 1;
+      AddUnit(msgs.subspan(i, count), seg, b);
+      b->fd[b->units] = send_fds_[unit_port];
+      b->path[b->units] = static_cast<uint8_t>(unit_port);
+      if (ports > 1 && (pinned ? b->fd[b->units] != last_fd : burst_used == 0)) {
         counters_.spray_bursts.fetch_add(1, std::memory_order_relaxed);
       }
-      last_fd = unit_fd[units];
+      last_fd = b->fd[b->units];
       if (!pinned) burst_used += count;
-      segments[units++] = static_cast<uint32_t>(count);
+      b->segments[b->units++] = static_cast<uint32_t>(count);
       i += count;
     }
+  }
+
+  // How many of `msgs`, from the first, go as one GSO send: same peer, class, path and length (the
+  // last may be shorter), within the kernel's limits and `room` datagrams of the burst.
+  static size_t GsoRun(absl::Span<const OutMessage> msgs, size_t room) {
+    const OutMessage& first = msgs[0];
+    const size_t seg = first.size();
+    size_t count = 1, total = seg;
+    // Segments of a GSO send land back to back in the receiver's GRO buffer: only a size that
+    // is a multiple of 4 keeps the float payloads after it aligned.
+    while (seg % 4 == 0 && count < msgs.size() && count < kMaxGsoSegments && count < room) {
+      const OutMessage& m = msgs[count];
+      const size_t len = m.size();
+      if (!(m.to == first.to) || m.priority != first.priority || m.path != first.path || len > seg ||
+          total + len > kMaxGsoBytes) {
+        break;
+      }
+      total += len;
+      ++count;
+      if (len < seg) break;  // only the last segment may be shorter
+    }
+    return count;
+  }
+
+  // The unit's header: its peer, its messages' buffers, its class's DSCP and, for more than one
+  // message, the GSO segment size.
+  void AddUnit(absl::Span<const OutMessage> msgs, size_t seg, SendBatch* b) {
+    const OutMessage& first = msgs[0];
+    const size_t u = b->units;
+    msghdr& h = b->hdrs[u].msg_hdr;
+    std::memset(&h, 0, sizeof(h));
+    b->addrs[u] = first.to.ToSockaddr();
+    h.msg_name = b->addrs[u].get();
+    h.msg_namelen = b->addrs[u].len;
+    h.msg_iov = &b->iovs[b->iovs_used];
+    for (const OutMessage& m : msgs) {
+      b->iovs[b->iovs_used++] = {const_cast<uint8_t*>(m.header), m.header_len};
+      if (m.payload_len > 0) b->iovs[b->iovs_used++] = {const_cast<uint8_t*>(m.payload), m.payload_len};
+      if (m.trailer_len > 0) b->iovs[b->iovs_used++] = {const_cast<uint8_t*>(m.trailer), m.trailer_len};
+    }
+    h.msg_iovlen = &b->iovs[b->iovs_used] - h.msg_iov;
+    h.msg_control = b->cmsgs[u];
+    h.msg_controllen = CMSG_SPACE(sizeof(int));
+    cmsghdr* c = CMSG_FIRSTHDR(&h);
+    c->cmsg_level = family_ == AF_INET6 ? IPPROTO_IPV6 : IPPROTO_IP;
+    c->cmsg_type = family_ == AF_INET6 ? IPV6_TCLASS : IP_TOS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    int tos = options_.dscp[first.priority & 3] << 2;
+    std::memcpy(CMSG_DATA(c), &tos, sizeof(int));
+    if (msgs.size() > 1) {
+      h.msg_controllen = kCmsgSpace;
+      c = CMSG_NXTHDR(&h, c);
+      c->cmsg_level = SOL_UDP;
+      c->cmsg_type = UDP_SEGMENT;
+      c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+      uint16_t gso_size = static_cast<uint16_t>(seg);
+      std::memcpy(CMSG_DATA(c), &gso_size, sizeof(gso_size));
+    }
+  }
+
+  // Hands the units to the kernel, those from one socket in one call. False: GSO was refused.
+  absl::StatusOr<bool> SendUnits(SendBatch& b, absl::Time deadline) {
     size_t sent = 0;
-    while (sent < units) {
+    while (sent < b.units) {
       size_t run = 1;  // units that leave from the same socket go in one call
-      while (sent + run < units && unit_fd[sent + run] == unit_fd[sent]) ++run;
-      const int fd = unit_fd[sent];
-      int rc = ::sendmmsg(fd, hdrs + sent, static_cast<unsigned>(run), MSG_DONTWAIT);
+      while (sent + run < b.units && b.fd[sent + run] == b.fd[sent]) ++run;
+      const int fd = b.fd[sent];
+      int rc = ::sendmmsg(fd, b.hdrs + sent, static_cast<unsigned>(run), MSG_DONTWAIT);
       if (rc > 0) {
         for (int k = 0; k < rc; ++k) {
-          counters_.sent_bytes.fetch_add(hdrs[sent + k].msg_len, std::memory_order_relaxed);
-          counters_.sent_packets.fetch_add(segments[sent + k], std::memory_order_relaxed);
-          counters_.path_packets[unit_path[sent + k]].fetch_add(segments[sent + k], std::memory_order_relaxed);
-          if (segments[sent + k] > 1) counters_.gso_sends.fetch_add(1, std::memory_order_relaxed);
+          counters_.sent_bytes.fetch_add(b.hdrs[sent + k].msg_len, std::memory_order_relaxed);
+          counters_.sent_packets.fetch_add(b.segments[sent + k], std::memory_order_relaxed);
+          counters_.path_packets[b.path[sent + k]].fetch_add(b.segments[sent + k], std::memory_order_relaxed);
+          if (b.segments[sent + k] > 1) counters_.gso_sends.fetch_add(1, std::memory_order_relaxed);
         }
         sent += rc;
         continue;
@@ -303,31 +336,37 @@ class UdpTransport final : public Transport {
         DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(deadline))));
         continue;
       }
-      if (rc < 0 && segments[sent] > 1 &&
-          (errno == EINVAL || errno == EIO || errno == EOPNOTSUPP || errno == EMSGSIZE)) {
-        // The path cannot take GSO (e.g. segments larger than the device MTU: EMSGSIZE). Fall
-        // back for good; what was sent already is resent, which the protocol tolerates
-        // (duplicates are ignored). Single datagrams larger than the MTU are fragmented by IP.
-        if (!gso_off_.exchange(true)) {
-          DLCP_LOG(Warning) << "UDP GSO refused (" << std::strerror(errno) << "); sending datagrams one by one"
-                            << (errno == EMSGSIZE ? MtuHint(hdrs[sent].msg_hdr) : "");
-        }
-        return false;
-      }
-      if (rc < 0 && (errno == ECONNREFUSED || errno == EHOSTUNREACH || errno == ENETUNREACH)) {
-        // An ICMP error from an earlier datagram; that peer is gone, the protocol's repair and
-        // deadlines handle it. Skip the unit at the head and carry on.
-        counters_.dropped.fetch_add(segments[sent], std::memory_order_relaxed);
-        ++sent;
-        continue;
-      }
-      if (rc < 0 && errno == EMSGSIZE) {
-        return absl::InvalidArgumentError(absl::StrCat("UDP send to ", Address::FromSockaddr(addrs[sent].get()).ToString(),
-                                                       " refused (EMSGSIZE)", MtuHint(hdrs[sent].msg_hdr)));
-      }
-      return ErrnoToStatus(errno, "sendmmsg");
+      if (rc == 0) return ErrnoToStatus(errno, "sendmmsg");
+      absl::StatusOr<bool> skip = OnSendError(b, sent, errno);
+      if (!skip.ok() || !*skip) return skip;
+      counters_.dropped.fetch_add(b.segments[sent], std::memory_order_relaxed);
+      ++sent;
     }
     return true;
+  }
+
+  // sendmmsg failed at unit `at` with `err`: true to skip that unit and carry on; false to send
+  // again without GSO; or the error.
+  absl::StatusOr<bool> OnSendError(const SendBatch& b, size_t at, int err) {
+    if (b.segments[at] > 1 && (err == EINVAL || err == EIO || err == EOPNOTSUPP || err == EMSGSIZE)) {
+      // The path cannot take GSO (e.g. segments larger than the device MTU: EMSGSIZE). Fall
+      // back for good; what was sent already is resent, which the protocol tolerates
+      // (duplicates are ignored). Single datagrams larger than the MTU are fragmented by IP.
+      if (!gso_off_.exchange(true)) {
+        DLCP_LOG(Warning) << "UDP GSO refused (" << std::strerror(err) << "); sending datagrams one by one"
+                          << (err == EMSGSIZE ? MtuHint(b.hdrs[at].msg_hdr) : "");
+      }
+      return false;
+    }
+    // An ICMP error from an earlier datagram; that peer is gone, the protocol's repair and
+    // deadlines handle it. Skip the unit at the head and carry on.
+    if (err == ECONNREFUSED || err == EHOSTUNREACH || err == ENETUNREACH) return true;
+    if (err == EMSGSIZE) {
+      return absl::InvalidArgumentError(absl::StrCat("UDP send to ",
+                                                     Address::FromSockaddr(b.addrs[at].get()).ToString(),
+                                                     " refused (EMSGSIZE)", MtuHint(b.hdrs[at].msg_hdr)));
+    }
+    return ErrnoToStatus(err, "sendmmsg");
   }
 
   absl::StatusOr<int> RecvBatch(std::vector<InMessage>* out) {
