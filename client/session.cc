@@ -237,103 +237,116 @@ void Session::HeartbeatLoop() {
     const std::vector<bool> lost = lost_;
     LayoutHandler on_change = layout_handler_;
     lock.unlock();
-    std::vector<size_t> newly_lost, draining;
-    absl::Status why, why_draining;
-    // An aggregator gone (or going): the job goes on without it if it can (fail-over), or fails.
-    const auto lose = [&](size_t i, absl::Status s, bool planned) {
-      if (!on_change) return Fatal(s);
-      (planned ? draining : newly_lost).push_back(i);
-      absl::Status& first = planned ? why_draining : why;
-      if (first.ok()) first = std::move(s);
-    };
-    // Probes of the lost (joining again: a restarted aggregator knows nothing of the job until
-    // then) and beats to the others, all at once and each bounded by the heartbeat interval:
-    // aggregators that do not answer (a node gone without a reset) cost the others' beats one
-    // interval in all, not the control-call deadline each, which would outlast the aggregators'
-    // heartbeat deadline.
-    const absl::Duration call_timeout = std::min(options_.rpc_timeout, heartbeat_interval_);
-    std::vector<std::pair<size_t, std::unique_ptr<JoinCall>>> probes;
-    for (size_t i = 0; i < stubs_.size() && on_change; ++i) {
-      if (lost[i]) probes.emplace_back(i, StartJoin(options_, stubs_[i].get(), call_timeout));
-    }
-    using HeartbeatCall = PendingCall<v1::HeartbeatRequest, v1::HeartbeatResponse>;
-    std::vector<std::pair<size_t, std::unique_ptr<HeartbeatCall>>> beats;
-    for (size_t i = 0; i < stubs_.size() && beat; ++i) {
-      if (lost[i]) continue;
-      v1::HeartbeatRequest req;
-      req.set_job_id(job_id_);
-      req.set_rank(options_.rank);
-      {
-        std::lock_guard<std::mutex> guard(mu_);
-        req.set_data_key_generation(aggregators_[i].data_key_generation);
-      }
-      beats.emplace_back(i, std::make_unique<HeartbeatCall>(
-                                [&](grpc::ClientContext* ctx, const v1::HeartbeatRequest* rq,
-                                    v1::HeartbeatResponse* rs,
-                                    auto cb) { stubs_[i]->async()->Heartbeat(ctx, rq, rs, std::move(cb)); },
-                                std::move(req), call_timeout));
-    }
-    for (auto& [i, call] : beats) {
-      const grpc::Status& st = call->Wait();
-      const v1::HeartbeatResponse& resp = call->response();
-      if (st.ok() && resp.draining()) {
-        // It is shutting down (SIGTERM) and answers so while it tells its workers: it is lost
-        // now, not a heartbeat deadline after the process is gone.
-        lose(i,
-             absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " is shutting down (draining)")),
-             /*planned=*/true);
-      } else if (st.ok()) {
-        last_ok_[i] = MonotonicNow();
-        if (resp.rejoins() > rejoins_) rejoined_epochs_[i] = resp.epoch();
-        NoteKeys(i, resp);
-      } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-                 st.error_code() == grpc::StatusCode::NOT_FOUND) {
-        // The aggregator answered: it no longer counts this worker in the job (e.g. after it was
-        // silent past the deadline). Nothing this worker sends can complete.
-        Fatal(absl::AbortedError(absl::StrCat("aggregator ", aggregators_[i].control,
-                                              " dropped this worker: ", st.error_message())));
-      } else if (MonotonicNow() - last_ok_[i] > heartbeat_timeout_) {
-        // No answer for longer than the deadline: the aggregator that owns part of every tensor
-        // is gone. Fail now rather than at each op's deadline, unless the job can go on without it.
-        lose(i, absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " unreachable for ",
-                                                    absl::FormatDuration(MonotonicNow() - last_ok_[i]), ": ",
-                                                    st.error_message())),
-             /*planned=*/false);
-      } else {
-        DLCP_LOG(Warning) << "heartbeat to " << aggregators_[i].control << " failed: " << st.error_message();
-      }
-    }
-    for (auto& [i, call] : probes) {
-      ProbeLost(i, FinishJoin(options_, stubs_[i].get(), aggregators_[i].control, *call), on_change);
-    }
-    NoteRejoin(lost);
-    // A drain waits while another aggregator is lost: some worker may be taking that one back
-    // already, and a regroup that moved off the draining one meanwhile would not agree with its
-    // regroup (each needs every worker). The draining one serves while workers still ask.
-    if (newly_lost.empty() && !draining.empty() && std::find(lost.begin(), lost.end(), true) != lost.end()) {
-      DLCP_LOG(Info) << why_draining << "; moving off it once the lost aggregator(s) are back";
-      draining.clear();
-    }
-    // A loss takes the draining aggregators along; drains alone may wait for a regroup under way.
-    const bool planned = newly_lost.empty();
-    if (planned) why = why_draining;
-    newly_lost.insert(newly_lost.end(), draining.begin(), draining.end());
-    if (!newly_lost.empty()) {
-      size_t alive = 0;
-      {
-        std::lock_guard<std::mutex> guard(mu_);
-        for (size_t i : newly_lost) lost_[i] = true;
-        for (bool l : lost_) alive += !l;
-      }
-      if (alive == 0) {
-        Fatal(absl::Status(why.code(), absl::StrCat(why.message(), "; no aggregator of the job is left")));
-      } else if (!on_change(newly_lost, {}, why, planned) && planned) {
-        // Not now: they still serve, and say so again at the next heartbeat.
-        std::lock_guard<std::mutex> guard(mu_);
-        for (size_t i : newly_lost) lost_[i] = false;
-      }
-    }
+    HeartbeatPass(lost, beat, on_change);
     lock.lock();
+  }
+}
+
+// Probes of the lost (joining again: a restarted aggregator knows nothing of the job until then)
+// and beats to the others, all at once and each bounded by the heartbeat interval: aggregators
+// that do not answer (a node gone without a reset) cost the others' beats one interval in all,
+// not the control-call deadline each, which would outlast the aggregators' heartbeat deadline.
+void Session::HeartbeatPass(const std::vector<bool>& lost, bool beat, const LayoutHandler& on_change) {
+  const absl::Duration call_timeout = std::min(options_.rpc_timeout, heartbeat_interval_);
+  std::vector<std::pair<size_t, std::unique_ptr<JoinCall>>> probes;
+  for (size_t i = 0; i < stubs_.size() && on_change; ++i) {
+    if (lost[i]) probes.emplace_back(i, StartJoin(options_, stubs_[i].get(), call_timeout));
+  }
+  std::vector<std::pair<size_t, std::unique_ptr<HeartbeatCall>>> beats;
+  for (size_t i = 0; i < stubs_.size() && beat; ++i) {
+    if (!lost[i]) beats.emplace_back(i, StartHeartbeat(i, call_timeout));
+  }
+  Losses losses;
+  for (auto& [i, call] : beats) ReadHeartbeat(i, *call, on_change, &losses);
+  for (auto& [i, call] : probes) {
+    ProbeLost(i, FinishJoin(options_, stubs_[i].get(), aggregators_[i].control, *call), on_change);
+  }
+  NoteRejoin(lost);
+  ApplyLosses(lost, on_change, std::move(losses));
+}
+
+std::unique_ptr<Session::HeartbeatCall> Session::StartHeartbeat(size_t i, absl::Duration timeout) {
+  v1::HeartbeatRequest req;
+  req.set_job_id(job_id_);
+  req.set_rank(options_.rank);
+  {
+    std::lock_guard<std::mutex> guard(mu_);
+    req.set_data_key_generation(aggregators_[i].data_key_generation);
+  }
+  return std::make_unique<HeartbeatCall>(
+      [this, i](grpc::ClientContext* ctx, const v1::HeartbeatRequest* rq, v1::HeartbeatResponse* rs, auto cb) {
+        stubs_[i]->async()->Heartbeat(ctx, rq, rs, std::move(cb));
+      },
+      std::move(req), timeout);
+}
+
+// An aggregator gone (or going): the job goes on without it if it can (fail-over), or fails.
+void Session::Losses::Add(size_t i, absl::Status s, bool planned) {
+  (planned ? draining : lost).push_back(i);
+  absl::Status& first = planned ? why_draining : why;
+  if (first.ok()) first = std::move(s);
+}
+
+void Session::ReadHeartbeat(size_t i, HeartbeatCall& call, const LayoutHandler& on_change, Losses* losses) {
+  const grpc::Status& st = call.Wait();
+  const v1::HeartbeatResponse& resp = call.response();
+  const auto lose = [&](absl::Status s, bool planned) {
+    if (!on_change) return Fatal(s);
+    losses->Add(i, std::move(s), planned);
+  };
+  if (st.ok() && resp.draining()) {
+    // It is shutting down (SIGTERM) and answers so while it tells its workers: it is lost now,
+    // not a heartbeat deadline after the process is gone.
+    lose(absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " is shutting down (draining)")),
+         /*planned=*/true);
+  } else if (st.ok()) {
+    last_ok_[i] = MonotonicNow();
+    if (resp.rejoins() > rejoins_) rejoined_epochs_[i] = resp.epoch();
+    NoteKeys(i, resp);
+  } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+             st.error_code() == grpc::StatusCode::NOT_FOUND) {
+    // The aggregator answered: it no longer counts this worker in the job (e.g. after it was
+    // silent past the deadline). Nothing this worker sends can complete.
+    Fatal(absl::AbortedError(
+        absl::StrCat("aggregator ", aggregators_[i].control, " dropped this worker: ", st.error_message())));
+  } else if (MonotonicNow() - last_ok_[i] > heartbeat_timeout_) {
+    // No answer for longer than the deadline: the aggregator that owns part of every tensor is
+    // gone. Fail now rather than at each op's deadline, unless the job can go on without it.
+    lose(absl::UnavailableError(absl::StrCat("aggregator ", aggregators_[i].control, " unreachable for ",
+                                             absl::FormatDuration(MonotonicNow() - last_ok_[i]), ": ",
+                                             st.error_message())),
+         /*planned=*/false);
+  } else {
+    DLCP_LOG(Warning) << "heartbeat to " << aggregators_[i].control << " failed: " << st.error_message();
+  }
+}
+
+void Session::ApplyLosses(const std::vector<bool>& lost, const LayoutHandler& on_change, Losses losses) {
+  // A drain waits while another aggregator is lost: some worker may be taking that one back
+  // already, and a regroup that moved off the draining one meanwhile would not agree with its
+  // regroup (each needs every worker). The draining one serves while workers still ask.
+  if (losses.lost.empty() && !losses.draining.empty() && std::find(lost.begin(), lost.end(), true) != lost.end()) {
+    DLCP_LOG(Info) << losses.why_draining << "; moving off it once the lost aggregator(s) are back";
+    losses.draining.clear();
+  }
+  // A loss takes the draining aggregators along; drains alone may wait for a regroup under way.
+  const bool planned = losses.lost.empty();
+  absl::Status why = planned ? losses.why_draining : losses.why;
+  std::vector<size_t> gone = std::move(losses.lost);
+  gone.insert(gone.end(), losses.draining.begin(), losses.draining.end());
+  if (gone.empty()) return;
+  size_t alive = 0;
+  {
+    std::lock_guard<std::mutex> guard(mu_);
+    for (size_t i : gone) lost_[i] = true;
+    for (bool l : lost_) alive += !l;
+  }
+  if (alive == 0) {
+    Fatal(absl::Status(why.code(), absl::StrCat(why.message(), "; no aggregator of the job is left")));
+  } else if (!on_change(gone, {}, why, planned) && planned) {
+    // Not now: they still serve, and say so again at the next heartbeat.
+    std::lock_guard<std::mutex> guard(mu_);
+    for (size_t i : gone) lost_[i] = false;
   }
 }
 

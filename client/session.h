@@ -126,6 +126,21 @@ class Session {
   static absl::StatusOr<Joined> FinishJoin(const SessionOptions& options, v1::Aggregator::Stub* stub,
                                            const std::string& control, JoinCall& call);
   void HeartbeatLoop();
+  // One pass of it, without the lock: beats to the aggregators not `lost` (when `beat`), probes
+  // of the lost, then what their answers say.
+  void HeartbeatPass(const std::vector<bool>& lost, bool beat, const LayoutHandler& on_change);
+  using HeartbeatCall = PendingCall<v1::HeartbeatRequest, v1::HeartbeatResponse>;
+  std::unique_ptr<HeartbeatCall> StartHeartbeat(size_t i, absl::Duration timeout);
+  // The aggregators a heartbeat pass found gone (`lost`) or going (`draining`), and the first
+  // reason of each kind.
+  struct Losses {
+    std::vector<size_t> lost, draining;
+    absl::Status why, why_draining;
+    void Add(size_t i, absl::Status s, bool planned);
+  };
+  void ReadHeartbeat(size_t i, HeartbeatCall& call, const LayoutHandler& on_change, Losses* losses);
+  // Marks what the pass found lost and hands it to the layout handler (fail-over), or fails.
+  void ApplyLosses(const std::vector<bool>& lost, const LayoutHandler& on_change, Losses losses);
   // A lost aggregator answered a probe (Join) so: takes it back if it is back in the job.
   void ProbeLost(size_t i, absl::StatusOr<Joined> joined, const LayoutHandler& on_change);
   // After a heartbeat pass: once every aggregator not lost has said the job went on, tell the
