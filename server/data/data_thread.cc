@@ -463,6 +463,25 @@ void DataThread::CountCompleted(const Round& r) {
 }
 
 void DataThread::ScanTimers(absl::Time now) {
+  PruneJobState(now);
+  next_repair_ = absl::InfiniteFuture();
+  for (auto it = rounds_.begin(); it != rounds_.end();) {
+    Round& r = *it->second;
+    switch (Triage(r, now)) {
+      case Fate::kRelease:
+        it = rounds_.erase(it);
+        continue;
+      case Fate::kAgain:  // its job failed just now: the next look tells the survivors
+        continue;
+      case Fate::kLive:
+        break;
+    }
+    ScheduleRepairs(r, now);
+    ++it;
+  }
+}
+
+void DataThread::PruneJobState(absl::Time now) {
   // Floors of jobs that ended (or were replaced by a new incarnation) are dropped once a second.
   if (now - last_floor_prune_ >= absl::Seconds(1)) {
     last_floor_prune_ = now;
@@ -474,99 +493,101 @@ void DataThread::ScanTimers(absl::Time now) {
       std::shared_ptr<Job> job = jobs_->Find(static_cast<uint32_t>(it->first >> 32));
       it = (!job || job->epoch.load() != static_cast<uint32_t>(it->first)) ? result_shares_.erase(it) : std::next(it);
     }
-
   }
   for (auto it = errors_sent_.begin(); it != errors_sent_.end();) {
     it = now - it->second > options_.repair_timeout * kMaxRepairBackoff ? errors_sent_.erase(it) : std::next(it);
   }
-  next_repair_ = absl::InfiniteFuture();
-  for (auto it = rounds_.begin(); it != rounds_.end();) {
-    Round& r = *it->second;
-    if (r.job()->closed.load(std::memory_order_relaxed)) {
-      if (r.job()->left_gracefully.load() && r.Finished()) {
-        CountCompleted(r);  // delivered; only the DONE lost the race with the Leave
-      } else {
-        metrics_.rounds_aborted->Add();
-      }
-      it = rounds_.erase(it);
-      continue;
-    }
-    if (r.Superseded()) {
-      // The job regrouped (it lost an aggregator): its workers run this round again in the new
-      // layout, and tell nobody here about the old one.
+}
+
+DataThread::Fate DataThread::Triage(Round& r, absl::Time now) {
+  Job& job = *r.job();
+  if (job.closed.load(std::memory_order_relaxed)) {
+    if (job.left_gracefully.load() && r.Finished()) {
+      CountCompleted(r);  // delivered; only the DONE lost the race with the Leave
+    } else {
       metrics_.rounds_aborted->Add();
-      it = rounds_.erase(it);
-      continue;
     }
-    if (r.job()->failed.load(std::memory_order_relaxed)) {
-      // Tell every survivor still waiting on this round why it will never finish.
-      for (uint32_t w = 0; w < r.job()->world; ++w) {
-        if (!r.IsDone(w) && r.job()->members[w].joined()) {
-          SendError(*r.job(), RoundHeader(r, wire::MsgType::kError, w), r.job()->members[w].address(), absl::StatusCode::kAborted, JobFailedMessage(*r.job()));
-        }
-      }
-      metrics_.rounds_aborted->Add();
-      it = rounds_.erase(it);
-      continue;
-    }
-    if (Job& job = *r.job(); job.member_count.load(std::memory_order_relaxed) < job.world && !r.Finished() &&
-                               !r.sealed()) {
-      // A worker that left (its trainer failed and closed its client, say) while this round still
-      // needs its data: the round can never finish, so neither can the job. Fail it now, naming
-      // the rank, instead of letting every survivor wait for its op deadline.
-      for (uint32_t w = 0; w < job.world; ++w) {
-        if (!job.members[w].joined() && job.members[w].left_ns.load() != 0 && !r.MissingFrom(w).empty()) {
-          // Its own reason, when it gave one, is usually the root cause the others want to see
-          // (e.g. it lost an aggregator they have not noticed yet).
-          const std::string because = job.LeftBecause(w);
-          job.Fail(absl::StrCat("worker rank ", w, " left the job", because.empty() ? "" : " (", because,
-                                because.empty() ? "" : ")", " while key ", r.key(), " round ", r.round(),
-                                " still needed its data"));
-          DLCP_LOG(Warning) << "job " << job.name << " failed: " << job.failure_reason();
-          break;
-        }
-      }
-      if (job.failed.load()) continue;  // the branch above tells the survivors on the next pass
-    }
-    if (now - r.created() > options_.round_timeout) {
-      DLCP_LOG(Warning) << "job " << r.job()->name << " key " << r.key() << " round " << r.round()
-                        << " expired after " << options_.round_timeout << " with " << r.open_chunks()
-                        << " chunks incomplete";
-      metrics_.rounds_expired->Add();
-      it = rounds_.erase(it);
-      continue;
-    }
-    // A bounded round knows which pushes are lost while others still arrive (a later chunk of
-    // the same class came in), so it repairs as soon as the bound needs it, not only once the
-    // round goes quiet: class-0 repairs overlap the transfer instead of adding to its tail.
-    if (r.bounded && !r.sealed() && now - r.last_plan >= options_.repair_timeout / 2 &&
-        now - r.last_progress() < options_.repair_timeout) {
-      r.last_plan = now;
-      RepairBounded(r, -1, /*ask_manifests=*/false);
-    }
-    const absl::Time quiet_end = r.last_progress() + RepairInterval(r);
-    if (now >= r.next_repair && now >= quiet_end) {
-      if (r.bounded && !r.sealed()) {
-        r.last_plan = now;
-        RepairBounded(r);
-      } else {
-        for (uint32_t w = 0; w < r.job()->world; ++w) {
-          if (!r.Finished()) {
-            std::vector<uint32_t> missing = r.MissingFrom(w);
-            if (!missing.empty()) SendRanges(wire::MsgType::kPushNack, r, w, missing);
-          } else if (!r.IsDone(w)) {
-            SendRanges(wire::MsgType::kProbe, r, w, {});
-          }
-        }
-      }
-      r.repair_attempts = std::min(r.repair_attempts + 1, kMaxRepairBackoff);
-      r.next_repair = now + (quiet_end - r.last_progress()) * r.repair_attempts;
-    } else if (now < quiet_end) {
-      r.repair_attempts = 0;
-    }
-    next_repair_ = std::min(next_repair_, std::max(r.next_repair, quiet_end));
-    ++it;
+    return Fate::kRelease;
   }
+  if (r.Superseded()) {
+    // The job regrouped (it lost an aggregator): its workers run this round again in the new
+    // layout, and tell nobody here about the old one.
+    metrics_.rounds_aborted->Add();
+    return Fate::kRelease;
+  }
+  if (job.failed.load(std::memory_order_relaxed)) {
+    // Tell every survivor still waiting on this round why it will never finish.
+    for (uint32_t w = 0; w < job.world; ++w) {
+      if (!r.IsDone(w) && job.members[w].joined()) {
+        SendError(job, RoundHeader(r, wire::MsgType::kError, w), job.members[w].address(), absl::StatusCode::kAborted,
+                  JobFailedMessage(job));
+      }
+    }
+    metrics_.rounds_aborted->Add();
+    return Fate::kRelease;
+  }
+  if (job.member_count.load(std::memory_order_relaxed) < job.world && !r.Finished() && !r.sealed() &&
+      FailForLeaver(job, r)) {
+    return Fate::kAgain;
+  }
+  if (now - r.created() > options_.round_timeout) {
+    DLCP_LOG(Warning) << "job " << job.name << " key " << r.key() << " round " << r.round() << " expired after "
+                      << options_.round_timeout << " with " << r.open_chunks() << " chunks incomplete";
+    metrics_.rounds_expired->Add();
+    return Fate::kRelease;
+  }
+  return Fate::kLive;
+}
+
+// A worker that left (its trainer failed and closed its client, say) while this round still
+// needs its data: the round can never finish, so neither can the job. Fail it now, naming the
+// rank, instead of letting every survivor wait for its op deadline.
+bool DataThread::FailForLeaver(Job& job, const Round& r) {
+  for (uint32_t w = 0; w < job.world; ++w) {
+    if (!job.members[w].joined() && job.members[w].left_ns.load() != 0 && !r.MissingFrom(w).empty()) {
+      // Its own reason, when it gave one, is usually the root cause the others want to see (e.g.
+      // it lost an aggregator they have not noticed yet).
+      const std::string because = job.LeftBecause(w);
+      job.Fail(absl::StrCat("worker rank ", w, " left the job", because.empty() ? "" : " (", because,
+                            because.empty() ? "" : ")", " while key ", r.key(), " round ", r.round(),
+                            " still needed its data"));
+      DLCP_LOG(Warning) << "job " << job.name << " failed: " << job.failure_reason();
+      break;
+    }
+  }
+  return job.failed.load();
+}
+
+void DataThread::ScheduleRepairs(Round& r, absl::Time now) {
+  // A bounded round knows which pushes are lost while others still arrive (a later chunk of
+  // the same class came in), so it repairs as soon as the bound needs it, not only once the
+  // round goes quiet: class-0 repairs overlap the transfer instead of adding to its tail.
+  if (r.bounded && !r.sealed() && now - r.last_plan >= options_.repair_timeout / 2 &&
+      now - r.last_progress() < options_.repair_timeout) {
+    r.last_plan = now;
+    RepairBounded(r, -1, /*ask_manifests=*/false);
+  }
+  const absl::Time quiet_end = r.last_progress() + RepairInterval(r);
+  if (now >= r.next_repair && now >= quiet_end) {
+    if (r.bounded && !r.sealed()) {
+      r.last_plan = now;
+      RepairBounded(r);
+    } else {
+      for (uint32_t w = 0; w < r.job()->world; ++w) {
+        if (!r.Finished()) {
+          std::vector<uint32_t> missing = r.MissingFrom(w);
+          if (!missing.empty()) SendRanges(wire::MsgType::kPushNack, r, w, missing);
+        } else if (!r.IsDone(w)) {
+          SendRanges(wire::MsgType::kProbe, r, w, {});
+        }
+      }
+    }
+    r.repair_attempts = std::min(r.repair_attempts + 1, kMaxRepairBackoff);
+    r.next_repair = now + (quiet_end - r.last_progress()) * r.repair_attempts;
+  } else if (now < quiet_end) {
+    r.repair_attempts = 0;
+  }
+  next_repair_ = std::min(next_repair_, std::max(r.next_repair, quiet_end));
 }
 
 }  // namespace dlcp::server

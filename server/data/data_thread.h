@@ -124,6 +124,14 @@ class DataThread {
   void MaybeFree(RoundMap::iterator it);
   void CountCompleted(const Round& r);
   void ScanTimers(absl::Time now);
+  void PruneJobState(absl::Time now);  // floors and result shares of ended jobs, old ERROR times
+  // What the timer scan does with a round: release it, look again (its job failed just now), or
+  // keep it and schedule its repairs.
+  enum class Fate { kRelease, kAgain, kLive };
+  Fate Triage(Round& r, absl::Time now);
+  // Fails the job when a worker that left still owes `r` data; returns whether the job failed.
+  bool FailForLeaver(Job& job, const Round& r);
+  void ScheduleRepairs(Round& r, absl::Time now);
   void Reject(wire::Reject reason);
   void Check(absl::Status s);
 
