@@ -67,7 +67,27 @@ class RdmaTransport final : public Transport {
   }
 
   absl::Status Init() {
-    const RdmaOptions& ro = options_.rdma;
+    if (absl::Status s = CheckSlots(options_.rdma); !s.ok()) return s;
+    absl::StatusOr<uint32_t> want_ipv4 = BindIpv4();
+    if (!want_ipv4.ok()) return want_ipv4.status();
+    absl::StatusOr<rdma::DevicePort> dev = rdma::OpenDevicePort(v_, options_.rdma, *want_ipv4);
+    if (!dev.ok()) return dev.status();
+    dev_ = *dev;
+    max_datagram_ = std::min(options_.max_datagram, dev_.mtu);
+    if (absl::Status s = waker_.Init(); !s.ok()) return s;
+    if (absl::Status s = CreateQueues(); !s.ok()) return s;
+    if (absl::Status s = RegisterPools(); !s.ok()) return s;
+    if (absl::Status s = CreateQueuePairs(); !s.ok()) return s;
+    if (absl::Status s = StartReceiving(); !s.ok()) return s;
+    local_ = Address{dev_.ipv4, 0, qps_[0]->qp_num};
+    DLCP_LOG(Info) << "RDMA endpoint " << local_.ToString() << " on " << dev_.name << " port "
+                   << static_cast<int>(dev_.port_num) << " GID index " << dev_.gid_index << ", MTU " << dev_.mtu
+                   << ", " << recv_slots_ << " receive and " << send_slots_ << " send buffers, inline up to "
+                   << max_inline_ << ", " << qps_.size() << " queue pair(s) for path spraying";
+    return absl::OkStatus();
+  }
+
+  static absl::Status CheckSlots(const RdmaOptions& ro) {
     if (ro.qkey & 0x80000000u) {
       return absl::InvalidArgumentError(absl::StrCat("RDMA Q_Key 0x", absl::Hex(ro.qkey), " has the top bit set (privileged)"));
     }
@@ -76,22 +96,24 @@ class RdmaTransport final : public Transport {
                                                      ro.send_slots, "/", ro.signal_every, ") and recv_slots be at least ",
                                                      2 * kPostBatch));
     }
-    uint32_t want_ipv4 = 0;
-    if (options_.bind_host != "0.0.0.0" && options_.bind_host != "::" && !options_.bind_host.empty()) {
-      absl::StatusOr<Address> a = ResolveAddress(options_.bind_host, 0);
-      if (!a.ok()) return a.status();
-      if (a->v6) {  // a RoCEv2 peer is addressed by its GID's IPv4 address (grh.h)
-        return absl::InvalidArgumentError(
-            absl::StrCat("RDMA reaches its peers at IPv4 addresses (RoCEv2 GIDs), and '", options_.bind_host, "' is IPv6"));
-      }
-      want_ipv4 = a->ipv4;
-    }
-    absl::StatusOr<rdma::DevicePort> dev = rdma::OpenDevicePort(v_, ro, want_ipv4);
-    if (!dev.ok()) return dev.status();
-    dev_ = *dev;
-    max_datagram_ = std::min(options_.max_datagram, dev_.mtu);
-    if (absl::Status s = waker_.Init(); !s.ok()) return s;
+    return absl::OkStatus();
+  }
 
+  // The IPv4 address whose GID the endpoint must use: bind_host's; 0 for a wildcard (any).
+  absl::StatusOr<uint32_t> BindIpv4() const {
+    if (options_.bind_host == "0.0.0.0" || options_.bind_host == "::" || options_.bind_host.empty()) return 0;
+    absl::StatusOr<Address> a = ResolveAddress(options_.bind_host, 0);
+    if (!a.ok()) return a.status();
+    if (a->v6) {  // a RoCEv2 peer is addressed by its GID's IPv4 address (grh.h)
+      return absl::InvalidArgumentError(
+          absl::StrCat("RDMA reaches its peers at IPv4 addresses (RoCEv2 GIDs), and '", options_.bind_host, "' is IPv6"));
+    }
+    return a->ipv4;
+  }
+
+  // The protection domain, the completion channels (non-blocking) and queues, sized to the device.
+  absl::Status CreateQueues() {
+    const RdmaOptions& ro = options_.rdma;
     pd_ = v_.alloc_pd(dev_.context);
     if (pd_ == nullptr) return absl::InternalError(absl::StrCat("ibv_alloc_pd on ", dev_.name));
     recv_channel_ = v_.create_comp_channel(dev_.context);
@@ -101,7 +123,6 @@ class RdmaTransport final : public Transport {
       int flags = DLCP_SYSCALL(::fcntl(ch->fd, F_GETFL));
       DLCP_SYSCALL(::fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK));
     }
-
     recv_slots_ = std::min<uint32_t>(ro.recv_slots, static_cast<uint32_t>(dev_.attr.max_srq_wr));
     send_slots_ = std::min<uint32_t>(ro.send_slots, static_cast<uint32_t>(dev_.attr.max_qp_wr));
     send_slots_ -= send_slots_ % ro.signal_every;
@@ -111,15 +132,16 @@ class RdmaTransport final : public Transport {
     recv_cq_ = v_.create_cq(dev_.context, static_cast<int>(recv_slots_), nullptr, recv_channel_, 0);
     send_cq_ = v_.create_cq(dev_.context, static_cast<int>(send_slots_), nullptr, send_channel_, 0);
     if (recv_cq_ == nullptr || send_cq_ == nullptr) return absl::InternalError(absl::StrCat("ibv_create_cq on ", dev_.name));
+    return absl::OkStatus();
+  }
 
-    if (absl::Status s = RegisterPools(); !s.ok()) return s;
-
+  // The shared receive queue, and one UD queue pair per spray port, each ready to send.
+  absl::Status CreateQueuePairs() {
     ibv_srq_init_attr sa{};
     sa.attr.max_wr = recv_slots_;
     sa.attr.max_sge = 1;
     srq_ = v_.create_srq(pd_, &sa);
     if (srq_ == nullptr) return absl::InternalError(absl::StrCat("ibv_create_srq on ", dev_.name, " (errno ", errno, ")"));
-
     ibv_qp_init_attr qa{};
     qa.send_cq = send_cq_;
     qa.recv_cq = recv_cq_;
@@ -148,20 +170,18 @@ class RdmaTransport final : public Transport {
     max_inline_ = qa.cap.max_inline_data;
     slot_qp_.assign(send_slots_, 0);
     completed_upto_.assign(qps_.size(), 0);
+    return absl::OkStatus();
+  }
 
+  // Posts every receive buffer, and reads the device's asynchronous events without blocking.
+  absl::Status StartReceiving() {
     std::vector<uint32_t> all(recv_slots_);
     for (uint32_t i = 0; i < recv_slots_; ++i) all[i] = i;
     if (absl::Status s = PostReceives(all); !s.ok()) return s;
     recv_wc_.resize(options_.recv_batch);
-    // The device's asynchronous events are read between receives, without blocking.
     const int event_flags = DLCP_SYSCALL(::fcntl(dev_.context->async_fd, F_GETFL));
     DLCP_SYSCALL(::fcntl(dev_.context->async_fd, F_SETFL, event_flags | O_NONBLOCK));
     ArmQueueLimit();
-    local_ = Address{dev_.ipv4, 0, qps_[0]->qp_num};
-    DLCP_LOG(Info) << "RDMA endpoint " << local_.ToString() << " on " << dev_.name << " port "
-                   << static_cast<int>(dev_.port_num) << " GID index " << dev_.gid_index << ", MTU " << dev_.mtu
-                   << ", " << recv_slots_ << " receive and " << send_slots_ << " send buffers, inline up to "
-                   << max_inline_ << ", " << qps_.size() << " queue pair(s) for path spraying";
     return absl::OkStatus();
   }
 
