@@ -117,18 +117,9 @@ static std::string DataBindHost(const ClientOptions& o) {
   return o.transport.bind_host;
 }
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& given) {
-  if (absl::Status s = ValidateOptions(given); !s.ok()) return s;
-  ClientOptions options = given;
-  options.transport.bind_host = DataBindHost(given);
-  absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(options.transport);
-  if (!transport.ok()) return transport.status();
-  absl::StatusOr<uint32_t> chunk = FitChunk(given.chunk_bytes, **transport);
-  if (!chunk.ok()) return chunk.status();
-  options.chunk_bytes = *chunk;
-  if (options.window_bytes < options.chunk_bytes) return absl::InvalidArgumentError("window_bytes must hold at least one chunk");
-  const Address local = (*transport)->local_address();
-
+namespace {
+// What the session joins with: the job's shape, and where this worker's data plane listens.
+SessionOptions SessionOptionsOf(const ClientOptions& options, const Address& local) {
   SessionOptions so;
   so.aggregators = options.aggregators;
   so.job_name = options.job_name;
@@ -148,11 +139,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   so.heartbeat_interval = options.heartbeat_interval;
   so.tls = options.tls;
   so.control_dscp = options.transport.dscp[0];
-  absl::StatusOr<std::unique_ptr<Session>> session = Session::Join(so);
-  if (!session.ok()) return session.status();
+  return so;
+}
 
+// The data path's options, in the layout the session joined.
+EngineOptions EngineOptionsOf(const ClientOptions& options, const Session& session) {
   EngineOptions eo;
-  eo.job = (*session)->job_id();
+  eo.job = session.job_id();
   eo.rank = options.rank;
   eo.chunk_bytes = options.chunk_bytes;
   eo.window_chunks = static_cast<uint32_t>(options.window_bytes / options.chunk_bytes);
@@ -176,35 +169,58 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   eo.op_timeout = options.op_timeout;
   eo.max_inflight = UINT32_MAX;
   eo.retain_inputs = options.on_aggregator_loss == ClientOptions::AggregatorLoss::kRemap;
-  const std::vector<AggregatorInfo> aggregators = (*session)->aggregators();
+  const std::vector<AggregatorInfo> aggregators = session.aggregators();
   static_cast<EngineLayout&>(eo) = LayoutOf(aggregators, {});
   for (const AggregatorInfo& a : aggregators) eo.max_inflight = std::min(eo.max_inflight, a.max_rounds_in_flight);
+  return eo;
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& given) {
+  if (absl::Status s = ValidateOptions(given); !s.ok()) return s;
+  ClientOptions options = given;
+  options.transport.bind_host = DataBindHost(given);
+  absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(options.transport);
+  if (!transport.ok()) return transport.status();
+  absl::StatusOr<uint32_t> chunk = FitChunk(given.chunk_bytes, **transport);
+  if (!chunk.ok()) return chunk.status();
+  options.chunk_bytes = *chunk;
+  if (options.window_bytes < options.chunk_bytes) return absl::InvalidArgumentError("window_bytes must hold at least one chunk");
+  absl::StatusOr<std::unique_ptr<Session>> session =
+      Session::Join(SessionOptionsOf(options, (*transport)->local_address()));
+  if (!session.ok()) return session.status();
+  const EngineOptions eo = EngineOptionsOf(options, **session);
   std::unique_ptr<Client> c(new Client());
   c->options_ = options;
   c->transport_kind_ = (*transport)->kind();
   c->session_ = std::move(*session);
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
-  c->session_->set_fatal_handler([engine = c->engine_.get()](const absl::Status& s) { engine->FailFatal(s); });
-  c->session_->set_key_handler([engine = c->engine_.get()](const AggregatorInfo& info) {
+  c->ListenToSession(/*regroup=*/eo.retain_inputs && eo.endpoints.size() > 1);
+  return c;
+}
+
+void Client::ListenToSession(bool regroup) {
+  session_->set_fatal_handler([engine = engine_.get()](const absl::Status& s) { engine->FailFatal(s); });
+  session_->set_key_handler([engine = engine_.get()](const AggregatorInfo& info) {
     engine->UpdateKeys(info.control, info.data_key_generation, *info.data_key, info.previous_data_key,
                        info.worker_key);
   });
   // A job that lost a worker goes on once it is back: rounds count from 0 in the new epochs.
-  c->session_->set_rejoin_handler([raw = c.get()](const std::vector<uint32_t>& epochs) {
+  session_->set_rejoin_handler([this](const std::vector<uint32_t>& epochs) {
     std::vector<uint32_t> layout;
     for (uint32_t e : epochs) {
       if (e != 0) layout.push_back(e);
     }
-    DLCP_LOG(Warning) << "rank " << raw->options_.rank << ": every rank of job '" << raw->options_.job_name
+    DLCP_LOG(Warning) << "rank " << options_.rank << ": every rank of job '" << options_.job_name
                       << "' is back; it goes on from round 0";
-    raw->engine_->Rejoin(std::move(layout));
+    engine_->Rejoin(std::move(layout));
   });
-  if (eo.retain_inputs && eo.endpoints.size() > 1) {
-    c->session_->set_layout_handler(
-        [raw = c.get()](const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why,
-                        bool planned) { return raw->OnLayoutChange(lost, back, why, planned); });
+  if (regroup) {
+    session_->set_layout_handler([this](const std::vector<size_t>& lost, const std::vector<size_t>& back,
+                                        const absl::Status& why, bool planned) {
+      return OnLayoutChange(lost, back, why, planned);
+    });
   }
-  return c;
 }
 
 Client::~Client() { Close().IgnoreError(); }

@@ -256,6 +256,9 @@ class Client {
   absl::StatusOr<uint64_t> PortCounter(const std::string& name) const;
 
  private:
+  // Hands the session's news (a fatal error, new keys, a rejoin, and with `regroup` a changed
+  // layout) to the engine.
+  void ListenToSession(bool regroup);
   Client() = default;
   // On the session's heartbeat thread: starts a regroup on its own thread (Session::LayoutHandler).
   bool OnLayoutChange(const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why,
