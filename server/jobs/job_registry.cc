@@ -23,7 +23,7 @@ JobRegistry::JobRegistry(JobLimits limits)
     : limits_(limits),
       epoch_seed_(static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^ (static_cast<uint64_t>(getpid()) << 32)) {}
 
-absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
+absl::Status JobRegistry::CheckJoin(const JoinSpec& s) const {
   if (s.job_name.empty() || s.job_name.size() > 128) {
     return absl::InvalidArgumentError("job_name must be 1..128 characters");
   }
@@ -41,43 +41,48 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
   if (s.data_address.port == 0 && s.data_address.qpn == 0) {
     return absl::InvalidArgumentError("data_port must be 1..65535 (or data_qpn set, for RDMA)");
   }
+  return absl::OkStatus();
+}
 
-  const uint32_t id = JobIdForName(s.job_name);
-  std::shared_ptr<Job> job;
-  {
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    auto it = jobs_.find(id);
-    if (it != jobs_.end() && it->second->name != s.job_name) {
-      return absl::AlreadyExistsError(absl::StrCat("job id ", id, " of '", s.job_name, "' collides with job '",
-                                                   it->second->name, "'; choose another job name"));
-    }
-    // A failed job with members left waits for the missing ranks to join again (below); one that
-    // everyone has left starts a new incarnation.
-    if (it != jobs_.end() && it->second->failed.load() && it->second->member_count.load() == 0) {
-      it->second->closed.store(true);  // a new incarnation replaces the failed one
-      RememberClosed(id);
-      jobs_.erase(it);
-      it = jobs_.end();
-    }
-    if (it == jobs_.end()) {
-      if (jobs_.size() >= limits_.max_jobs) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("aggregator serves its limit of ", limits_.max_jobs, " jobs (dlcpd --max-jobs)"));
-      }
-      const uint32_t epoch = NextEpoch(id);
-      std::optional<wire::MacKey> key;
-      if (limits_.data_auth) {
-        absl::StatusOr<wire::MacKey> k = wire::NewMacKey();
-        if (!k.ok()) return k.status();
-        key = *k;
-      }
-      job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes, epoch, key,
-                                   limits_.per_worker_data_keys);
-      jobs_[id] = job;
-    } else {
-      job = it->second;
-    }
+absl::StatusOr<std::shared_ptr<Job>> JobRegistry::FindOrCreate(const JoinSpec& s, uint32_t id) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  auto it = jobs_.find(id);
+  if (it != jobs_.end() && it->second->name != s.job_name) {
+    return absl::AlreadyExistsError(absl::StrCat("job id ", id, " of '", s.job_name, "' collides with job '",
+                                                 it->second->name, "'; choose another job name"));
   }
+  // A failed job with members left waits for the missing ranks to join again (Join); one that
+  // everyone has left starts a new incarnation.
+  if (it != jobs_.end() && it->second->failed.load() && it->second->member_count.load() == 0) {
+    it->second->closed.store(true);  // a new incarnation replaces the failed one
+    RememberClosed(id);
+    jobs_.erase(it);
+    it = jobs_.end();
+  }
+  if (it != jobs_.end()) return it->second;
+  if (jobs_.size() >= limits_.max_jobs) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("aggregator serves its limit of ", limits_.max_jobs, " jobs (dlcpd --max-jobs)"));
+  }
+  const uint32_t epoch = NextEpoch(id);
+  std::optional<wire::MacKey> key;
+  if (limits_.data_auth) {
+    absl::StatusOr<wire::MacKey> k = wire::NewMacKey();
+    if (!k.ok()) return k.status();
+    key = *k;
+  }
+  auto job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes, epoch, key,
+                                   limits_.per_worker_data_keys);
+  jobs_[id] = job;
+  return job;
+}
+
+absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
+  if (absl::Status bad = CheckJoin(s); !bad.ok()) return bad;
+  const uint32_t id = JobIdForName(s.job_name);
+  absl::StatusOr<std::shared_ptr<Job>> found = FindOrCreate(s, id);
+  if (!found.ok()) return found.status();
+  std::shared_ptr<Job> job = std::move(*found);
   if (job->world != s.world_size) {
     return absl::FailedPreconditionError(
         absl::StrCat("job '", s.job_name, "' has world_size ", job->world, ", not ", s.world_size));
@@ -86,25 +91,29 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
     return absl::FailedPreconditionError(
         absl::StrCat("job '", s.job_name, "' uses chunk_bytes ", job->chunk_bytes, ", not ", s.chunk_bytes));
   }
-  Member& m = job->members[s.rank];
+  TakeRank(*job, s);
+  DLCP_LOG(Info) << "job " << s.job_name << " (id " << id << ") rank " << s.rank << "/" << s.world_size
+                 << " joined, data " << s.data_address.ToString();
+  return job;
+}
+
+void JobRegistry::TakeRank(Job& job, const JoinSpec& s) {
+  Member& m = job.members[s.rank];
   const std::optional<Address> old = m.data_address.Exchange(s.data_address);
   if (!old) {
     // The last missing rank of a failed job is back: the job goes on.
-    if (job->member_count.fetch_add(1) + 1 == job->world && job->Recover()) {
+    if (job.member_count.fetch_add(1) + 1 == job.world && job.Recover()) {
       DLCP_LOG(Warning) << "job " << s.job_name << " goes on: rank " << s.rank << " joined again, every rank is back";
     }
   } else if (*old != s.data_address) {
     // Another process under a rank still counted (it restarted within the heartbeat deadline):
     // the old one is gone, and whatever rounds needed it with it.
-    job->vacated.store(true);
+    job.vacated.store(true);
     DLCP_LOG(Warning) << "job " << s.job_name << " rank " << s.rank << " restarted, now at "
                       << s.data_address.ToString();
-    if (job->Recover()) DLCP_LOG(Warning) << "job " << s.job_name << " goes on in a new epoch";
+    if (job.Recover()) DLCP_LOG(Warning) << "job " << s.job_name << " goes on in a new epoch";
   }
   m.last_heartbeat_ns.store(MonotonicNanos(), std::memory_order_relaxed);
-  DLCP_LOG(Info) << "job " << s.job_name << " (id " << id << ") rank " << s.rank << "/" << s.world_size
-                 << " joined, data " << s.data_address.ToString();
-  return job;
 }
 
 absl::Status JobRegistry::Leave(uint32_t job_id, uint32_t rank, const std::string& reason) {

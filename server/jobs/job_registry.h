@@ -188,6 +188,11 @@ class JobRegistry {
   void ExportMetrics(MetricsRegistry* metrics);
 
  private:
+  absl::Status CheckJoin(const JoinSpec& spec) const;  // the spec's own limits
+  // The job of `spec`'s name (id `id`), or a new incarnation of it; takes mu_.
+  absl::StatusOr<std::shared_ptr<Job>> FindOrCreate(const JoinSpec& spec, uint32_t id);
+  // `spec`'s process takes its rank: a first join, a rejoin of a failed job, or a restart.
+  static void TakeRank(Job& job, const JoinSpec& spec);
   static std::vector<bool> JoinedRanks(const Job& job);
   // KeyRing::Advance, counting rotations settled; a line for the log if the phase changed.
   std::optional<std::string> AdvanceKeys(Job& job, absl::Time now);
