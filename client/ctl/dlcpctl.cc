@@ -167,6 +167,86 @@ std::string CountersJson(const dlcp::v1::Stats& s) {
   return out + "}";
 }
 
+// The header line of `cmd`'s table, where it has one.
+void PrintHeader(const std::string& cmd) {
+  if (cmd == "status") {
+    std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %9s %5s %8s %10s %10s\n", "AGGREGATOR", "ID", "VERSION",
+                                 "STATE", "UPTIME_S", "JOBS", "WORKERS", "ROUNDS", "REJECTS");
+  } else if (cmd == "jobs") {
+    std::cout << absl::StrFormat("%-22s %-24s %10s %6s %8s %10s %9s %8s\n", "AGGREGATOR", "JOB", "ID", "WORLD",
+                                 "MEMBERS", "ROUNDS", "IN_FLIGHT", "DATA_KEY");
+  }
+}
+
+// An aggregator from before releases were reported does not say.
+std::string VersionOf(const dlcp::v1::Stats& s) { return s.version().empty() ? "unknown" : s.version(); }
+
+std::string StatsItem(const std::string& cmd, const Reply& r) {
+  std::string item = absl::StrCat("{\"aggregator\":", Json(r.address), ",\"id\":", Json(r.stats.aggregator_id()),
+                                  ",\"version\":", Json(VersionOf(r.stats)), ",\"wire_version\":",
+                                  dlcp::wire::AnnouncedWireVersion(r.stats.wire_version()),
+                                  ",\"draining\":", r.stats.draining() ? "true" : "false",
+                                  ",\"uptime_ms\":", r.stats.uptime_ms());
+  if (cmd != "stats") absl::StrAppend(&item, ",\"jobs\":", JobsJson(r.stats));
+  if (cmd != "jobs") absl::StrAppend(&item, ",\"counters\":", CountersJson(r.stats));
+  return item + "}";
+}
+
+void PrintStats(const std::string& cmd, const Reply& r) {
+  const auto counters = Sorted(r.stats);
+  if (cmd == "status") {
+    double workers = 0, rounds = 0, rejects = 0;
+    for (const auto& j : r.stats.jobs()) workers += j.members();
+    for (const auto& [name, value] : counters) {
+      if (name.rfind("dlcp_rounds_total{", 0) == 0) rounds += value;
+      if (name.rfind("dlcp_rejects_total{", 0) == 0) rejects += value;
+    }
+    std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %9d %5d %8.0f %10.0f %10.0f\n", r.address,
+                                 r.stats.aggregator_id(), VersionOf(r.stats),
+                                 r.stats.draining() ? "draining" : "serving", r.stats.uptime_ms() / 1000,
+                                 r.stats.jobs_size(), workers, rounds, rejects);
+  } else if (cmd == "jobs") {
+    for (const auto& j : r.stats.jobs()) {
+      std::cout << absl::StrFormat("%-22s %-24s %10u %6u %8u %10u %9u %8u\n", r.address, j.job_name(), j.job_id(),
+                                   j.world_size(), j.members(), j.rounds_completed(), j.rounds_in_flight(),
+                                   j.data_key_generation());
+    }
+  } else {
+    std::cout << r.address << " (" << r.stats.aggregator_id() << ")\n";
+    for (const auto& [name, value] : counters) {
+      if (value != 0) std::cout << absl::StrFormat("  %-58s %.17g\n", name, value);
+    }
+  }
+}
+
+// One aggregator's answer: a JSON item into `items`, or its lines printed. Returns whether it
+// counts as a failure (unreachable, or not serving health).
+bool Report(const std::string& cmd, const Reply& r, bool json, std::vector<std::string>* items) {
+  if (!r.status.ok()) {
+    if (json) {
+      items->push_back(
+          absl::StrCat("{\"aggregator\":", Json(r.address), ",\"error\":", Json(r.status.error_message()), "}"));
+    } else {
+      std::cout << r.address << ": UNREACHABLE (" << r.status.error_message() << ")\n";
+    }
+    return true;
+  }
+  if (cmd == "health") {
+    if (json) {
+      items->push_back(absl::StrCat("{\"aggregator\":", Json(r.address), ",\"status\":", Json(r.health), "}"));
+    } else {
+      std::cout << r.address << ": " << r.health << "\n";
+    }
+    return r.health != "SERVING";
+  }
+  if (json) {
+    items->push_back(StatsItem(cmd, r));
+  } else {
+    PrintStats(cmd, r);
+  }
+  return false;
+}
+
 int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
   const bool json = config.GetString("output") == "json";
   absl::StatusOr<dlcp::ChannelSecurity> security =
@@ -177,77 +257,11 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
   }
   if (cmd == "rotate-key") return RotateKey(config, *security, json);
   std::vector<Reply> replies = Query(config, cmd == "health", *security);
+  if (!json) PrintHeader(cmd);
   int failures = 0;
   std::vector<std::string> items;
-  if (!json && cmd == "status") {
-    std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %9s %5s %8s %10s %10s\n", "AGGREGATOR", "ID", "VERSION",
-                                 "STATE", "UPTIME_S", "JOBS", "WORKERS", "ROUNDS", "REJECTS");
-  }
-  if (!json && cmd == "jobs") {
-    std::cout << absl::StrFormat("%-22s %-24s %10s %6s %8s %10s %9s %8s\n", "AGGREGATOR", "JOB", "ID", "WORLD",
-                                 "MEMBERS", "ROUNDS", "IN_FLIGHT", "DATA_KEY");
-  }
-  for (const Reply& r : replies) {
-    if (!r.status.ok()) {
-      ++failures;
-      if (json) {
-        items.push_back(absl::StrCat("{\"aggregator\":", Json(r.address), ",\"error\":", Json(r.status.error_message()), "}"));
-      } else {
-        std::cout << r.address << ": UNREACHABLE (" << r.status.error_message() << ")\n";
-      }
-      continue;
-    }
-    if (cmd == "health") {
-      if (r.health != "SERVING") ++failures;
-      if (json) {
-        items.push_back(absl::StrCat("{\"aggregator\":", Json(r.address), ",\"status\":", Json(r.health), "}"));
-      } else {
-        std::cout << r.address << ": " << r.health << "\n";
-      }
-      continue;
-    }
-    const auto counters = Sorted(r.stats);
-    // An aggregator from before releases were reported does not say.
-    const std::string version = r.stats.version().empty() ? "unknown" : r.stats.version();
-    double workers = 0, rounds = 0, rejects = 0;
-    for (const auto& j : r.stats.jobs()) workers += j.members();
-    for (const auto& [name, value] : counters) {
-      if (name.rfind("dlcp_rounds_total{", 0) == 0) rounds += value;
-      if (name.rfind("dlcp_rejects_total{", 0) == 0) rejects += value;
-    }
-    if (json) {
-      std::string item = absl::StrCat("{\"aggregator\":", Json(r.address), ",\"id\":", Json(r.stats.aggregator_id()),
-                                      ",\"version\":", Json(version), ",\"wire_version\":",
-                                      dlcp::wire::AnnouncedWireVersion(r.stats.wire_version()),
-                                      ",\"draining\":", r.stats.draining() ? "true" : "false",
-                                      ",\"uptime_ms\":", r.stats.uptime_ms());
-      if (cmd != "stats") absl::StrAppend(&item, ",\"jobs\":", JobsJson(r.stats));
-      if (cmd != "jobs") absl::StrAppend(&item, ",\"counters\":", CountersJson(r.stats));
-      items.push_back(item + "}");
-      continue;
-    }
-    if (cmd == "status") {
-      std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %9d %5d %8.0f %10.0f %10.0f\n", r.address,
-                                   r.stats.aggregator_id(), version, r.stats.draining() ? "draining" : "serving",
-                                   r.stats.uptime_ms() / 1000, r.stats.jobs_size(), workers, rounds, rejects);
-    } else if (cmd == "jobs") {
-      for (const auto& j : r.stats.jobs()) {
-        std::cout << absl::StrFormat("%-22s %-24s %10u %6u %8u %10u %9u %8u\n", r.address, j.job_name(), j.job_id(),
-                                     j.world_size(), j.members(), j.rounds_completed(), j.rounds_in_flight(),
-                                     j.data_key_generation());
-      }
-    } else {
-      std::cout << r.address << " (" << r.stats.aggregator_id() << ")\n";
-      for (const auto& [name, value] : counters) {
-        if (value != 0) std::cout << absl::StrFormat("  %-58s %.17g\n", name, value);
-      }
-    }
-  }
-  if (json) {
-    std::cout << "[";
-    for (size_t i = 0; i < items.size(); ++i) std::cout << (i ? "," : "") << items[i];
-    std::cout << "]\n";
-  }
+  for (const Reply& r : replies) failures += Report(cmd, r, json, &items);
+  if (json) std::cout << "[" << absl::StrJoin(items, ",") << "]\n";
   return failures == 0 ? 0 : 1;
 }
 
