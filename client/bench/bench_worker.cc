@@ -79,193 +79,249 @@ absl::Status CheckPartialSums(absl::Span<const float> got, const wire::ChunkGeom
   return absl::OkStatus();
 }
 
-absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
-  if (config.start_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(config.start_delay_ms));
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(config.client);
-  if (!client.ok()) return client.status();
-  const absl::StatusOr<std::map<std::string, uint64_t>> port_before = (*client)->PortCounters();
-  const uint32_t rank = config.client.rank;
-  const uint32_t world = config.client.world_size;
-  const uint64_t elems = config.tensor_bytes / sizeof(float);
-  if (elems == 0) return absl::InvalidArgumentError("tensor-bytes must be at least 4");
-  std::vector<std::vector<float>> data(config.tensors, std::vector<float>(elems));
+namespace {
+// One worker's run: its client, its tensors and what it measured. Each round fills the tensors,
+// waits at a barrier, all-reduces them (timed), waits again, and checks every element.
+class WorkerRun {
+ public:
+  WorkerRun(const WorkerConfig& config, std::unique_ptr<Client> client)
+      : config_(config),
+        client_(std::move(client)),
+        elems_(config.tensor_bytes / sizeof(float)),
+        data_(config.tensors, std::vector<float>(elems_)),
+        classes_(config.tensors),
+        geometry_{static_cast<uint32_t>(elems_), client_->chunk_bytes() / 4} {
+    result_.min_contributors = UINT32_MAX;
+    const uint32_t world = config.client.world_size;
+    // A 16-bit encoding rounds the digit values, and bfloat16 keeps BenchValue's sums (|sum| <=
+    // 30 per worker) exact only up to 256, float16 up to 2048.
+    const wire::Encoding encoding = config.client.payload_encoding;
+    const bool wide = encoding == wire::Encoding::kF32;
+    digits_ = bounded() && world <= kMaxDigitWorkers && wide;
+    const uint32_t exact_sum = encoding == wire::Encoding::kBF16 ? 256 : 2048;
+    result_.checked = bounded() ? digits_ : (wide || 30 * world <= exact_sum);
+  }
 
-  WorkerResult result;
-  result.min_contributors = UINT32_MAX;
-  const bool bounded = config.client.loss_bound > 0;
-  // A 16-bit encoding rounds the digit values, and bfloat16 keeps BenchValue's sums (|sum| <=
-  // 30 per worker) exact only up to 256, float16 up to 2048.
-  const wire::Encoding encoding = config.client.payload_encoding;
-  const bool wide = encoding == wire::Encoding::kF32;
-  const bool digits = bounded && world <= kMaxDigitWorkers && wide;
-  const uint32_t exact_sum = encoding == wire::Encoding::kBF16 ? 256 : 2048;
-  result.checked = bounded ? digits : (wide || 30 * world <= exact_sum);
-  auto values_of = [&](uint32_t round, uint32_t t) {
-    return RoundValues(digits, world, config.retry_aborted ? 0 : round, t);
+  absl::StatusOr<WorkerResult> Run();
+
+ private:
+  // What one round's ops reported, per tensor, for the checks after it.
+  struct RoundReport {
+    std::vector<uint64_t> reported_missing, pull_missing;
+    double stop_ms = 0;
   };
-  // retry_aborted: whether to run the round again after `s`.
-  auto retry = [&](uint32_t round, const absl::Status& s) {
-    if (!config.retry_aborted || s.code() != absl::StatusCode::kAborted) return false;
-    std::fprintf(stderr, "rank %u: round %u: %s; running it again\n", rank, round, s.ToString().c_str());
-    ++result.retried;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    return true;
-  };
-  const wire::ChunkGeometry geometry{static_cast<uint32_t>(elems), (*client)->chunk_bytes() / 4};
+  bool bounded() const { return config_.client.loss_bound > 0; }
+  RoundValues ValuesOf(uint32_t round, uint32_t t) const {
+    return RoundValues(digits_, config_.client.world_size, config_.retry_aborted ? 0 : round, t);
+  }
+  // Runs round `round`; its status, or whether --min-seconds wants more rounds (in `more`).
+  absl::Status RunRound(uint32_t round, uint32_t total_rounds, bool* more);
+  absl::StatusOr<RoundReport> AllReduceAll();
+  void Count(const RoundStats& stats);
+  absl::StatusOr<bool> Barrier(bool enough);
+  void CheckDigits(uint32_t round, const RoundReport& report);
+  void CheckSums(uint32_t round);
+  void Time(uint32_t round, double ms);
+  // Whether to run the round again after `s` (retry_aborted).
+  bool Retry(uint32_t round, const absl::Status& s);
+
+  const WorkerConfig& config_;
+  std::unique_ptr<Client> client_;
+  const uint64_t elems_;
+  std::vector<std::vector<float>> data_;
   // The class the client gave each chunk (RoundStats::classes), to check that no class-0 chunk
   // was left out.
-  std::vector<std::vector<uint8_t>> classes(config.tensors);
-  AllReduceOptions op_options;
-  op_options.report_classes = digits;
-  // A one-element all-reduce is a barrier. Each worker puts in 1, or 2 to say it has run long
-  // enough (--min-seconds): every worker sees the same sum, so all agree whether any has, and
-  // the job ends after the same round everywhere. Returns whether any had.
-  auto barrier = [&](bool enough = false) -> absl::StatusOr<bool> {
-    float token = enough ? 2 : 1;
-    absl::StatusOr<RoundStats> b = (*client)->AllReduce(kBarrierKey, absl::MakeSpan(&token, 1)).get();
-    if (!b.ok()) return b.status();
-    // Its repairs are traffic the job sent too, and the metrics test balances them.
-    result.retransmits += b->retransmits;
-    result.result_requests += b->result_requests;
-    if (token < static_cast<float>(world) || token > static_cast<float>(2 * world) || token != std::floor(token)) {
-      return absl::InternalError(absl::StrCat("barrier summed to ", token, ", expected ", world, " to ", 2 * world));
-    }
-    return token > static_cast<float>(world);
-  };
-  const uint32_t total_rounds = config.warmup + config.rounds;
-  absl::Time timed_start = absl::InfiniteFuture();  // of the first timed round
-  absl::Time last_end = absl::InfinitePast();        // of the last timed round
+  std::vector<std::vector<uint8_t>> classes_;
+  const wire::ChunkGeometry geometry_;
+  bool digits_ = false;
+  WorkerResult result_;
+  absl::Time timed_start_ = absl::InfiniteFuture();  // of the first timed round
+  absl::Time last_end_ = absl::InfinitePast();        // of the last timed round
+};
+
+absl::StatusOr<WorkerResult> WorkerRun::Run() {
+  const absl::StatusOr<std::map<std::string, uint64_t>> port_before = client_->PortCounters();
+  const uint32_t total_rounds = config_.warmup + config_.rounds;
   bool more = true;  // past --rounds: whether --min-seconds asks for more
   for (uint32_t round = 0; round < total_rounds || more; ++round) {
-    if (round == config.warmup && timed_start == absl::InfiniteFuture()) timed_start = MonotonicNow();
-    for (uint32_t t = 0; t < config.tensors; ++t) {
-      values_of(round, t).Fill(rank, 0, absl::MakeSpan(data[t]));
-      classes[t].clear();
+    if (round == config_.warmup && timed_start_ == absl::InfiniteFuture()) timed_start_ = MonotonicNow();
+    if (absl::Status s = RunRound(round, total_rounds, &more); !s.ok()) {
+      if (!Retry(round, s)) return s;
+      --round;
+      continue;
     }
-    // The timed region starts with every worker ready, so it measures the all-reduce and not a
-    // peer still checking the last round.
-    if (absl::StatusOr<bool> b = barrier(); !b.ok()) {
-      if (retry(round, b.status())) {
-        --round;
-        continue;
-      }
-      return b.status();
-    }
-    const absl::Time start = MonotonicNow();
-    std::vector<std::future<absl::StatusOr<RoundStats>>> futures;
-    for (uint32_t t = 0; t < config.tensors; ++t) {
-      futures.push_back((*client)->AllReduce(t, absl::MakeSpan(data[t]), op_options));
-    }
-    std::vector<uint64_t> reported_missing(config.tensors), pull_missing(config.tensors);
-    double stop_ms = 0;
-    absl::Status failed;
-    for (uint32_t t = 0; t < config.tensors; ++t) {
-      absl::StatusOr<RoundStats> stats = futures[t].get();  // each op completes by its own deadline
-      if (!stats.ok()) {
-        if (failed.ok()) failed = stats.status();
-        continue;  // the others still use their buffers until they end
-      }
-      result.retransmits += stats->retransmits;
-      result.result_requests += stats->result_requests;
-      result.window_cuts += stats->window_cuts;
-      result.window_undos += stats->window_undos;
-      result.nacks_deferred += stats->nacks_deferred;
-      result.min_contributors = std::min(result.min_contributors, stats->min_contributors);
-      for (int c = 0; c < 4; ++c) {
-        result.chunks_by_class[c] += stats->chunks_by_class[c];
-        result.left_out_by_class[c] += stats->left_out_by_class[c];
-      }
-      result.bound_violations += stats->bound_violations;
-      reported_missing[t] = stats->droppable_missing;
-      classes[t] = std::move(stats->classes);
-      pull_missing[t] = stats->pull_missing;
-      result.pull_missing += stats->pull_missing;
-      if (stats->droppable_total > 0) {
-        const double loss = static_cast<double>(stats->droppable_missing) / stats->droppable_total;
-        result.max_round_loss = std::max(result.max_round_loss, loss);
-        // The tensor-wide bound, on top of each aggregator's own check.
-        if (stats->droppable_missing > static_cast<uint64_t>(stats->loss_bound * stats->droppable_total + 1e-9)) {
-          ++result.bound_violations;
-        }
-      }
-      stop_ms = std::max(stop_ms, absl::ToDoubleMilliseconds(stats->time_to_stop));
-    }
-    if (!failed.ok()) {
-      if (retry(round, failed)) {
-        --round;
-        continue;
-      }
-      return failed;
-    }
-    const double ms = absl::ToDoubleMilliseconds(MonotonicNow() - start);
-    if (bounded && round >= config.warmup) result.stop_ms.push_back(stop_ms);
-    // And no worker checks its results (a pass over its tensors) before every worker's round has
-    // ended: on a shared host those checks took CPU from the peers still timed, 4% of a bounded
-    // round on the 2-core test bed.
-    const bool enough = round + 1 >= total_rounds && MonotonicNow() - timed_start >= config.min_duration;
-    absl::StatusOr<bool> any_enough = barrier(enough);
-    if (!any_enough.ok()) {
-      if (retry(round, any_enough.status())) {
-        --round;
-        continue;
-      }
-      return any_enough.status();
-    }
-    more = !*any_enough;
-    if (digits) {
-      for (uint32_t t = 0; t < config.tensors; ++t) {
-        absl::Status s =
-            classes[t].size() == geometry.chunk_count()
-                ? CheckPartialSums(data[t], geometry, classes[t], rank, world, reported_missing[t], pull_missing[t],
-                                   values_of(round, t))
-                : absl::InternalError(absl::StrCat("the client reported the classes of ", classes[t].size(), " of ",
-                                                   geometry.chunk_count(), " chunks"));
-        if (!s.ok()) {
-          if (result.exact) std::fprintf(stderr, "rank %u: round %u tensor %u: %s\n", rank, round, t, s.ToString().c_str());
-          result.exact = false;
-        }
-      }
-    }
-    for (uint32_t t = 0; t < config.tensors && !bounded && result.checked; ++t) {
-      const RoundValues values = values_of(round, t);
-      const std::vector<float> sum = values.SumAll();
-      const absl::Span<const float> got(data[t]);
-      for (uint64_t i = values.FirstMismatch(sum, 0, got); i < elems;
-           i += 1 + values.FirstMismatch(sum, i + 1, got.subspan(i + 1))) {
-        const float expected = sum[i % values.period()];
-        if (result.exact) {
-          std::fprintf(stderr, "rank %u: round %u tensor %u element %llu is %g, expected %g\n", rank, round, t,
-                       static_cast<unsigned long long>(i), data[t][i], expected);
-        }
-        result.exact = false;
-        result.max_abs_err = std::max(result.max_abs_err, std::fabs(static_cast<double>(data[t][i]) - expected));
-      }
-    }
-    if (round >= config.warmup) {
-      const absl::Time end = MonotonicNow();
-      if (last_end != absl::InfinitePast()) {
-        const double gap = absl::ToDoubleMilliseconds(end - last_end);
-        result.max_gap_ms = std::max(result.max_gap_ms, gap);
-        if (gap > 100 && result.long_gaps.size() < 64) {
-          // When, in wall-clock time: bench scripts set it beside their own `date` stamps.
-          result.long_gaps.emplace_back(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), gap);
-        }
-      }
-      last_end = end;
-      result.round_ms.push_back(ms);
-      result.total_s += ms / 1000.0;
-      ++result.rounds;
-    }
-    if (config.progress) Progress(round + 1, std::max(total_rounds, round + 1));
+    if (config_.progress) Progress(round + 1, std::max(total_rounds, round + 1));
   }
-  for (const auto& [reason, count] : (*client)->Rejects()) {
-    (reason == "unknown_round" ? result.stale : result.rejected) += count;
+  for (const auto& [reason, count] : client_->Rejects()) {
+    (reason == "unknown_round" ? result_.stale : result_.rejected) += count;
   }
-  result.rx_overflows = (*client)->ReceiveOverflows();
-  result.rx_queue_ran_dry = (*client)->ReceiveQueueRanDry();
-  result.port_counters = PortCounterGrowth(port_before, (*client)->PortCounters());
-  if (absl::Status s = (*client)->Close(); !s.ok()) return s;
-  return result;
+  result_.rx_overflows = client_->ReceiveOverflows();
+  result_.rx_queue_ran_dry = client_->ReceiveQueueRanDry();
+  result_.port_counters = PortCounterGrowth(port_before, client_->PortCounters());
+  if (absl::Status s = client_->Close(); !s.ok()) return s;
+  return result_;
+}
+
+absl::Status WorkerRun::RunRound(uint32_t round, uint32_t total_rounds, bool* more) {
+  for (uint32_t t = 0; t < config_.tensors; ++t) {
+    ValuesOf(round, t).Fill(config_.client.rank, 0, absl::MakeSpan(data_[t]));
+    classes_[t].clear();
+  }
+  // The timed region starts with every worker ready, so it measures the all-reduce and not a
+  // peer still checking the last round.
+  if (absl::StatusOr<bool> b = Barrier(false); !b.ok()) return b.status();
+  const absl::Time start = MonotonicNow();
+  absl::StatusOr<RoundReport> report = AllReduceAll();
+  if (!report.ok()) return report.status();
+  const double ms = absl::ToDoubleMilliseconds(MonotonicNow() - start);
+  if (bounded() && round >= config_.warmup) result_.stop_ms.push_back(report->stop_ms);
+  // And no worker checks its results (a pass over its tensors) before every worker's round has
+  // ended: on a shared host those checks took CPU from the peers still timed, 4% of a bounded
+  // round on the 2-core test bed.
+  const bool enough = round + 1 >= total_rounds && MonotonicNow() - timed_start_ >= config_.min_duration;
+  absl::StatusOr<bool> any_enough = Barrier(enough);
+  if (!any_enough.ok()) return any_enough.status();
+  *more = !*any_enough;
+  if (digits_) CheckDigits(round, *report);
+  if (!bounded() && result_.checked) CheckSums(round);
+  Time(round, ms);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorkerRun::RoundReport> WorkerRun::AllReduceAll() {
+  AllReduceOptions op_options;
+  op_options.report_classes = digits_;
+  std::vector<std::future<absl::StatusOr<RoundStats>>> futures;
+  for (uint32_t t = 0; t < config_.tensors; ++t) {
+    futures.push_back(client_->AllReduce(t, absl::MakeSpan(data_[t]), op_options));
+  }
+  RoundReport report;
+  report.reported_missing.resize(config_.tensors);
+  report.pull_missing.resize(config_.tensors);
+  absl::Status failed;
+  for (uint32_t t = 0; t < config_.tensors; ++t) {
+    absl::StatusOr<RoundStats> stats = futures[t].get();  // each op completes by its own deadline
+    if (!stats.ok()) {
+      if (failed.ok()) failed = stats.status();
+      continue;  // the others still use their buffers until they end
+    }
+    Count(*stats);
+    report.reported_missing[t] = stats->droppable_missing;
+    report.pull_missing[t] = stats->pull_missing;
+    report.stop_ms = std::max(report.stop_ms, absl::ToDoubleMilliseconds(stats->time_to_stop));
+    classes_[t] = std::move(stats->classes);
+  }
+  if (!failed.ok()) return failed;
+  return report;
+}
+
+void WorkerRun::Count(const RoundStats& stats) {
+  result_.retransmits += stats.retransmits;
+  result_.result_requests += stats.result_requests;
+  result_.window_cuts += stats.window_cuts;
+  result_.window_undos += stats.window_undos;
+  result_.nacks_deferred += stats.nacks_deferred;
+  result_.min_contributors = std::min(result_.min_contributors, stats.min_contributors);
+  for (int c = 0; c < 4; ++c) {
+    result_.chunks_by_class[c] += stats.chunks_by_class[c];
+    result_.left_out_by_class[c] += stats.left_out_by_class[c];
+  }
+  result_.bound_violations += stats.bound_violations;
+  result_.pull_missing += stats.pull_missing;
+  if (stats.droppable_total > 0) {
+    const double loss = static_cast<double>(stats.droppable_missing) / stats.droppable_total;
+    result_.max_round_loss = std::max(result_.max_round_loss, loss);
+    // The tensor-wide bound, on top of each aggregator's own check.
+    if (stats.droppable_missing > static_cast<uint64_t>(stats.loss_bound * stats.droppable_total + 1e-9)) {
+      ++result_.bound_violations;
+    }
+  }
+}
+
+// A one-element all-reduce is a barrier. Each worker puts in 1, or 2 to say it has run long
+// enough (--min-seconds): every worker sees the same sum, so all agree whether any has, and the
+// job ends after the same round everywhere. Returns whether any had.
+absl::StatusOr<bool> WorkerRun::Barrier(bool enough) {
+  const uint32_t world = config_.client.world_size;
+  float token = enough ? 2 : 1;
+  absl::StatusOr<RoundStats> b = client_->AllReduce(kBarrierKey, absl::MakeSpan(&token, 1)).get();
+  if (!b.ok()) return b.status();
+  // Its repairs are traffic the job sent too, and the metrics test balances them.
+  result_.retransmits += b->retransmits;
+  result_.result_requests += b->result_requests;
+  if (token < static_cast<float>(world) || token > static_cast<float>(2 * world) || token != std::floor(token)) {
+    return absl::InternalError(absl::StrCat("barrier summed to ", token, ", expected ", world, " to ", 2 * world));
+  }
+  return token > static_cast<float>(world);
+}
+
+void WorkerRun::CheckDigits(uint32_t round, const RoundReport& report) {
+  for (uint32_t t = 0; t < config_.tensors; ++t) {
+    absl::Status s = classes_[t].size() == geometry_.chunk_count()
+                         ? CheckPartialSums(data_[t], geometry_, classes_[t], config_.client.rank,
+                                            config_.client.world_size, report.reported_missing[t],
+                                            report.pull_missing[t], ValuesOf(round, t))
+                         : absl::InternalError(absl::StrCat("the client reported the classes of ", classes_[t].size(),
+                                                            " of ", geometry_.chunk_count(), " chunks"));
+    if (!s.ok()) {
+      if (result_.exact) {
+        std::fprintf(stderr, "rank %u: round %u tensor %u: %s\n", config_.client.rank, round, t, s.ToString().c_str());
+      }
+      result_.exact = false;
+    }
+  }
+}
+
+void WorkerRun::CheckSums(uint32_t round) {
+  for (uint32_t t = 0; t < config_.tensors; ++t) {
+    const RoundValues values = ValuesOf(round, t);
+    const std::vector<float> sum = values.SumAll();
+    const absl::Span<const float> got(data_[t]);
+    for (uint64_t i = values.FirstMismatch(sum, 0, got); i < elems_;
+         i += 1 + values.FirstMismatch(sum, i + 1, got.subspan(i + 1))) {
+      const float expected = sum[i % values.period()];
+      if (result_.exact) {
+        std::fprintf(stderr, "rank %u: round %u tensor %u element %llu is %g, expected %g\n", config_.client.rank,
+                     round, t, static_cast<unsigned long long>(i), data_[t][i], expected);
+      }
+      result_.exact = false;
+      result_.max_abs_err = std::max(result_.max_abs_err, std::fabs(static_cast<double>(data_[t][i]) - expected));
+    }
+  }
+}
+
+void WorkerRun::Time(uint32_t round, double ms) {
+  if (round < config_.warmup) return;
+  const absl::Time end = MonotonicNow();
+  if (last_end_ != absl::InfinitePast()) {
+    const double gap = absl::ToDoubleMilliseconds(end - last_end_);
+    result_.max_gap_ms = std::max(result_.max_gap_ms, gap);
+    if (gap > 100 && result_.long_gaps.size() < 64) {
+      // When, in wall-clock time: bench scripts set it beside their own `date` stamps.
+      result_.long_gaps.emplace_back(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()), gap);
+    }
+  }
+  last_end_ = end;
+  result_.round_ms.push_back(ms);
+  result_.total_s += ms / 1000.0;
+  ++result_.rounds;
+}
+
+bool WorkerRun::Retry(uint32_t round, const absl::Status& s) {
+  if (!config_.retry_aborted || s.code() != absl::StatusCode::kAborted) return false;
+  std::fprintf(stderr, "rank %u: round %u: %s; running it again\n", config_.client.rank, round, s.ToString().c_str());
+  ++result_.retried;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return true;
+}
+}  // namespace
+
+absl::StatusOr<WorkerResult> RunWorker(const WorkerConfig& config) {
+  if (config.start_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(config.start_delay_ms));
+  if (config.tensor_bytes / sizeof(float) == 0) return absl::InvalidArgumentError("tensor-bytes must be at least 4");
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(config.client);
+  if (!client.ok()) return client.status();
+  return WorkerRun(config, std::move(*client)).Run();
 }
 
 std::string PortCounterGrowth(const absl::StatusOr<std::map<std::string, uint64_t>>& before,

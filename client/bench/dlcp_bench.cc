@@ -98,29 +98,26 @@ bool JsonTrue(const std::string& line, const std::string& key) {
   return line.find("\"" + key + "\":true") != std::string::npos;
 }
 
-// Spawns one child per rank with this binary, collects each child's JSON line, and prints the
-// job's summary: the slowest worker's times and goodput, the sum of repairs.
-int Spawn(int argc, char** argv, const ConfigRegistry& c) {
+struct Child {
+  pid_t pid;
+  int out;  // the read end of its stdout; -1 once closed
+  std::string text;
+  int status = -1;
+};
+
+// Starts one child per rank with this binary, in job `job`, each printing only its JSON line.
+bool StartWorkers(int argc, char** argv, const ConfigRegistry& c, const std::string& job, std::vector<Child>* children) {
   const int workers = static_cast<int>(c.GetInt("workers"));
-  std::string job = c.GetString("job").empty() ? absl::StrCat("bench-", getpid(), "-", absl::ToUnixMicros(absl::Now()))
-                                               : c.GetString("job");
-  struct Child {
-    pid_t pid;
-    int out;
-    std::string text;
-    int status = -1;
-  };
-  std::vector<Child> children;
   for (int r = 0; r < workers; ++r) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) {
       std::perror("pipe2");
-      return 1;
+      return false;
     }
     pid_t pid = fork();
     if (pid < 0) {
       std::perror("fork");
-      return 1;
+      return false;
     }
     if (pid == 0) {
       dup2(fds[1], STDOUT_FILENO);
@@ -137,8 +134,14 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
       _exit(127);
     }
     close(fds[1]);
-    children.push_back({pid, fds[0], ""});
+    children->push_back({pid, fds[0], ""});
   }
+  return true;
+}
+
+// Reads the children's output until each closes it, or kills them all at --timeout-s; then reaps
+// them. Returns each one's last line ("" if it printed none), and whether all exited 0 with one.
+bool CollectWorkers(const ConfigRegistry& c, std::vector<Child>& children, std::vector<std::string>* lines) {
   const absl::Time deadline = absl::Now() + absl::Seconds(c.GetInt("timeout-s"));
   size_t open = children.size();
   while (open > 0) {
@@ -165,28 +168,33 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     }
   }
   bool ok = true;
-  std::vector<std::string> lines;
   for (auto& ch : children) {
     waitpid(ch.pid, &ch.status, 0);
     std::vector<std::string> ls = absl::StrSplit(ch.text, '\n', absl::SkipWhitespace());
     if (!WIFEXITED(ch.status) || WEXITSTATUS(ch.status) != 0 || ls.empty()) ok = false;
-    lines.push_back(ls.empty() ? "" : ls.back());
+    lines->push_back(ls.empty() ? "" : ls.back());
   }
-  const double loss_bound = ConfigFrom(c).client.loss_bound;
-  double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY, cuts = 0, undos = 0;
-  double chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0, pull_missing = 0;
-  double rejected = 0, stale = 0, rx_overflows = 0, rx_queue_ran_dry = 0;
-  bool exact = ok, checked = true;
+  return ok;
+}
+
+// The job's summary over its workers' JSON lines: the slowest worker's times and goodput, the sum
+// of repairs and drops.
+struct JobSummary {
+  double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY;
+  double cuts = 0, undos = 0, chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0;
+  double pull_missing = 0, rejected = 0, stale = 0, rx_overflows = 0, rx_queue_ran_dry = 0;
+  bool exact = true, checked = true;
   // The workers share their host's port: any one's growth is the job's on that host.
   std::string port_counters = "{}";
-  for (const std::string& l : lines) {
+
+  void Add(const std::string& l) {
     if (size_t at = l.find("\"port_counters\":{"); at != std::string::npos && port_counters == "{}") {
       at += std::string("\"port_counters\":").size();
       port_counters = l.substr(at, l.find('}', at) + 1 - at);
     }
     if (l.empty() || std::isnan(JsonNumber(l, "p50_ms"))) {
       exact = false;
-      continue;
+      return;
     }
     p50 = std::max(p50, JsonNumber(l, "p50_ms"));
     p99 = std::max(p99, JsonNumber(l, "p99_ms"));
@@ -212,51 +220,84 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
     max_loss = std::max(max_loss, JsonNumber(l, "max_round_loss"));
     stop_p99 = std::max(stop_p99, JsonNumber(l, "stop_p99_ms"));
   }
-  std::string loss_by_class;
-  for (int k = 0; k < 4; ++k) {
-    absl::StrAppend(&loss_by_class, k ? "," : "", absl::StrFormat("%.6f", chunks[k] > 0 ? left_out[k] / chunks[k] : 0.0));
+  void Finish() {
+    if (violations > 0) exact = false;  // the guarantee is part of correctness
+    if (!std::isfinite(goodput)) goodput = 0;
+    if (!std::isfinite(rounds)) rounds = 0;
   }
-  if (violations > 0) exact = false;  // the guarantee is part of correctness
-  if (!std::isfinite(goodput)) goodput = 0;
-  if (!std::isfinite(rounds)) rounds = 0;
-  const int aggs = static_cast<int>(std::count(c.GetString("aggregators").begin(), c.GetString("aggregators").end(), ',')) + 1;
-  if (!c.GetBool("json")) {
-    std::cout << absl::StrFormat(
-        "\ndlcp-bench: %d workers x %d aggregators, %d x %s per round, %d rounds\n"
-        "  round time   p50 %.2f ms   p99 %.2f ms\n"
-        "  goodput      %.3f Gbit/s per worker\n"
-        "  repairs      %d chunks pushed again, %d result requests\n"
-        "  dropped      %d packets refused by the workers, %d late copies they no longer needed,\n"
-        "               %d their kernels dropped for full receive buffers,\n"
-        "               their RDMA receive queues ran dry %d time(s)\n",
-        workers, aggs, c.GetInt("tensors"), absl::StrCat(c.GetInt("tensor-bytes"), " B"), static_cast<int>(rounds),
-        p50, p99, goodput, static_cast<int>(retrans), static_cast<int>(result_req), static_cast<int>(rejected),
-        static_cast<int>(stale), static_cast<int>(rx_overflows), static_cast<int>(rx_queue_ran_dry));
-    if (port_counters != "{}") std::cout << "  NIC port     its counters grew by " << port_counters << "\n";
-    if (loss_bound > 0) {
-      std::cout << absl::StrFormat(
-          "  loss bound   ε = %g: worst round lost %.4f of droppable contributions, %d violations\n"
-          "  left out     by class [%s], STOP p99 %.2f ms, %d results given up on (bounded pull)\n",
-          loss_bound, max_loss, static_cast<int>(violations), loss_by_class, stop_p99,
-          static_cast<int>(pull_missing));
+  std::string LossByClass() const {
+    std::string out;
+    for (int k = 0; k < 4; ++k) {
+      absl::StrAppend(&out, k ? "," : "", absl::StrFormat("%.6f", chunks[k] > 0 ? left_out[k] / chunks[k] : 0.0));
     }
-    std::cout << "  results exact: "
-              << (!exact ? "NO" : checked ? "yes" : "unchecked (bounded loss over 6 workers or in 16 bits, or 16-bit sums too large)")
-              << "\n";
+    return out;
   }
+};
+
+int AggregatorCount(const ConfigRegistry& c) {
+  return static_cast<int>(std::count(c.GetString("aggregators").begin(), c.GetString("aggregators").end(), ',')) + 1;
+}
+
+void PrintSummary(const ConfigRegistry& c, const JobSummary& j, double loss_bound) {
+  std::cout << absl::StrFormat(
+      "\ndlcp-bench: %d workers x %d aggregators, %d x %s per round, %d rounds\n"
+      "  round time   p50 %.2f ms   p99 %.2f ms\n"
+      "  goodput      %.3f Gbit/s per worker\n"
+      "  repairs      %d chunks pushed again, %d result requests\n"
+      "  dropped      %d packets refused by the workers, %d late copies they no longer needed,\n"
+      "               %d their kernels dropped for full receive buffers,\n"
+      "               their RDMA receive queues ran dry %d time(s)\n",
+      static_cast<int>(c.GetInt("workers")), AggregatorCount(c), c.GetInt("tensors"),
+      absl::StrCat(c.GetInt("tensor-bytes"), " B"), static_cast<int>(j.rounds), j.p50, j.p99, j.goodput,
+      static_cast<int>(j.retrans), static_cast<int>(j.result_req), static_cast<int>(j.rejected),
+      static_cast<int>(j.stale), static_cast<int>(j.rx_overflows), static_cast<int>(j.rx_queue_ran_dry));
+  if (j.port_counters != "{}") std::cout << "  NIC port     its counters grew by " << j.port_counters << "\n";
+  if (loss_bound > 0) {
+    std::cout << absl::StrFormat(
+        "  loss bound   ε = %g: worst round lost %.4f of droppable contributions, %d violations\n"
+        "  left out     by class [%s], STOP p99 %.2f ms, %d results given up on (bounded pull)\n",
+        loss_bound, j.max_loss, static_cast<int>(j.violations), j.LossByClass(), j.stop_p99,
+        static_cast<int>(j.pull_missing));
+  }
+  std::cout << "  results exact: "
+            << (!j.exact    ? "NO"
+                : j.checked ? "yes"
+                            : "unchecked (bounded loss over 6 workers or in 16 bits, or 16-bit sums too large)")
+            << "\n";
+}
+
+void PrintJson(const ConfigRegistry& c, const JobSummary& j, double loss_bound) {
   std::cout << absl::StrFormat(
       "{\"workers\":%d,\"aggregators\":%d,\"tensor_bytes\":%d,\"tensors\":%d,\"rounds\":%d,\"p50_ms\":%.3f,"
       "\"p99_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,\"retransmits\":%d,\"result_requests\":%d,"
       "\"loss_bound\":%g,\"loss_by_class\":[%s],\"max_round_loss\":%.6f,\"bound_violations\":%d,"
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"window_undos\":%d,\"client_rejected\":%d,"
-      "\"client_stale\":%d,\"client_rx_overflows\":%d,\"client_rx_queue_ran_dry\":%d,\"client_port_counters\":%s,\"checked\":%s,\"exact\":%s}\n",
-      workers, aggs, c.GetInt("tensor-bytes"), c.GetInt("tensors"), static_cast<int>(rounds), p50, p99, goodput,
-      max_err, static_cast<int>(retrans), static_cast<int>(result_req), loss_bound, loss_by_class,
-      max_loss, static_cast<int>(violations), stop_p99, static_cast<int>(pull_missing), static_cast<int>(cuts), static_cast<int>(undos),
-      static_cast<int>(rejected), static_cast<int>(stale), static_cast<int>(rx_overflows),
-      static_cast<int>(rx_queue_ran_dry), port_counters, checked ? "true" : "false",
-      exact ? "true" : "false");
-  return exact ? 0 : 1;
+      "\"client_stale\":%d,\"client_rx_overflows\":%d,\"client_rx_queue_ran_dry\":%d,"
+      "\"client_port_counters\":%s,\"checked\":%s,\"exact\":%s}\n",
+      static_cast<int>(c.GetInt("workers")), AggregatorCount(c), c.GetInt("tensor-bytes"), c.GetInt("tensors"),
+      static_cast<int>(j.rounds), j.p50, j.p99, j.goodput, j.max_err, static_cast<int>(j.retrans),
+      static_cast<int>(j.result_req), loss_bound, j.LossByClass(), j.max_loss, static_cast<int>(j.violations),
+      j.stop_p99, static_cast<int>(j.pull_missing), static_cast<int>(j.cuts), static_cast<int>(j.undos),
+      static_cast<int>(j.rejected), static_cast<int>(j.stale), static_cast<int>(j.rx_overflows),
+      static_cast<int>(j.rx_queue_ran_dry), j.port_counters, j.checked ? "true" : "false", j.exact ? "true" : "false");
+}
+
+// Spawns one child per rank with this binary, collects each child's JSON line, and prints the
+// job's summary.
+int Spawn(int argc, char** argv, const ConfigRegistry& c) {
+  std::string job = c.GetString("job").empty() ? absl::StrCat("bench-", getpid(), "-", absl::ToUnixMicros(absl::Now()))
+                                               : c.GetString("job");
+  std::vector<Child> children;
+  if (!StartWorkers(argc, argv, c, job, &children)) return 1;
+  std::vector<std::string> lines;
+  JobSummary summary;
+  summary.exact = CollectWorkers(c, children, &lines);
+  for (const std::string& l : lines) summary.Add(l);
+  summary.Finish();
+  const double loss_bound = ConfigFrom(c).client.loss_bound;
+  if (!c.GetBool("json")) PrintSummary(c, summary, loss_bound);
+  PrintJson(c, summary, loss_bound);
+  return summary.exact ? 0 : 1;
 }
 
 int Main(int argc, char** argv) {
