@@ -374,7 +374,9 @@ uint64_t Client::ReceiveQueueRanDry() const { return engine_ ? engine_->receive_
 absl::StatusOr<std::map<std::string, uint64_t>> Client::PortCounters() const {
   std::map<std::string, uint64_t> out;
   if (!engine_) return out;
-  absl::StatusOr<std::vector<dlcp::PortCounter>> counters = engine_->port_counters();
+  const PortCounterSource* port = engine_->port_counters();
+  if (port == nullptr) return out;  // no port of its own (UDP)
+  absl::StatusOr<std::vector<dlcp::PortCounter>> counters = port->ReadAll();
   if (!counters.ok()) return counters.status();
   for (const dlcp::PortCounter& c : *counters) out[c.name] = c.value;
   return out;
@@ -382,7 +384,12 @@ absl::StatusOr<std::map<std::string, uint64_t>> Client::PortCounters() const {
 
 absl::StatusOr<uint64_t> Client::PortCounter(const std::string& name) const {
   if (!engine_) return absl::FailedPreconditionError("the client has no data plane");
-  return engine_->port_counter(name);
+  const PortCounterSource* port = engine_->port_counters();
+  if (port == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("a ", TransportKindName(engine_->transport_kind()), " transport has no port counter ", name));
+  }
+  return port->Read(name);
 }
 
 }  // namespace dlcp

@@ -245,7 +245,7 @@ class Client {
   // over UDP. Any thread, also after Close.
   uint64_t ReceiveQueueRanDry() const;
   // Over RDMA, the counters of the NIC port this client's data plane runs on, by name, as its
-  // driver exports them in sysfs (common/transport/rdma/port_counters.h): what no verbs call
+  // driver exports them in sysfs (common/transport/port_counter_source.h): what no verbs call
   // counts, above all the datagrams the NIC dropped for want of a posted receive buffer (mlx5:
   // out_of_buffer; docs/rdma.md, "The port's own counters"). They are the port's since it came
   // up, every process on it included: take differences. Empty over UDP, which has no port of its

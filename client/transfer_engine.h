@@ -154,9 +154,10 @@ class TransferEngine {
   uint64_t receive_overflows() const;
   // Any thread: how often the RDMA receive queue ran dry (TransportCounters::rx_queue_empty).
   uint64_t receive_queue_ran_dry() const;
-  // The transport's port counters (Transport::port_counters). Reads files; any thread.
-  absl::StatusOr<std::vector<PortCounter>> port_counters() const { return transport_->port_counters(); }
-  absl::StatusOr<uint64_t> port_counter(const std::string& name) const { return transport_->port_counter(name); }
+  // The transport's port counters (Transport::port_counters); nullptr where it has no port of its
+  // own. Reading them reads files; any thread.
+  const PortCounterSource* port_counters() const { return transport_->port_counters(); }
+  TransportOptions::Kind transport_kind() const { return transport_->kind(); }
 
  private:
   struct KeyUpdate {

@@ -20,7 +20,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/transport/address.h"
-#include "common/transport/rdma/port_counters.h"
+#include "common/transport/port_counter_source.h"
 
 namespace dlcp {
 
@@ -152,13 +152,9 @@ class Transport {
   // How many paths OutMessage::path may choose among (UDP: the spray ports, RDMA: the queue
   // pairs); 1 where messages cannot choose.
   virtual size_t send_paths() const { return 1; }
-  // The NIC port's own counters (port_counters.h): RDMA only; UDP and loopback have no port of
-  // their own, and return none. They read files: call them from a metrics or logging thread,
-  // never the I/O thread. Thread-safe.
-  virtual absl::StatusOr<std::vector<PortCounter>> port_counters() const { return std::vector<PortCounter>{}; }
-  virtual absl::StatusOr<uint64_t> port_counter(const std::string& name) const {
-    return absl::NotFoundError(absl::StrCat("a ", TransportKindName(kind()), " transport has no port counter ", name));
-  }
+  // The NIC port's own counters (port_counter_source.h), where the transport has a port of its own
+  // (RDMA); nullptr where it has none (UDP, loopback). Lives as long as the transport.
+  virtual const PortCounterSource* port_counters() const { return nullptr; }
 
   // Hands every message to the network, in order, or fails. Waits for local buffer space until
   // `deadline` at most; never waits for the peer. A datagram the network drops later is not an

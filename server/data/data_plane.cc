@@ -13,8 +13,9 @@ namespace {
 // no verbs call reports, such as mlx5's out_of_buffer (datagrams dropped for want of a posted
 // receive buffer). Every data endpoint is on the same port, so one transport reads them.
 void ExportPortCounters(const Transport* t, MetricsRegistry* metrics) {
-  if (t->kind() != TransportOptions::Kind::kRdma) return;
-  absl::StatusOr<std::vector<PortCounter>> counters = t->port_counters();
+  const PortCounterSource* port = t->port_counters();
+  if (port == nullptr) return;
+  absl::StatusOr<std::vector<PortCounter>> counters = port->ReadAll();
   if (!counters.ok()) {
     DLCP_LOG(Warning) << "no RDMA port counters to export: " << counters.status();
     return;
@@ -23,8 +24,8 @@ void ExportPortCounters(const Transport* t, MetricsRegistry* metrics) {
     metrics->AddComputed("dlcp_rdma_port_counter_total", {{"counter", c.name}}, MetricsRegistry::Kind::kCounter,
                          "The RDMA port's own counters (sysfs hw_counters), e.g. mlx5 out_of_buffer: datagrams "
                          "dropped because a receive queue was empty",
-                         [t, name = c.name] {
-                           absl::StatusOr<uint64_t> v = t->port_counter(name);
+                         [port, name = c.name] {
+                           absl::StatusOr<uint64_t> v = port->Read(name);
                            return v.ok() ? static_cast<double>(*v) : std::numeric_limits<double>::quiet_NaN();
                          });
   }

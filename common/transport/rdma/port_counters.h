@@ -13,13 +13,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/transport/port_counter_source.h"
 
 namespace dlcp {
-
-struct PortCounter {
-  std::string name;
-  uint64_t value = 0;
-};
 
 // Every counter of the port, sorted by name. `lifespan` is left out: it is the driver's cache
 // period in milliseconds, a setting, not a count. NotFound if the port exports none.

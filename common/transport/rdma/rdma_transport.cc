@@ -19,6 +19,7 @@
 #include "common/base/log.h"
 #include "common/base/syscall.h"
 #include "common/transport/rdma/grh.h"
+#include "common/transport/rdma/port_counters.h"
 #include "common/transport/rdma/rdma_device.h"
 #include "common/transport/rdma/verbs_loader.h"
 #include "common/transport/doubling_report.h"
@@ -46,7 +47,7 @@ std::string MemlockAdvice(size_t bytes, int err) {
                       "capability), or lower --rdma-recv-slots");
 }
 
-class RdmaTransport final : public Transport {
+class RdmaTransport final : public Transport, public PortCounterSource {
  public:
   RdmaTransport(const rdma::Verbs& verbs, const TransportOptions& options) : v_(verbs), options_(options) {}
 
@@ -189,10 +190,11 @@ class RdmaTransport final : public Transport {
   size_t max_datagram() const override { return max_datagram_; }
   // A message may name its queue pair (OutMessage::path), as a UDP one names its source port.
   size_t send_paths() const override { return qps_.size(); }
-  absl::StatusOr<std::vector<PortCounter>> port_counters() const override {
+  const PortCounterSource* port_counters() const override { return this; }
+  absl::StatusOr<std::vector<PortCounter>> ReadAll() const override {
     return ReadPortCounters(kSysfs, dev_.name, dev_.port_num);
   }
-  absl::StatusOr<uint64_t> port_counter(const std::string& name) const override {
+  absl::StatusOr<uint64_t> Read(const std::string& name) const override {
     return ReadPortCounter(kSysfs, dev_.name, dev_.port_num, name);
   }
   TransportOptions::Kind kind() const override { return TransportOptions::Kind::kRdma; }
