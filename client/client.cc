@@ -8,6 +8,7 @@
 #include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/wire/header.h"
+#include "common/transport/factory.h"
 
 namespace dlcp {
 namespace {

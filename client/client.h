@@ -29,6 +29,7 @@
 #include "common/rpc/heartbeat.h"
 #include "common/security/tls.h"
 #include "common/transport/transport.h"
+#include "common/transport/transport_options.h"
 #include "common/wire/payload_encoding.h"
 
 namespace dlcp {

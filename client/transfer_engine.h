@@ -33,6 +33,7 @@
 #include "common/datapath/path_steering.h"
 #include "common/topology/topology.h"
 #include "common/transport/transport.h"
+#include "common/transport/transport_options.h"
 #include "common/wire/geometry.h"
 #include "common/wire/header.h"
 #include "common/wire/mac.h"

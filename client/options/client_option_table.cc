@@ -9,6 +9,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/base/host_port.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp {
 namespace {
@@ -268,11 +269,11 @@ std::vector<ClientOption> Transport() {
            [](auto& o) -> auto& { return o.transport.busy_poll; }),
       Custom(
           "udp_offload", "UDP GSO on send and GRO on receive, where the kernel supports them",
-          [](const ClientOptions& o) { return std::string(o.transport.gso ? "true" : "false"); },
+          [](const ClientOptions& o) { return std::string(o.transport.udp.gso ? "true" : "false"); },
           [](const std::string& text, ClientOptions* o) -> absl::Status {
             bool v = false;
             if (!absl::SimpleAtob(text, &v)) return absl::InvalidArgumentError("not a boolean (true|false|1|0|yes|no)");
-            o->transport.gso = o->transport.gro = v;
+            o->transport.udp.gso = o->transport.udp.gro = v;
             return absl::OkStatus();
           }),
       Int("spray_ports", 1, 64, "UDP source ports each endpoint sends from in turn, for ECMP; 1: off",

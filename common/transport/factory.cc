@@ -1,4 +1,5 @@
 #include "common/transport/loopback/loopback_transport.h"
+#include "common/transport/factory.h"
 #include "common/transport/transport.h"
 #include "common/transport/udp/udp_transport.h"
 

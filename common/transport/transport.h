@@ -1,6 +1,7 @@
 // The data-plane transport: moves datagrams and their priority marks, nothing more. It never
 // parses dlcp headers. One implementation per folder (udp/, loopback/, rdma/), made by
-// CreateTransport from TransportOptions.
+// CreateTransport (factory.h) from TransportOptions (transport_options.h); this header knows none
+// of them.
 //
 // Threading: Send and Wake may be called from any number of threads at once. Receive must be
 // called by one thread at a time (the endpoint's I/O thread); the buffers it returns stay valid
@@ -16,13 +17,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/transport/address.h"
 #include "common/transport/port_counter_source.h"
 
 namespace dlcp {
+
+// What a transport is. kAuto: RDMA where a device is usable, otherwise UDP (CreateTransport logs
+// why); never the kind of a transport made.
+enum class TransportKind { kAuto, kUdp, kLoopback, kRdma };
 
 // A datagram to send, gathered from a header, a payload and a trailer, so payloads go out
 // without a copy.
@@ -76,65 +80,6 @@ struct TransportCounters {
   std::array<std::atomic<uint64_t>, kMaxPaths> path_packets{};
 };
 
-// RDMA (RoCEv2, unreliable datagram) settings; common/transport/rdma/rdma_transport.h.
-struct RdmaOptions {
-  std::string device;   // e.g. "mlx5_0" or "rxe0"; empty: the first with an active RoCEv2 port
-  uint8_t port_num = 1;
-  int gid_index = -1;   // -1: search the GID table for the port's RoCEv2 IPv4 GID
-  // Every dlcp queue pair of a deployment uses the same Q_Key; it is checked at join. Keys with
-  // the top bit set are privileged, so they are refused.
-  uint32_t qkey = 0x0d1c0001;
-  uint32_t recv_slots = 4096;  // receive buffers on the shared receive queue
-  uint32_t send_slots = 1024;  // registered send buffers (and send queue depth)
-  uint32_t signal_every = 16;  // one signalled send per this many; divides send_slots
-};
-
-struct TransportOptions {
-  // kAuto: RDMA where a device is usable, otherwise UDP (CreateTransport logs why).
-  enum class Kind { kAuto, kUdp, kLoopback, kRdma };
-  Kind kind = Kind::kAuto;
-  // Its family is the endpoint's: an IPv6 address ("::", "fd00::7") makes an IPv6-only UDP
-  // endpoint, which sends to IPv6 peers alone. A Client moves the default to "::" when its first
-  // aggregator has only an IPv6 address. RDMA takes IPv4 alone.
-  std::string bind_host = "0.0.0.0";
-  uint16_t port = 0;  // 0 picks a free port
-  size_t max_datagram = 65507;
-  size_t recv_batch = 64;
-  // Socket buffers; large, because a round's window of chunks arrives as one burst.
-  size_t socket_buffer_bytes = 32 << 20;
-  // DSCP code point for each priority class.
-  std::array<uint8_t, 4> dscp = {46, 34, 18, 0};
-  // Spin on the socket instead of sleeping in poll(2). Only for dedicated cores.
-  bool busy_poll = false;
-  // UDP only: batch same-size datagrams to one peer into one GSO send, and accept coalesced
-  // (GRO) receives. Both fall back silently where the kernel or path does not support them.
-  bool gso = true;
-  bool gro = true;
-  // UDP path spraying (docs/path-spraying.md): datagrams leave from this many source ports in
-  // turn, so switches that hash the 5-tuple (ECMP) spread one endpoint's traffic over every
-  // path. Each port carries a burst of up to spray_burst datagrams before the next takes over.
-  // 1 turns spraying off. One extra socket per port serves every peer.
-  uint32_t spray_ports = 16;
-  // 0 chooses by datagram size (SprayBurstFor). Shorter bursts spread a window more evenly over
-  // the paths, but each burst is one GSO send, so they cost sends: with jumbo frames 4 was
-  // faster on every bed measured, while at MTU 1500 a CPU-bound node lost more to the extra
-  // sends than it gained (docs/measurements/path-spraying.md, "Shorter bursts").
-  uint32_t spray_burst = 0;
-  static constexpr uint32_t kJumboSprayBurst = 4;
-  static constexpr uint32_t kSprayBurst = 8;
-  static constexpr size_t kJumboDatagram = 4096;  // larger than any RoCE MTU: RDMA keeps 8
-  uint32_t SprayBurstFor(size_t datagram_bytes) const {
-    if (spray_burst != 0) return spray_burst;
-    return datagram_bytes > kJumboDatagram ? kJumboSprayBurst : kSprayBurst;
-  }
-  RdmaOptions rdma;
-};
-
-absl::StatusOr<TransportOptions::Kind> ParseTransportKind(const std::string& name);
-const char* TransportKindName(TransportOptions::Kind kind);
-// Parses "46,34,18,0" into one DSCP code point per class (TransportOptions::dscp).
-absl::Status ParseDscpMap(const std::string& text, std::array<uint8_t, 4>* out);
-
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -144,7 +89,7 @@ class Transport {
   // The largest datagram Send accepts: options.max_datagram, or less (RDMA: the port's MTU).
   virtual size_t max_datagram() const = 0;
   // What this transport is (never kAuto).
-  virtual TransportOptions::Kind kind() const = 0;
+  virtual TransportKind kind() const = 0;
   // The other addresses datagrams leave from when spraying (UDP: ports, RDMA: queue pairs), for
   // peers that check sources; nobody sends to them. Empty when every datagram leaves from
   // local_address().
@@ -174,7 +119,5 @@ class Transport {
  protected:
   TransportCounters counters_;
 };
-
-absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(const TransportOptions& options);
 
 }  // namespace dlcp

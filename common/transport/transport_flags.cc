@@ -1,6 +1,7 @@
 #include "common/transport/transport_flags.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp {
 
@@ -31,7 +32,7 @@ void DeclareTransportFlags(ConfigRegistry* c) {
 
 void TransportOptionsFromConfig(const ConfigRegistry& c, TransportOptions* o) {
   o->kind = *ParseTransportKind(c.GetString("transport"));  // validated as a flag
-  o->gso = o->gro = c.GetBool("udp-offload");
+  o->udp.gso = o->udp.gro = c.GetBool("udp-offload");
   o->spray_ports = static_cast<uint32_t>(c.GetInt("spray-ports"));
   o->spray_burst = static_cast<uint32_t>(c.GetInt("spray-burst"));
   o->rdma.device = c.GetString("rdma-device");

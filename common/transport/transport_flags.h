@@ -4,6 +4,7 @@
 
 #include "common/config/registry.h"
 #include "common/transport/transport.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp {
 

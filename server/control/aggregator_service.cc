@@ -11,6 +11,7 @@
 #include "common/base/log.h"
 #include "common/wire/header.h"
 #include "common/wire/version_check.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp::server {
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/log.h"
 #include "server/data/data_thread.h"
+#include "common/transport/factory.h"
 
 namespace dlcp::server {
 namespace {

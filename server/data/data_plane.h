@@ -12,6 +12,7 @@
 #include "common/metrics/registry.h"
 #include "common/policy/drop_injector.h"
 #include "common/transport/transport.h"
+#include "common/transport/transport_options.h"
 #include "server/jobs/job_registry.h"
 
 namespace dlcp::server {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_split.h"
 #include "common/security/tls_flags.h"
 #include "common/transport/transport_flags.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp::server {
 

@@ -26,6 +26,7 @@
 #include "server/dlcpd/dlcpd_config.h"
 #include "server/dlcpd/systemd_notify.h"
 #include "server/metrics/prometheus_exporter.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp::server {
 namespace {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "tests/integration/test_aggregator.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp::testing {
 namespace {

@@ -17,6 +17,7 @@
 #include "server/jobs/job_registry.h"
 #include "tests/common/ipv6_loopback.h"
 #include "tests/integration/test_aggregator.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp::testing {
 namespace {

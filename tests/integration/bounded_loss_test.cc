@@ -17,6 +17,7 @@
 #include "client/client.h"
 #include "common/policy/class_policy.h"
 #include "tests/integration/test_aggregator.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp::testing {
 namespace {

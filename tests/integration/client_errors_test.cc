@@ -14,6 +14,7 @@
 #include "dlcp/v1/control.grpc.pb.h"
 #include "tests/integration/client_test_util.h"
 #include "tests/integration/test_aggregator.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp::testing {
 namespace {

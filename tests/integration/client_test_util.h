@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "client/client.h"
+#include "common/transport/factory.h"
 #include "common/transport/transport.h"
 
 namespace dlcp::testing {

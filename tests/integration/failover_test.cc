@@ -13,6 +13,7 @@
 #include "common/base/clock.h"
 #include "common/topology/topology.h"
 #include "tests/integration/test_aggregator.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp::testing {
 namespace {

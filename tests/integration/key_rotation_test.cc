@@ -17,6 +17,7 @@
 #include "server/jobs/job_registry.h"
 #include "tests/integration/client_test_util.h"
 #include "tests/integration/test_aggregator.h"
+#include "common/transport/factory.h"
 
 namespace dlcp::testing {
 namespace {

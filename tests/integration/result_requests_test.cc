@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "client/transfer_engine.h"
 #include "common/base/clock.h"
+#include "common/transport/factory.h"
 #include "common/transport/transport.h"
 #include "common/wire/header.h"
 #include "common/wire/ranges.h"

@@ -10,6 +10,7 @@
 #include "server/control/aggregator_service.h"
 #include "server/data/data_plane.h"
 #include "server/jobs/job_registry.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp::server {
 namespace {

@@ -13,6 +13,7 @@
 #include "common/base/clock.h"
 #include "common/transport/atomic_address.h"
 #include "common/transport/rdma/grh.h"
+#include "common/transport/factory.h"
 #include "common/transport/transport.h"
 
 namespace dlcp {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "common/transport/factory.h"
 #include "common/transport/transport.h"
 #include "tests/common/ipv6_loopback.h"
 
@@ -40,8 +41,8 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
   std::unique_ptr<Transport> Make(size_t batch = 64, bool offload = true) {
     TransportOptions o;
     o.kind = GetParam().kind;
-    o.gso = offload;
-    o.gro = offload;
+    o.udp.gso = offload;
+    o.udp.gro = offload;
     o.bind_host = GetParam().host;
     o.recv_batch = batch;
     o.socket_buffer_bytes = 8 << 20;
@@ -353,13 +354,13 @@ void SprayPair(bool gso, uint32_t ports, uint32_t burst, std::unique_ptr<Transpo
   TransportOptions o;
   o.kind = TransportOptions::Kind::kUdp;
   o.bind_host = host;
-  o.gso = o.gro = gso;
+  o.udp.gso = o.udp.gro = gso;
   o.spray_ports = ports;
   o.spray_burst = burst;
   auto sender = CreateTransport(o);
   ASSERT_TRUE(sender.ok()) << sender.status();
   o.spray_ports = 1;
-  o.gro = false;
+  o.udp.gro = false;
   auto receiver = CreateTransport(o);
   ASSERT_TRUE(receiver.ok()) << receiver.status();
   *a = std::move(*sender);

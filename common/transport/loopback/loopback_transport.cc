@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp {
 namespace {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "common/transport/address.h"
 #include "common/transport/rdma/grh.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp::rdma {
 namespace {

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/transport/rdma/verbs_loader.h"
 #include "common/transport/transport.h"
+#include "common/transport/rdma/rdma_options.h"
 
 namespace dlcp::rdma {
 

@@ -24,6 +24,7 @@
 #include "common/transport/rdma/verbs_loader.h"
 #include "common/transport/doubling_report.h"
 #include "common/transport/waker.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp {
 namespace {

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/transport/transport.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp {
 absl::StatusOr<std::unique_ptr<Transport>> CreateRdmaTransport(const TransportOptions& options);

@@ -18,6 +18,7 @@
 #include "common/base/syscall.h"
 #include "common/transport/doubling_report.h"
 #include "common/transport/waker.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp {
 namespace {
@@ -78,11 +79,11 @@ class UdpTransport final : public Transport {
 
     // Each receive slot holds one datagram; 64-byte alignment keeps payloads (after the 48-byte
     // header) 16-byte aligned for the SIMD reduction.
-    slot_size_ = (std::max<size_t>(options_.max_datagram, options_.gro ? 65535 : 0) + 63) & ~size_t{63};
+    slot_size_ = (std::max<size_t>(options_.max_datagram, options_.udp.gro ? 65535 : 0) + 63) & ~size_t{63};
     recv_pool_ = static_cast<uint8_t*>(std::aligned_alloc(64, slot_size_ * options_.recv_batch));
     if (recv_pool_ == nullptr) return absl::ResourceExhaustedError("UDP receive pool");
     int one = 1;
-    if (options_.gro) gro_ = ::setsockopt(fd_, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0;
+    if (options_.udp.gro) gro_ = ::setsockopt(fd_, SOL_UDP, UDP_GRO, &one, sizeof(one)) == 0;
     // The kernel's count of datagrams it dropped for a full receive buffer, on every receive: the
     // one loss on the path that happens on this host, and that a larger buffer cures.
     overflow_count_ = ::setsockopt(fd_, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof(one)) == 0;
@@ -222,7 +223,7 @@ class UdpTransport final : public Transport {
 
   // Groups `msgs` into units, each with its port: a new burst takes the next spray port.
   void BuildUnits(absl::Span<const OutMessage> msgs, SendBatch* b) {
-    const bool gso = options_.gso && !gso_off_.load(std::memory_order_relaxed);
+    const bool gso = options_.udp.gso && !gso_off_.load(std::memory_order_relaxed);
     const size_t ports = send_fds_.size();
     size_t port = ports > 1 ? next_port_.fetch_add(1, std::memory_order_relaxed) % ports : 0;
     size_t burst_used = 0;

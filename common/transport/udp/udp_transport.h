@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/transport/transport.h"
+#include "common/transport/transport_options.h"
 
 namespace dlcp {
 absl::StatusOr<std::unique_ptr<Transport>> CreateUdpTransport(const TransportOptions& options);
