@@ -168,7 +168,7 @@ ClientOption InjectDrops() {
       });
 }
 
-std::vector<ClientOption> Connection() {
+std::vector<ClientOption> ConnectionRows() {
   return {
       Aggregators(),
       Text("job", "job name; every worker of a job gives the same one", [](auto& o) -> auto& { return o.job_name; }),
@@ -193,7 +193,7 @@ std::vector<ClientOption> Connection() {
   };
 }
 
-std::vector<ClientOption> DataPath() {
+std::vector<ClientOption> DataPathRows() {
   return {
       Int("chunk_bytes", 0, 65456,
           "payload bytes per chunk (one datagram); 0: fit the transport, at most 8192; the same on every worker",
@@ -217,7 +217,7 @@ std::vector<ClientOption> DataPath() {
   };
 }
 
-std::vector<ClientOption> BoundedLoss() {
+std::vector<ClientOption> BoundedLossRows() {
   return {
       Double("loss_bound", 0, 1,
              "ε: the fraction of droppable contributions a round may lose (docs/bounded-loss.md); 0: reliable",
@@ -251,7 +251,7 @@ std::vector<ClientOption> BoundedLoss() {
   };
 }
 
-std::vector<ClientOption> Transport() {
+std::vector<ClientOption> TransportRows() {
   return {
       Choice("transport", {"auto", "udp", "rdma"},
              "data plane: rdma (RoCEv2 verbs), udp, or auto (rdma where a device is usable, else udp; logs why)",
@@ -295,7 +295,7 @@ std::vector<ClientOption> Transport() {
 
 std::vector<ClientOption> BuildTable() {
   std::vector<ClientOption> table;
-  for (auto part : {Connection(), DataPath(), BoundedLoss(), Transport()}) {
+  for (auto part : {ConnectionRows(), DataPathRows(), BoundedLossRows(), TransportRows()}) {
     for (ClientOption& o : part) table.push_back(std::move(o));
   }
   return table;
