@@ -36,6 +36,15 @@ else
   fail unit "$(grep -E '^\[  FAILED  \]' $OUT/rdma_test.log | head -5 | tr '\n' ' ')"
 fi
 
+# 1b. The transport tests every transport passes, on RDMA (their rdma case): none may skip here.
+if $B/tests/transport_test --gtest_filter='Kinds/TransportTest.*/rdma' > $OUT/transport_test.log 2>&1; then
+  if grep -q '\[  SKIPPED \]' $OUT/transport_test.log; then fail transport "tests skipped on rxe0";
+  elif ! grep -q '\[       OK \]' $OUT/transport_test.log; then fail transport "no RDMA case ran";
+  else pass "transport ($(grep -c '\[       OK \]' $OUT/transport_test.log) tests)"; fi
+else
+  fail transport "$(grep -E '^\[  FAILED  \]' $OUT/transport_test.log | head -5 | tr '\n' ' ')"
+fi
+
 # 2. An exact job: two aggregators with two data threads each (one on --transport=auto, which
 #    must choose RDMA here), two workers, ε = 0.
 p1=$(start_dlcpd agg1 --transport=rdma --data-threads=2)
