@@ -17,6 +17,7 @@
 #include "server/jobs/job_registry.h"
 #include "tests/common/ipv6_loopback.h"
 #include "tests/integration/test_aggregator.h"
+#include "common/transport/factory.h"
 #include "common/transport/transport_options.h"
 
 namespace dlcp::testing {
@@ -36,7 +37,7 @@ struct Case {
 };
 
 std::string Name(const Case& c) {
-  return absl::StrCat(c.kind == TransportOptions::Kind::kUdp ? "udp" : "loopback", "_a", c.aggregators, "t",
+  return absl::StrCat(TransportKindName(c.kind), "_a", c.aggregators, "t",
                       c.data_threads, "_w", c.workers, "_n", c.elems, "_drop", static_cast<int>(c.drop * 100),
                       c.data_auth ? "" : "_noauth",
                       c.encoding == wire::Encoding::kF32 ? "" : absl::StrCat("_", wire::EncodingName(c.encoding)),
@@ -58,7 +59,9 @@ ClientOptions Options(const Case& c, const std::vector<std::string>& aggs, int r
   o.transport.kind = c.kind;
   o.tls.plaintext = true;
   // An IPv6 job's workers bind the IPv6 wildcard themselves: their aggregators have no IPv4 address.
-  if (!c.ipv6) o.transport.bind_host = "127.0.0.1";
+  // Over RDMA the wildcard takes the port's RoCEv2 GID, and chunks fit its MTU.
+  if (!c.ipv6 && c.kind != TransportOptions::Kind::kRdma) o.transport.bind_host = "127.0.0.1";
+  if (c.kind == TransportOptions::Kind::kRdma) o.chunk_bytes = 0;
   o.transport.socket_buffer_bytes = 16 << 20;
   o.repair_timeout = absl::Milliseconds(10);
   o.op_timeout = absl::Seconds(30);
@@ -73,6 +76,14 @@ class AllReduceTest : public ::testing::TestWithParam<Case> {};
 TEST_P(AllReduceTest, SumsAreExact) {
   const Case c = GetParam();
   if (c.ipv6 && !HasIpv6Loopback()) GTEST_SKIP() << kNoIpv6;
+  // tests/rdma-vm runs the RDMA cases on Soft-RoCE, where none may skip.
+  if (c.kind == TransportOptions::Kind::kRdma) {
+    TransportOptions probe;
+    probe.kind = TransportOptions::Kind::kRdma;
+    if (absl::StatusOr<std::unique_ptr<Transport>> t = CreateTransport(probe); !t.ok()) {
+      GTEST_SKIP() << "no RDMA device usable here: " << t.status().message();
+    }
+  }
   std::vector<std::unique_ptr<TestAggregator>> aggs;
   std::vector<std::string> addrs;
   for (int a = 0; a < c.aggregators; ++a) {
@@ -114,7 +125,7 @@ TEST_P(AllReduceTest, SumsAreExact) {
             errors[r] = absl::StrCat(s->chunks_by_class[1], " of ", s->chunks, " chunks in class 1");
           }
           // Every push carries 2-byte values under a 16-bit encoding (repairs included).
-          const uint64_t width = wire::EncodingWidth(c.encoding), chunk_elems = c.chunk_bytes / 4;
+          const uint64_t width = wire::EncodingWidth(c.encoding), chunk_elems = (*client)->chunk_bytes() / 4;
           const uint64_t least = c.elems * width + s->chunks * wire::kHeaderSize;
           const uint64_t most = least + s->retransmits * (wire::kHeaderSize + chunk_elems * width);
           if (s->bytes_sent < least || s->bytes_sent > most) {
@@ -171,7 +182,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{TransportOptions::Kind::kUdp, 2, 1, 4, 250000, 0, 4096, true, wire::Encoding::kBF16},
         Case{TransportOptions::Kind::kUdp, 2, 2, 3, 100003, 0.1, 4096, true, wire::Encoding::kF16},
         Case{TransportOptions::Kind::kUdp, 2, 2, 4, 250000, 0, 4096, true, wire::Encoding::kF32, /*ipv6=*/true},
-        Case{TransportOptions::Kind::kUdp, 2, 1, 3, 100003, 0.1, 4096, true, wire::Encoding::kF32, /*ipv6=*/true}),
+        Case{TransportOptions::Kind::kUdp, 2, 1, 3, 100003, 0.1, 4096, true, wire::Encoding::kF32, /*ipv6=*/true},
+        Case{TransportOptions::Kind::kRdma, 2, 2, 3, 100003, 0},
+        Case{TransportOptions::Kind::kRdma, 2, 1, 3, 100003, 0.1},
+        Case{TransportOptions::Kind::kRdma, 1, 1, 2, 250000, 0, 0, true, wire::Encoding::kBF16}),
     [](const auto& info) { return Name(info.param); });
 
 // Connects c.workers clients to one aggregator at once (joins wait for each other).

@@ -39,7 +39,8 @@ class TestAggregator {
     a->jobs_->ExportMetrics(&a->metrics_);
     server::DataPlaneOptions d;
     d.transport.kind = o.kind;
-    d.transport.bind_host = o.host;
+    // Over RDMA the wildcard takes the port's RoCEv2 GID; the control port stays on `host`.
+    d.transport.bind_host = o.kind == TransportOptions::Kind::kRdma ? "0.0.0.0" : o.host;
     d.transport.socket_buffer_bytes = 16 << 20;
     d.threads = o.data_threads;
     d.inject_drop = o.inject_drop;

@@ -45,6 +45,15 @@ else
   fail transport "$(grep -E '^\[  FAILED  \]' $OUT/transport_test.log | head -5 | tr '\n' ' ')"
 fi
 
+# 1c. The in-process all-reduce matrix's RDMA cases: exact sums, with and without drops.
+if $B/tests/allreduce_test --gtest_filter='Matrix/AllReduceTest.*/rdma*' > $OUT/allreduce_test.log 2>&1; then
+  if grep -q '\[  SKIPPED \]' $OUT/allreduce_test.log; then fail allreduce "tests skipped on rxe0";
+  elif ! grep -q '\[       OK \]' $OUT/allreduce_test.log; then fail allreduce "no RDMA case ran";
+  else pass "allreduce ($(grep -c '\[       OK \]' $OUT/allreduce_test.log) tests)"; fi
+else
+  fail allreduce "$(grep -E '^\[  FAILED  \]' $OUT/allreduce_test.log | head -5 | tr '\n' ' ')"
+fi
+
 # 2. An exact job: two aggregators with two data threads each (one on --transport=auto, which
 #    must choose RDMA here), two workers, ε = 0.
 p1=$(start_dlcpd agg1 --transport=rdma --data-threads=2)
