@@ -55,17 +55,17 @@ class RdmaTransport final : public Transport, public PortCounterSource {
   ~RdmaTransport() override {
     for (auto& [key, ah] : ahs_) v_.destroy_ah(ah);
     for (ibv_qp* qp : qps_) v_.destroy_qp(qp);
-    if (srq_ != nullptr) v_.destroy_srq(srq_);
-    if (recv_cq_ != nullptr) v_.destroy_cq(recv_cq_);
-    if (send_cq_ != nullptr) v_.destroy_cq(send_cq_);
-    if (recv_channel_ != nullptr) v_.destroy_comp_channel(recv_channel_);
-    if (send_channel_ != nullptr) v_.destroy_comp_channel(send_channel_);
-    if (recv_mr_ != nullptr) v_.dereg_mr(recv_mr_);
-    if (send_mr_ != nullptr) v_.dereg_mr(send_mr_);
+    if (recv_.srq != nullptr) v_.destroy_srq(recv_.srq);
+    if (recv_.cq != nullptr) v_.destroy_cq(recv_.cq);
+    if (send_.cq != nullptr) v_.destroy_cq(send_.cq);
+    if (recv_.channel != nullptr) v_.destroy_comp_channel(recv_.channel);
+    if (send_.channel != nullptr) v_.destroy_comp_channel(send_.channel);
+    if (recv_.mr != nullptr) v_.dereg_mr(recv_.mr);
+    if (send_.mr != nullptr) v_.dereg_mr(send_.mr);
     if (pd_ != nullptr) v_.dealloc_pd(pd_);
     if (dev_.context != nullptr) v_.close_device(dev_.context);
-    std::free(recv_pool_);
-    std::free(send_pool_);
+    std::free(recv_.pool);
+    std::free(send_.pool);
   }
 
   absl::Status Init() {
@@ -84,7 +84,7 @@ class RdmaTransport final : public Transport, public PortCounterSource {
     local_ = Address{dev_.ipv4, 0, qps_[0]->qp_num};
     DLCP_LOG(Info) << "RDMA endpoint " << local_.ToString() << " on " << dev_.name << " port "
                    << static_cast<int>(dev_.port_num) << " GID index " << dev_.gid_index << ", MTU " << dev_.mtu
-                   << ", " << recv_slots_ << " receive and " << send_slots_ << " send buffers, inline up to "
+                   << ", " << recv_.slots << " receive and " << send_.slots << " send buffers, inline up to "
                    << max_inline_ << ", " << qps_.size() << " queue pair(s) for path spraying";
     return absl::OkStatus();
   }
@@ -118,39 +118,39 @@ class RdmaTransport final : public Transport, public PortCounterSource {
     const RdmaOptions& ro = options_.rdma;
     pd_ = v_.alloc_pd(dev_.context);
     if (pd_ == nullptr) return absl::InternalError(absl::StrCat("ibv_alloc_pd on ", dev_.name));
-    recv_channel_ = v_.create_comp_channel(dev_.context);
-    send_channel_ = v_.create_comp_channel(dev_.context);
-    if (recv_channel_ == nullptr || send_channel_ == nullptr) return absl::InternalError("ibv_create_comp_channel");
-    for (ibv_comp_channel* ch : {recv_channel_, send_channel_}) {
+    recv_.channel = v_.create_comp_channel(dev_.context);
+    send_.channel = v_.create_comp_channel(dev_.context);
+    if (recv_.channel == nullptr || send_.channel == nullptr) return absl::InternalError("ibv_create_comp_channel");
+    for (ibv_comp_channel* ch : {recv_.channel, send_.channel}) {
       int flags = DLCP_SYSCALL(::fcntl(ch->fd, F_GETFL));
       DLCP_SYSCALL(::fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK));
     }
-    recv_slots_ = std::min<uint32_t>(ro.recv_slots, static_cast<uint32_t>(dev_.attr.max_srq_wr));
-    send_slots_ = std::min<uint32_t>(ro.send_slots, static_cast<uint32_t>(dev_.attr.max_qp_wr));
-    send_slots_ -= send_slots_ % ro.signal_every;
-    if (dev_.attr.max_srq == 0 || recv_slots_ < 2 * kPostBatch || send_slots_ == 0) {
+    recv_.slots = std::min<uint32_t>(ro.recv_slots, static_cast<uint32_t>(dev_.attr.max_srq_wr));
+    send_.slots = std::min<uint32_t>(ro.send_slots, static_cast<uint32_t>(dev_.attr.max_qp_wr));
+    send_.slots -= send_.slots % ro.signal_every;
+    if (dev_.attr.max_srq == 0 || recv_.slots < 2 * kPostBatch || send_.slots == 0) {
       return absl::FailedPreconditionError(absl::StrCat(dev_.name, " lacks shared receive queues or queue depth"));
     }
-    recv_cq_ = v_.create_cq(dev_.context, static_cast<int>(recv_slots_), nullptr, recv_channel_, 0);
-    send_cq_ = v_.create_cq(dev_.context, static_cast<int>(send_slots_), nullptr, send_channel_, 0);
-    if (recv_cq_ == nullptr || send_cq_ == nullptr) return absl::InternalError(absl::StrCat("ibv_create_cq on ", dev_.name));
+    recv_.cq = v_.create_cq(dev_.context, static_cast<int>(recv_.slots), nullptr, recv_.channel, 0);
+    send_.cq = v_.create_cq(dev_.context, static_cast<int>(send_.slots), nullptr, send_.channel, 0);
+    if (recv_.cq == nullptr || send_.cq == nullptr) return absl::InternalError(absl::StrCat("ibv_create_cq on ", dev_.name));
     return absl::OkStatus();
   }
 
   // The shared receive queue, and one UD queue pair per spray port, each ready to send.
   absl::Status CreateQueuePairs() {
     ibv_srq_init_attr sa{};
-    sa.attr.max_wr = recv_slots_;
+    sa.attr.max_wr = recv_.slots;
     sa.attr.max_sge = 1;
-    srq_ = v_.create_srq(pd_, &sa);
-    if (srq_ == nullptr) return absl::InternalError(absl::StrCat("ibv_create_srq on ", dev_.name, " (errno ", errno, ")"));
+    recv_.srq = v_.create_srq(pd_, &sa);
+    if (recv_.srq == nullptr) return absl::InternalError(absl::StrCat("ibv_create_srq on ", dev_.name, " (errno ", errno, ")"));
     ibv_qp_init_attr qa{};
-    qa.send_cq = send_cq_;
-    qa.recv_cq = recv_cq_;
-    qa.srq = srq_;
+    qa.send_cq = send_.cq;
+    qa.recv_cq = recv_.cq;
+    qa.srq = recv_.srq;
     qa.qp_type = IBV_QPT_UD;
     qa.sq_sig_all = 0;
-    qa.cap.max_send_wr = send_slots_;
+    qa.cap.max_send_wr = send_.slots;
     qa.cap.max_send_sge = 1;
     qa.cap.max_inline_data = 128;
     // Path spraying: one queue pair per "port". The NIC derives each RoCEv2 packet's UDP source
@@ -170,17 +170,17 @@ class RdmaTransport final : public Transport, public PortCounterSource {
       if (absl::Status s = ToReadyToSend(qp); !s.ok()) return s;
     }
     max_inline_ = qa.cap.max_inline_data;
-    slot_qp_.assign(send_slots_, 0);
-    completed_upto_.assign(qps_.size(), 0);
+    send_.slot_qp.assign(send_.slots, 0);
+    send_.completed_upto.assign(qps_.size(), 0);
     return absl::OkStatus();
   }
 
   // Posts every receive buffer, and reads the device's asynchronous events without blocking.
   absl::Status StartReceiving() {
-    std::vector<uint32_t> all(recv_slots_);
-    for (uint32_t i = 0; i < recv_slots_; ++i) all[i] = i;
+    std::vector<uint32_t> all(recv_.slots);
+    for (uint32_t i = 0; i < recv_.slots; ++i) all[i] = i;
     if (absl::Status s = PostReceives(all); !s.ok()) return s;
-    recv_wc_.resize(options_.recv_batch);
+    recv_.wc.resize(options_.recv_batch);
     const int event_flags = DLCP_SYSCALL(::fcntl(dev_.context->async_fd, F_GETFL));
     DLCP_SYSCALL(::fcntl(dev_.context->async_fd, F_SETFL, event_flags | O_NONBLOCK));
     ArmQueueLimit();
@@ -220,34 +220,34 @@ class RdmaTransport final : public Transport, public PortCounterSource {
       // messages that name the same queue pair (path steering chooses it per message).
       const int16_t named = spraying ? messages[done].path : -1;
       const size_t burst = options_.SprayBurstFor(messages[done].size());
-      if (named < 0 && spraying && burst_used_ >= burst) {  // the burst is full: the next queue pair's turn
-        burst_used_ = 0;
-        qp_index_ = (qp_index_ + 1) % qps_.size();
+      if (named < 0 && spraying && send_.burst_used >= burst) {  // the burst is full: the next queue pair's turn
+        send_.burst_used = 0;
+        send_.qp_index = (send_.qp_index + 1) % qps_.size();
       }
-      const size_t room = spraying && named < 0 ? burst - burst_used_ : kPostBatch;
+      const size_t room = spraying && named < 0 ? burst - send_.burst_used : kPostBatch;
       const size_t limit = std::min({kPostBatch, messages.size() - done, room});
       size_t n = 1;
       while (n < limit && (!spraying || messages[done + n].path == named)) ++n;
-      const size_t qp = named >= 0 ? static_cast<size_t>(named) % qps_.size() : qp_index_;
+      const size_t qp = named >= 0 ? static_cast<size_t>(named) % qps_.size() : send_.qp_index;
       if (absl::Status s = WaitForSendSlots(n, deadline); !s.ok()) return s;
-      if (named >= 0 ? qp != last_qp_ : spraying && burst_used_ == 0) {
+      if (named >= 0 ? qp != send_.last_qp : spraying && send_.burst_used == 0) {
         counters_.spray_bursts.fetch_add(1, std::memory_order_relaxed);
       }
-      last_qp_ = qp;
+      send_.last_qp = qp;
       ibv_send_wr wrs[kPostBatch];
       ibv_sge sges[kPostBatch];
       for (size_t i = 0; i < n; ++i) {
         const OutMessage& m = messages[done + i];
         absl::StatusOr<ibv_ah*> ah = AddressHandle(m.to, m.priority);
         if (!ah.ok()) return ah.status();
-        const uint64_t seq = posted_++;
-        slot_qp_[seq % send_slots_] = static_cast<uint16_t>(qp);
-        uint8_t* slot = send_pool_ + (seq % send_slots_) * send_slot_size_;
+        const uint64_t seq = send_.posted++;
+        send_.slot_qp[seq % send_.slots] = static_cast<uint16_t>(qp);
+        uint8_t* slot = send_.pool + (seq % send_.slots) * send_.slot_size;
         uint8_t* p = slot;
         if (m.header_len) p = static_cast<uint8_t*>(std::memcpy(p, m.header, m.header_len)) + m.header_len;
         if (m.payload_len) p = static_cast<uint8_t*>(std::memcpy(p, m.payload, m.payload_len)) + m.payload_len;
         if (m.trailer_len) std::memcpy(p, m.trailer, m.trailer_len);
-        sges[i] = ibv_sge{reinterpret_cast<uint64_t>(slot), static_cast<uint32_t>(m.size()), send_mr_->lkey};
+        sges[i] = ibv_sge{reinterpret_cast<uint64_t>(slot), static_cast<uint32_t>(m.size()), send_.mr->lkey};
         ibv_send_wr& w = wrs[i];
         w = ibv_send_wr{};
         w.wr_id = seq;
@@ -268,10 +268,10 @@ class RdmaTransport final : public Transport, public PortCounterSource {
       }
       ibv_send_wr* bad = nullptr;
       if (int rc = ibv_post_send(qps_[qp], wrs, &bad); rc != 0) {
-        posted_ = bad->wr_id;  // those before `bad` went out and hold their slots
+        send_.posted = bad->wr_id;  // those before `bad` went out and hold their slots
         return ErrnoToStatus(rc, absl::StrCat("ibv_post_send on ", dev_.name));
       }
-      if (named < 0 && spraying) burst_used_ += n;
+      if (named < 0 && spraying) send_.burst_used += n;
       counters_.path_packets[qp].fetch_add(n, std::memory_order_relaxed);
       for (size_t i = 0; i < n; ++i) {
         counters_.sent_packets.fetch_add(1, std::memory_order_relaxed);
@@ -285,9 +285,9 @@ class RdmaTransport final : public Transport, public PortCounterSource {
   absl::Status Receive(std::vector<InMessage>* out, absl::Duration timeout) override {
     out->clear();
     // The buffers handed out by the previous call are the caller's no longer.
-    if (!returned_.empty()) {
-      if (absl::Status s = PostReceives(returned_); !s.ok()) return s;
-      returned_.clear();
+    if (!recv_.returned.empty()) {
+      if (absl::Status s = PostReceives(recv_.returned); !s.ok()) return s;
+      recv_.returned.clear();
       if (rearm_limit_) ArmQueueLimit();  // with buffers posted again, or it would fire at once
     }
     const absl::Time now = MonotonicNow();
@@ -304,14 +304,14 @@ class RdmaTransport final : public Transport, public PortCounterSource {
       if (MonotonicNow() >= deadline) return absl::OkStatus();
       if (options_.busy_poll) continue;
       // Arm, then look once more, so a completion between the poll and the arm is not missed.
-      if (int rc = ibv_req_notify_cq(recv_cq_, 0); rc != 0) return ErrnoToStatus(rc, "ibv_req_notify_cq");
+      if (int rc = ibv_req_notify_cq(recv_.cq, 0); rc != 0) return ErrnoToStatus(rc, "ibv_req_notify_cq");
       got = PollReceives(out);
       if (!got.ok()) return got.status();
       if (*got > 0) return absl::OkStatus();
-      absl::StatusOr<Waker::Result> w = waker_.Wait(recv_channel_->fd, deadline);
+      absl::StatusOr<Waker::Result> w = waker_.Wait(recv_.channel->fd, deadline);
       if (!w.ok()) return w.status();
       if (!w->readable) return absl::OkStatus();  // woken, or the timeout passed
-      DrainEvent(recv_channel_);
+      DrainEvent(recv_.channel);
     }
   }
 
@@ -319,17 +319,17 @@ class RdmaTransport final : public Transport, public PortCounterSource {
 
  private:
   absl::Status RegisterPools() {
-    recv_slot_size_ = (kRecvDataOffset + dev_.mtu + 63) & ~size_t{63};
-    send_slot_size_ = (dev_.mtu + 63) & ~size_t{63};
-    const size_t recv_bytes = (recv_slot_size_ * recv_slots_ + kPage - 1) & ~(kPage - 1);
-    const size_t send_bytes = (send_slot_size_ * send_slots_ + kPage - 1) & ~(kPage - 1);
-    recv_pool_ = static_cast<uint8_t*>(std::aligned_alloc(kPage, recv_bytes));
-    send_pool_ = static_cast<uint8_t*>(std::aligned_alloc(kPage, send_bytes));
-    if (recv_pool_ == nullptr || send_pool_ == nullptr) return absl::ResourceExhaustedError("RDMA buffer pools");
-    recv_mr_ = v_.reg_mr(pd_, recv_pool_, recv_bytes, IBV_ACCESS_LOCAL_WRITE);
-    if (recv_mr_ == nullptr) return absl::ResourceExhaustedError(MemlockAdvice(recv_bytes + send_bytes, errno));
-    send_mr_ = v_.reg_mr(pd_, send_pool_, send_bytes, 0);
-    if (send_mr_ == nullptr) return absl::ResourceExhaustedError(MemlockAdvice(recv_bytes + send_bytes, errno));
+    recv_.slot_size = (kRecvDataOffset + dev_.mtu + 63) & ~size_t{63};
+    send_.slot_size = (dev_.mtu + 63) & ~size_t{63};
+    const size_t recv_bytes = (recv_.slot_size * recv_.slots + kPage - 1) & ~(kPage - 1);
+    const size_t send_bytes = (send_.slot_size * send_.slots + kPage - 1) & ~(kPage - 1);
+    recv_.pool = static_cast<uint8_t*>(std::aligned_alloc(kPage, recv_bytes));
+    send_.pool = static_cast<uint8_t*>(std::aligned_alloc(kPage, send_bytes));
+    if (recv_.pool == nullptr || send_.pool == nullptr) return absl::ResourceExhaustedError("RDMA buffer pools");
+    recv_.mr = v_.reg_mr(pd_, recv_.pool, recv_bytes, IBV_ACCESS_LOCAL_WRITE);
+    if (recv_.mr == nullptr) return absl::ResourceExhaustedError(MemlockAdvice(recv_bytes + send_bytes, errno));
+    send_.mr = v_.reg_mr(pd_, send_.pool, send_bytes, 0);
+    if (send_.mr == nullptr) return absl::ResourceExhaustedError(MemlockAdvice(recv_bytes + send_bytes, errno));
     return absl::OkStatus();
   }
 
@@ -361,8 +361,8 @@ class RdmaTransport final : public Transport, public PortCounterSource {
       const size_t n = std::min(kPostBatch, slots.size() - done);
       for (size_t i = 0; i < n; ++i) {
         const uint32_t slot = slots[done + i];
-        uint8_t* buf = recv_pool_ + slot * recv_slot_size_ + kRecvDataOffset - kGrhBytes;
-        sges[i] = ibv_sge{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(kGrhBytes + dev_.mtu), recv_mr_->lkey};
+        uint8_t* buf = recv_.pool + slot * recv_.slot_size + kRecvDataOffset - kGrhBytes;
+        sges[i] = ibv_sge{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(kGrhBytes + dev_.mtu), recv_.mr->lkey};
         wrs[i] = ibv_recv_wr{};
         wrs[i].wr_id = slot;
         wrs[i].sg_list = &sges[i];
@@ -370,20 +370,20 @@ class RdmaTransport final : public Transport, public PortCounterSource {
         wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
       }
       ibv_recv_wr* bad = nullptr;
-      if (int rc = ibv_post_srq_recv(srq_, wrs, &bad); rc != 0) return ErrnoToStatus(rc, "ibv_post_srq_recv");
+      if (int rc = ibv_post_srq_recv(recv_.srq, wrs, &bad); rc != 0) return ErrnoToStatus(rc, "ibv_post_srq_recv");
       done += n;
     }
     return absl::OkStatus();
   }
 
   absl::StatusOr<int> PollReceives(std::vector<InMessage>* out) {
-    const int n = ibv_poll_cq(recv_cq_, static_cast<int>(recv_wc_.size()), recv_wc_.data());
+    const int n = ibv_poll_cq(recv_.cq, static_cast<int>(recv_.wc.size()), recv_.wc.data());
     if (n < 0) return absl::InternalError(absl::StrCat("ibv_poll_cq on ", dev_.name, " failed"));
     int delivered = 0;
     for (int i = 0; i < n; ++i) {
-      const ibv_wc& wc = recv_wc_[i];
+      const ibv_wc& wc = recv_.wc[i];
       const uint32_t slot = static_cast<uint32_t>(wc.wr_id);
-      returned_.push_back(slot);
+      recv_.returned.push_back(slot);
       if (wc.status != IBV_WC_SUCCESS || wc.byte_len < kGrhBytes) {
         if (counters_.dropped.fetch_add(1, std::memory_order_relaxed) == 0) {
           DLCP_LOG(Warning) << "RDMA receive on " << dev_.name << " failed: " << v_.wc_status_str(wc.status) << ", "
@@ -391,7 +391,7 @@ class RdmaTransport final : public Transport, public PortCounterSource {
         }
         continue;
       }
-      const uint8_t* data = recv_pool_ + slot * recv_slot_size_ + kRecvDataOffset;
+      const uint8_t* data = recv_.pool + slot * recv_.slot_size + kRecvDataOffset;
       std::optional<rdma::GrhSource> src = rdma::ParseGrh(data - kGrhBytes);
       if (!src) {  // a peer outside dlcp's IPv4-addressed RoCEv2
         if (counters_.dropped.fetch_add(1, std::memory_order_relaxed) == 0) {
@@ -410,8 +410,8 @@ class RdmaTransport final : public Transport, public PortCounterSource {
     }
     // All were errors: hand the buffers back now rather than wait for the next call.
     if (n > 0 && delivered == 0) {
-      if (absl::Status s = PostReceives(returned_); !s.ok()) return s;
-      returned_.clear();
+      if (absl::Status s = PostReceives(recv_.returned); !s.ok()) return s;
+      recv_.returned.clear();
       return 0;
     }
     return delivered;
@@ -422,19 +422,19 @@ class RdmaTransport final : public Transport, public PortCounterSource {
     bool counted = false, armed = false;
     for (;;) {
       ibv_wc wc[16];
-      const int got = ibv_poll_cq(send_cq_, 16, wc);
+      const int got = ibv_poll_cq(send_.cq, 16, wc);
       if (got < 0) return absl::InternalError("ibv_poll_cq (send)");
       for (int i = 0; i < got; ++i) {
         if (wc[i].status != IBV_WC_SUCCESS) {
           DLCP_LOG(Warning) << "RDMA send on " << dev_.name << " failed: " << v_.wc_status_str(wc[i].status);
         }
         for (size_t q = 0; q < qps_.size(); ++q) {
-          if (qps_[q]->qp_num == wc[i].qp_num) completed_upto_[q] = std::max(completed_upto_[q], wc[i].wr_id + 1);
+          if (qps_[q]->qp_num == wc[i].qp_num) send_.completed_upto[q] = std::max(send_.completed_upto[q], wc[i].wr_id + 1);
         }
       }
       // Slots free up in ring order, as far as every queue pair's completions reach.
-      while (completed_ < posted_ && completed_upto_[slot_qp_[completed_ % send_slots_]] > completed_) ++completed_;
-      if (posted_ - completed_ + n <= send_slots_) return absl::OkStatus();
+      while (send_.completed < send_.posted && send_.completed_upto[send_.slot_qp[send_.completed % send_.slots]] > send_.completed) ++send_.completed;
+      if (send_.posted - send_.completed + n <= send_.slots) return absl::OkStatus();
       if (!counted) {
         counters_.send_would_block.fetch_add(1, std::memory_order_relaxed);
         counted = true;
@@ -448,12 +448,12 @@ class RdmaTransport final : public Transport, public PortCounterSource {
       }
       if (!armed) {
         // Arm, then look once more, so a completion between the poll and the arm is not missed.
-        if (int rc = ibv_req_notify_cq(send_cq_, 0); rc != 0) return ErrnoToStatus(rc, "ibv_req_notify_cq (send)");
+        if (int rc = ibv_req_notify_cq(send_.cq, 0); rc != 0) return ErrnoToStatus(rc, "ibv_req_notify_cq (send)");
         armed = true;
         continue;
       }
-      pollfd p{send_channel_->fd, POLLIN, 0};
-      if (DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(deadline)))) > 0) DrainEvent(send_channel_);
+      pollfd p{send_.channel->fd, POLLIN, 0};
+      if (DLCP_RETRY_EINTR(::poll(&p, 1, std::max(1, PollTimeoutMs(deadline)))) > 0) DrainEvent(send_.channel);
       armed = false;
     }
   }
@@ -466,7 +466,7 @@ class RdmaTransport final : public Transport, public PortCounterSource {
     rearm_limit_ = false;
     ibv_srq_attr a{};
     a.srq_limit = 1;
-    if (int rc = v_.modify_srq(srq_, &a, IBV_SRQ_LIMIT); rc != 0 && !limit_unsupported_) {
+    if (int rc = v_.modify_srq(recv_.srq, &a, IBV_SRQ_LIMIT); rc != 0 && !limit_unsupported_) {
       limit_unsupported_ = true;
       DLCP_LOG(Info) << dev_.name << " cannot arm its receive queue's limit event (" << std::strerror(rc)
                      << "): a receive queue that runs dry will not be reported";
@@ -492,13 +492,13 @@ class RdmaTransport final : public Transport, public PortCounterSource {
     ibv_async_event e{};
     while (v_.get_async_event(dev_.context, &e) == 0) {
       const ibv_event_type type = e.event_type;
-      const bool ours = type == IBV_EVENT_SRQ_LIMIT_REACHED && e.element.srq == srq_;
+      const bool ours = type == IBV_EVENT_SRQ_LIMIT_REACHED && e.element.srq == recv_.srq;
       v_.ack_async_event(&e);
       if (ours) {
         rearm_limit_ = true;
         const uint64_t n = counters_.rx_queue_empty.fetch_add(1, std::memory_order_relaxed) + 1;
         if (empty_report_.Due(n)) {
-          DLCP_LOG(Warning) << "the RDMA receive queue on " << dev_.name << " (" << recv_slots_
+          DLCP_LOG(Warning) << "the RDMA receive queue on " << dev_.name << " (" << recv_.slots
                             << " buffers) ran dry, " << n << " time(s) in all: the NIC drops what arrives until "
                             << "buffers are posted again, counted only in the port's hw_counters (mlx5: "
                             << "out_of_buffer); this is loss on the host, not the network: raise --rdma-recv-slots, "
@@ -550,24 +550,21 @@ class RdmaTransport final : public Transport, public PortCounterSource {
   Waker waker_;
 
   ibv_pd* pd_ = nullptr;
-  ibv_comp_channel* recv_channel_ = nullptr;
-  ibv_comp_channel* send_channel_ = nullptr;
-  ibv_cq* recv_cq_ = nullptr;
-  ibv_cq* send_cq_ = nullptr;
-  ibv_srq* srq_ = nullptr;
   std::vector<ibv_qp*> qps_;  // the first is the endpoint's address; the rest only send
-  ibv_mr* recv_mr_ = nullptr;
-  ibv_mr* send_mr_ = nullptr;
-  uint8_t* recv_pool_ = nullptr;
-  uint8_t* send_pool_ = nullptr;
-  size_t recv_slot_size_ = 0;
-  size_t send_slot_size_ = 0;
-  uint32_t recv_slots_ = 0;
-  uint32_t send_slots_ = 0;
-
-  // Receive side (the I/O thread only).
-  std::vector<ibv_wc> recv_wc_;
-  std::vector<uint32_t> returned_;  // slots handed out by the last Receive, re-posted by the next
+  // The receive side: its completion channel and queue, the shared receive queue and the
+  // registered pool of receive buffers. Only the I/O thread touches it once Init has.
+  struct ReceiveSide {
+    ibv_comp_channel* channel = nullptr;
+    ibv_cq* cq = nullptr;
+    ibv_srq* srq = nullptr;
+    ibv_mr* mr = nullptr;
+    uint8_t* pool = nullptr;
+    size_t slot_size = 0;
+    uint32_t slots = 0;
+    std::vector<ibv_wc> wc;
+    std::vector<uint32_t> returned;  // slots handed out by the last Receive, re-posted by the next
+  };
+  ReceiveSide recv_;
   // Asynchronous events (TakeAsyncEvents) are read at most once per interval, with a Receive.
   static constexpr absl::Duration kEventCheckInterval = absl::Milliseconds(1);
   absl::Time next_event_check_ = absl::InfinitePast();
@@ -575,15 +572,25 @@ class RdmaTransport final : public Transport, public PortCounterSource {
   bool limit_unsupported_ = false;
   DoublingReport empty_report_;
 
-  // Send side.
+  // The send side: its completion channel and queue, and the ring of registered send buffers, with
+  // where each send went. Under send_mu_ once Init has.
   std::mutex send_mu_;
-  uint64_t posted_ = 0;     // sends posted (the next one's sequence number)
-  uint64_t completed_ = 0;  // sends known complete: their slots are free
-  std::vector<uint16_t> slot_qp_;         // per slot: the queue pair its send went out on
-  std::vector<uint64_t> completed_upto_;  // per queue pair: its sends below this are complete
-  size_t qp_index_ = 0;                   // the queue pair of the current burst
-  size_t burst_used_ = 0;                 // sends in the current burst
-  size_t last_qp_ = SIZE_MAX;             // the queue pair of the last list posted
+  struct SendSide {
+    ibv_comp_channel* channel = nullptr;
+    ibv_cq* cq = nullptr;
+    ibv_mr* mr = nullptr;
+    uint8_t* pool = nullptr;
+    size_t slot_size = 0;
+    uint32_t slots = 0;
+    uint64_t posted = 0;     // sends posted (the next one's sequence number)
+    uint64_t completed = 0;  // sends known complete: their slots are free
+    std::vector<uint16_t> slot_qp;         // per slot: the queue pair its send went out on
+    std::vector<uint64_t> completed_upto;  // per queue pair: its sends below this are complete
+    size_t qp_index = 0;                   // the queue pair of the current burst
+    size_t burst_used = 0;                 // sends in the current burst
+    size_t last_qp = SIZE_MAX;             // the queue pair of the last list posted
+  };
+  SendSide send_;
   std::unordered_map<uint64_t, ibv_ah*> ahs_;  // (ipv4, class) -> handle with that class's DSCP
 };
 
