@@ -29,30 +29,23 @@ stop_dlcpd() {
 }
 field() { sed -n "s/.*\"$1\":\([^,}]*\).*/\1/p" "$2" | tail -1; }
 
-# 1. Unit tests: none may skip here, there is a device.
-if $B/tests/rdma_test --gtest_output=xml:$OUT/rdma_test.xml > $OUT/rdma_test.log 2>&1; then
-  if grep -q '\[  SKIPPED \]' $OUT/rdma_test.log; then fail unit "tests skipped on rxe0"; else pass "unit ($(grep -c '\[       OK \]' $OUT/rdma_test.log) tests)"; fi
-else
-  fail unit "$(grep -E '^\[  FAILED  \]' $OUT/rdma_test.log | head -5 | tr '\n' ' ')"
-fi
+# A gtest binary of the build, with a filter: passes if it ran at least one test and skipped none
+# (there is a device here). gtest NAME BINARY FILTER
+gtest() {
+  if $B/tests/$2 --gtest_filter="$3" --gtest_output=xml:$OUT/$2.xml > $OUT/$2.log 2>&1; then
+    if grep -q '\[  SKIPPED \]' $OUT/$2.log; then fail $1 "tests skipped on rxe0";
+    elif ! grep -q '\[       OK \]' $OUT/$2.log; then fail $1 "no test ran";
+    else pass "$1 ($(grep -c '\[       OK \]' $OUT/$2.log) tests)"; fi
+  else
+    fail $1 "$(grep -E '^\[  FAILED  \]' $OUT/$2.log | head -5 | tr '\n' ' ')"
+  fi
+}
 
-# 1b. The transport tests every transport passes, on RDMA (their rdma case): none may skip here.
-if $B/tests/transport_test --gtest_filter='Kinds/TransportTest.*/rdma' > $OUT/transport_test.log 2>&1; then
-  if grep -q '\[  SKIPPED \]' $OUT/transport_test.log; then fail transport "tests skipped on rxe0";
-  elif ! grep -q '\[       OK \]' $OUT/transport_test.log; then fail transport "no RDMA case ran";
-  else pass "transport ($(grep -c '\[       OK \]' $OUT/transport_test.log) tests)"; fi
-else
-  fail transport "$(grep -E '^\[  FAILED  \]' $OUT/transport_test.log | head -5 | tr '\n' ' ')"
-fi
-
-# 1c. The in-process all-reduce matrix's RDMA cases: exact sums, with and without drops.
-if $B/tests/allreduce_test --gtest_filter='Matrix/AllReduceTest.*/rdma*' > $OUT/allreduce_test.log 2>&1; then
-  if grep -q '\[  SKIPPED \]' $OUT/allreduce_test.log; then fail allreduce "tests skipped on rxe0";
-  elif ! grep -q '\[       OK \]' $OUT/allreduce_test.log; then fail allreduce "no RDMA case ran";
-  else pass "allreduce ($(grep -c '\[       OK \]' $OUT/allreduce_test.log) tests)"; fi
-else
-  fail allreduce "$(grep -E '^\[  FAILED  \]' $OUT/allreduce_test.log | head -5 | tr '\n' ' ')"
-fi
+# 1. The RDMA transport's own tests; the tests every transport passes (their rdma case); the
+#    in-process all-reduce matrix's RDMA cases (exact sums, with and without drops).
+gtest unit rdma_test '*'
+gtest transport transport_test 'Kinds/TransportTest.*/rdma'
+gtest allreduce allreduce_test 'Matrix/AllReduceTest.*/rdma*'
 
 # 2. An exact job: two aggregators with two data threads each (one on --transport=auto, which
 #    must choose RDMA here), two workers, ε = 0.
