@@ -26,6 +26,7 @@
 #include "client/client.h"
 #include "client/options/client_option_table.h"
 #include "common/base/build_config.h"
+#include "common/base/log.h"
 #include "common/policy/class_policy.h"
 #include "common/policy/drop_injector.h"
 
@@ -374,6 +375,14 @@ PYBIND11_MODULE(_dlcp, m) {
   g_error = error.ptr();
 
   m.def("client_options", &OptionTable, "Every dlcp.Client option: name, env, default, choices, help.");
+  m.def(
+      "set_log_level",
+      [](const std::string& level) {
+        LogLevel parsed;
+        if (absl::Status s = ParseLogLevel(level, &parsed); !s.ok()) throw py::value_error(std::string(s.message()));
+        SetLogLevel(parsed);
+      },
+      py::arg("level"), "The least level the library logs to stderr: debug, info, warning or error.");
   m.def(
       "cuda_status",
       [] {

@@ -54,6 +54,8 @@ const char* Basename(const char* path) {
 }
 }  // namespace
 
+void SetLogLevel(LogLevel level) { g_min_level.store(static_cast<int>(level), std::memory_order_relaxed); }
+
 void ConfigureLogging(const LogOptions& options) {
   g_min_level = static_cast<int>(options.min_level);
   g_json = options.json;

@@ -19,6 +19,8 @@ struct LogOptions {
 
 void ConfigureLogging(const LogOptions& options);
 absl::Status ParseLogLevel(const std::string& text, LogLevel* out);
+// The least level logged, from any thread at any time (a library's caller sets it).
+void SetLogLevel(LogLevel level);
 bool LogEnabled(LogLevel level);
 void LogLine(LogLevel level, const char* file, int line, const std::string& message);
 

@@ -1,4 +1,5 @@
 """The dlcp Python binding: exact sums, broadcast, completion callbacks and clear errors."""
+import os
 import threading
 
 import numpy as np
@@ -326,6 +327,27 @@ def test_options_come_from_keywords_then_environment_then_defaults(monkeypatch):
     monkeypatch.setenv("DLCP_LOSS_BOUND", "0")
     with pytest.raises(dlcp.Error, match="UNAVAILABLE.*127.0.0.1:1"):
         dlcp.Client(world_size=1, rank=0)
+
+
+def test_the_log_level_comes_from_the_environment_or_a_call():
+    """DLCP_LOG_LEVEL applies at import, as for the binaries; a bad one names the variable."""
+    import subprocess
+    import sys
+    env = dict(os.environ, DLCP_LOG_LEVEL="loud")
+    bad = subprocess.run([sys.executable, "-c", "import dlcp"], env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0
+    assert "DLCP_LOG_LEVEL: unknown log level 'loud'" in bad.stderr
+    # Choosing a transport logs at info; at DLCP_LOG_LEVEL=error that line is gone.
+    connect = ("import dlcp\ntry:\n dlcp.Client(aggregators='127.0.0.1:1', world_size=1, rank=0, plaintext=True,"
+               " rpc_timeout_ms=300)\nexcept dlcp.Error:\n print('refused')")
+    for level, logged in (("info", True), ("error", False)):
+        env["DLCP_LOG_LEVEL"] = level
+        run = subprocess.run([sys.executable, "-c", connect], env=env, capture_output=True, text=True, timeout=60)
+        assert run.stdout.strip() == "refused", run.stderr
+        assert ("transport auto: using UDP" in run.stderr) == logged, (level, run.stderr)
+    dlcp.set_log_level("info")
+    with pytest.raises(ValueError, match="unknown log level 'chatty'"):
+        dlcp.set_log_level("chatty")
 
 
 def test_every_option_is_a_keyword_with_its_help():

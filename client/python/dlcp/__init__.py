@@ -22,7 +22,21 @@ from . import _dlcp
 Error = _dlcp.Error
 __version__ = _dlcp.__version__  # the release of the library this package was built with
 
-__all__ = ["Client", "Error", "Handle", "cuda_status", "resolve_aggregators"]
+__all__ = ["Client", "Error", "Handle", "cuda_status", "resolve_aggregators", "set_log_level"]
+
+
+def set_log_level(level):
+    """The least level the library logs to stderr: "debug", "info" (the default), "warning" or
+    "error". DLCP_LOG_LEVEL in the environment sets it when the package is imported, as it does for
+    dlcpd and the other binaries. Raises ValueError for another word."""
+    _dlcp.set_log_level(level)
+
+
+if os.environ.get("DLCP_LOG_LEVEL"):
+    try:
+        set_log_level(os.environ["DLCP_LOG_LEVEL"])
+    except ValueError as e:
+        raise ValueError(f"DLCP_LOG_LEVEL: {e}") from None
 
 
 def cuda_status():
