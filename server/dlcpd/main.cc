@@ -2,8 +2,12 @@
 // SIGTERM, then drains (tells its workers it is going away) and shuts both down, each step
 // within a deadline.
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -17,6 +21,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/host_port.h"
+#include "common/transport/address.h"
 #include "absl/time/clock.h"
 #include "absl/strings/str_join.h"
 #include "common/base/build_config.h"
@@ -103,7 +108,34 @@ sigset_t BlockStopSignals() {
   return signals;
 }
 
-// The gRPC control server, on `*port` (the one asked for, or the one picked for 0).
+// Why `host`:`port` cannot be listened on, found by binding a TCP socket there ourselves (gRPC and
+// civetweb only say that they failed): "port 7400 is in use", or the system's reason.
+std::string ListenProblem(const std::string& host, int port) {
+  absl::StatusOr<Address> a = ResolveAddress(host, static_cast<uint16_t>(port));
+  if (!a.ok()) return std::string(a.status().message());
+  const SockAddr sa = a->ToSockaddr();
+  const int fd = ::socket(sa.get()->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return std::strerror(errno);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as every server here does
+  const int rc = ::bind(fd, sa.get(), sa.len);
+  const int err = errno;
+  ::close(fd);
+  if (rc == 0) return "it could not be bound";
+  if (err == EADDRINUSE) return absl::StrCat("port ", port, " is in use (another dlcpd, or another process)");
+  return std::strerror(err);
+}
+
+// A refusal to start for a port: where, why, and the setting that chose it.
+absl::Status CannotListen(const std::string& what, const std::string& host, int port, const std::string& flag) {
+  return absl::UnavailableError(absl::StrCat("cannot listen for ", what, " on ", JoinHostPort(host, port), ": ",
+                                             ListenProblem(host, port), "; set ", flag,
+                                             " to a free port (0 picks one)"));
+}
+
+// The gRPC control server, on `*port` (the one asked for, or the one picked for 0). The port is
+// bound exclusively: gRPC's default SO_REUSEPORT would let a second dlcpd share it, and control
+// calls would alternate between the two.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartControl(const DlcpdOptions& o,
                                                            const std::shared_ptr<grpc::ServerCredentials>& credentials,
                                                            AggregatorService* service, int* port) {
@@ -111,12 +143,11 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartControl(const DlcpdOptions& o
   grpc::ServerBuilder builder;
   // Control rides the top class, like the data plane's control messages.
   if (auto marks = ServerDscpOption(o.data.transport.dscp[0])) builder.SetOption(std::move(marks));
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(JoinHostPort(o.host, o.control_port), credentials, port);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || *port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", JoinHostPort(o.host, o.control_port)));
-  }
+  if (!server || *port == 0) return CannotListen("control calls", o.host, o.control_port, "--port");
   return server;
 }
 
@@ -126,13 +157,11 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealth(const DlcpdOptions& o,
   // for this one, which has its own, or gRPC logs a duplicate registration as an error.
   grpc::EnableDefaultHealthCheckService(false);
   grpc::ServerBuilder builder;
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(health);
   builder.AddListeningPort(JoinHostPort(o.host, o.health_port), grpc::InsecureServerCredentials(), port);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || *port == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen for health checks on ", JoinHostPort(o.host, o.health_port)));
-  }
+  if (!server || *port == 0) return CannotListen("health checks", o.host, o.health_port, "--health-port");
   return server;
 }
 
@@ -262,7 +291,8 @@ int Main(int argc, char** argv) {
     exporter = PrometheusExporter::Start(o.metrics_host, static_cast<uint16_t>(o.metrics_port), &metrics);
   }
   if (!exporter.ok()) {
-    std::cerr << "dlcpd: cannot serve metrics: " << exporter.status().message() << "\n";
+    std::cerr << "dlcpd: " << CannotListen("metrics", o.metrics_host, o.metrics_port, "--metrics-port").message()
+              << " (" << exporter.status().message() << ")\n";
     return 1;
   }
   if (*exporter) {

@@ -129,6 +129,37 @@ TEST(Binaries, DlcpdRefusesBadConfigurationNamingTheSetting) {
   EXPECT_NE(r.out.find("--bogus"), std::string::npos) << r.out;
 }
 
+// A port another process holds is refused at start, naming the port and the setting: the control
+// port is bound exclusively (no SO_REUSEPORT, which let a second dlcpd share it and split the
+// control calls between the two), and a metrics port in use is named as such.
+TEST(Binaries, DlcpdRefusesAPortInUseNamingIt) {
+  auto first = Daemon::Start(DLCPD_PATH, {"--plaintext", "--metrics-port=0", "--health-port=0"});
+  ASSERT_NE(first, nullptr);
+  const std::string port = first->control().substr(first->control().rfind(':') + 1);
+  ProcessResult r = RunProcess({DLCPD_PATH, "--plaintext", "--host=127.0.0.1", absl::StrCat("--port=", port),
+                                "--data-port=0"},
+                               absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find(absl::StrCat("port ", port, " is in use")), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--port"), std::string::npos) << r.out;
+  r = RunProcess({DLCPD_PATH, "--plaintext", "--host=127.0.0.1", "--port=0", "--data-port=0",
+                  absl::StrCat("--metrics-port=", first->metrics_port())},
+                 absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find(absl::StrCat("port ", first->metrics_port(), " is in use")), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--metrics-port"), std::string::npos) << r.out;
+  r = RunProcess({DLCPD_PATH, "--plaintext", "--host=127.0.0.1", "--port=0", "--data-port=0",
+                  absl::StrCat("--health-port=", first->health_port())},
+                 absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find(absl::StrCat("port ", first->health_port(), " is in use")), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--health-port"), std::string::npos) << r.out;
+  // The first one still answers alone.
+  EXPECT_EQ(RunProcess({DLCPCTL_PATH, "status", "--plaintext", "--aggregators=" + first->control()},
+                       absl::Seconds(10)).exit_code,
+            0);
+}
+
 TEST(Binaries, DumpConfigShowsSources) {
   ProcessResult r = RunProcess({DLCPD_PATH, "--dump-config", "--port=1234", "--plaintext"}, absl::Seconds(10));
   EXPECT_EQ(r.exit_code, 0);
