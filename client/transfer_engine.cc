@@ -81,6 +81,12 @@ void TransferEngine::BuildDestinations() {
   BuildNackFilters();
 }
 
+const std::string& TransferEngine::AggregatorOf(uint32_t dest) const {
+  const std::vector<uint32_t>& base = routing_.dest_base;
+  const size_t a = std::upper_bound(base.begin(), base.end(), dest) - base.begin() - 1;
+  return options_.aggregator_ids[a];
+}
+
 uint32_t TransferEngine::WindowOf(uint32_t dest) const {
   return options_.adaptive_window ? flows_[dest].window.window() : options_.window_chunks;
 }
@@ -538,7 +544,8 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
         code = static_cast<absl::StatusCode>(text[0]);
         text.erase(0, 1);
       }
-      absl::Status error(code, absl::StrCat("aggregator ", m.from.ToString(), ": ", text));
+      // Named by the control address it was configured with, not the data port it sent from.
+      absl::Status error(code, absl::StrCat("aggregator ", AggregatorOf(from_dest), ": ", text));
       // ABORTED means the job itself failed: every op, now and later, fails the same way.
       if (code == absl::StatusCode::kAborted) return FailJob(error);
       // Moved, not copied: the caller's thread then owns the only reference to the message.

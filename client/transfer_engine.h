@@ -235,6 +235,8 @@ class TransferEngine {
   void OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lost);
   void NoteLoss(Op& op, uint32_t chunk);
   uint32_t WindowOf(uint32_t dest) const;
+  // The control address (as configured) of the aggregator that endpoint `dest` belongs to.
+  const std::string& AggregatorOf(uint32_t dest) const;
   // Path steering: the send path for the next push to `dest`, or -1 (the transport's rotation).
   int16_t PickPath(uint32_t dest);
   // Whether the flows steer their pushes over paths (all do, or none).
