@@ -21,7 +21,6 @@
 #include "client/options/client_flags.h"
 #include "common/base/log.h"
 #include "common/config/registry.h"
-#include "common/policy/drop_injector.h"
 
 namespace dlcp::bench {
 namespace {

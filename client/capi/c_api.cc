@@ -6,11 +6,8 @@
 #include <map>
 #include <string>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "client/client.h"
 #include "client/options/client_option_table.h"
 #include "common/base/build_config.h"

@@ -21,6 +21,21 @@ absl::Status OutOfRange(T min, T max) {
   return absl::InvalidArgumentError(absl::StrCat("must be in [", min, ", ", max, "]"));
 }
 
+// The same words the binaries' flags take for a boolean (absl::SimpleAtob).
+absl::StatusOr<bool> ParseBool(const std::string& text) {
+  bool v = false;
+  if (!absl::SimpleAtob(text, &v)) return absl::InvalidArgumentError("not a boolean (true|false|1|0|yes|no)");
+  return v;
+}
+
+// An integer in [min, max]; `what` names its unit in the error.
+absl::StatusOr<int64_t> ParseInt(const std::string& text, int64_t min, int64_t max, const char* what) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(text, &v)) return absl::InvalidArgumentError(absl::StrCat("not an integer", what));
+  if (v < min || v > max) return OutOfRange(min, max);
+  return v;
+}
+
 // Each builder takes an accessor, `[](auto& o) -> auto& { return o.field; }`, which serves the
 // const reader and the writer alike.
 template <typename F>
@@ -29,9 +44,9 @@ ClientOption Bool(std::string name, std::string help, F field) {
   c.help = std::move(help);
   c.get = [field](const ClientOptions& o) { return std::string(field(o) ? "true" : "false"); };
   c.set = [field](const std::string& text, ClientOptions* o) -> absl::Status {
-    bool v = false;
-    if (!absl::SimpleAtob(text, &v)) return absl::InvalidArgumentError("not a boolean (true|false|1|0|yes|no)");
-    field(*o) = v;
+    absl::StatusOr<bool> v = ParseBool(text);
+    if (!v.ok()) return v.status();
+    field(*o) = *v;
     return absl::OkStatus();
   };
   return c;
@@ -43,10 +58,9 @@ ClientOption Int(std::string name, int64_t min, int64_t max, std::string help, F
   c.help = std::move(help);
   c.get = [field](const ClientOptions& o) { return absl::StrCat(+field(o)); };
   c.set = [field, min, max](const std::string& text, ClientOptions* o) -> absl::Status {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(text, &v)) return absl::InvalidArgumentError("not an integer");
-    if (v < min || v > max) return OutOfRange(min, max);
-    field(*o) = static_cast<std::remove_reference_t<decltype(field(*o))>>(v);
+    absl::StatusOr<int64_t> v = ParseInt(text, min, max, "");
+    if (!v.ok()) return v.status();
+    field(*o) = static_cast<std::remove_reference_t<decltype(field(*o))>>(*v);
     return absl::OkStatus();
   };
   return c;
@@ -59,10 +73,9 @@ ClientOption Millis(std::string name, int64_t min, int64_t max, std::string help
   c.help = std::move(help);
   c.get = [field](const ClientOptions& o) { return absl::StrCat(absl::ToInt64Milliseconds(field(o))); };
   c.set = [field, min, max](const std::string& text, ClientOptions* o) -> absl::Status {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(text, &v)) return absl::InvalidArgumentError("not an integer (milliseconds)");
-    if (v < min || v > max) return OutOfRange(min, max);
-    field(*o) = absl::Milliseconds(v);
+    absl::StatusOr<int64_t> v = ParseInt(text, min, max, " (milliseconds)");
+    if (!v.ok()) return v.status();
+    field(*o) = absl::Milliseconds(*v);
     return absl::OkStatus();
   };
   return c;
@@ -271,9 +284,9 @@ std::vector<ClientOption> TransportRows() {
           "udp_offload", "UDP GSO on send and GRO on receive, where the kernel supports them",
           [](const ClientOptions& o) { return std::string(o.transport.udp.gso ? "true" : "false"); },
           [](const std::string& text, ClientOptions* o) -> absl::Status {
-            bool v = false;
-            if (!absl::SimpleAtob(text, &v)) return absl::InvalidArgumentError("not a boolean (true|false|1|0|yes|no)");
-            o->transport.udp.gso = o->transport.udp.gro = v;
+            absl::StatusOr<bool> v = ParseBool(text);
+            if (!v.ok()) return v.status();
+            o->transport.udp.gso = o->transport.udp.gro = *v;
             return absl::OkStatus();
           }),
       Int("spray_ports", 1, 64, "UDP source ports each endpoint sends from in turn, for ECMP; 1: off",

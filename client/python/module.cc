@@ -21,14 +21,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/options/client_option_table.h"
 #include "common/base/build_config.h"
 #include "common/base/log.h"
-#include "common/policy/class_policy.h"
-#include "common/policy/drop_injector.h"
 
 namespace py = pybind11;
 
