@@ -135,25 +135,18 @@ TEST(Binaries, DlcpdRefusesBadConfigurationNamingTheSetting) {
 TEST(Binaries, DlcpdRefusesAPortInUseNamingIt) {
   auto first = Daemon::Start(DLCPD_PATH, {"--plaintext", "--metrics-port=0", "--health-port=0"});
   ASSERT_NE(first, nullptr);
-  const std::string port = first->control().substr(first->control().rfind(':') + 1);
-  ProcessResult r = RunProcess({DLCPD_PATH, "--plaintext", "--host=127.0.0.1", absl::StrCat("--port=", port),
-                                "--data-port=0"},
-                               absl::Seconds(20));
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find(absl::StrCat("port ", port, " is in use")), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("--port"), std::string::npos) << r.out;
-  r = RunProcess({DLCPD_PATH, "--plaintext", "--host=127.0.0.1", "--port=0", "--data-port=0",
-                  absl::StrCat("--metrics-port=", first->metrics_port())},
-                 absl::Seconds(20));
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find(absl::StrCat("port ", first->metrics_port(), " is in use")), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("--metrics-port"), std::string::npos) << r.out;
-  r = RunProcess({DLCPD_PATH, "--plaintext", "--host=127.0.0.1", "--port=0", "--data-port=0",
-                  absl::StrCat("--health-port=", first->health_port())},
-                 absl::Seconds(20));
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find(absl::StrCat("port ", first->health_port(), " is in use")), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("--health-port"), std::string::npos) << r.out;
+  // A second dlcpd given `flag`=`port`, the first one's, exits 1 naming both.
+  const auto expect_refused = [](const std::string& flag, const std::string& port) {
+    std::vector<std::string> argv = {DLCPD_PATH, "--plaintext", "--host=127.0.0.1", "--port=0", "--data-port=0"};
+    argv.push_back(absl::StrCat(flag, "=", port));  // a later --port wins over the one above
+    ProcessResult r = RunProcess(argv, absl::Seconds(20));
+    EXPECT_EQ(r.exit_code, 1) << flag << ": " << r.out;
+    EXPECT_NE(r.out.find(absl::StrCat("port ", port, " is in use")), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(flag + " to a free port"), std::string::npos) << r.out;
+  };
+  expect_refused("--port", first->control().substr(first->control().rfind(':') + 1));
+  expect_refused("--metrics-port", absl::StrCat(first->metrics_port()));
+  expect_refused("--health-port", absl::StrCat(first->health_port()));
   // The first one still answers alone.
   EXPECT_EQ(RunProcess({DLCPCTL_PATH, "status", "--plaintext", "--aggregators=" + first->control()},
                        absl::Seconds(10)).exit_code,
