@@ -34,6 +34,9 @@ struct DataPlaneOptions {
   // Share results to each worker over the spray paths by each path's loss rate, learnt from the
   // results the worker asks for again (common/datapath/path_shares.h); off: equal turns.
   bool result_steering = true;
+  // Accumulator blocks each data thread keeps for reuse once their rounds end; beyond this,
+  // ended rounds' memory is freed.
+  size_t block_cache_bytes = size_t{256} << 20;
 };
 
 class DataThread;

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
@@ -13,7 +17,6 @@
 
 namespace dlcp::server {
 namespace {
-constexpr size_t kMaxCachedBlockBytes = 256u << 20;
 constexpr int kMaxRepairBackoff = 16;
 
 }  // namespace
@@ -25,7 +28,7 @@ DataThread::DataThread(uint32_t index, std::unique_ptr<Transport> transport, con
       options_(options),
       jobs_(jobs),
       outbox_(transport_.get()),
-      pool_(kMaxCachedBlockBytes),
+      pool_(options.block_cache_bytes),
       injector_([&] {
         DropInjectorOptions o = options.inject_class;
         o.seed += index;
@@ -74,6 +77,8 @@ void DataThread::Run() {
       last_scan_ = now;
     }
     Check(outbox_.Flush());
+    retired_.clear();
+    if (rounds_.empty()) TrimWhenIdle();
   }
 }
 
@@ -453,7 +458,22 @@ void DataThread::MaybeFree(RoundMap::iterator it) {
   uint32_t& floor = floor_[FloorKey{r.job()->id, r.epoch(), r.key()}];
   floor = std::max(floor, r.round() + 1);
   CountCompleted(r);
-  rounds_.erase(it);
+  Retire(it);
+}
+
+DataThread::RoundMap::iterator DataThread::Retire(RoundMap::iterator it) {
+  retired_.push_back(std::move(it->second));
+  trimmed_ = false;
+  return rounds_.erase(it);
+}
+
+void DataThread::TrimWhenIdle() {
+  if (trimmed_ || jobs_->size() > 0) return;
+  trimmed_ = true;
+  pool_.Clear();
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
 }
 
 void DataThread::CountCompleted(const Round& r) {
@@ -469,7 +489,7 @@ void DataThread::ScanTimers(absl::Time now) {
     Round& r = *it->second;
     switch (Triage(r, now)) {
       case Fate::kRelease:
-        it = rounds_.erase(it);
+        it = Retire(it);
         continue;
       case Fate::kAgain:  // its job failed just now: the next look tells the survivors
         continue;

@@ -122,6 +122,12 @@ class DataThread {
   void CountTx(const wire::Header& h);
   static std::string JobFailedMessage(const Job& job);
   void MaybeFree(RoundMap::iterator it);
+  // Takes `it` out of the map; its memory is kept until the outbox is next sent (Run), since
+  // queued results may point into it. Returns the next iterator.
+  RoundMap::iterator Retire(RoundMap::iterator it);
+  // With no round left on this thread and no job on the aggregator, gives the cached blocks and
+  // the allocator's free memory back to the system, so an idle dlcpd returns to its idle size.
+  void TrimWhenIdle();
   void CountCompleted(const Round& r);
   void ScanTimers(absl::Time now);
   void PruneJobState(absl::Time now);  // floors and result shares of ended jobs, old ERROR times
@@ -142,6 +148,8 @@ class DataThread {
   Outbox outbox_;
   BlockPool pool_;
   RoundMap rounds_;
+  std::vector<std::unique_ptr<Round>> retired_;  // released since the last Flush (Retire)
+  bool trimmed_ = true;                          // nothing cached since the last TrimWhenIdle
   // Per (job incarnation, key): every round below this one has been delivered and freed.
   std::unordered_map<FloorKey, uint32_t, FloorKeyHash> floor_;
   // When each (round, worker) last got an ERROR; pruned by the timer scan.

@@ -358,6 +358,11 @@ void JobRegistry::ExportMetrics(MetricsRegistry* metrics) {
                        [this] { return static_cast<double>(keys_settled_.load(std::memory_order_relaxed)); });
 }
 
+size_t JobRegistry::size() const {
+  std::shared_lock lock(mu_);
+  return jobs_.size();
+}
+
 std::vector<std::shared_ptr<Job>> JobRegistry::List() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   std::vector<std::shared_ptr<Job>> out;

@@ -181,6 +181,7 @@ class JobRegistry {
 
   std::shared_ptr<Job> Find(uint32_t job_id) const;
   std::vector<std::shared_ptr<Job>> List() const;
+  size_t size() const;
   // True for a job that ended within the last minute: its stragglers are late, not invalid.
   bool RecentlyClosed(uint32_t job_id) const;
 

@@ -2,12 +2,28 @@
 
 #include <cstdlib>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define DLCP_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define DLCP_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define DLCP_POISON(p, n) ((void)(p), (void)(n))
+#define DLCP_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 namespace dlcp::server {
 
-BlockPool::~BlockPool() {
+BlockPool::~BlockPool() { Clear(); }
+
+void BlockPool::Clear() {
   for (auto& [bytes, list] : free_) {
-    for (float* b : list) std::free(b);
+    for (float* b : list) {
+      DLCP_UNPOISON(b, bytes);
+      std::free(b);
+    }
   }
+  free_.clear();
+  cached_bytes_ = 0;
 }
 
 float* BlockPool::Get(size_t bytes) {
@@ -16,6 +32,7 @@ float* BlockPool::Get(size_t bytes) {
     float* b = it->second.back();
     it->second.pop_back();
     cached_bytes_ -= bytes;
+    DLCP_UNPOISON(b, bytes);
     return b;
   }
   return static_cast<float*>(std::aligned_alloc(64, (bytes + 63) & ~size_t{63}));
@@ -26,6 +43,7 @@ void BlockPool::Put(float* block, size_t bytes) {
     std::free(block);
     return;
   }
+  DLCP_POISON(block, bytes);
   free_[bytes].push_back(block);
   cached_bytes_ += bytes;
 }

@@ -19,6 +19,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "absl/time/clock.h"
 #include "common/base/build_config.h"
 #include "common/base/clock.h"
@@ -350,6 +352,40 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   EXPECT_EQ(Scraped(body, "dlcp_jobs "), 0);
   EXPECT_GE(Scraped(body, "dlcp_transport_packets_total{direction=\"rx\"}"),
             Scraped(body, "dlcp_rx_packets_total"));
+}
+
+// A kilobyte figure of /proc/<pid>/status ("VmRSS", "VmHWM"); -1 if unreadable.
+double StatusKb(int pid, const std::string& field) {
+  ProcessResult r = RunProcess({"/bin/cat", absl::StrCat("/proc/", pid, "/status")}, absl::Seconds(5));
+  for (absl::string_view line : absl::StrSplit(r.out, '\n')) {
+    if (!absl::ConsumePrefix(&line, field + ":")) continue;
+    double kb = -1;
+    return absl::SimpleAtod(absl::StripSuffix(absl::StripAsciiWhitespace(line), " kB"), &kb) ? kb : -1;
+  }
+  return -1;
+}
+
+// Once its last job has ended, dlcpd gives back the memory the job's rounds took: its resident
+// size returns to within 32 MiB of its idle size (docs/deploy.md), after a job whose 128 MiB
+// tensor took it well past that.
+TEST(Binaries, DlcpdReturnsToItsIdleSizeAfterTheLastJobEnds) {
+  auto d = Daemon::Start(DLCPD_PATH, {});
+  ASSERT_NE(d, nullptr);
+  const double idle_kb = StatusKb(d->pid(), "VmRSS");
+  ASSERT_GT(idle_kb, 0);
+  ProcessResult r = RunProcess({DLCP_BENCH_PATH, "--aggregators=" + d->control(), "--plaintext", "--workers=1",
+                                "--tensor-bytes=134217728", "--rounds=2", "--warmup=0", "--timeout-s=60"},
+                               absl::Seconds(90));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const double bound_kb = idle_kb + 32 * 1024;
+  EXPECT_GT(StatusKb(d->pid(), "VmHWM"), bound_kb + 64 * 1024) << "the job never took dlcpd past the bound";
+  double rss_kb = StatusKb(d->pid(), "VmRSS");
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(10); rss_kb > bound_kb && MonotonicNow() < end;) {
+    absl::SleepFor(absl::Milliseconds(100));  // polled against the deadline: the data thread trims on its next tick
+    rss_kb = StatusKb(d->pid(), "VmRSS");
+  }
+  EXPECT_LE(rss_kb, bound_kb) << "idle " << idle_kb << " kB";
+  EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
 }
 
 // Data-key rotation through the real binaries (docs/security.md): dlcpd draws a new key for the

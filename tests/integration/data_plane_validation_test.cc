@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <iostream>
@@ -572,6 +573,104 @@ TEST(DataPlaneValidation, AnAggregatorOnASlowPathWaitsOutItsRoundsOwnGapsBeforeN
   EXPECT_GE(MonotonicNow() - last, absl::Milliseconds(40)) << "16 gaps of 4 ms";
   for (auto& c : clients) EXPECT_TRUE(c->Close().ok());
 }
+
+// A round released while results of it are still queued to be sent must not be read after its
+// release: the queue points into its memory. Here the pushes that complete each chunk of a
+// one-worker round and the worker's DONE arrive together, so the round is released in the same
+// batch that queued its results (as when a job closes with results in flight). Under
+// AddressSanitizer a block back in the cache is poisoned (block_pool.h) and one past the cache
+// is freed, so a read of either is reported; in every build, each result arrives intact, under
+// the worker's results key, and no send fails.
+struct ReleaseCase {
+  std::string name;
+  uint32_t elems;            // 256 floats a chunk
+  size_t block_cache_bytes;  // 0: a released round's blocks are freed at once
+};
+void PrintTo(const ReleaseCase& c, std::ostream* os) { *os << c.name; }
+class ReleasedRound : public ::testing::TestWithParam<ReleaseCase> {};
+
+TEST_P(ReleasedRound, ItsQueuedResultsAreSentBeforeItsMemoryIsReused) {
+  const ReleaseCase& c = GetParam();
+  TestAggregatorOptions ao;
+  ao.block_cache_bytes = c.block_cache_bytes;
+  auto agg = TestAggregator::Start(ao);
+  ASSERT_NE(agg, nullptr);
+  std::unique_ptr<Transport> worker = TestSocket();
+  ASSERT_NE(worker, nullptr);
+  v1::JoinRequest req;
+  req.set_job_name("released-" + c.name);
+  req.set_world_size(1);
+  req.set_chunk_bytes(1024);
+  req.set_data_host("127.0.0.1");
+  req.set_data_port(worker->local_address().port);
+  req.set_worker_keys(true);
+  v1::JoinResponse joined;
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(agg->address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Status st = stub->Join(&ctx, req, &joined);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  std::shared_ptr<server::Job> job = agg->jobs().Find(joined.job_id());
+  ASSERT_NE(job, nullptr);
+  const wire::MacKey results_key = KeyOf(joined.data_key());
+  const wire::ChunkGeometry g{c.elems, 256};
+  const uint32_t chunks = g.chunk_count();
+  std::vector<float> values(c.elems);
+  for (uint32_t round = 0; round < 20; ++round) {
+    for (uint32_t i = 0; i < c.elems; ++i) values[i] = static_cast<float>(round * 1000 + i % 997);
+    // Every chunk's push, then the DONE, in one send.
+    std::vector<std::array<uint8_t, wire::kHeaderSize>> headers(chunks + 1);
+    std::vector<std::array<uint8_t, wire::kMacSize>> tags(chunks + 1);
+    std::vector<OutMessage> batch;
+    const std::vector<uint8_t> done_payload = wire::EncodeRanges({}, 16)[0];
+    for (uint32_t chunk = 0; chunk <= chunks; ++chunk) {
+      wire::Header h;
+      h.type = chunk < chunks ? wire::MsgType::kPush : wire::MsgType::kResultReq;
+      h.flags = wire::kFlagMac | (chunk < chunks ? 0 : wire::kFlagDone);
+      h.job = job->id;
+      h.epoch = job->epoch;
+      h.key = 7;
+      h.round = round;
+      h.chunk = chunk < chunks ? chunk : chunks;
+      h.chunk_count = chunks;
+      h.tensor_elems = c.elems;
+      const uint8_t* payload = chunk < chunks ? reinterpret_cast<const uint8_t*>(values.data() + g.offset(chunk))
+                                              : done_payload.data();
+      h.payload_len = chunk < chunks ? g.elems(chunk) * 4 : static_cast<uint32_t>(done_payload.size());
+      wire::EncodeHeader(h, headers[chunk].data());
+      wire::ComputeMac(*job->worker_key(0), headers[chunk].data(), payload, h.payload_len, tags[chunk].data());
+      batch.push_back({agg->data().endpoints()[0], 1, headers[chunk].data(), wire::kHeaderSize, payload, h.payload_len,
+                       tags[chunk].data(), wire::kMacSize});
+    }
+    ASSERT_TRUE(worker->Send(batch, MonotonicNow() + absl::Seconds(2)).ok());
+    std::set<uint32_t> intact;
+    std::vector<InMessage> in;
+    for (const absl::Time end = MonotonicNow() + absl::Seconds(10); intact.size() < chunks && MonotonicNow() < end;) {
+      ASSERT_TRUE(worker->Receive(&in, absl::Milliseconds(100)).ok());
+      for (const InMessage& m : in) {
+        wire::Header h;
+        const absl::Span<const uint8_t> datagram(m.data, m.len);
+        ASSERT_EQ(wire::ParseHeader(datagram, &h), wire::Reject::kNone);
+        if (h.type != wire::MsgType::kResult || h.round != round) continue;
+        ASSERT_TRUE(wire::VerifyMac(results_key, datagram, h.payload_len)) << "round " << round << " chunk " << h.chunk;
+        ASSERT_LT(h.chunk, chunks);
+        ASSERT_EQ(h.payload_len, g.elems(h.chunk) * 4);
+        ASSERT_EQ(std::memcmp(m.data + wire::kHeaderSize, values.data() + g.offset(h.chunk), h.payload_len), 0)
+            << "round " << round << " chunk " << h.chunk;
+        intact.insert(h.chunk);
+      }
+    }
+    ASSERT_EQ(intact.size(), chunks) << "round " << round;
+  }
+  EXPECT_EQ(agg->Counter("dlcp_send_errors_total"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, ReleasedRound,
+                         ::testing::Values(ReleaseCase{"two_chunks_cached", 500, size_t{256} << 20},
+                                           ReleaseCase{"two_chunks_freed", 500, 0},
+                                           ReleaseCase{"many_chunks_cached", 100000, size_t{256} << 20},
+                                           ReleaseCase{"many_chunks_freed", 100000, 0}),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace dlcp::testing

@@ -29,6 +29,7 @@ struct TestAggregatorOptions {
   absl::Duration repair_timeout = absl::Milliseconds(10);
   int control_port = 0;  // 0: any (a restarted aggregator takes its old one)
   std::string host = "127.0.0.1";  // control and data ports' address ("::1": over IPv6)
+  size_t block_cache_bytes = size_t{256} << 20;  // DataPlaneOptions::block_cache_bytes
 };
 
 class TestAggregator {
@@ -47,6 +48,7 @@ class TestAggregator {
     d.inject_seed = o.seed;
     d.inject_class = o.inject_class;
     d.repair_timeout = o.repair_timeout;
+    d.block_cache_bytes = o.block_cache_bytes;
     auto plane = server::DataPlane::Create(d, a->jobs_.get(), &a->metrics_);
     if (!plane.ok()) return nullptr;
     a->data_ = std::move(*plane);
