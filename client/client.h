@@ -78,9 +78,10 @@ struct ClientOptions {
   bool pacing = true;
 
   // Bounded loss (docs/bounded-loss.md). ε: the largest fraction of droppable (worker, chunk)
-  // contributions an aggregate may lack; class 0 is never lost. 0 makes every chunk
-  // must-deliver. Every worker of a job should use the same value; the strictest one wins.
-  double loss_bound = 0.01;
+  // contributions an aggregate may lack; class 0 is never lost. 0 (the default) makes every
+  // chunk must-deliver: a job is exact unless it asks for bounded loss, here or per tensor.
+  // Every worker of a job should use the same value; the strictest one wins.
+  double loss_bound = 0;
   // Which chunks are class 0 (must deliver) and which droppable class 1..3 each rides in.
   ClassPolicyOptions class_policy;
   // Depth of the model, for the layer position AllReduceOptions::layer gives; 0: unknown.

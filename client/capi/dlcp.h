@@ -32,7 +32,7 @@ typedef struct {
   const char* tls_cert;        /* client certificate, for mutual TLS */
   const char* tls_key;
   const char* tls_server_name; /* name to verify in the aggregators' certificates */
-  double loss_bound;           /* ε (docs/bounded-loss.md); 0: default (0.01); negative: fully reliable */
+  double loss_bound;           /* ε (docs/bounded-loss.md); 0: DLCP_LOSS_BOUND, else exact; negative: exact */
 } dlcp_options;
 
 /* Set size to sizeof(dlcp_round_stats) before passing one in. The library writes only the fields

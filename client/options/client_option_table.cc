@@ -233,7 +233,7 @@ std::vector<ClientOption> DataPathRows() {
 std::vector<ClientOption> BoundedLossRows() {
   return {
       Double("loss_bound", 0, 1,
-             "ε: the fraction of droppable contributions a round may lose (docs/bounded-loss.md); 0: reliable",
+             "ε: the fraction of droppable contributions a round may lose (docs/bounded-loss.md); 0: exact",
              [](auto& o) -> auto& { return o.loss_bound; }),
       Choice("class_policy", {"magnitude-layer", "uniform"}, "how chunks are given priority classes",
              ParseClassPolicyKind, [](auto& o) -> auto& { return o.class_policy.kind; }),

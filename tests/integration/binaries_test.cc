@@ -282,7 +282,7 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   const int workers = 3, rounds = 6, warmup = 1, tensor_bytes = 100000, chunk = 8192;
   ProcessResult r = RunProcess({DLCP_BENCH_PATH, "--aggregators=" + d->control(), "--plaintext", absl::StrCat("--workers=", workers),
                                 absl::StrCat("--rounds=", rounds), absl::StrCat("--warmup=", warmup),
-                                absl::StrCat("--tensor-bytes=", tensor_bytes), "--json", "--timeout-s=60"},
+                                absl::StrCat("--tensor-bytes=", tensor_bytes), "--loss-bound=0.01", "--json", "--timeout-s=60"},
                                absl::Seconds(70));
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const std::string body = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
@@ -337,7 +337,7 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   EXPECT_EQ(Scraped(body, "dlcp_rx_packets_total{class=\"3\",type=\"push\"}"), 0);
   EXPECT_EQ(all_classes("dlcp_tx_packets_total", "result") - Scraped(body, "dlcp_repairs_total{kind=\"result_resent\"}"),
             workers * tensor_rounds * chunks);
-  // Every round is bounded (ε = 0.01 by default) and sealed with a STOP to each worker; nothing
+  // Every round is bounded (ε = 0.01, asked for above) and sealed with a STOP to each worker; nothing
   // was lost, so every contribution was summed.
   EXPECT_EQ(Scraped(body, "dlcp_time_to_stop_ms_count"), ops);
   // A worker that asked again after the seal (its quiet spell ran out first) got its STOP again.
