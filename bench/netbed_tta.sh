@@ -36,7 +36,7 @@ run() {  # name mode loss_bound
     # Gloo finds its interface by the host name, which would give 127.0.0.1 here.
     ip netns exec "$PREFIX-w$i" env PYTHONPATH="$BUILD/python" GLOO_SOCKET_IFNAME=eth0 \
       timeout "$RUN_TIMEOUT" "$PYTHON" -m dlcp.examples.digits --json --plaintext \
-      --mode="$2" --rank=$((i - 1)) --world=4 --aggregators="$agg_list" --data-host="$(netbed_ip_of $i)" \
+      --mode="$2" --job="tta-$1-$$" --rank=$((i - 1)) --world=4 --aggregators="$agg_list" --data-host="$(netbed_ip_of $i)" \
       --chunk-bytes=1400 --window-bytes="$WINDOW" --loss-bound="$3" --epochs="$EPOCHS" --hidden="$HIDDEN" \
       --optimizer=adam --gloo-init="tcp://$(netbed_ip_of 1):29500" >"$work/$1.$i" 2>&1 &
     pids+=($!)

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "client/options/client_option_table.h"
 #include "client/session.h"
 #include "client/transfer_engine.h"
 #include "common/base/clock.h"
@@ -180,6 +181,9 @@ EngineOptions EngineOptionsOf(const ClientOptions& options, const Session& sessi
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& given) {
   if (absl::Status s = ValidateOptions(given); !s.ok()) return s;
   ClientOptions options = given;
+  absl::StatusOr<std::string> job = ResolveJobName(given.job_name, ProcessEnv);
+  if (!job.ok()) return job.status();
+  options.job_name = *job;
   options.transport.bind_host = DataBindHost(given);
   absl::StatusOr<std::unique_ptr<Transport>> transport = CreateTransport(options.transport);
   if (!transport.ok()) return transport.status();

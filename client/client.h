@@ -37,7 +37,7 @@ namespace dlcp {
 struct ClientOptions {
   // Control addresses (host:port) of the job's aggregators. Every worker must list the same set.
   std::vector<std::string> aggregators;
-  std::string job_name = "default";
+  std::string job_name;  // empty: from the launcher (ResolveJobName), else an error
   uint32_t world_size = 1;
   uint32_t rank = 0;
   // Payload bytes per chunk (one datagram). 0: the largest that fits the transport's datagram

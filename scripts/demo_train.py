@@ -4,6 +4,7 @@
 accuracies and write a plot of accuracy against wall time. Run by scripts/demo.sh with the
 aggregators it started; needs the build tree's python/ on PYTHONPATH."""
 import argparse
+import os
 import multiprocessing as mp
 import socket
 import sys
@@ -26,7 +27,7 @@ def worker(run, rank, world, aggregators, epochs, gloo_init, queue):
         history = digits.train(run["mode"], rank, world, aggregators, epochs, loss_bound=run["loss_bound"],
                                inject_drop=run["inject_drop"], optimizer=run["optimizer"],
                                client_options={"plaintext": True, "transport": "udp"},
-                               gloo_init=gloo_init, on_epoch=report)
+                               gloo_init=gloo_init, on_epoch=report, job=run["job"])
         queue.put(("done", run["name"], rank, history))
     except BaseException as e:  # the parent reports it; a worker never hangs the demo
         queue.put(("error", run["name"], rank, f"{type(e).__name__}: {e}"))
@@ -96,8 +97,9 @@ def main():
     print(f"training a CNN on the digits data set: {a.workers} workers, {a.epochs} epochs per run; "
           f"bounded run drops {a.inject_drop} (class:fraction) of its packets")
     results = {}
-    for run in runs:
+    for i, run in enumerate(runs):
         run["optimizer"] = a.optimizer
+        run["job"] = f"demo-{os.getpid()}-{i}"  # its own job: two demos at once must not meet
         results[run["name"]] = run_one(run, a.workers, a.aggregators, a.epochs, a.timeout)
     print(f"\n{'run':<24} {'final accuracy':>15} {'wall time':>10}")
     for name, history in results.items():

@@ -313,7 +313,6 @@ int Main(int argc, char** argv) {
     std::cerr << "dlcp-bench: --rank must be below --workers\n";
     return 2;
   }
-  if (w.client.job_name.empty()) w.client.job_name = "bench";
   absl::StatusOr<WorkerResult> r = RunWorker(w);
   if (!r.ok()) {
     std::cerr << "dlcp-bench rank " << w.client.rank << ": " << r.status() << "\n";

@@ -184,7 +184,7 @@ ClientOption InjectDrops() {
 std::vector<ClientOption> ConnectionRows() {
   return {
       Aggregators(),
-      Text("job", "job name; every worker of a job gives the same one", [](auto& o) -> auto& { return o.job_name; }),
+      Text("job", "job name, the same on every worker of the job and on no other; empty: TORCHELASTIC_RUN_ID or MASTER_ADDR:MASTER_PORT", [](auto& o) -> auto& { return o.job_name; }),
       Int("world_size", 1, 65535, "workers in the job", [](auto& o) -> auto& { return o.world_size; }),
       Int("rank", 0, 65534, "this worker's rank, 0 .. world_size - 1", [](auto& o) -> auto& { return o.rank; }),
       Bool("plaintext", "dial gRPC without TLS; must be chosen explicitly",
@@ -361,6 +361,20 @@ std::optional<std::string> ProcessEnv(const std::string& name) {
   const char* v = std::getenv(name.c_str());
   if (v == nullptr) return std::nullopt;
   return std::string(v);
+}
+
+absl::StatusOr<std::string> ResolveJobName(const std::string& given, const EnvLookup& env) {
+  if (!given.empty()) return given;
+  const std::optional<std::string> run_id = env("TORCHELASTIC_RUN_ID");
+  if (run_id.has_value() && !run_id->empty() && *run_id != "none") return *run_id;
+  const std::optional<std::string> addr = env("MASTER_ADDR"), port = env("MASTER_PORT");
+  if (addr.has_value() && port.has_value() && !addr->empty() && !port->empty()) {
+    return absl::StrCat("torch-", *addr, ":", *port);
+  }
+  return absl::InvalidArgumentError(
+      "no job name: set job (DLCP_JOB, dlcp-bench --job) to a name every worker of this job gives and no "
+      "other job uses; under torchrun or a PyTorchJob it comes from TORCHELASTIC_RUN_ID or "
+      "MASTER_ADDR:MASTER_PORT");
 }
 
 absl::StatusOr<std::map<std::string, std::string>> ParseSettingsString(const std::string& settings) {

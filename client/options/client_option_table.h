@@ -56,6 +56,13 @@ absl::Status ApplyClientOptions(const std::map<std::string, std::string>& explic
 // The process environment, for ApplyClientOptions.
 std::optional<std::string> ProcessEnv(const std::string& name);
 
+// The job's name: `given`, else the one a launcher gives every worker of a run alike and no
+// other run at the same time: torchrun's TORCHELASTIC_RUN_ID (unless "none", its value without
+// --rdzv_id), else MASTER_ADDR:MASTER_PORT (torchrun, torch.distributed.launch, Kubeflow's
+// PyTorchJob). With neither, INVALID_ARGUMENT saying how to name the job: a fixed fallback
+// would sum two unrelated runs together.
+absl::StatusOr<std::string> ResolveJobName(const std::string& given, const EnvLookup& env);
+
 // "name=value,name=value" (the C API's settings string) as a map; a malformed item is
 // INVALID_ARGUMENT naming it.
 absl::StatusOr<std::map<std::string, std::string>> ParseSettingsString(const std::string& settings);

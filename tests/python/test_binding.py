@@ -309,7 +309,8 @@ def test_bad_options_and_unreachable_aggregators():
     with pytest.raises(dlcp.Error, match="rank 3 is not below world_size 2"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=2, rank=3, plaintext=True)
     with pytest.raises(dlcp.Error, match="UNAVAILABLE.*127.0.0.1:1"):
-        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, rpc_timeout_ms=1000)
+        dlcp.Client(aggregators="127.0.0.1:1", job="unreachable", world_size=1, rank=0, plaintext=True,
+                    rpc_timeout_ms=1000)
 
 
 def test_options_come_from_keywords_then_environment_then_defaults(monkeypatch):
@@ -321,12 +322,30 @@ def test_options_come_from_keywords_then_environment_then_defaults(monkeypatch):
     # as dialling the aggregator.
     monkeypatch.setenv("DLCP_RPC_TIMEOUT_MS", "1000")
     with pytest.raises(dlcp.Error, match="UNAVAILABLE.*127.0.0.1:1"):
-        dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, loss_bound=0)
+        dlcp.Client(aggregators="127.0.0.1:1", job="options", world_size=1, rank=0, plaintext=True, loss_bound=0)
     monkeypatch.setenv("DLCP_AGGREGATORS", "127.0.0.1:1")
     monkeypatch.setenv("DLCP_PLAINTEXT", "true")
     monkeypatch.setenv("DLCP_LOSS_BOUND", "0")
+    monkeypatch.setenv("DLCP_JOB", "options")
     with pytest.raises(dlcp.Error, match="UNAVAILABLE.*127.0.0.1:1"):
         dlcp.Client(world_size=1, rank=0)
+
+
+def test_a_job_is_named_or_comes_from_the_launcher(aggregators, monkeypatch):
+    """Two runs that fell back to one fixed name would be summed together: without a name and
+    without a launcher to derive one from, the client refuses, saying how to name the job."""
+    for var in ("DLCP_JOB", "TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(dlcp.Error, match="INVALID_ARGUMENT: no job name: set job \\(DLCP_JOB"):
+        dlcp.Client(aggregators=aggregators, world_size=1, rank=0, plaintext=True)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv_id: not a name
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    client = dlcp.Client(aggregators=aggregators, world_size=1, rank=0, plaintext=True)
+    try:
+        assert client.job == "torch-127.0.0.1:29511"
+    finally:
+        client.close()
 
 
 def test_the_log_level_comes_from_the_environment_or_a_call():
@@ -338,7 +357,7 @@ def test_the_log_level_comes_from_the_environment_or_a_call():
     assert bad.returncode != 0
     assert "DLCP_LOG_LEVEL: unknown log level 'loud'" in bad.stderr
     # Choosing a transport logs at info; at DLCP_LOG_LEVEL=error that line is gone.
-    connect = ("import dlcp\ntry:\n dlcp.Client(aggregators='127.0.0.1:1', world_size=1, rank=0, plaintext=True,"
+    connect = ("import dlcp\ntry:\n dlcp.Client(aggregators='127.0.0.1:1', job='log', world_size=1, rank=0, plaintext=True,"
                " rpc_timeout_ms=300)\nexcept dlcp.Error:\n print('refused')")
     for level, logged in (("info", True), ("error", False)):
         env["DLCP_LOG_LEVEL"] = level

@@ -163,7 +163,8 @@ def test_a_failed_worker_fails_the_others_naming_its_rank(aggregators, how, with
 def test_unreachable_aggregator_raises_at_construction():
     import dlcp
     with pytest.raises(dlcp.Error, match="UNAVAILABLE"):
-        dlcp.Client(aggregators=f"127.0.0.1:{free_port()}", world_size=2, rank=0, plaintext=True, rpc_timeout_ms=1000)
+        dlcp.Client(aggregators=f"127.0.0.1:{free_port()}", job="unreachable", world_size=2, rank=0,
+                    plaintext=True, rpc_timeout_ms=1000)
 
 
 def test_auto_fusion_agrees_across_workers(aggregators):

@@ -133,8 +133,8 @@ class Handle:
 
 
 # What torch.distributed's launchers export to every worker: torchrun and torch.distributed.launch
-# (RANK, WORLD_SIZE; torchrun also TORCHELASTIC_RUN_ID, the same for every worker of a run, "none"
-# when no --rdzv_id was given), and Kubeflow's PyTorchJob (RANK, WORLD_SIZE).
+# (RANK, WORLD_SIZE), and Kubeflow's PyTorchJob (RANK, WORLD_SIZE). The job's name, when not
+# given, the library takes from the launcher itself (TORCHELASTIC_RUN_ID, MASTER_ADDR:MASTER_PORT).
 _LAUNCHER_VARS = (("rank", "RANK"), ("world_size", "WORLD_SIZE"))
 
 
@@ -144,7 +144,7 @@ def _given(option, options, env):
 
 
 def _launcher_defaults(options, env):
-    """Fills rank, world_size and job from a launcher's environment where neither the caller nor a
+    """Fills rank and world_size from a launcher's environment where neither the caller nor a
     DLCP_* variable gave them."""
     for option, var in _LAUNCHER_VARS:
         if _given(option, options, env) or var not in env:
@@ -153,9 +153,6 @@ def _launcher_defaults(options, env):
             options[option] = int(env[var])
         except ValueError:
             raise Error(f"{option}: the launcher's {var}={env[var]!r} is not a whole number") from None
-    run_id = env.get("TORCHELASTIC_RUN_ID", "")
-    if not _given("job", options, env) and run_id not in ("", "none"):
-        options["job"] = run_id
 
 
 class Client:
@@ -163,7 +160,8 @@ class Client:
 
     Under torchrun, torch.distributed.launch or a Kubeflow PyTorchJob, rank and world_size default
     to the launcher's RANK and WORLD_SIZE, and job to torchrun's TORCHELASTIC_RUN_ID (its
-    --rdzv_id); options given here win.
+    --rdzv_id) or else MASTER_ADDR:MASTER_PORT; options given here win. Outside a launcher, job
+    must be given: two runs with one name would be summed together.
 
     Keyword options: each may also come from the environment as DLCP_<NAME> (DLCP_LOSS_BOUND=0.05),
     which a keyword wins over; then the default. None counts as not given. The options:

@@ -69,9 +69,10 @@ def make_optimizer(name, params, lr):
 
 
 def train(mode, rank, world, aggregators="", epochs=10, lr=None, optimizer="sgd", loss_bound=0.0, inject_drop="",
-          client_options=None, gloo_init=None, seed=0, on_epoch=None, totals=None, hidden=64):
+          client_options=None, gloo_init=None, seed=0, on_epoch=None, totals=None, hidden=64, job=None):
     """Trains and returns [(seconds since start, test accuracy %)] after each epoch. In mode
-    dlcp, `totals` (a dict) receives DistributedOptimizer.totals."""
+    dlcp, `totals` (a dict) receives DistributedOptimizer.totals. `job`: the dlcp job's name, the
+    same on every rank of this run and no other; None takes DLCP_JOB or the launcher's."""
     import dlcp
     import dlcp.torch
     torch.manual_seed(seed)
@@ -83,7 +84,7 @@ def train(mode, rank, world, aggregators="", epochs=10, lr=None, optimizer="sgd"
     if mode in ("gloo", "dlcp-ddp") and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("gloo", init_method=gloo_init, rank=rank, world_size=world)
     if mode in ("dlcp", "dlcp-ddp"):
-        opts = dict(aggregators=aggregators, job=f"digits-{mode}", world_size=world, rank=rank,
+        opts = dict(aggregators=aggregators, job=job, world_size=world, rank=rank,
                     loss_bound=loss_bound, num_layers=dlcp.torch.num_layers(model))
         if inject_drop:
             opts.update(inject_drop_class=inject_drop, inject_seed=1000 + rank)
@@ -131,11 +132,14 @@ def main(argv=None):
     p.add_argument("--rank", type=int, default=int(env("DLCP_RANK", env("RANK", env("JOB_COMPLETION_INDEX", "0")))))
     p.add_argument("--world", type=int, default=int(env("DLCP_WORLD", env("WORLD_SIZE", "1"))))
     p.add_argument("--aggregators", default=env("DLCP_AGGREGATORS", ""))
+    p.add_argument("--job", default=env("DLCP_JOB", None),
+                   help="the dlcp job's name, the same on every rank of this run and no other; "
+                        "default: the launcher's (TORCHELASTIC_RUN_ID, MASTER_ADDR:MASTER_PORT)")
     p.add_argument("--aggregators-service", default=env("DLCP_AGGREGATORS_SERVICE", ""),
                    help="host:port of a headless Service whose addresses are the aggregators (instead of --aggregators)")
     p.add_argument("--epochs", type=int, default=int(env("DLCP_EPOCHS", "10")))
     p.add_argument("--optimizer", default=env("DLCP_OPTIMIZER", "sgd"), choices=["sgd", "adam", "adamw"])
-    p.add_argument("--loss-bound", type=float, default=float(env("DLCP_LOSS_BOUND", "0.01")))
+    p.add_argument("--loss-bound", type=float, default=float(env("DLCP_LOSS_BOUND", "0")))
     p.add_argument("--inject-drop", default=env("DLCP_INJECT_DROP", ""))
     p.add_argument("--plaintext", action="store_true", default=env("DLCP_PLAINTEXT", "") == "1")
     p.add_argument("--tls-ca", default=env("DLCP_TLS_CA", ""))
@@ -172,7 +176,7 @@ def main(argv=None):
 
     history = train(a.mode, a.rank, a.world, a.aggregators, a.epochs, optimizer=a.optimizer, loss_bound=a.loss_bound,
                     inject_drop=a.inject_drop, client_options=options, gloo_init=a.gloo_init, on_epoch=report,
-                    hidden=a.hidden)
+                    hidden=a.hidden, job=a.job)
     if a.rank == 0:
         print(f"final accuracy {history[-1][1]:.2f}%")
     if a.json:
