@@ -10,7 +10,13 @@
 
 #include <grpc/impl/codegen/grpc_types.h>
 
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <random>
+
 #include "absl/strings/str_cat.h"
+#include "common/transport/address.h"
 #include "common/base/build_config.h"
 #include "common/base/host_port.h"
 #include "common/base/log.h"
@@ -26,6 +32,12 @@ absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& context) {
 }
 
 namespace {
+
+std::string LocalHostName() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof(name) - 1) == 0 ? std::string(name) : std::string();
+}
+
 // An aggregator's data keys as Join and Heartbeat answers carry them, into `info`.
 absl::Status ParseKeys(const std::string& control, const std::string& newest, const std::string& previous,
                        const std::string& worker, uint32_t generation, AggregatorInfo* info) {
@@ -93,6 +105,10 @@ std::unique_ptr<Session::JoinCall> Session::StartJoin(const SessionOptions& opti
   req.set_worker_keys(true);
   req.set_wire_version(wire::kVersion);
   req.set_client_version(DLCP_VERSION);
+  req.set_incarnation(options.incarnation);
+  req.set_client_host(LocalHostName());
+  req.set_client_pid(static_cast<uint32_t>(::getpid()));
+  for (const std::string& a : options.resolved_aggregators) req.add_aggregators(a);
   return std::make_unique<JoinCall>(
       [stub](grpc::ClientContext* ctx, const v1::JoinRequest* rq, v1::JoinResponse* rs, auto cb) {
         stub->async()->Join(ctx, rq, rs, std::move(cb));
@@ -179,8 +195,26 @@ absl::StatusOr<Session::Joined> Session::FinishJoin(const SessionOptions& option
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& options) {
-  if (options.aggregators.empty()) return absl::InvalidArgumentError("no aggregators given");
+namespace {
+// What a Join says of this worker that the aggregator checks its job against (Roster): an
+// incarnation, and the aggregators as addresses, so that two workers naming one aggregator
+// differently (a host name, an address) agree.
+SessionOptions WithIdentity(const SessionOptions& given) {
+  SessionOptions o = given;
+  while (o.incarnation == 0) o.incarnation = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+  if (o.resolved_aggregators.empty()) {
+    for (const std::string& a : o.aggregators) {
+      absl::StatusOr<Address> resolved = ResolveHostPort(a);
+      o.resolved_aggregators.push_back(resolved.ok() ? resolved->ToString() : a);
+    }
+  }
+  return o;
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Join(const SessionOptions& given) {
+  if (given.aggregators.empty()) return absl::InvalidArgumentError("no aggregators given");
+  const SessionOptions options = WithIdentity(given);
   absl::StatusOr<ChannelSecurity> security = MakeChannelSecurity(options.tls);
   if (!security.ok()) return security.status();
   MarkChannelDscp(&security->arguments, options.control_dscp);
@@ -269,6 +303,7 @@ std::unique_ptr<Session::HeartbeatCall> Session::StartHeartbeat(size_t i, absl::
   v1::HeartbeatRequest req;
   req.set_job_id(job_id_);
   req.set_rank(options_.rank);
+  req.set_incarnation(options_.incarnation);
   {
     std::lock_guard<std::mutex> guard(mu_);
     req.set_data_key_generation(aggregators_[i].data_key_generation);
@@ -308,7 +343,8 @@ void Session::ReadHeartbeat(size_t i, HeartbeatCall& call, const LayoutHandler& 
     // The aggregator answered: it no longer counts this worker in the job (e.g. after it was
     // silent past the deadline). Nothing this worker sends can complete.
     Fatal(absl::AbortedError(
-        absl::StrCat("aggregator ", aggregators_[i].control, " dropped this worker: ", st.error_message())));
+        absl::StrCat("aggregator ", aggregators_[i].control, " dropped rank ", options_.rank, " of job '",
+                     options_.job_name, "': ", st.error_message())));
   } else if (MonotonicNow() - last_ok_[i] > heartbeat_timeout_) {
     // No answer for longer than the deadline: the aggregator that owns part of every tensor is
     // gone. Fail now rather than at each op's deadline, unless the job can go on without it.

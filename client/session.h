@@ -57,6 +57,10 @@ struct SessionOptions {
   absl::Duration heartbeat_interval = kDefaultHeartbeatInterval;
   TlsOptions tls;
   uint8_t control_dscp = 46;  // gRPC sockets ride the top class (common/rpc/socket_marks.h)
+  // Who this worker is, in every Join and heartbeat (JoinRequest.incarnation): Session::Join
+  // draws it when 0, and resolves `aggregators` into `resolved_aggregators` when that is empty.
+  uint64_t incarnation = 0;
+  std::vector<std::string> resolved_aggregators;
 };
 
 class Session {

@@ -30,6 +30,31 @@ std::string PeerHost(const std::string& peer) {
   return hp.ok() ? hp->first : "";
 }
 
+namespace {
+// The joining worker as it describes itself (Roster), its fields bounded: they go into errors
+// and are kept for the job's life.
+absl::StatusOr<Joiner> JoinerOf(const v1::JoinRequest& req, const std::string& peer) {
+  constexpr size_t kMaxHost = 255, kMaxAggregators = 1024, kMaxAggregator = 300;
+  if (req.client_host().size() > kMaxHost) {
+    return absl::InvalidArgumentError(absl::StrCat("client_host is ", req.client_host().size(), " bytes; at most ", kMaxHost));
+  }
+  if (static_cast<size_t>(req.aggregators_size()) > kMaxAggregators) {
+    return absl::InvalidArgumentError(absl::StrCat("aggregators lists ", req.aggregators_size(), "; at most ", kMaxAggregators));
+  }
+  Joiner j;
+  for (const std::string& a : req.aggregators()) {
+    if (a.empty() || a.size() > kMaxAggregator) {
+      return absl::InvalidArgumentError(absl::StrCat("an entry of aggregators is ", a.size(), " bytes; 1 to ", kMaxAggregator));
+    }
+    j.aggregators.push_back(a);
+  }
+  j.incarnation = req.incarnation();
+  const std::string host = req.client_host().empty() ? PeerHost(peer) : req.client_host();
+  j.who = req.client_pid() != 0 ? absl::StrCat("host ", host, " pid ", req.client_pid()) : absl::StrCat("host ", host);
+  return j;
+}
+}  // namespace
+
 AggregatorService::AggregatorService(std::string aggregator_id, std::string advertise_host, JobRegistry* jobs,
                                      DataPlane* data, MetricsRegistry* metrics)
     : id_(std::move(aggregator_id)),
@@ -127,7 +152,9 @@ absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::Jo
   absl::StatusOr<Address> addr = ResolveAddress(host, static_cast<uint16_t>(req.data_port()), data_->family());
   if (!addr.ok()) return addr.status();
   addr->qpn = req.data_qpn();
-  JoinSpec spec{req.job_name(), req.world_size(), req.rank(), req.chunk_bytes(), *addr};
+  absl::StatusOr<Joiner> joiner = JoinerOf(req, peer);
+  if (!joiner.ok()) return joiner.status();
+  JoinSpec spec{req.job_name(), req.world_size(), req.rank(), req.chunk_bytes(), *addr, std::move(*joiner)};
   absl::StatusOr<std::shared_ptr<Job>> job = jobs_->Join(spec);
   if (!job.ok()) return job.status();
   resp->set_job_id((*job)->id);
@@ -257,7 +284,7 @@ absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req) {
 }
 
 absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
-  absl::Status s = jobs_->Heartbeat(req.job_id(), req.rank(), req.data_key_generation());
+  absl::Status s = jobs_->Heartbeat(req.job_id(), req.rank(), req.data_key_generation(), req.incarnation());
   if (std::shared_ptr<Job> job = jobs_->Find(req.job_id())) {
     resp->set_epoch(job->epoch.load());
     resp->set_rejoins(job->rejoins.load());

@@ -91,7 +91,14 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
     return absl::FailedPreconditionError(
         absl::StrCat("job '", s.job_name, "' uses chunk_bytes ", job->chunk_bytes, ", not ", s.chunk_bytes));
   }
-  TakeRank(*job, s);
+  const Member& m = job->members[s.rank];
+  const int64_t timeout_ns = absl::ToInt64Nanoseconds(limits_.heartbeat_timeout);
+  auto holder_alive = [&] {
+    return m.joined() && MonotonicNanos() - m.last_heartbeat_ns.load(std::memory_order_relaxed) <= timeout_ns;
+  };
+  Job& seated = *job;
+  absl::Status admitted = job->roster.Admit(s.job_name, s.rank, s.joiner, holder_alive, [&] { TakeRank(seated, s); });
+  if (!admitted.ok()) return admitted;
   DLCP_LOG(Info) << "job " << s.job_name << " (id " << id << ") rank " << s.rank << "/" << s.world_size
                  << " joined, data " << s.data_address.ToString();
   return job;
@@ -205,13 +212,14 @@ std::vector<std::string> JobRegistry::ExpireRegroups(absl::Time now) {
   return lines;
 }
 
-absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank, uint32_t key_generation) {
+absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank, uint32_t key_generation, uint64_t incarnation) {
   std::shared_ptr<Job> job = Find(job_id);
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   if (rank >= job->world || !job->members[rank].joined()) {
     std::string why = job->failed.load() ? absl::StrCat(" (the job failed: ", job->failure_reason(), ")") : "";
-    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is not a member of job ", job->name, why));
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is not a member of job '", job->name, "'", why));
   }
+  if (absl::Status s = job->roster.CheckHolder(job->name, rank, incarnation); !s.ok()) return s;
   job->members[rank].last_heartbeat_ns.store(MonotonicNanos(), std::memory_order_relaxed);
   if (job->ring && key_generation > 0) {
     // A generation past the newest counts as the newest: a member claiming a key it does not

@@ -24,6 +24,7 @@
 #include "common/wire/mac.h"
 #include "server/jobs/key_ring.h"
 #include "server/jobs/regroup_barrier.h"
+#include "server/jobs/roster.h"
 
 namespace dlcp::server {
 
@@ -59,7 +60,7 @@ struct Job {
       std::optional<wire::MacKey> mac_key = std::nullopt, bool per_worker_keys = true)
       : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes), epoch(epoch),
         ring(mac_key ? std::make_unique<KeyRing>(*mac_key, world, per_worker_keys) : nullptr), members(world),
-        regroup(world) {}
+        roster(world), regroup(world) {}
 
   const uint32_t id;
   const std::string name;
@@ -78,6 +79,7 @@ struct Job {
   // What rank `rank` signs with now (its per-worker key); null without data authentication.
   const wire::MacKey* worker_key(uint32_t rank) const { return ring ? ring->Current().newest->worker(rank) : nullptr; }
   std::vector<Member> members;
+  Roster roster;  // who holds each rank, and the aggregators the job was given
   std::atomic<uint32_t> member_count{0};
   // When it was created: ReapIdle counts it as heard from then, or a job could be reaped between
   // its creation and its first member's join, before that member had been heard from at all.
@@ -140,6 +142,7 @@ struct JoinSpec {
   uint32_t rank = 0;
   uint32_t chunk_bytes = 0;
   Address data_address;
+  Joiner joiner;
 };
 
 // The job id every aggregator derives from the name, so workers need no id service.
@@ -156,7 +159,9 @@ class JobRegistry {
   // `reason`: why the worker left, if on an error; kept for the failure it may cause (Job::LeftBecause).
   absl::Status Leave(uint32_t job_id, uint32_t rank, const std::string& reason = "");
   // `key_generation`: the data key the member holds (KeyRing::Holds); 0 says nothing.
-  absl::Status Heartbeat(uint32_t job_id, uint32_t rank, uint32_t key_generation = 0);
+  // `incarnation`: the member's (Joiner); FailedPrecondition naming the holder when another
+  // process has taken its rank since.
+  absl::Status Heartbeat(uint32_t job_id, uint32_t rank, uint32_t key_generation = 0, uint64_t incarnation = 0);
 
   // Key rotation (KeyRing): moves every job's rotation on, and starts one for each job whose
   // newest key is data_key_rotation old. Returns one line per phase change, for the log.

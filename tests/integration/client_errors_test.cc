@@ -3,6 +3,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <thread>
 
@@ -126,6 +128,97 @@ TEST(ClientErrors, JoinConflictsAreRefused) {
   EXPECT_NE(c1.status().message().find("chunk_bytes"), std::string::npos);
   auto c2 = Client::Connect(Opts(agg->address(), "shape", 3, 1));
   EXPECT_EQ(c2.status().code(), absl::StatusCode::kFailedPrecondition) << c2.status();
+}
+
+// A second process given a rank a live worker holds is refused at once, naming the holder, and
+// the holder's job goes on exactly. A Join after the holder's heartbeats lapsed is a restart:
+// it is taken, and the displaced holder's next heartbeat is told who took its rank.
+TEST(ClientErrors, ASecondWorkerGivenALiveRankIsRefusedNamingTheHolder) {
+  TestAggregatorOptions ao;
+  ao.limits.heartbeat_timeout = absl::Milliseconds(600);
+  auto agg = TestAggregator::Start(ao);
+  ASSERT_NE(agg, nullptr);
+  std::vector<std::unique_ptr<Client>> clients = ConnectAll(agg->address(), "duplicate", 2);
+  ASSERT_NE(clients[0], nullptr);
+  ASSERT_NE(clients[1], nullptr);
+  auto dup = Client::Connect(Opts(agg->address(), "duplicate", 2, 1));
+  ASSERT_EQ(dup.status().code(), absl::StatusCode::kFailedPrecondition) << dup.status();
+  const std::string holder = absl::StrCat(" pid ", ::getpid(), ";");
+  EXPECT_NE(dup.status().message().find("job 'duplicate': rank 1 is held by a live worker (host "), std::string::npos)
+      << dup.status();
+  EXPECT_NE(dup.status().message().find(holder), std::string::npos) << dup.status();
+  EXPECT_EQ(TwoWorkerRound(clients, 1, 2), std::make_pair(3.0f, 3.0f));
+
+  // A holder that went silent (a hand-made Join, which never beats) gives its rank up once its
+  // heartbeats lapse.
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(agg->address(), grpc::InsecureChannelCredentials()));
+  std::unique_ptr<Transport> socket = TestSocket();
+  ASSERT_NE(socket, nullptr);
+  v1::JoinRequest req;
+  req.set_job_name("restart");
+  req.set_world_size(1);
+  req.set_chunk_bytes(1024);
+  req.set_data_host("127.0.0.1");
+  req.set_data_port(socket->local_address().port);
+  req.set_worker_keys(true);
+  req.set_incarnation(42);
+  req.set_client_host("old-node");
+  req.set_client_pid(7);
+  v1::JoinResponse joined;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ASSERT_TRUE(stub->Join(&ctx, req, &joined).ok());
+  auto early = Client::Connect(Opts(agg->address(), "restart", 1, 0));
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition) << early.status();
+  EXPECT_NE(early.status().message().find("(host old-node pid 7;"), std::string::npos) << early.status();
+  absl::StatusOr<std::unique_ptr<Client>> restarted = absl::UnknownError("not tried");
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(10); !restarted.ok() && MonotonicNow() < end;) {
+    absl::SleepFor(absl::Milliseconds(100));  // until the holder's 600 ms heartbeat deadline has passed
+    restarted = Client::Connect(Opts(agg->address(), "restart", 1, 0));
+  }
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  std::vector<float> d(1000, 4.0f);
+  ASSERT_TRUE((*restarted)->AllReduce(0, absl::MakeSpan(d)).get().ok());
+  EXPECT_EQ(d, std::vector<float>(1000, 4.0f));
+  v1::HeartbeatRequest hb;
+  hb.set_job_id(joined.job_id());
+  hb.set_rank(0);
+  hb.set_incarnation(42);
+  v1::HeartbeatResponse beat;
+  grpc::ClientContext hb_ctx;
+  hb_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Status st = stub->Heartbeat(&hb_ctx, hb, &beat);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_NE(st.error_message().find("job 'restart': rank 0 is now held by another worker (host "), std::string::npos)
+      << st.error_message();
+}
+
+// Workers given other aggregators than the rest of their job (DNS during a rollout, say) are
+// refused at their first Join, saying what differs, not left to run into the op deadline.
+TEST(ClientErrors, WorkersGivenOtherAggregatorsAreRefusedSayingWhatDiffers) {
+  auto a = TestAggregator::Start({});
+  auto b = TestAggregator::Start({});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto first = Client::Connect(Opts(a->address(), "lists", 2, 0));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ClientOptions more = Opts(a->address(), "lists", 2, 1);
+  more.aggregators.push_back(b->address());
+  auto refused = Client::Connect(more);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find(absl::StrCat("only rank 1 lists ", b->address())), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("must list the same aggregators in the same order"), std::string::npos);
+
+  ClientOptions ab = Opts(a->address(), "order", 2, 0), ba = Opts(b->address(), "order", 2, 1);
+  ab.aggregators.push_back(b->address());
+  ba.aggregators.push_back(a->address());
+  auto in_order = Client::Connect(ab);
+  ASSERT_TRUE(in_order.ok()) << in_order.status();
+  auto reordered = Client::Connect(ba);
+  ASSERT_EQ(reordered.status().code(), absl::StatusCode::kFailedPrecondition) << reordered.status();
+  EXPECT_NE(reordered.status().message().find("the same aggregators in another order"), std::string::npos)
+      << reordered.status();
 }
 
 // chunk_bytes 0 fits the transport; a chunk too large for its datagrams is refused with the
