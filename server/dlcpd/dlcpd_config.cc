@@ -41,6 +41,17 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("job-idle-timeout-ms", 60000, 1000, 86400000,
             "a job with no heartbeat from any member for this long is removed");
   c->AddInt("max-jobs", 64, 1, 100000, "jobs this aggregator serves at once");
+  c->AddInt("max-connections", 4096, 1, 1000000,
+            "TCP connections the gRPC ports hold at once; more are closed as they arrive");
+  c->AddInt("max-connections-per-peer", 256, 1, 1000000,
+            "TCP connections the gRPC ports hold from one address; more are closed as they arrive");
+  c->AddInt("handshake-timeout-ms", 10000, 100, 600000,
+            "a gRPC connection that has not finished its TLS and HTTP/2 handshake by then is closed");
+  c->AddInt("connection-idle-timeout-ms", 300000, 1000, 86400000,
+            "a gRPC connection with no call for this long is closed (workers call at every heartbeat)");
+  c->AddInt("max-streams-per-connection", 64, 1, 100000, "concurrent gRPC calls on one connection");
+  c->AddInt("control-memory-bytes", int64_t{256} << 20, int64_t{16} << 20, int64_t{1} << 40,
+            "memory gRPC may take for its connections and calls, over all of them");
   c->AddInt("max-workers", 1024, 1, 65535, "workers per job");
   c->AddInt("max-rounds-in-flight", 256, 1, 1000000, "open rounds per job; more is refused with an error");
   c->AddInt("max-job-bytes", int64_t{4} << 30, int64_t{1} << 20, int64_t{1} << 40,
@@ -127,6 +138,12 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.limits.max_workers = static_cast<uint32_t>(c.GetInt("max-workers"));
   o.limits.max_rounds_in_flight = static_cast<uint32_t>(c.GetInt("max-rounds-in-flight"));
   o.limits.max_job_bytes = static_cast<uint64_t>(c.GetInt("max-job-bytes"));
+  o.control.connections.max_connections = static_cast<uint32_t>(c.GetInt("max-connections"));
+  o.control.connections.max_per_peer = static_cast<uint32_t>(c.GetInt("max-connections-per-peer"));
+  o.control.handshake_timeout = absl::Milliseconds(c.GetInt("handshake-timeout-ms"));
+  o.control.idle_timeout = absl::Milliseconds(c.GetInt("connection-idle-timeout-ms"));
+  o.control.max_streams = static_cast<uint32_t>(c.GetInt("max-streams-per-connection"));
+  o.control.memory_bytes = c.GetInt("control-memory-bytes");
   if (absl::Status s = ParseLogLevel(c.GetString("log-level"), &o.log.min_level); !s.ok()) return s;
   o.log.json = c.GetBool("log-json");
   o.log.component = "dlcpd";

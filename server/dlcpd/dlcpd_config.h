@@ -7,11 +7,22 @@
 #include "absl/status/statusor.h"
 #include "common/base/log.h"
 #include "common/config/registry.h"
+#include "server/control/connection_limits.h"
 #include "common/security/tls.h"
 #include "server/data/data_plane.h"
 #include "server/jobs/job_registry.h"
 
 namespace dlcp::server {
+
+// What one client may hold of the gRPC ports (control and health): connections, calls and
+// memory, and how long a connection may sit in its handshake or idle.
+struct ControlLimits {
+  ConnectionLimits connections;
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  absl::Duration idle_timeout = absl::Minutes(5);
+  uint32_t max_streams = 64;  // concurrent calls per connection
+  int64_t memory_bytes = int64_t{256} << 20;
+};
 
 struct DlcpdOptions {
   std::string host;
@@ -26,6 +37,7 @@ struct DlcpdOptions {
   absl::Duration drain_timeout;  // zero: SIGTERM stops at once
   DataPlaneOptions data;
   JobLimits limits;
+  ControlLimits control;
   LogOptions log;
   TlsOptions tls;
 };

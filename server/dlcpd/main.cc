@@ -13,11 +13,13 @@
 #include <iostream>
 
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/server_builder.h>
 
 #include "common/base/clock.h"
+#include "server/control/connection_limits.h"
+#include "server/control/limited_listener.h"
 #include "common/rpc/heartbeat.h"
-#include "common/rpc/socket_marks.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/host_port.h"
@@ -133,36 +135,112 @@ absl::Status CannotListen(const std::string& what, const std::string& host, int 
                                              " to a free port (0 picks one)"));
 }
 
-// The gRPC control server, on `*port` (the one asked for, or the one picked for 0). The port is
-// bound exclusively: gRPC's default SO_REUSEPORT would let a second dlcpd share it, and control
-// calls would alternate between the two.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartControl(const DlcpdOptions& o,
-                                                           const std::shared_ptr<grpc::ServerCredentials>& credentials,
-                                                           AggregatorService* service, int* port) {
-  grpc::EnableDefaultHealthCheckService(true);
+void ExportConnectionMetrics(ConnectionLimiter* limiter, MetricsRegistry* metrics) {
+  using K = MetricsRegistry::Kind;
+  metrics->AddComputed("dlcp_control_connections", {}, K::kGauge, "TCP connections the gRPC ports hold", [limiter] {
+    limiter->Refresh();
+    return static_cast<double>(limiter->held());
+  });
+  const std::string refused = "gRPC connections closed as they arrived, by the limit they were over "
+                              "(--max-connections, --max-connections-per-peer)";
+  metrics->AddComputed("dlcp_control_connections_refused_total", {{"limit", "overall"}}, K::kCounter, refused,
+                       [limiter] { return static_cast<double>(limiter->refused_overall()); });
+  metrics->AddComputed("dlcp_control_connections_refused_total", {{"limit", "per_peer"}}, K::kCounter, refused,
+                       [limiter] { return static_cast<double>(limiter->refused_per_peer()); });
+}
+
+// What every gRPC port of dlcpd bounds (ControlLimits) beyond its connections, which its
+// LimitedListener bounds: how long one may sit in its handshake or idle, its calls, and gRPC's
+// memory. Without them one client holds every descriptor with connections that send nothing.
+void ApplyControlLimits(const ControlLimits& limits, grpc::ServerBuilder* builder) {
+  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                              static_cast<int>(absl::ToInt64Milliseconds(limits.handshake_timeout)));
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                              static_cast<int>(absl::ToInt64Milliseconds(limits.idle_timeout)));
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, static_cast<int>(limits.max_streams));
+  grpc::ResourceQuota quota("dlcpd-control");
+  quota.Resize(static_cast<size_t>(limits.memory_bytes));
+  builder->SetResourceQuota(quota);
+}
+
+// A gRPC server for `service` on `listener`'s port, or why it could not start.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const ControlLimits& limits, LimitedListener* listener,
+                                                          const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                                                          grpc::Service* service) {
   grpc::ServerBuilder builder;
-  // Control rides the top class, like the data plane's control messages.
-  if (auto marks = ServerDscpOption(o.data.transport.dscp[0])) builder.SetOption(std::move(marks));
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(JoinHostPort(o.host, o.control_port), credentials, port);
+  ApplyControlLimits(limits, &builder);
+  listener->ServeWith(&builder, credentials);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || *port == 0) return CannotListen("control calls", o.host, o.control_port, "--port");
+  if (!server) return absl::InternalError(absl::StrCat("gRPC did not start serving port ", listener->port()));
   return server;
 }
 
-// Kubelet's gRPC probes cannot do TLS: a plaintext server that serves nothing but health.
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealth(const DlcpdOptions& o, HealthService* health, int* port) {
+// A port for gRPC, or a refusal to start naming it and the setting that chose it.
+absl::StatusOr<std::unique_ptr<LimitedListener>> ListenFor(const std::string& what, const std::string& host, int port,
+                                                           const std::string& flag, uint8_t dscp,
+                                                           ConnectionLimiter* limiter) {
+  absl::StatusOr<std::unique_ptr<LimitedListener>> l = LimitedListener::Bind(host, static_cast<uint16_t>(port), dscp, limiter);
+  if (l.ok()) return l;
+  return absl::UnavailableError(absl::StrCat("cannot listen for ", what, " on ", l.status().message(), "; set ", flag,
+                                             " to a free port (0 picks one)"));
+}
+
+// dlcpd's gRPC ports: control, and health when --health-port asks for it. Each is accepted by a
+// LimitedListener under one ConnectionLimiter, so that their connections count together.
+class GrpcPorts {
+ public:
+  GrpcPorts(const DlcpdOptions& o, MetricsRegistry* metrics) : o_(o), limiter_(o.control.connections) {
+    ExportConnectionMetrics(&limiter_, metrics);
+  }
+  ~GrpcPorts() { Shutdown(); }
+  absl::Status Start(const std::shared_ptr<grpc::ServerCredentials>& credentials, AggregatorService* service,
+                     HealthService* health);
+  void Shutdown();
+  int control_port() const { return control_listener_->port(); }
+  int health_port() const { return health_listener_ ? health_listener_->port() : -1; }
+  grpc::Server& control() { return *control_; }
+
+ private:
+  const DlcpdOptions& o_;
+  ConnectionLimiter limiter_;
+  std::unique_ptr<LimitedListener> control_listener_, health_listener_;
+  std::unique_ptr<grpc::Server> control_, health_;
+};
+
+absl::Status GrpcPorts::Start(const std::shared_ptr<grpc::ServerCredentials>& credentials,
+                              AggregatorService* service, HealthService* health) {
+  const uint8_t dscp = o_.data.transport.dscp[0];
+  absl::StatusOr<std::unique_ptr<LimitedListener>> control =
+      ListenFor("control calls", o_.host, o_.control_port, "--port", dscp, &limiter_);
+  if (!control.ok()) return control.status();
+  control_listener_ = std::move(*control);
+  grpc::EnableDefaultHealthCheckService(true);
+  absl::StatusOr<std::unique_ptr<grpc::Server>> server = StartServer(o_.control, control_listener_.get(), credentials, service);
+  if (!server.ok()) return server.status();
+  control_ = std::move(*server);
+  if (o_.health_port < 0) return absl::OkStatus();
+  // Kubelet's gRPC probes cannot do TLS: a plaintext port that serves nothing but health.
+  absl::StatusOr<std::unique_ptr<LimitedListener>> probes =
+      ListenFor("health checks", o_.host, o_.health_port, "--health-port", dscp, &limiter_);
+  if (!probes.ok()) return probes.status();
+  health_listener_ = std::move(*probes);
   // The default health service is a process-wide switch that each server reads as it starts: off
   // for this one, which has its own, or gRPC logs a duplicate registration as an error.
   grpc::EnableDefaultHealthCheckService(false);
-  grpc::ServerBuilder builder;
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.RegisterService(health);
-  builder.AddListeningPort(JoinHostPort(o.host, o.health_port), grpc::InsecureServerCredentials(), port);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || *port == 0) return CannotListen("health checks", o.host, o.health_port, "--health-port");
-  return server;
+  server = StartServer(o_.control, health_listener_.get(), grpc::InsecureServerCredentials(), health);
+  if (!server.ok()) return server.status();
+  health_ = std::move(*server);
+  return absl::OkStatus();
+}
+
+void GrpcPorts::Shutdown() {
+  if (health_) health_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (control_) control_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  health_.reset();
+  control_.reset();
+  if (health_listener_) health_listener_->Stop();
+  if (control_listener_) control_listener_->Stop();
 }
 
 // Says where dlcpd serves: the log, the ready file and the service manager.
@@ -268,24 +346,13 @@ int Main(int argc, char** argv) {
     return 2;
   }
   AggregatorService service(o.aggregator_id, o.advertise_host, &jobs, data->get(), &metrics);
-  int control_port = 0;
-  absl::StatusOr<std::unique_ptr<grpc::Server>> server = StartControl(o, *credentials, &service, &control_port);
-  if (!server.ok()) {
-    std::cerr << "dlcpd: " << server.status().message() << "\n";
-    return 1;
-  }
-  absl::Cleanup stop_server = [&] { (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2)); };
   HealthService health;
-  int health_port = -1;
-  absl::StatusOr<std::unique_ptr<grpc::Server>> health_server = std::unique_ptr<grpc::Server>();
-  if (o.health_port >= 0) health_server = StartHealth(o, &health, &health_port);
-  if (!health_server.ok()) {
-    std::cerr << "dlcpd: " << health_server.status().message() << "\n";
+  GrpcPorts grpc_ports(o, &metrics);
+  if (absl::Status s = grpc_ports.Start(*credentials, &service, &health); !s.ok()) {
+    std::cerr << "dlcpd: " << s.message() << "\n";
     return 1;
   }
-  absl::Cleanup stop_health = [&] {
-    if (*health_server) (*health_server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  };
+  absl::Cleanup stop_grpc = [&] { grpc_ports.Shutdown(); };
   absl::StatusOr<std::unique_ptr<PrometheusExporter>> exporter = std::unique_ptr<PrometheusExporter>();
   if (o.metrics_port >= 0) {
     exporter = PrometheusExporter::Start(o.metrics_host, static_cast<uint16_t>(o.metrics_port), &metrics);
@@ -300,11 +367,11 @@ int Main(int argc, char** argv) {
                    << "/metrics";
   }
   absl::Cleanup stop_exporter = [&] { exporter->reset(); };
-  if (o.aggregator_id.empty()) service.set_aggregator_id(JoinHostPort(o.host, control_port));
-  AnnounceServing(o, **data, control_port, *exporter ? (*exporter)->port() : -1, health_port);
+  if (o.aggregator_id.empty()) service.set_aggregator_id(JoinHostPort(o.host, grpc_ports.control_port()));
+  AnnounceServing(o, **data, grpc_ports.control_port(), *exporter ? (*exporter)->port() : -1, grpc_ports.health_port());
   const auto tend = [&] { Tend(jobs, o); };
   const int sig = ServeUntilSignal(signals, tend);
-  StopServing(o, service, jobs, **server, health, signals, sig, tend);
+  StopServing(o, service, jobs, grpc_ports.control(), health, signals, sig, tend);
   return 0;
 }
 

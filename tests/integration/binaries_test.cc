@@ -4,7 +4,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <dirent.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -385,6 +387,77 @@ TEST(Binaries, DlcpdReturnsToItsIdleSizeAfterTheLastJobEnds) {
     rss_kb = StatusKb(d->pid(), "VmRSS");
   }
   EXPECT_LE(rss_kb, bound_kb) << "idle " << idle_kb << " kB";
+  EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
+}
+
+// Descriptors process `pid` has open.
+int OpenFds(int pid) {
+  int n = 0;
+  if (DIR* d = ::opendir(absl::StrCat("/proc/", pid, "/fd").c_str())) {
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+// One peer opening thousands of connections that never send a byte holds at most
+// --max-connections-per-peer of them, each for at most --handshake-timeout-ms; the rest are
+// closed as they arrive. dlcpd's descriptors stay bounded, and a job from another address is
+// served throughout.
+TEST(Binaries, DlcpdClosesIdleConnectionsAndBoundsThemPerPeer) {
+  constexpr int kFlood = 2000, kPerPeer = 100;
+  rlimit fds{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &fds), 0);
+  fds.rlim_cur = std::min<rlim_t>(fds.rlim_max, kFlood + 1024);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &fds), 0);
+  if (fds.rlim_cur < kFlood + 256) GTEST_SKIP() << "the descriptor limit is " << fds.rlim_max;
+  auto d = Daemon::Start(DLCPD_PATH, {"--handshake-timeout-ms=1000", absl::StrCat("--max-connections-per-peer=", kPerPeer),
+                                      "--metrics-port=0"});
+  ASSERT_NE(d, nullptr);
+  const int idle_fds = OpenFds(d->pid());
+  const int port = std::stoi(d->control().substr(d->control().rfind(':') + 1));
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    sockaddr_in from{}, to{};
+    from.sin_family = to.sin_family = AF_INET;
+    ::inet_pton(AF_INET, "127.0.0.2", &from.sin_addr);  // another peer than the job's 127.0.0.1
+    ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0) << std::strerror(errno);
+    const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to));
+    ASSERT_TRUE(rc == 0 || errno == EINPROGRESS) << std::strerror(errno);
+    flood.push_back(fd);
+  }
+  ProcessResult job = RunProcess({DLCP_BENCH_PATH, "--aggregators=" + d->control(), "--plaintext", "--workers=2",
+                                  "--tensor-bytes=1000000", "--rounds=10", "--timeout-s=60"},
+                                 absl::Seconds(90));
+  const int flood_fds = OpenFds(d->pid());
+  EXPECT_EQ(job.exit_code, 0) << job.out;
+  EXPECT_NE(job.out.find("results exact: yes"), std::string::npos) << job.out;
+  EXPECT_LE(flood_fds, idle_fds + kPerPeer + 32) << "idle " << idle_fds;
+  // Every connection of the flood is closed by dlcpd: at once, or at the handshake deadline. (An
+  // admitted one first gets gRPC's SETTINGS frame, read and dropped here.)
+  std::vector<bool> closed(flood.size(), false);
+  size_t open = flood.size();
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(20); open > 0 && MonotonicNow() < end;) {
+    std::vector<pollfd> polls;
+    for (int fd : flood) polls.push_back({fd, POLLIN | POLLRDHUP, 0});
+    ::poll(polls.data(), polls.size(), 200);
+    for (size_t i = 0; i < flood.size(); ++i) {
+      if (closed[i] || polls[i].revents == 0) continue;
+      char buf[256];
+      const ssize_t n = ::recv(flood[i], buf, sizeof(buf), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) closed[i] = true;
+    }
+    open = absl::c_count(closed, false);
+  }
+  EXPECT_EQ(open, 0u) << "connections dlcpd still holds after 20 s";
+  const std::string metrics = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
+  EXPECT_GE(Scraped(metrics, "dlcp_control_connections_refused_total{limit=\"per_peer\"}"), kFlood / 2) << metrics;
+  EXPECT_LE(Scraped(metrics, "dlcp_control_connections "), 2) << metrics;  // the scrape's own, at most
+  for (int fd : flood) ::close(fd);
   EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
 }
 
