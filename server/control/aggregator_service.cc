@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/base/build_config.h"
@@ -119,8 +120,18 @@ absl::Status AggregatorService::CheckDataTransport(const v1::JoinRequest& req) c
   return absl::OkStatus();
 }
 
+std::string ClientIdentity(const grpc::ServerContextBase& ctx) {
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth && auth->IsPeerAuthenticated()) {
+    std::vector<std::string> names;
+    for (const grpc::string_ref& n : auth->GetPeerIdentity()) names.emplace_back(n.data(), n.size());
+    if (!names.empty()) return absl::StrCat("certificate '", absl::StrJoin(names, ","), "'");
+  }
+  return absl::StrCat("address ", PeerHost(ctx.peer()));
+}
+
 absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::JoinRequest& req,
-                                           v1::JoinResponse* resp) {
+                                           v1::JoinResponse* resp, const std::string& client) {
   if (drain_.active()) {
     if (std::shared_ptr<Job> job = jobs_->Find(JobIdForName(req.job_name()));
         job && job->name == req.job_name() && req.rank() < job->world && job->members[req.rank()].joined()) {
@@ -154,7 +165,8 @@ absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::Jo
   addr->qpn = req.data_qpn();
   absl::StatusOr<Joiner> joiner = JoinerOf(req, peer);
   if (!joiner.ok()) return joiner.status();
-  JoinSpec spec{req.job_name(), req.world_size(), req.rank(), req.chunk_bytes(), *addr, std::move(*joiner)};
+  JoinSpec spec{req.job_name(), req.world_size(), req.rank(), req.chunk_bytes(), *addr, std::move(*joiner),
+                client.empty() ? absl::StrCat("address ", PeerHost(peer)) : client};
   absl::StatusOr<std::shared_ptr<Job>> job = jobs_->Join(spec);
   if (!job.ok()) return job.status();
   resp->set_job_id((*job)->id);
@@ -207,7 +219,7 @@ void AggregatorService::FillKeys(const KeyRing::Keys& keys, uint32_t rank, std::
 
 grpc::ServerUnaryReactor* AggregatorService::Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                                   v1::JoinResponse* resp) {
-  DLCP_UNARY(ctx, HandleJoin(ctx->peer(), *req, resp));
+  DLCP_UNARY(ctx, HandleJoin(ctx->peer(), *req, resp, ClientIdentity(*ctx)));
 }
 
 grpc::ServerUnaryReactor* AggregatorService::RotateDataKey(grpc::CallbackServerContext* ctx,

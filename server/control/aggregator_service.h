@@ -51,7 +51,9 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
 
   // The handlers proper, behind the gRPC reactors above (and driven directly by the control-plane
   // fuzz target). `peer` is gRPC's peer string ("ipv4:10.0.0.7:51234").
-  absl::Status HandleJoin(const std::string& peer, const v1::JoinRequest& req, v1::JoinResponse* resp);
+  // `client`: who the caller is, for --max-jobs-per-client (ClientIdentity); empty: its address.
+  absl::Status HandleJoin(const std::string& peer, const v1::JoinRequest& req, v1::JoinResponse* resp,
+                          const std::string& client = "");
   // The worker's data plane must be this aggregator's: both UDP, or both RDMA with the same Q_Key.
   absl::Status CheckDataTransport(const v1::JoinRequest& req) const;
   absl::Status HandleLeave(const v1::LeaveRequest& req);
@@ -91,5 +93,8 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
 // The IP in a gRPC peer string ("ipv4:10.0.0.1:5000", "ipv6:%5B::1%5D:5000"); empty if it is
 // not IP.
 std::string PeerHost(const std::string& peer);
+// Who a caller is: the identity its client certificate proves under mutual TLS
+// ("certificate 'worker-7'"), else its address ("address 10.0.0.7").
+std::string ClientIdentity(const grpc::ServerContextBase& ctx);
 
 }  // namespace dlcp::server

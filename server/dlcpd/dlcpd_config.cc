@@ -41,6 +41,9 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("job-idle-timeout-ms", 60000, 1000, 86400000,
             "a job with no heartbeat from any member for this long is removed");
   c->AddInt("max-jobs", 64, 1, 100000, "jobs this aggregator serves at once");
+  c->AddInt("max-jobs-per-client", 16, 1, 100000,
+            "jobs one client may have created and running here at once: by its certificate under mutual TLS, "
+            "else by its address");
   c->AddInt("max-connections", 4096, 1, 1000000,
             "TCP connections the gRPC ports hold at once; more are closed as they arrive");
   c->AddInt("max-connections-per-peer", 256, 1, 1000000,
@@ -135,6 +138,7 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
     return absl::InvalidArgumentError("--job-idle-timeout-ms must exceed --heartbeat-timeout-ms");
   }
   o.limits.max_jobs = static_cast<uint32_t>(c.GetInt("max-jobs"));
+  o.limits.max_jobs_per_client = static_cast<uint32_t>(c.GetInt("max-jobs-per-client"));
   o.limits.max_workers = static_cast<uint32_t>(c.GetInt("max-workers"));
   o.limits.max_rounds_in_flight = static_cast<uint32_t>(c.GetInt("max-rounds-in-flight"));
   o.limits.max_job_bytes = static_cast<uint64_t>(c.GetInt("max-job-bytes"));

@@ -64,6 +64,14 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::FindOrCreate(const JoinSpec& s
     return absl::ResourceExhaustedError(
         absl::StrCat("aggregator serves its limit of ", limits_.max_jobs, " jobs (dlcpd --max-jobs)"));
   }
+  if (!s.client.empty()) {
+    const size_t created = std::count_if(jobs_.begin(), jobs_.end(), [&](const auto& j) { return j.second->creator == s.client; });
+    if (created >= limits_.max_jobs_per_client) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "job '", s.job_name, "' refused: ", s.client, " already created ", created,
+          " of the jobs this aggregator serves, its limit (dlcpd --max-jobs-per-client); one of them must end first"));
+    }
+  }
   const uint32_t epoch = NextEpoch(id);
   std::optional<wire::MacKey> key;
   if (limits_.data_auth) {
@@ -73,6 +81,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::FindOrCreate(const JoinSpec& s
   }
   auto job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes, epoch, key,
                                    limits_.per_worker_data_keys);
+  job->creator = s.client;
   jobs_[id] = job;
   return job;
 }
@@ -304,7 +313,8 @@ std::vector<std::string> JobRegistry::ReapIdle(int64_t now_ns, absl::Duration id
     for (const Member& m : it->second->members) {
       if (m.joined()) latest = std::max(latest, m.last_heartbeat_ns.load(std::memory_order_relaxed));
     }
-    if (now_ns - latest > absl::ToInt64Nanoseconds(idle)) {
+    const bool vacant = it->second->member_count.load() == 0;
+    if (now_ns - latest > absl::ToInt64Nanoseconds(vacant ? std::min(idle, limits_.heartbeat_timeout) : idle)) {
       it->second->closed.store(true);
       RememberClosed(it->first);
       reaped.push_back(it->second->name);

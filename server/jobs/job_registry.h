@@ -30,6 +30,9 @@ namespace dlcp::server {
 
 struct JobLimits {
   uint32_t max_jobs = 64;
+  // Jobs one client (JoinSpec::client) may have created and still running here, so that one
+  // cannot take every job slot.
+  uint32_t max_jobs_per_client = 16;
   uint32_t max_workers = 1024;
   uint32_t max_rounds_in_flight = 256;
   uint64_t max_job_bytes = 4ull << 30;
@@ -79,6 +82,7 @@ struct Job {
   // What rank `rank` signs with now (its per-worker key); null without data authentication.
   const wire::MacKey* worker_key(uint32_t rank) const { return ring ? ring->Current().newest->worker(rank) : nullptr; }
   std::vector<Member> members;
+  std::string creator;  // JoinSpec::client of the Join that created it; set before it is shared
   Roster roster;  // who holds each rank, and the aggregators the job was given
   std::atomic<uint32_t> member_count{0};
   // When it was created: ReapIdle counts it as heard from then, or a job could be reaped between
@@ -143,6 +147,9 @@ struct JoinSpec {
   uint32_t chunk_bytes = 0;
   Address data_address;
   Joiner joiner;
+  // Who asks (its certificate's identity, or its address), for max_jobs_per_client; empty:
+  // not counted.
+  std::string client;
 };
 
 // The job id every aggregator derives from the name, so workers need no id service.
@@ -174,8 +181,9 @@ class JobRegistry {
   // removes that member. Returns one line per failure, for the log.
   std::vector<std::string> FailSilentMembers(int64_t now_ns, absl::Duration timeout);
 
-  // Removes jobs none of whose members has joined or sent a heartbeat within `idle` of `now_ns`:
-  // workers that died without leaving must not hold a job slot forever. Returns their names.
+  // Removes jobs none of whose members has joined or sent a heartbeat within `idle` of `now_ns`,
+  // and jobs with no member left (every one removed for its silence) once the heartbeat timeout
+  // has passed: workers that died without leaving must not hold a job slot. Returns their names.
   std::vector<std::string> ReapIdle(int64_t now_ns, absl::Duration idle);
 
   // Aggregator fail-over: see RegroupBarrier. NotFound / FailedPrecondition for a job or rank that

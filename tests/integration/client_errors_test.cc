@@ -296,6 +296,29 @@ TEST(ClientErrors, AggregatorCapacityErrorReachesTheCaller) {
   EXPECT_NE(r.status().message().find("max-job-bytes"), std::string::npos) << r.status();
 }
 
+// One client creating job after job under new names is refused past --max-jobs-per-client,
+// by its address (plaintext), and the refusal says so; a job of its own it can still join.
+TEST(ClientErrors, OneClientCannotTakeEveryJobSlot) {
+  TestAggregatorOptions ao;
+  ao.limits.max_jobs_per_client = 3;
+  auto agg = TestAggregator::Start(ao);
+  ASSERT_NE(agg, nullptr);
+  std::vector<std::unique_ptr<Client>> held;
+  for (int i = 0; i < 3; ++i) {
+    auto c = Client::Connect(Opts(agg->address(), absl::StrCat("slot-", i), 2, 0));
+    ASSERT_TRUE(c.ok()) << c.status();
+    held.push_back(std::move(*c));
+  }
+  auto fourth = Client::Connect(Opts(agg->address(), "slot-3", 2, 0));
+  EXPECT_EQ(fourth.status().code(), absl::StatusCode::kResourceExhausted) << fourth.status();
+  EXPECT_NE(fourth.status().message().find("job 'slot-3' refused: address 127.0.0.1 already created 3 of the jobs"),
+            std::string::npos)
+      << fourth.status();
+  EXPECT_NE(fourth.status().message().find("--max-jobs-per-client"), std::string::npos) << fourth.status();
+  auto peer = Client::Connect(Opts(agg->address(), "slot-0", 2, 1));  // the other rank of a job it has
+  EXPECT_TRUE(peer.ok()) << peer.status();
+}
+
 // After the last round an aggregator may go away, or come back knowing nothing of the job, before
 // the client notices: Close must not fail the finished job over a Leave with nothing left to do,
 // nor wait out a deadline for it.

@@ -41,6 +41,43 @@ TEST(JobRegistry, AJobIsNotReapedBeforeItsIdleTimeHasPassedSinceItsCreation) {
   EXPECT_EQ(jobs.ReapIdle(later, absl::Seconds(60)), std::vector<std::string>{"young"});
 }
 
+// One client cannot take every job slot: past --max-jobs-per-client its next new job is refused,
+// naming it and the setting, while other clients still get theirs; once one of its jobs ends it
+// may start another. A job every member of which went silent frees its slot at the heartbeat
+// deadline, not the idle one.
+TEST(JobRegistry, OneClientCannotTakeEveryJobSlot) {
+  JobLimits limits;
+  limits.max_jobs_per_client = 2;
+  JobRegistry jobs(limits);
+  auto spec = [](const std::string& name, const std::string& client) {
+    JoinSpec s{name, 1, 0, 1024, Address{0x7f000001, 5000}};
+    s.client = client;
+    return s;
+  };
+  ASSERT_TRUE(jobs.Join(spec("a1", "address 10.0.0.1")).ok());
+  auto a2 = jobs.Join(spec("a2", "address 10.0.0.1"));
+  ASSERT_TRUE(a2.ok());
+  auto a3 = jobs.Join(spec("a3", "address 10.0.0.1"));
+  EXPECT_EQ(a3.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(a3.status().message(),
+            "job 'a3' refused: address 10.0.0.1 already created 2 of the jobs this aggregator serves, its limit "
+            "(dlcpd --max-jobs-per-client); one of them must end first");
+  EXPECT_TRUE(jobs.Join(spec("b1", "address 10.0.0.2")).ok());
+  EXPECT_TRUE(jobs.Join(spec("a1", "address 10.0.0.1")).ok());  // joining a job it has is no new one
+  ASSERT_TRUE(jobs.Leave((*a2)->id, 0).ok());
+  EXPECT_TRUE(jobs.Join(spec("a3", "address 10.0.0.1")).ok());
+
+  // a1's only member goes silent: removed at the heartbeat deadline, then the job with it.
+  std::shared_ptr<Job> a1 = jobs.Find(JobIdForName("a1"));
+  ASSERT_NE(a1, nullptr);
+  const int64_t later = a1->created_ns + absl::ToInt64Nanoseconds(limits.heartbeat_timeout + absl::Seconds(1));
+  ASSERT_FALSE(jobs.FailSilentMembers(later, limits.heartbeat_timeout).empty());
+  const int64_t reap_at = later + absl::ToInt64Nanoseconds(limits.heartbeat_timeout);
+  const std::vector<std::string> reaped = jobs.ReapIdle(reap_at, absl::Seconds(60));
+  EXPECT_NE(std::find(reaped.begin(), reaped.end(), "a1"), reaped.end());
+  EXPECT_TRUE(jobs.Join(spec("a4", "address 10.0.0.1")).ok());
+}
+
 TEST(JobRegistry, ValidatesJoinsAndEnforcesLimits) {
   JobLimits limits;
   limits.max_jobs = 1;
