@@ -123,7 +123,10 @@ absl::StatusOr<Session::Joined> Session::FinishJoin(const SessionOptions& option
   const std::string& control_host = hp->first;
   const grpc::Status& st = call.Wait();
   const v1::JoinResponse& resp = call.response();
-  if (!st.ok()) return FromGrpcStatus(st, absl::StrCat("join job '", options.job_name, "' at aggregator ", control));
+  if (!st.ok()) {
+    const absl::Status s = FromGrpcStatus(st, absl::StrCat("join job '", options.job_name, "' at aggregator ", control));
+    return absl::Status(s.code(), absl::StrCat(s.message(), HandshakeHint(st.error_message(), options.tls.plaintext)));
+  }
   if (absl::Status s = wire::CheckPeerWireVersion(resp.wire_version(), resp.aggregator_version(),
                                                   absl::StrCat("aggregator ", control), "this client");
       !s.ok()) {

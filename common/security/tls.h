@@ -36,4 +36,10 @@ struct ChannelSecurity {
 };
 absl::StatusOr<ChannelSecurity> MakeChannelSecurity(const TlsOptions& o);
 
+// The likely cause of a failed first call, read from gRPC's message, for the caller to append:
+// a TLS handshake the peer refused ("Socket closed": no client certificate, one from another
+// CA, an expired one; or TLS against a plaintext port and the reverse), or empty when it is
+// none of those. `plaintext`: how this side dialled.
+std::string HandshakeHint(const std::string& grpc_message, bool plaintext);
+
 }  // namespace dlcp

@@ -2,9 +2,20 @@
 // for this test: a CA, a server certificate for 127.0.0.1 and dlcpd.dlcp.svc, a client one.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/clock.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
@@ -29,7 +40,11 @@ class TlsTest : public ::testing::Test {
         "openssl req -x509 $K -keyout other.key -out other.crt -days 2 -subj /CN=other-ca 2>/dev/null;",
         "openssl req $K -keyout rogue.key -out rogue.csr -subj /CN=rogue 2>/dev/null;",
         "openssl x509 -req -in rogue.csr -CA other.crt -CAkey other.key -CAcreateserial -days 2",
-        " -extfile client.ext -out rogue.crt 2>/dev/null");
+        " -extfile client.ext -out rogue.crt 2>/dev/null;",
+        // A client certificate from the right CA that expired yesterday.
+        "openssl req $K -keyout old.key -out old.csr -subj /CN=old 2>/dev/null;",
+        "openssl x509 -req -in old.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days -1 -extfile client.ext",
+        " -out old.crt 2>/dev/null");
     ProcessResult r = RunProcess({"/bin/bash", "-c", script}, absl::Seconds(60));
     ASSERT_EQ(r.exit_code, 0) << r.out;
   }
@@ -68,16 +83,32 @@ TEST_F(TlsTest, MutualTlsJobIsExact) {
   EXPECT_NE(r.out.find("results exact: yes"), std::string::npos) << r.out;
 }
 
-TEST_F(TlsTest, ClientsWithoutATrustedCertificateAreRefused) {
+// Each refusal names the failing step and says what is likely wrong, on the client's side, not
+// only in dlcpd's log: a handshake refused for want of a trusted certificate, plaintext against
+// TLS and the reverse, an expired certificate, a key that is not the certificate's.
+TEST_F(TlsTest, ClientsWithoutATrustedCertificateAreRefusedSayingWhy) {
   auto d = StartMutualTls();
   ASSERT_NE(d, nullptr);
-  for (const auto& security : std::vector<std::vector<std::string>>{
-           {"--tls-ca=" + F("ca.crt")},  // no client certificate
-           {"--tls-ca=" + F("ca.crt"), "--tls-cert=" + F("rogue.crt"), "--tls-key=" + F("rogue.key")},
-           {"--plaintext"}}) {
-    ProcessResult r = RunProcess(Bench(*d, security), absl::Seconds(40));
-    EXPECT_NE(r.exit_code, 0) << security[0] << "\n" << r.out;
-    EXPECT_NE(r.out.find("join job"), std::string::npos) << r.out;  // the failing step is named
+  auto plain = Daemon::Start(DLCPD_PATH, {});
+  ASSERT_NE(plain, nullptr);
+  const std::string refused = "(the aggregator refused the TLS handshake: it likely requires a client certificate";
+  struct Case {
+    const Daemon* daemon;
+    std::vector<std::string> security;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {d.get(), {"--tls-ca=" + F("ca.crt")}, refused},  // no client certificate
+           {d.get(), {"--tls-ca=" + F("ca.crt"), "--tls-cert=" + F("rogue.crt"), "--tls-key=" + F("rogue.key")}, refused},
+           {d.get(), {"--plaintext"}, "(the aggregator closed the connection unanswered: it likely requires TLS"},
+           {plain.get(), {"--tls-ca=" + F("ca.crt")}, "the aggregator does not speak TLS on this port"},
+           {d.get(), {"--tls-ca=" + F("ca.crt"), "--tls-cert=" + F("old.crt"), "--tls-key=" + F("old.key")},
+            "the certificate in --tls-cert file '" + F("old.crt") + "' expired on "},
+           {d.get(), {"--tls-ca=" + F("ca.crt"), "--tls-cert=" + F("client.crt"), "--tls-key=" + F("rogue.key")},
+            "--tls-key file '" + F("rogue.key") + "' is not the private key of the certificate in --tls-cert file"}}) {
+    ProcessResult r = RunProcess(Bench(*c.daemon, c.security), absl::Seconds(40));
+    EXPECT_NE(r.exit_code, 0) << c.security.back() << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.security.back() << "\n" << r.out;
   }
 }
 
@@ -111,6 +142,35 @@ TEST_F(TlsTest, PlaintextHealthPortServesProbes) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
 }
 
+// A connection that never starts its TLS handshake is closed at --handshake-timeout-ms.
+TEST_F(TlsTest, SilentConnectionsAreClosedAtTheHandshakeDeadline) {
+  auto d = Daemon::Start(DLCPD_PATH, {"--tls-cert=" + F("server.crt"), "--tls-key=" + F("server.key"),
+                                      "--tls-ca=" + F("ca.crt"), "--handshake-timeout-ms=1000"});
+  ASSERT_NE(d, nullptr);
+  const int port = std::stoi(d->control().substr(d->control().rfind(':') + 1));
+  std::vector<int> silent;
+  for (int i = 0; i < 50; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0) << std::strerror(errno);
+    silent.push_back(fd);
+  }
+  const absl::Time start = MonotonicNow();
+  for (int fd : silent) {
+    pollfd p{fd, POLLIN, 0};
+    const int left = static_cast<int>(absl::ToInt64Milliseconds(start + absl::Seconds(10) - MonotonicNow()));
+    ASSERT_EQ(::poll(&p, 1, std::max(left, 0)), 1) << "a silent connection still open after 10 s";
+    char c;
+    EXPECT_LE(::recv(fd, &c, 1, 0), 0);  // closed, without a byte
+    ::close(fd);
+  }
+  EXPECT_GE(MonotonicNow() - start, absl::Milliseconds(500));  // at the deadline, not at once
+}
+
 TEST_F(TlsTest, DaemonRefusesUnreadableOrMissingTlsFiles) {
   ProcessResult r = RunProcess({DLCPD_PATH, "--port=0", "--data-port=0", "--tls-cert=/nonexistent.crt",
                                 "--tls-key=" + F("server.key")},
@@ -120,6 +180,12 @@ TEST_F(TlsTest, DaemonRefusesUnreadableOrMissingTlsFiles) {
   r = RunProcess({DLCPD_PATH, "--port=0", "--data-port=0"}, absl::Seconds(20));
   EXPECT_EQ(r.exit_code, 2) << r.out;
   EXPECT_NE(r.out.find("--plaintext"), std::string::npos) << r.out;
+  r = RunProcess({DLCPD_PATH, "--port=0", "--data-port=0", "--tls-cert=" + F("server.crt"), "--tls-key=" + F("client.key")},
+                 absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--tls-key file '" + F("client.key") + "' is not the private key of the certificate"),
+            std::string::npos)
+      << r.out;
 }
 
 }  // namespace
