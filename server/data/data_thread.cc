@@ -8,6 +8,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
@@ -135,6 +136,7 @@ void DataThread::HandleDatagram(const InMessage& m, absl::Time now) {
       }
     }
   }
+  if (RefusedRound(h, *job)) return;
   Round* round = RoundFor(h, job, now);
   if (round == nullptr) return;
   switch (h.type) {
@@ -152,6 +154,7 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
   if (it != rounds_.end()) {
     if (it->second->geometry().tensor_elems != h.tensor_elems) {
       Reject(wire::Reject::kShapeMismatch);
+      RefuseMismatch(it, h, *job, now);
       return nullptr;
     }
     return it->second.get();
@@ -452,6 +455,36 @@ void DataThread::SendOwned(const Job& job, const Address& to, const wire::Header
   Check(outbox_.AddOwned(to, h, std::move(payload), job.result_key(h.rank)));
 }
 
+void DataThread::RefuseMismatch(RoundMap::iterator it, const wire::Header& h, const Job& job, absl::Time now) {
+  const Round& r = *it->second;
+  std::vector<uint32_t> gave;  // the ranks that pushed the round's length
+  for (uint32_t w = 0; w < job.world; ++w) {
+    if (r.MissingFrom(w).size() < r.geometry().chunk_count()) gave.push_back(w);
+  }
+  const std::string reason = absl::StrCat(
+      "job '", job.name, "' key ", h.key, " round ", h.round, ": rank ", h.rank, " all-reduces a tensor of ",
+      h.tensor_elems, " elements, rank", gave.size() == 1 ? " " : "s ", absl::StrJoin(gave, ", "), " one of ",
+      r.geometry().tensor_elems, ": every worker must give a key tensors of the same length");
+  DLCP_LOG(Warning) << reason;
+  for (uint32_t w = 0; w < job.world; ++w) {
+    if (!job.members[w].joined()) continue;
+    const wire::Header about = w == h.rank ? h : RoundHeader(r, wire::MsgType::kError, w);
+    SendError(job, about, job.members[w].address(), absl::StatusCode::kFailedPrecondition, reason);
+  }
+  refused_[it->first] = {reason, now};
+  metrics_.rounds_aborted->Add();
+  Retire(it);
+}
+
+bool DataThread::RefusedRound(const wire::Header& h, const Job& job) {
+  auto it = refused_.find(RoundKey{h.job, h.epoch, h.key, h.round});
+  if (it == refused_.end()) return false;
+  if (!(h.flags & wire::kFlagDone)) {
+    SendError(job, h, job.members[h.rank].address(), absl::StatusCode::kFailedPrecondition, it->second.first);
+  }
+  return true;
+}
+
 void DataThread::MaybeFree(RoundMap::iterator it) {
   if (it == rounds_.end() || !it->second->AllDone()) return;
   Round& r = *it->second;
@@ -516,6 +549,9 @@ void DataThread::PruneJobState(absl::Time now) {
   }
   for (auto it = errors_sent_.begin(); it != errors_sent_.end();) {
     it = now - it->second > options_.repair_timeout * kMaxRepairBackoff ? errors_sent_.erase(it) : std::next(it);
+  }
+  for (auto it = refused_.begin(); it != refused_.end();) {
+    it = now - it->second.second > options_.round_timeout ? refused_.erase(it) : std::next(it);
   }
 }
 

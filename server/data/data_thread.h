@@ -121,6 +121,11 @@ class DataThread {
   void SendOwned(const Job& job, const Address& to, const wire::Header& h, std::vector<uint8_t> payload);
   void CountTx(const wire::Header& h);
   static std::string JobFailedMessage(const Job& job);
+  // Workers gave tensors of different lengths for one key and round: every member is told at once,
+  // naming both lengths and the ranks, and the round is dropped; later packets of it get the same.
+  void RefuseMismatch(RoundMap::iterator it, const wire::Header& h, const Job& job, absl::Time now);
+  // Answers `h` with the refusal of its round, if it has one; returns whether it did.
+  bool RefusedRound(const wire::Header& h, const Job& job);
   void MaybeFree(RoundMap::iterator it);
   // Takes `it` out of the map; its memory is kept until the outbox is next sent (Run), since
   // queued results may point into it. Returns the next iterator.
@@ -154,6 +159,9 @@ class DataThread {
   std::unordered_map<FloorKey, uint32_t, FloorKeyHash> floor_;
   // When each (round, worker) last got an ERROR; pruned by the timer scan.
   std::map<ErrorKey, absl::Time> errors_sent_;
+  // Rounds refused for a length mismatch (RefuseMismatch): why, and since when; pruned after the
+  // round timeout.
+  std::unordered_map<RoundKey, std::pair<std::string, absl::Time>, RoundKeyHash> refused_;
   // Result steering: per job incarnation (job << 32 | epoch), each rank's path shares. Dropped
   // with the job's floors.
   std::unordered_map<uint64_t, std::vector<PathShares>> result_shares_;

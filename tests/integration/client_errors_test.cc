@@ -296,6 +296,37 @@ TEST(ClientErrors, AggregatorCapacityErrorReachesTheCaller) {
   EXPECT_NE(r.status().message().find("max-job-bytes"), std::string::npos) << r.status();
 }
 
+// Tensors of different lengths for one key fail at once on every worker, naming both lengths
+// and the ranks, rather than each running into its op deadline; the job goes on.
+TEST(ClientErrors, TensorsOfDifferentLengthsForOneKeyFailAtOnceNamingBoth) {
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  std::vector<std::unique_ptr<Client>> clients = ConnectAll(agg->address(), "lengths", 2);
+  ASSERT_NE(clients[0], nullptr);
+  ASSERT_NE(clients[1], nullptr);
+  const absl::Time start = MonotonicNow();
+  std::vector<float> a(500, 1.0f), b(1000, 2.0f);
+  auto fa = clients[0]->AllReduce(7, absl::MakeSpan(a));
+  auto fb = clients[1]->AllReduce(7, absl::MakeSpan(b));
+  for (auto* f : {&fa, &fb}) {
+    absl::StatusOr<RoundStats> r = f->get();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+    const std::string m(r.status().message());
+    const bool one_way = m.find("rank 1 all-reduces a tensor of 1000 elements, rank 0 one of 500") != std::string::npos;
+    const bool other_way = m.find("rank 0 all-reduces a tensor of 500 elements, rank 1 one of 1000") != std::string::npos;
+    EXPECT_TRUE(one_way || other_way) << m;
+    EXPECT_NE(m.find("job 'lengths' key 7 round 0"), std::string::npos) << m;
+  }
+  EXPECT_LT(MonotonicNow() - start, absl::Seconds(3)) << "not at once: the op deadline is 5 s";
+  EXPECT_EQ(TwoWorkerRound(clients, 1, 2), std::make_pair(3.0f, 3.0f));
+  std::vector<float> c(500, 1.0f), d(500, 2.0f);
+  auto fc = clients[0]->AllReduce(7, absl::MakeSpan(c));
+  auto fd = clients[1]->AllReduce(7, absl::MakeSpan(d));
+  ASSERT_TRUE(fc.get().ok());
+  ASSERT_TRUE(fd.get().ok());
+  EXPECT_EQ(c, std::vector<float>(500, 3.0f));
+}
+
 // One client creating job after job under new names is refused past --max-jobs-per-client,
 // by its address (plaintext), and the refusal says so; a job of its own it can still join.
 TEST(ClientErrors, OneClientCannotTakeEveryJobSlot) {
