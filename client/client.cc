@@ -239,6 +239,17 @@ std::pair<OpDone, std::future<absl::StatusOr<RoundStats>>> PromiseDone() {
 }
 }  // namespace
 
+OpDone Client::NamingTheSilent(uint32_t key, OpDone done) const {
+  return [key, waiting = session_->waiting(), done = std::move(done)](absl::StatusOr<RoundStats> r) {
+    if (r.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      if (const std::string silent = waiting->Describe(key); !silent.empty()) {
+        r = absl::DeadlineExceededError(absl::StrCat(r.status().message(), silent));
+      }
+    }
+    done(std::move(r));
+  };
+}
+
 std::future<absl::StatusOr<RoundStats>> Client::AllReduceDevice(uint32_t key, const DeviceTensor& tensor,
                                                                 const AllReduceOptions& options) {
   auto [done, f] = PromiseDone();
@@ -248,7 +259,7 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduceDevice(uint32_t key, co
 
 void Client::AllReduceDeviceAsync(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options,
                                   OpDone done) {
-  engine_->SubmitDevice(key, tensor, options, std::move(done));
+  engine_->SubmitDevice(key, tensor, options, NamingTheSilent(key, std::move(done)));
 }
 
 std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Span<float> data,
@@ -259,7 +270,7 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Sp
 }
 
 void Client::AllReduceAsync(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, OpDone done) {
-  engine_->Submit(key, data, options, -1, std::move(done));
+  engine_->Submit(key, data, options, -1, NamingTheSilent(key, std::move(done)));
 }
 
 std::future<absl::StatusOr<RoundStats>> Client::Broadcast(uint32_t key, absl::Span<float> data, uint32_t root) {
@@ -275,7 +286,7 @@ void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root,
   }
   AllReduceOptions o;
   o.loss_bound = 0;
-  engine_->Submit(key, data, o, static_cast<int64_t>(root), std::move(done));
+  engine_->Submit(key, data, o, static_cast<int64_t>(root), NamingTheSilent(key, std::move(done)));
 }
 
 bool Client::OnLayoutChange(const std::vector<size_t>& lost, const std::vector<size_t>& back,

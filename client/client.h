@@ -261,6 +261,8 @@ class Client {
   // Hands the session's news (a fatal error, new keys, a rejoin, and with `regroup` a changed
   // layout) to the engine.
   void ListenToSession(bool regroup);
+  // `done`, with a DEADLINE_EXCEEDED of `key` naming the ranks the aggregators still wait for.
+  OpDone NamingTheSilent(uint32_t key, OpDone done) const;
   Client() = default;
   // On the session's heartbeat thread: starts a regroup on its own thread (Session::LayoutHandler).
   bool OnLayoutChange(const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why,

@@ -339,6 +339,7 @@ void Session::ReadHeartbeat(size_t i, HeartbeatCall& call, const LayoutHandler& 
          /*planned=*/true);
   } else if (st.ok()) {
     last_ok_[i] = MonotonicNow();
+    waiting_->Update(aggregators_[i].control, resp);
     if (resp.rejoins() > rejoins_) rejoined_epochs_[i] = resp.epoch();
     NoteKeys(i, resp);
   } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/waiting_notes.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/rpc/heartbeat.h"
@@ -101,6 +102,9 @@ class Session {
   using KeyHandler = std::function<void(const AggregatorInfo& info)>;
   void set_key_handler(KeyHandler handler);
   std::vector<bool> lost() const;
+  // What the aggregators' rounds wait for, as their heartbeat answers last said; outlives the
+  // session for whoever holds it.
+  std::shared_ptr<const WaitingNotes> waiting() const { return waiting_; }
 
   struct RegroupResult {
     std::vector<uint32_t> epochs;  // per aggregator: the job's new epoch there; 0 for the lost
@@ -175,6 +179,7 @@ class Session {
   bool stopping_ = false;
   bool left_ = false;
   std::thread heartbeat_;
+  std::shared_ptr<WaitingNotes> waiting_ = std::make_shared<WaitingNotes>();
 };
 
 absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& context);

@@ -295,6 +295,18 @@ absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req) {
   return jobs_->Leave(req.job_id(), req.rank(), req.reason());
 }
 
+void AggregatorService::FillWaiting(Job& job, v1::HeartbeatResponse* resp) {
+  constexpr size_t kMaxRanks = 64;
+  // Noted about once a second while a round waits: two seconds old is stale.
+  for (const WaitingRound& w : job.waiting.Fresh(MonotonicNanos(), absl::ToInt64Nanoseconds(absl::Seconds(2)))) {
+    v1::WaitingRound* out = resp->add_waiting();
+    out->set_key(w.key);
+    out->set_round(w.round);
+    for (size_t i = 0; i < w.silent_ranks.size() && i < kMaxRanks; ++i) out->add_silent_ranks(w.silent_ranks[i]);
+    out->set_waited_ms(static_cast<uint32_t>(std::min<int64_t>(w.waited_ns / 1000000, UINT32_MAX)));
+  }
+}
+
 absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
   absl::Status s = jobs_->Heartbeat(req.job_id(), req.rank(), req.data_key_generation(), req.incarnation());
   if (std::shared_ptr<Job> job = jobs_->Find(req.job_id())) {
@@ -306,6 +318,7 @@ absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req,
                resp->mutable_worker_key());
       resp->set_data_key_generation(keys->generation);
     }
+    if (s.ok()) FillWaiting(*job, resp);
   }
   if (s.ok() && drain_.active()) {
     resp->set_draining(true);

@@ -57,6 +57,8 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   // The worker's data plane must be this aggregator's: both UDP, or both RDMA with the same Q_Key.
   absl::Status CheckDataTransport(const v1::JoinRequest& req) const;
   absl::Status HandleLeave(const v1::LeaveRequest& req);
+  // The job's rounds waiting here, and on whom (WaitingBoard), into a heartbeat answer.
+  static void FillWaiting(Job& job, v1::HeartbeatResponse* resp);
   absl::Status HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
   absl::Status HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp);
   absl::Status HandleGetStats(v1::Stats* resp);

@@ -518,6 +518,8 @@ void DataThread::CountCompleted(const Round& r) {
 void DataThread::ScanTimers(absl::Time now) {
   PruneJobState(now);
   next_repair_ = absl::InfiniteFuture();
+  const bool note_waiting = now - last_waiting_note_ >= absl::Seconds(1);
+  if (note_waiting) last_waiting_note_ = now;
   for (auto it = rounds_.begin(); it != rounds_.end();) {
     Round& r = *it->second;
     switch (Triage(r, now)) {
@@ -530,8 +532,19 @@ void DataThread::ScanTimers(absl::Time now) {
         break;
     }
     ScheduleRepairs(r, now);
+    if (note_waiting) NoteWaiting(r, now);
     ++it;
   }
+}
+
+void DataThread::NoteWaiting(const Round& r, absl::Time now) {
+  if (r.Finished() || now - r.created() < absl::Seconds(1)) return;
+  WaitingRound w{r.key(), r.round(), {}, absl::ToInt64Nanoseconds(now - r.created()), MonotonicNanos()};
+  const uint32_t chunks = r.geometry().chunk_count();
+  for (uint32_t rank = 0; rank < r.job()->world; ++rank) {
+    if (r.MissingFrom(rank).size() == chunks) w.silent_ranks.push_back(rank);
+  }
+  if (!w.silent_ranks.empty()) r.job()->waiting.Note(std::move(w));
 }
 
 void DataThread::PruneJobState(absl::Time now) {

@@ -143,6 +143,8 @@ class DataThread {
   // Fails the job when a worker that left still owes `r` data; returns whether the job failed.
   bool FailForLeaver(Job& job, const Round& r);
   void ScheduleRepairs(Round& r, absl::Time now);
+  // Notes on its job's WaitingBoard the ranks `r` has nothing from, if it has waited a second.
+  static void NoteWaiting(const Round& r, absl::Time now);
   void Reject(wire::Reject reason);
   void Check(absl::Status s);
 
@@ -171,6 +173,7 @@ class DataThread {
   // The earliest time a round may need a repair (its quiet spell over, its backoff passed), so
   // that repairs follow the rounds' own pace rather than the tick.
   absl::Time next_repair_ = absl::InfiniteFuture();
+  absl::Time last_waiting_note_ = absl::InfinitePast();  // NoteWaiting runs about once a second
   std::vector<float> zeros_;     // the result of a chunk nobody's contribution reached
   std::vector<float> aligned_;   // a misaligned push payload, copied
   DropInjector injector_;

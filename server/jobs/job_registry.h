@@ -25,6 +25,7 @@
 #include "server/jobs/key_ring.h"
 #include "server/jobs/regroup_barrier.h"
 #include "server/jobs/roster.h"
+#include "server/jobs/waiting_board.h"
 
 namespace dlcp::server {
 
@@ -84,6 +85,7 @@ struct Job {
   std::vector<Member> members;
   std::string creator;  // JoinSpec::client of the Join that created it; set before it is shared
   Roster roster;  // who holds each rank, and the aggregators the job was given
+  WaitingBoard waiting;  // which ranks its open rounds wait for, for heartbeat answers
   std::atomic<uint32_t> member_count{0};
   // When it was created: ReapIdle counts it as heard from then, or a job could be reaped between
   // its creation and its first member's join, before that member had been heard from at all.

@@ -116,6 +116,36 @@ TEST(ClientErrors, MissingPeerMeansDeadlineExceededNamingTheShortfall) {
   EXPECT_LT(took, absl::Seconds(3));
 }
 
+// A timeout names the ranks that have not contributed, which the aggregators know: rank 1 of
+// three joined but never all-reduces key 9, while ranks 0 and 2 wait on it past their deadline.
+TEST(ClientErrors, AnOpDeadlineNamesTheRanksThatGaveNothing) {
+  auto agg = TestAggregator::Start({});
+  ASSERT_NE(agg, nullptr);
+  std::vector<std::unique_ptr<Client>> clients(3);
+  std::vector<std::thread> joins;
+  for (uint32_t r = 0; r < 3; ++r) {
+    joins.emplace_back([&, r] {
+      ClientOptions o = Opts(agg->address(), "silent-rank", 3, r);
+      o.op_timeout = absl::Seconds(3);  // the aggregator notes a round once it has waited a second
+      o.heartbeat_interval = absl::Milliseconds(200);
+      if (auto c = Client::Connect(o); c.ok()) clients[r] = std::move(*c);
+    });
+  }
+  for (auto& j : joins) j.join();
+  for (const auto& c : clients) ASSERT_NE(c, nullptr);
+  std::vector<float> a(5000, 1), b(5000, 2);
+  auto f0 = clients[0]->AllReduce(9, absl::MakeSpan(a));
+  auto f2 = clients[2]->AllReduce(9, absl::MakeSpan(b));
+  for (auto* f : {&f0, &f2}) {
+    absl::StatusOr<RoundStats> r = f->get();
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+    EXPECT_NE(r.status().message().find(absl::StrCat("Aggregator ", agg->address(),
+                                                     "'s round 0 of key 9 had nothing from rank 1 after ")),
+              std::string::npos)
+        << r.status();
+  }
+}
+
 TEST(ClientErrors, JoinConflictsAreRefused) {
   auto agg = TestAggregator::Start({});
   ASSERT_NE(agg, nullptr);
