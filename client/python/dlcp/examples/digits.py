@@ -9,6 +9,8 @@ so a Kubernetes Job can set them per pod (deploy/k8s/examples/). Modes:
   dlcp      DistributedOptimizer (DeAR schedule) over dlcp; no process group needed
   dlcp-ddp  DistributedDataParallel with dlcp's comm hook (needs a Gloo group for DDP itself)
   gloo      DistributedDataParallel with Gloo's ring all-reduce (the baseline)
+  local     each rank trains its shard alone, with no communication: the compute-only time of the
+            same steps, for measuring what share of a step communication takes
 """
 import argparse
 import json
@@ -68,11 +70,30 @@ def make_optimizer(name, params, lr):
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+class _Clock:
+    """Training time: wall time since start, less the time spent measuring accuracy."""
+
+    def __init__(self):
+        self.start, self.paused = time.perf_counter(), 0.0
+
+    def measure(self, model, xte, yte):
+        """(training seconds so far, test accuracy %), the measuring itself not counted."""
+        t0 = time.perf_counter()
+        elapsed = t0 - self.start - self.paused
+        acc = accuracy(model, xte, yte)
+        self.paused += time.perf_counter() - t0
+        return (elapsed, acc)
+
+
 def train(mode, rank, world, aggregators="", epochs=10, lr=None, optimizer="sgd", loss_bound=0.0, inject_drop="",
-          client_options=None, gloo_init=None, seed=0, on_epoch=None, totals=None, hidden=64, job=None):
-    """Trains and returns [(seconds since start, test accuracy %)] after each epoch. In mode
-    dlcp, `totals` (a dict) receives DistributedOptimizer.totals. `job`: the dlcp job's name, the
-    same on every rank of this run and no other; None takes DLCP_JOB or the launcher's."""
+          client_options=None, gloo_init=None, seed=0, on_epoch=None, totals=None, hidden=64, job=None,
+          batch=None, eval_every=0):
+    """Trains and returns [(training seconds, test accuracy %)] after each epoch, and every
+    `eval_every` steps as well when that is nonzero (the clock stops while accuracy is measured).
+    In mode dlcp, `totals` (a dict) receives DistributedOptimizer.totals. `job`: the dlcp job's
+    name, the same on every rank of this run and no other; None takes DLCP_JOB or the launcher's.
+    `batch`: samples per worker and step (default 32)."""
+    batch = batch or BATCH
     import dlcp
     import dlcp.torch
     torch.manual_seed(seed)
@@ -98,22 +119,30 @@ def train(mode, rank, world, aggregators="", epochs=10, lr=None, optimizer="sgd"
         if mode == "dlcp-ddp":
             net.register_comm_hook(None, dlcp.torch.comm_hook(client, model))
         opt = make_optimizer(optimizer, net.parameters(), lr)
+    elif mode == "local":
+        net = model
+        opt = make_optimizer(optimizer, model.parameters(), lr)
     else:
         raise ValueError(f"unknown mode {mode!r}")
     history = []
     generator = torch.Generator().manual_seed(seed + 1)
-    start = time.perf_counter()
+    clock, steps = _Clock(), 0
     try:
         for epoch in range(epochs):
             order = torch.randperm(len(xtr), generator=generator)
-            for i in range(0, len(order) - BATCH + 1, BATCH):
-                idx = order[i:i + BATCH]
+            for i in range(0, len(order) - batch + 1, batch):
+                idx = order[i:i + batch]
                 opt.zero_grad()
                 F.cross_entropy(net(xtr[idx]), ytr[idx]).backward()
                 opt.step()
+                steps += 1
+                if eval_every and steps % eval_every == 0 and i + 2 * batch <= len(order):
+                    if mode == "dlcp":
+                        opt.synchronize()  # the parameters this step's all-reduce gives
+                    history.append(clock.measure(model, xte, yte))
             if mode == "dlcp":
                 opt.synchronize()
-            history.append((time.perf_counter() - start, accuracy(model, xte, yte)))
+            history.append(clock.measure(model, xte, yte))
             if on_epoch is not None:
                 on_epoch(epoch, history[-1])
         if mode == "dlcp" and totals is not None:
@@ -127,7 +156,7 @@ def train(mode, rank, world, aggregators="", epochs=10, lr=None, optimizer="sgd"
 def main(argv=None):
     env = os.environ.get
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", default=env("DLCP_MODE", "dlcp"), choices=["dlcp", "dlcp-ddp", "gloo"])
+    p.add_argument("--mode", default=env("DLCP_MODE", "dlcp"), choices=["dlcp", "dlcp-ddp", "gloo", "local"])
     # Rank: ours, then PyTorchJob's (RANK), then an Indexed Job's completion index.
     p.add_argument("--rank", type=int, default=int(env("DLCP_RANK", env("RANK", env("JOB_COMPLETION_INDEX", "0")))))
     p.add_argument("--world", type=int, default=int(env("DLCP_WORLD", env("WORLD_SIZE", "1"))))
@@ -146,6 +175,9 @@ def main(argv=None):
     p.add_argument("--tls-cert", default=env("DLCP_TLS_CERT", ""))
     p.add_argument("--tls-key", default=env("DLCP_TLS_KEY", ""))
     p.add_argument("--hidden", type=int, default=int(env("DLCP_HIDDEN", "64")), help="width of the first linear layer")
+    p.add_argument("--batch", type=int, default=int(env("DLCP_BATCH", str(BATCH))), help="samples per worker and step")
+    p.add_argument("--eval-every", type=int, default=int(env("DLCP_EVAL_EVERY", "0")),
+                   help="measure test accuracy every this many steps too (0: after each epoch only)")
     p.add_argument("--data-host", default=env("DLCP_DATA_HOST", ""), help="address results are sent to")
     p.add_argument("--chunk-bytes", type=int, default=int(env("DLCP_CHUNK_BYTES", "0")),
                    help="payload bytes per datagram; 0 fits the transport (at most 8192)")
@@ -158,7 +190,7 @@ def main(argv=None):
     p.add_argument("--gloo-init", default=env("DLCP_GLOO_INIT", None),
                    help="init_method of the Gloo group (gloo and dlcp-ddp modes), e.g. tcp://host:port")
     a = p.parse_args(argv)
-    if a.mode != "gloo" and not a.aggregators:
+    if a.mode in ("dlcp", "dlcp-ddp") and not a.aggregators:
         if not a.aggregators_service:
             p.error("--aggregators or --aggregators-service (or DLCP_AGGREGATORS[_SERVICE]) is required")
         import dlcp
@@ -176,11 +208,12 @@ def main(argv=None):
 
     history = train(a.mode, a.rank, a.world, a.aggregators, a.epochs, optimizer=a.optimizer, loss_bound=a.loss_bound,
                     inject_drop=a.inject_drop, client_options=options, gloo_init=a.gloo_init, on_epoch=report,
-                    hidden=a.hidden, job=a.job)
+                    hidden=a.hidden, job=a.job, batch=a.batch, eval_every=a.eval_every)
     if a.rank == 0:
         print(f"final accuracy {history[-1][1]:.2f}%")
     if a.json:
-        print(json.dumps({"mode": a.mode, "rank": a.rank, "history": history}), flush=True)
+        steps = a.epochs * (len(load(a.rank, a.world)[0]) // a.batch)
+        print(json.dumps({"mode": a.mode, "rank": a.rank, "steps": steps, "history": history}), flush=True)
     return 0
 
 
