@@ -6,6 +6,7 @@
 //   dlcpctl rotate-key --job=NAME --aggregators=...
 //                                                 start a rotation of the job's data key at each
 // --output=table|json for all. Exit 1 if any aggregator is unreachable.
+#include <cmath>
 #include <grpcpp/create_channel.h>
 
 #include <iostream>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "client/pending_call.h"
 #include "common/config/registry.h"
 #include "common/security/tls_flags.h"
@@ -157,11 +159,19 @@ std::string JobsJson(const dlcp::v1::Stats& s) {
   return out + "]";
 }
 
+// A JSON number that keeps a counter exact: whole values up to 2^53 as integers (60628003, not
+// 6.06280e+07), others with every digit a double has.
+std::string JsonNumber(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0) return absl::StrCat(static_cast<int64_t>(v));
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.17g", v);
+}
+
 std::string CountersJson(const dlcp::v1::Stats& s) {
   std::string out = "{";
   bool first = true;
   for (const auto& [name, value] : Sorted(s)) {
-    absl::StrAppend(&out, first ? "" : ",", Json(name), ":", value);
+    absl::StrAppend(&out, first ? "" : ",", Json(name), ":", JsonNumber(value));
     first = false;
   }
   return out + "}";
@@ -170,8 +180,8 @@ std::string CountersJson(const dlcp::v1::Stats& s) {
 // The header line of `cmd`'s table, where it has one.
 void PrintHeader(const std::string& cmd) {
   if (cmd == "status") {
-    std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %9s %5s %8s %10s %10s\n", "AGGREGATOR", "ID", "VERSION",
-                                 "STATE", "UPTIME_S", "JOBS", "WORKERS", "ROUNDS", "REJECTS");
+    std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %-9s %9s %5s %8s %10s %10s\n", "AGGREGATOR", "ID", "VERSION",
+                                 "STATE", "TRANSPORT", "UPTIME_S", "JOBS", "WORKERS", "ROUNDS", "REJECTS");
   } else if (cmd == "jobs") {
     std::cout << absl::StrFormat("%-22s %-24s %10s %6s %8s %10s %9s %8s\n", "AGGREGATOR", "JOB", "ID", "WORLD",
                                  "MEMBERS", "ROUNDS", "IN_FLIGHT", "DATA_KEY");
@@ -196,14 +206,18 @@ void PrintStats(const std::string& cmd, const Reply& r) {
   const auto counters = Sorted(r.stats);
   if (cmd == "status") {
     double workers = 0, rounds = 0, rejects = 0;
+    std::string transport = "unknown";  // an aggregator from before it said
     for (const auto& j : r.stats.jobs()) workers += j.members();
     for (const auto& [name, value] : counters) {
       if (name.rfind("dlcp_rounds_total{", 0) == 0) rounds += value;
       if (name.rfind("dlcp_rejects_total{", 0) == 0) rejects += value;
+      if (absl::string_view kind = name; absl::ConsumePrefix(&kind, "dlcp_transport_info{kind=\"")) {
+        transport = std::string(kind.substr(0, kind.find('"')));
+      }
     }
-    std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %9d %5d %8.0f %10.0f %10.0f\n", r.address,
+    std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %-9s %9d %5d %8.0f %10.0f %10.0f\n", r.address,
                                  r.stats.aggregator_id(), VersionOf(r.stats),
-                                 r.stats.draining() ? "draining" : "serving", r.stats.uptime_ms() / 1000,
+                                 r.stats.draining() ? "draining" : "serving", transport, r.stats.uptime_ms() / 1000,
                                  r.stats.jobs_size(), workers, rounds, rejects);
   } else if (cmd == "jobs") {
     for (const auto& j : r.stats.jobs()) {

@@ -184,7 +184,10 @@ ClientOption InjectDrops() {
 std::vector<ClientOption> ConnectionRows() {
   return {
       Aggregators(),
-      Text("job", "job name, the same on every worker of the job and on no other; empty: TORCHELASTIC_RUN_ID or MASTER_ADDR:MASTER_PORT", [](auto& o) -> auto& { return o.job_name; }),
+      Text("job",
+           "job name, the same on every worker of the job and on no other; empty: TORCHELASTIC_RUN_ID or "
+           "MASTER_ADDR:MASTER_PORT",
+           [](auto& o) -> auto& { return o.job_name; }),
       Int("world_size", 1, 65535, "workers in the job", [](auto& o) -> auto& { return o.world_size; }),
       Int("rank", 0, 65534, "this worker's rank, 0 .. world_size - 1", [](auto& o) -> auto& { return o.rank; }),
       Bool("plaintext", "dial gRPC without TLS; must be chosen explicitly",

@@ -37,15 +37,14 @@ std::string TimeText(const ASN1_TIME* t) {
 // What gRPC would only fail on later, and vaguely ("empty address list", "Socket closed" at the
 // peer): a key that is not the certificate's, or a certificate outside its validity.
 absl::Status CheckKeyPair(const std::string& cert_pem, const std::string& key_pem, const TlsOptions& o) {
-  std::unique_ptr<BIO, decltype(&BIO_free)> cert_bio(BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())),
-                                                     BIO_free);
-  std::unique_ptr<BIO, decltype(&BIO_free)> key_bio(BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())),
-                                                    BIO_free);
+  using Bio = std::unique_ptr<BIO, decltype(&BIO_free)>;
+  Bio cert_bio(BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())), BIO_free);
+  Bio key_bio(BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), BIO_free);
   std::unique_ptr<X509, decltype(&X509_free)> cert(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr),
                                                    X509_free);
   if (!cert) return absl::InvalidArgumentError(absl::StrCat("--tls-cert file '", o.cert_file, "' holds no certificate"));
-  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr),
-                                                          EVP_PKEY_free);
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr), EVP_PKEY_free);
   if (!key) return absl::InvalidArgumentError(absl::StrCat("--tls-key file '", o.key_file, "' holds no private key"));
   if (X509_check_private_key(cert.get(), key.get()) != 1) {
     return absl::InvalidArgumentError(absl::StrCat("--tls-key file '", o.key_file,

@@ -37,15 +37,18 @@ namespace {
 absl::StatusOr<Joiner> JoinerOf(const v1::JoinRequest& req, const std::string& peer) {
   constexpr size_t kMaxHost = 255, kMaxAggregators = 1024, kMaxAggregator = 300;
   if (req.client_host().size() > kMaxHost) {
-    return absl::InvalidArgumentError(absl::StrCat("client_host is ", req.client_host().size(), " bytes; at most ", kMaxHost));
+    return absl::InvalidArgumentError(
+        absl::StrCat("client_host is ", req.client_host().size(), " bytes; at most ", kMaxHost));
   }
   if (static_cast<size_t>(req.aggregators_size()) > kMaxAggregators) {
-    return absl::InvalidArgumentError(absl::StrCat("aggregators lists ", req.aggregators_size(), "; at most ", kMaxAggregators));
+    return absl::InvalidArgumentError(
+        absl::StrCat("aggregators lists ", req.aggregators_size(), "; at most ", kMaxAggregators));
   }
   Joiner j;
   for (const std::string& a : req.aggregators()) {
     if (a.empty() || a.size() > kMaxAggregator) {
-      return absl::InvalidArgumentError(absl::StrCat("an entry of aggregators is ", a.size(), " bytes; 1 to ", kMaxAggregator));
+      return absl::InvalidArgumentError(
+          absl::StrCat("an entry of aggregators is ", a.size(), " bytes; 1 to ", kMaxAggregator));
     }
     j.aggregators.push_back(a);
   }

@@ -82,8 +82,8 @@ void DataThread::Seal(Round* round, absl::Time now) {
     }
     SendStop(*round, w);
   }
-  metrics_.loss_fraction->Observe(t.droppable_total() ? static_cast<double>(t.droppable_missing()) / t.droppable_total() : 0);
-  metrics_.stop_ms->Observe(absl::ToDoubleMilliseconds(now - round->created()));
+  metrics_.loss_ratio->Observe(t.droppable_total() ? static_cast<double>(t.droppable_missing()) / t.droppable_total() : 0);
+  metrics_.stop_seconds->Observe(absl::ToDoubleSeconds(now - round->created()));
 }
 
 void DataThread::SendStop(const Round& r, uint32_t rank) {

@@ -43,10 +43,10 @@ DataMetrics DataMetrics::Make(MetricsRegistry* registry) {
   m.inject_dropped = registry->GetCounter("dlcp_inject_dropped_total", {}, "Packets discarded by --inject-drop*");
   m.push_sealed = registry->GetCounter("dlcp_push_after_seal_total", {},
                                        "Pushes that reached a bounded-loss round after it sealed, not summed");
-  m.loss_fraction = registry->GetHistogram(
-      "dlcp_round_loss_fraction", {0, 0.0001, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1},
+  m.loss_ratio = registry->GetHistogram(
+      "dlcp_round_loss_ratio", {0, 0.0001, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1},
       "Per bounded-loss round and endpoint: droppable contributions left out over those declared");
-  m.stop_ms = registry->GetHistogram("dlcp_time_to_stop_ms", ExponentialBuckets(0.125, 2, 20),
+  m.stop_seconds = registry->GetHistogram("dlcp_time_to_stop_seconds", ExponentialBuckets(0.000125, 2, 20),
                                      "Bounded-loss rounds: time from the first packet to STOP");
   const std::string rounds_help = "Rounds released, by outcome";
   m.rounds_completed = registry->GetCounter("dlcp_rounds_total", {{"outcome", "completed"}}, rounds_help);
@@ -58,7 +58,7 @@ DataMetrics DataMetrics::Make(MetricsRegistry* registry) {
         registry->GetCounter("dlcp_rejects_total", {{"reason", wire::RejectName(static_cast<wire::Reject>(i))}},
                              "Invalid packets dropped, by reason");
   }
-  m.round_ms = registry->GetHistogram("dlcp_round_duration_ms", ExponentialBuckets(0.125, 2, 20),
+  m.round_seconds = registry->GetHistogram("dlcp_round_duration_seconds", ExponentialBuckets(0.000125, 2, 20),
                                       "Time from a round's first push to its last contribution, per data thread");
   return m;
 }

@@ -27,14 +27,14 @@ struct DataMetrics {
   Counter* inject_dropped = nullptr;
   Counter* push_sealed = nullptr;
   Counter* contributions[wire::kNumClasses][2] = {};  // [class][left out]
-  Histogram* loss_fraction = nullptr;
-  Histogram* stop_ms = nullptr;
+  Histogram* loss_ratio = nullptr;
+  Histogram* stop_seconds = nullptr;
   Counter* rounds_completed = nullptr;
   Counter* rounds_expired = nullptr;
   Counter* rounds_aborted = nullptr;
   Counter* send_errors = nullptr;
   Counter* rejects[static_cast<size_t>(wire::Reject::kCount)] = {};
-  Histogram* round_ms = nullptr;
+  Histogram* round_seconds = nullptr;
 
   // Registers (or finds) every series in `registry`, which outlives the struct.
   static DataMetrics Make(MetricsRegistry* registry);

@@ -512,7 +512,7 @@ void DataThread::TrimWhenIdle() {
 void DataThread::CountCompleted(const Round& r) {
   r.job()->rounds_completed.fetch_add(1, std::memory_order_relaxed);
   metrics_.rounds_completed->Add();
-  metrics_.round_ms->Observe(absl::ToDoubleMilliseconds(r.last_progress() - r.created()));
+  metrics_.round_seconds->Observe(absl::ToDoubleSeconds(r.last_progress() - r.created()));
 }
 
 void DataThread::ScanTimers(absl::Time now) {

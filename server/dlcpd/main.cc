@@ -17,6 +17,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "common/base/clock.h"
+#include "common/metrics/process_metrics.h"
 #include "server/control/connection_limits.h"
 #include "server/control/limited_listener.h"
 #include "common/rpc/heartbeat.h"
@@ -332,6 +333,7 @@ int Main(int argc, char** argv) {
   ConfigureLogging(o.log);
   const sigset_t signals = BlockStopSignals();
   MetricsRegistry metrics;
+  ExportProcessMetrics(&metrics);
   JobRegistry jobs(o.limits);
   jobs.ExportMetrics(&metrics);
   absl::StatusOr<std::unique_ptr<DataPlane>> data = DataPlane::Create(o.data, &jobs, &metrics);
@@ -340,6 +342,8 @@ int Main(int argc, char** argv) {
     return 1;
   }
   absl::Cleanup stop_data = [&] { (*data)->Stop(); };
+  metrics.AddComputed("dlcp_transport_info", {{"kind", TransportKindName((*data)->kind())}},
+                      MetricsRegistry::Kind::kGauge, "Always 1: the data plane's transport", [] { return 1.0; });
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(o.tls);
   if (!credentials.ok()) {
     std::cerr << "dlcpd: refusing to start: " << credentials.status().message() << "\n";

@@ -65,7 +65,8 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::FindOrCreate(const JoinSpec& s
         absl::StrCat("aggregator serves its limit of ", limits_.max_jobs, " jobs (dlcpd --max-jobs)"));
   }
   if (!s.client.empty()) {
-    const size_t created = std::count_if(jobs_.begin(), jobs_.end(), [&](const auto& j) { return j.second->creator == s.client; });
+    const size_t created =
+        std::count_if(jobs_.begin(), jobs_.end(), [&](const auto& j) { return j.second->creator == s.client; });
     if (created >= limits_.max_jobs_per_client) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "job '", s.job_name, "' refused: ", s.client, " already created ", created,

@@ -69,6 +69,7 @@ TEST_P(BinariesTest, DlcpBenchIsExact) {
   ProcessResult parsed = RunProcess({"/usr/bin/python3", "-c", "import json,sys; json.loads(sys.argv[1])", ctl.out},
                                     absl::Seconds(10));
   EXPECT_EQ(parsed.exit_code, 0) << "dlcpctl --output=json is not JSON: " << parsed.out;
+  EXPECT_EQ(ctl.out.find("e+"), std::string::npos) << "counters must stay exact integers: " << ctl.out;
   // The job has left by now (dlcp-bench closes its clients), so no jobs remain to list.
   ProcessResult jobs = RunProcess({DLCPCTL_PATH, "jobs", aggs, "--plaintext"}, absl::Seconds(10));
   EXPECT_EQ(jobs.exit_code, 0) << jobs.out;
@@ -77,6 +78,7 @@ TEST_P(BinariesTest, DlcpBenchIsExact) {
   EXPECT_EQ(status.exit_code, 0) << status.out;
   EXPECT_NE(status.out.find(controls[0]), std::string::npos) << status.out;
   EXPECT_NE(status.out.find(absl::StrCat(" ", DLCP_VERSION, " ")), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find(" udp "), std::string::npos) << "the transport in use: " << status.out;
   ProcessResult health = RunProcess({DLCPCTL_PATH, "health", aggs, "--plaintext"}, absl::Seconds(10));
   EXPECT_EQ(health.exit_code, 0) << health.out;
   EXPECT_NE(health.out.find(": SERVING"), std::string::npos) << health.out;
@@ -289,7 +291,7 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const std::string body = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
   ASSERT_FALSE(body.empty());
-  EXPECT_NE(body.find("# TYPE dlcp_round_duration_ms histogram"), std::string::npos) << body;
+  EXPECT_NE(body.find("# TYPE dlcp_round_duration_seconds histogram"), std::string::npos) << body;
 
   // Each round all-reduces the tensor between two one-element barriers (bench_worker.cc).
   const double tensor_rounds = rounds + warmup, ops = 3 * tensor_rounds;
@@ -297,7 +299,7 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
   const double retransmits = JsonField(r.out, "retransmits");
   ASSERT_GE(retransmits, 0) << r.out;
   EXPECT_EQ(Scraped(body, "dlcp_rounds_total{outcome=\"completed\"}"), ops);
-  EXPECT_EQ(Scraped(body, "dlcp_round_duration_ms_count"), ops);
+  EXPECT_EQ(Scraped(body, "dlcp_round_duration_seconds_count"), ops);
   // Chunks ride classes 0..3 by magnitude; the totals must balance over all of them.
   auto all_classes = [&](const std::string& metric, const std::string& type) {
     double total = 0;
@@ -341,17 +343,25 @@ TEST(Metrics, ScrapeMatchesTheJobsOwnFigures) {
             workers * tensor_rounds * chunks);
   // Every round is bounded (ε = 0.01, asked for above) and sealed with a STOP to each worker; nothing
   // was lost, so every contribution was summed.
-  EXPECT_EQ(Scraped(body, "dlcp_time_to_stop_ms_count"), ops);
+  EXPECT_EQ(Scraped(body, "dlcp_time_to_stop_seconds_count"), ops);
   // A worker that asked again after the seal (its quiet spell ran out first) got its STOP again.
   EXPECT_EQ(Scraped(body, "dlcp_tx_packets_total{class=\"0\",type=\"stop\"}") -
                 Scraped(body, "dlcp_repairs_total{kind=\"stop_resent\"}"),
             ops * workers);
   EXPECT_EQ(Scraped(body, "dlcp_contributions_total{class=\"0\",outcome=\"left_out\"}"), 0);
-  EXPECT_EQ(Scraped(body, "dlcp_round_loss_fraction_count"), ops);
+  EXPECT_EQ(Scraped(body, "dlcp_round_loss_ratio_count"), ops);
   EXPECT_EQ(Scraped(body, "dlcp_rejects_total"), 0);
   EXPECT_EQ(Scraped(body, "dlcp_workers "), 0);  // the job left
   EXPECT_EQ(Scraped(body, absl::StrCat("dlcp_build_info{version=\"", DLCP_VERSION, "\",wire_version=\"1\"}")), 1);
   EXPECT_EQ(Scraped(body, "dlcp_jobs "), 0);
+  EXPECT_EQ(Scraped(body, "dlcp_transport_info{kind=\"udp\"}"), 1) << body;
+  // The process's own figures, under Prometheus's standard names.
+  EXPECT_GT(Scraped(body, "process_resident_memory_bytes "), 1 << 20) << body;
+  EXPECT_GT(Scraped(body, "process_cpu_seconds_total "), 0) << body;
+  EXPECT_GE(Scraped(body, "process_threads "), 3) << body;
+  EXPECT_GT(Scraped(body, "process_open_fds "), 3) << body;
+  EXPECT_GT(Scraped(body, "process_max_fds "), Scraped(body, "process_open_fds ")) << body;
+  EXPECT_GT(Scraped(body, "process_start_time_seconds "), 1.7e9) << body;
   EXPECT_GE(Scraped(body, "dlcp_transport_packets_total{direction=\"rx\"}"),
             Scraped(body, "dlcp_rx_packets_total"));
 }
