@@ -57,8 +57,9 @@ void LimitedListener::ServeWith(grpc::ServerBuilder* builder,
                                 const std::shared_ptr<grpc::ServerCredentials>& credentials) {
   acceptor_ = builder->experimental().AddExternalConnectionAcceptor(
       grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, credentials);
-  thread_ = std::thread([this] { AcceptLoop(); });
 }
+
+void LimitedListener::Start() { thread_ = std::thread([this] { AcceptLoop(); }); }
 
 void LimitedListener::Stop() {
   stop_.store(true);

@@ -28,9 +28,11 @@ class LimitedListener {
   LimitedListener& operator=(const LimitedListener&) = delete;
 
   uint16_t port() const { return port_; }
-  // Registers the port with `builder` (before BuildAndStart) under `credentials`, and from then
-  // on hands it each admitted connection. Call once.
+  // Registers the port with `builder` (before BuildAndStart) under `credentials`. Call once.
   void ServeWith(grpc::ServerBuilder* builder, const std::shared_ptr<grpc::ServerCredentials>& credentials);
+  // Once the server has started (gRPC closes what it is handed before): accepts, and hands it each
+  // admitted connection. Until then connections wait in the backlog. Call once.
+  void Start();
   // Stops accepting and closes the port; returns once the accept thread has ended (within
   // 100 ms). Idempotent.
   void Stop();

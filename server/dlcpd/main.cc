@@ -174,6 +174,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const ControlLimits& l
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) return absl::InternalError(absl::StrCat("gRPC did not start serving port ", listener->port()));
+  listener->Start();
   return server;
 }
 
