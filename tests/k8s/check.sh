@@ -48,6 +48,14 @@ rendered+=("$WORK/with-monitor.yaml")
 grep -q "kind: ServiceMonitor" "$WORK/with-monitor.yaml" || { echo "ServiceMonitor missing"; exit 1; }
 grep -q "rdma/hca_shared_devices_a" "$WORK/rdma.yaml" || { echo "rdma overlay lacks the device resource"; exit 1; }
 grep -q "IPC_LOCK" "$WORK/rdma.yaml" || { echo "rdma overlay lacks IPC_LOCK"; exit 1; }
+for want in "priorityClassName: dlcp-aggregator" "kind: PriorityClass" "app.kubernetes.io/component: aggregator" \
+            "app.kubernetes.io/version:" "app.kubernetes.io/managed-by: kustomize"; do
+  grep -qF "$want" "$WORK/udp.yaml" || { echo "the aggregators' manifests lack: $want"; exit 1; }
+done
+# SIGTERM drains for up to DLCP_DRAIN_TIMEOUT_MS; the pod's grace period must cover it.
+drain_ms=$(sed -n 's/^ *DLCP_DRAIN_TIMEOUT_MS: "\([0-9]*\)"/\1/p' "$WORK/udp.yaml")
+grace_s=$(sed -n 's/^ *terminationGracePeriodSeconds: \([0-9]*\)/\1/p' "$WORK/udp.yaml" | head -1)
+(( grace_s * 1000 > drain_ms )) || { echo "terminationGracePeriodSeconds $grace_s does not cover the drain (${drain_ms} ms)"; exit 1; }
 
 (cd "$WORK" && node validate.js "${rendered[@]}")
 
