@@ -183,6 +183,8 @@ class TransferEngine {
   void TakeSubmissions(absl::Time now);
   // (Re)starts an op already prepared: plan, per-chunk state, windows, timers, manifests.
   void Launch(Op& op, absl::Time now);
+  // retain_inputs: keeps a copy of the op's input for a regroup to push again.
+  void RetainInput(Op& op);
   // Derives destinations, topology and plans from options_'s layout.
   void BuildDestinations();
   // The I/O thread's side of PauseForRegroup and Resume (transfer_regroup.cc).
@@ -312,6 +314,8 @@ class TransferEngine {
   // retain_inputs: the last op finished per key (its input kept), and ops waiting for their
   // key's replay to finish.
   std::unordered_map<uint32_t, std::unique_ptr<Op>> last_done_;
+  // Per key, the input buffer of the round before last_done_'s, for the next op to copy into.
+  std::unordered_map<uint32_t, std::vector<float>> spare_inputs_;
   std::unordered_map<uint32_t, std::unique_ptr<Op>> held_;
   // The earliest bounded-pull tail end among the ops.
   absl::Time next_tail_ = absl::InfiniteFuture();
