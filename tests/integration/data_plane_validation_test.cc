@@ -271,19 +271,8 @@ TEST(DataPlaneValidation, AMemberCannotSignAResultAnotherAccepts) {
     ASSERT_NE(rank1, nullptr);
     std::future<absl::StatusOr<std::unique_ptr<Client>>> rank0 =
         std::async(std::launch::async, [&] { return Client::Connect(Opts(agg->address(), "forge-result", 2, 0)); });
-    v1::JoinRequest req;
-    req.set_job_name("forge-result");
-    req.set_world_size(2);
-    req.set_rank(1);
-    req.set_chunk_bytes(1024);
-    req.set_data_host("127.0.0.1");
-    req.set_data_port(rank1->local_address().port);
-    req.set_worker_keys(true);
     v1::JoinResponse joined;
-    auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(agg->address(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    grpc::Status st = stub->Join(&ctx, req, &joined);
+    grpc::Status st = agg->Join(TestAggregator::HandJoin("forge-result", 2, 1, rank1->local_address().port), &joined);
     ASSERT_TRUE(st.ok()) << st.error_message();
     absl::StatusOr<std::unique_ptr<Client>> client = rank0.get();
     ASSERT_TRUE(client.ok()) << client.status();
@@ -597,18 +586,9 @@ TEST_P(ReleasedRound, ItsQueuedResultsAreSentBeforeItsMemoryIsReused) {
   ASSERT_NE(agg, nullptr);
   std::unique_ptr<Transport> worker = TestSocket();
   ASSERT_NE(worker, nullptr);
-  v1::JoinRequest req;
-  req.set_job_name("released-" + c.name);
-  req.set_world_size(1);
-  req.set_chunk_bytes(1024);
-  req.set_data_host("127.0.0.1");
-  req.set_data_port(worker->local_address().port);
-  req.set_worker_keys(true);
   v1::JoinResponse joined;
-  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(agg->address(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::Status st = stub->Join(&ctx, req, &joined);
+  grpc::Status st =
+      agg->Join(TestAggregator::HandJoin("released-" + c.name, 1, 0, worker->local_address().port), &joined);
   ASSERT_TRUE(st.ok()) << st.error_message();
   std::shared_ptr<server::Job> job = agg->jobs().Find(joined.job_id());
   ASSERT_NE(job, nullptr);

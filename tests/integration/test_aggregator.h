@@ -2,7 +2,10 @@
 // 127.0.0.1 (or another local address) with ephemeral ports, over either transport.
 #pragma once
 
+#include <grpcpp/create_channel.h>
 #include <grpcpp/server_builder.h>
+
+#include <chrono>
 
 #include <memory>
 #include <string>
@@ -87,6 +90,27 @@ class TestAggregator {
       v = Counter(name);
     }
     return v;
+  }
+
+  // A Join made by hand, as Session would make it for rank `rank` of `job` whose data plane is a
+  // socket of the test's own on 127.0.0.1:`data_port`; callers add what else they need.
+  static v1::JoinRequest HandJoin(const std::string& job, uint32_t world, uint32_t rank, uint16_t data_port) {
+    v1::JoinRequest req;
+    req.set_job_name(job);
+    req.set_world_size(world);
+    req.set_rank(rank);
+    req.set_chunk_bytes(1024);
+    req.set_data_host("127.0.0.1");
+    req.set_data_port(data_port);
+    req.set_worker_keys(true);
+    return req;
+  }
+  // Sends `req` to this aggregator's control port, within 5 s.
+  grpc::Status Join(const v1::JoinRequest& req, v1::JoinResponse* resp) {
+    auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return stub->Join(&ctx, req, resp);
   }
 
  private:
