@@ -1,7 +1,6 @@
 #include "common/rpc/socket_marks.h"
 
 #include <grpc/support/sync.h>
-#include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/version_info.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
@@ -35,11 +34,8 @@ struct DscpMutator {
 };
 
 bool Mutate(int fd, grpc_socket_mutator* m) {
-  const int tos = reinterpret_cast<DscpMutator*>(m)->dscp << 2;
-  // An IPv6 or Unix socket refuses IP_TOS; marking is best effort and never fails a connection.
-  (void)setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof(tos));
-  (void)setsockopt(fd, IPPROTO_IPV6, IPV6_TCLASS, &tos, sizeof(tos));
-  return true;
+  MarkSocketDscp(fd, reinterpret_cast<DscpMutator*>(m)->dscp);
+  return true;  // marking never fails a connection
 }
 int Compare(grpc_socket_mutator* a, grpc_socket_mutator* b) {
   const uint8_t x = reinterpret_cast<DscpMutator*>(a)->dscp, y = reinterpret_cast<DscpMutator*>(b)->dscp;
@@ -55,16 +51,6 @@ grpc_socket_mutator* NewMutator(uint8_t dscp) {
   return &m->base;
 }
 
-class DscpOption : public grpc::ServerBuilderOption {
- public:
-  explicit DscpOption(uint8_t dscp) : dscp_(dscp) {}
-  void UpdateArguments(grpc::ChannelArguments* args) override { args->SetSocketMutator(NewMutator(dscp_)); }
-  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>*) override {}
-
- private:
-  uint8_t dscp_;
-};
-
 }  // namespace
 
 bool SocketMarksSupported() { return kSupported; }
@@ -73,9 +59,11 @@ void MarkChannelDscp(grpc::ChannelArguments* args, uint8_t dscp) {
   if (kSupported) args->SetSocketMutator(NewMutator(dscp));
 }
 
-std::unique_ptr<grpc::ServerBuilderOption> ServerDscpOption(uint8_t dscp) {
-  if (!kSupported) return nullptr;
-  return std::make_unique<DscpOption>(dscp);
+void MarkSocketDscp(int fd, uint8_t dscp) {
+  const int tos = dscp << 2;
+  // An IPv6 socket refuses IP_TOS, an IPv4 one IPV6_TCLASS: each takes its own.
+  (void)setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof(tos));
+  (void)setsockopt(fd, IPPROTO_IPV6, IPV6_TCLASS, &tos, sizeof(tos));
 }
 
 }  // namespace dlcp

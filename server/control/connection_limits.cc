@@ -1,12 +1,11 @@
 #include "server/control/connection_limits.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "common/transport/address.h"
 
 namespace dlcp {
 namespace {
@@ -16,13 +15,8 @@ std::string PeerAddress(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
-  char text[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_INET) {
-    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, text, sizeof(text));
-  } else if (ss.ss_family == AF_INET6) {
-    ::inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, text, sizeof(text));
-  }
-  return text;
+  if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return "";
+  return Address::FromSockaddr(reinterpret_cast<const sockaddr*>(&ss)).HostString();
 }
 
 }  // namespace

@@ -10,44 +10,38 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/base/host_port.h"
 #include "common/base/log.h"
+#include "common/rpc/socket_marks.h"
 #include "common/transport/address.h"
 
 namespace dlcp::server {
-namespace {
 
-absl::Status CannotBind(const std::string& host, uint16_t port, int err) {
-  const std::string why = err == EADDRINUSE ? absl::StrCat("port ", port, " is in use (another dlcpd, or another process)")
-                                            : std::strerror(err);
-  return absl::UnavailableError(absl::StrCat(JoinHostPort(host, port), ": ", why));
+std::string BindProblem(int port, int err) {
+  if (err == EADDRINUSE) return absl::StrCat("port ", port, " is in use (another dlcpd, or another process)");
+  return std::strerror(err);
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<LimitedListener>> LimitedListener::Bind(const std::string& host, uint16_t port,
                                                                        uint8_t dscp, ConnectionLimiter* limiter) {
   absl::StatusOr<Address> a = ResolveAddress(host, port);
-  if (!a.ok()) return absl::UnavailableError(absl::StrCat(JoinHostPort(host, port), ": ", a.status().message()));
+  if (!a.ok()) return absl::UnavailableError(a.status().message());
   const SockAddr sa = a->ToSockaddr();
   const int fd = ::socket(sa.get()->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return CannotBind(host, port, errno);
-  const int one = 1, tos = dscp << 2;
+  if (fd < 0) return absl::UnavailableError(BindProblem(port, errno));
+  const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // restarts within TIME_WAIT; not REUSEPORT
   // Accepted connections inherit the mark: control rides the top class, like the data plane's
-  // control messages. Best effort, as for the client's sockets.
-  (void)::setsockopt(fd, IPPROTO_IP, IP_TOS, &tos, sizeof(tos));
-  (void)::setsockopt(fd, IPPROTO_IPV6, IPV6_TCLASS, &tos, sizeof(tos));
+  // control messages.
+  MarkSocketDscp(fd, dscp);
   if (::bind(fd, sa.get(), sa.len) != 0 || ::listen(fd, SOMAXCONN) != 0) {
     const int err = errno;
     ::close(fd);
-    return CannotBind(host, port, err);
+    return absl::UnavailableError(BindProblem(port, err));
   }
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  const uint16_t actual = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                                            : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  const uint16_t actual = Address::FromSockaddr(reinterpret_cast<const sockaddr*>(&bound)).port;
   return std::unique_ptr<LimitedListener>(new LimitedListener(fd, actual, limiter));
 }
 

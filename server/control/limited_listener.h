@@ -17,9 +17,12 @@
 
 namespace dlcp::server {
 
+// Why a bind to `port` failed with `err`: "port 7400 is in use (...)", or the system's reason.
+std::string BindProblem(int port, int err);
+
 class LimitedListener {
  public:
-  // Binds host:port (0: a free one) and listens. UNAVAILABLE says why, naming the port.
+  // Binds host:port (0: a free one) and listens. UNAVAILABLE says why (BindProblem).
   // `limiter` must outlive the listener.
   static absl::StatusOr<std::unique_ptr<LimitedListener>> Bind(const std::string& host, uint16_t port, uint8_t dscp,
                                                                ConnectionLimiter* limiter);

@@ -111,8 +111,8 @@ sigset_t BlockStopSignals() {
   return signals;
 }
 
-// Why `host`:`port` cannot be listened on, found by binding a TCP socket there ourselves (gRPC and
-// civetweb only say that they failed): "port 7400 is in use", or the system's reason.
+// Why `host`:`port` cannot be listened on, found by binding a TCP socket there ourselves (civetweb
+// only says that it failed): "port 7400 is in use", or the system's reason.
 std::string ListenProblem(const std::string& host, int port) {
   absl::StatusOr<Address> a = ResolveAddress(host, static_cast<uint16_t>(port));
   if (!a.ok()) return std::string(a.status().message());
@@ -124,16 +124,14 @@ std::string ListenProblem(const std::string& host, int port) {
   const int rc = ::bind(fd, sa.get(), sa.len);
   const int err = errno;
   ::close(fd);
-  if (rc == 0) return "it could not be bound";
-  if (err == EADDRINUSE) return absl::StrCat("port ", port, " is in use (another dlcpd, or another process)");
-  return std::strerror(err);
+  return rc == 0 ? "it could not be bound" : BindProblem(port, err);
 }
 
-// A refusal to start for a port: where, why, and the setting that chose it.
-absl::Status CannotListen(const std::string& what, const std::string& host, int port, const std::string& flag) {
+// A refusal to start for a port: where, why (`problem`), and the setting that chose it.
+absl::Status CannotListen(const std::string& what, const std::string& host, int port, const std::string& flag,
+                          const std::string& problem) {
   return absl::UnavailableError(absl::StrCat("cannot listen for ", what, " on ", JoinHostPort(host, port), ": ",
-                                             ListenProblem(host, port), "; set ", flag,
-                                             " to a free port (0 picks one)"));
+                                             problem, "; set ", flag, " to a free port (0 picks one)"));
 }
 
 void ExportConnectionMetrics(ConnectionLimiter* limiter, MetricsRegistry* metrics) {
@@ -182,10 +180,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const ControlLimits& l
 absl::StatusOr<std::unique_ptr<LimitedListener>> ListenFor(const std::string& what, const std::string& host, int port,
                                                            const std::string& flag, uint8_t dscp,
                                                            ConnectionLimiter* limiter) {
-  absl::StatusOr<std::unique_ptr<LimitedListener>> l = LimitedListener::Bind(host, static_cast<uint16_t>(port), dscp, limiter);
+  absl::StatusOr<std::unique_ptr<LimitedListener>> l =
+      LimitedListener::Bind(host, static_cast<uint16_t>(port), dscp, limiter);
   if (l.ok()) return l;
-  return absl::UnavailableError(absl::StrCat("cannot listen for ", what, " on ", l.status().message(), "; set ", flag,
-                                             " to a free port (0 picks one)"));
+  return CannotListen(what, host, port, flag, std::string(l.status().message()));
 }
 
 // dlcpd's gRPC ports: control, and health when --health-port asks for it. Each is accepted by a
@@ -363,7 +361,9 @@ int Main(int argc, char** argv) {
     exporter = PrometheusExporter::Start(o.metrics_host, static_cast<uint16_t>(o.metrics_port), &metrics);
   }
   if (!exporter.ok()) {
-    std::cerr << "dlcpd: " << CannotListen("metrics", o.metrics_host, o.metrics_port, "--metrics-port").message()
+    std::cerr << "dlcpd: " << CannotListen("metrics", o.metrics_host, o.metrics_port, "--metrics-port",
+                                           ListenProblem(o.metrics_host, o.metrics_port))
+                                  .message()
               << " (" << exporter.status().message() << ")\n";
     return 1;
   }

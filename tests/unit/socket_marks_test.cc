@@ -1,5 +1,7 @@
 // gRPC's control connections carry the top class's DSCP on both ends, so a best-effort flood at
-// a strict-priority switch cannot starve heartbeats. Checked on the live sockets with ss(8).
+// a strict-priority switch cannot starve heartbeats: the client's through its channel, dlcpd's
+// through its listener (LimitedListener), whose mark accepted connections inherit. Checked on the
+// live sockets with ss(8).
 #include <gtest/gtest.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/rpc/socket_marks.h"
 #include "server/control/health_service.h"
+#include "server/control/limited_listener.h"
 
 namespace dlcp {
 namespace {
@@ -32,15 +35,17 @@ TEST(SocketMarks, ControlConnectionsRideTheTopClassBothWays) {
   if (!SocketMarksSupported()) GTEST_SKIP() << "this gRPC version's socket mutator layout is not known";
   if (Shell("command -v ss").empty()) GTEST_SKIP() << "ss (iproute2) is not installed";
   server::HealthService health;
+  ConnectionLimiter limiter(ConnectionLimits{});
+  absl::StatusOr<std::unique_ptr<server::LimitedListener>> listener =
+      server::LimitedListener::Bind("127.0.0.1", 0, 46, &limiter);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  const int port = (*listener)->port();
   grpc::ServerBuilder b;
   b.RegisterService(&health);
-  int port = 0;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  auto option = ServerDscpOption(46);
-  ASSERT_NE(option, nullptr);
-  b.SetOption(std::move(option));
+  (*listener)->ServeWith(&b, grpc::InsecureServerCredentials());
   auto server = b.BuildAndStart();
   ASSERT_NE(server, nullptr);
+  (*listener)->Start();
   grpc::ChannelArguments args;
   MarkChannelDscp(&args, 46);
   auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args);
