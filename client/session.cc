@@ -106,7 +106,7 @@ std::unique_ptr<Session::JoinCall> Session::StartJoin(const SessionOptions& opti
   req.set_wire_version(wire::kVersion);
   req.set_client_version(DLCP_VERSION);
   req.set_incarnation(options.incarnation);
-  req.set_client_host(LocalHostName());
+  req.set_client_host(options.client_host);
   req.set_client_pid(static_cast<uint32_t>(::getpid()));
   for (const std::string& a : options.resolved_aggregators) req.add_aggregators(a);
   return std::make_unique<JoinCall>(
@@ -205,6 +205,7 @@ namespace {
 SessionOptions WithIdentity(const SessionOptions& given) {
   SessionOptions o = given;
   while (o.incarnation == 0) o.incarnation = (uint64_t{std::random_device{}()} << 32) | std::random_device{}();
+  if (o.client_host.empty()) o.client_host = LocalHostName();
   if (o.resolved_aggregators.empty()) {
     for (const std::string& a : o.aggregators) {
       absl::StatusOr<Address> resolved = ResolveHostPort(a);

@@ -62,6 +62,7 @@ struct SessionOptions {
   // draws it when 0, and resolves `aggregators` into `resolved_aggregators` when that is empty.
   uint64_t incarnation = 0;
   std::vector<std::string> resolved_aggregators;
+  std::string client_host;  // this host's name, for the aggregators' errors; Session::Join fills it
 };
 
 class Session {

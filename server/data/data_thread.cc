@@ -477,6 +477,7 @@ void DataThread::RefuseMismatch(RoundMap::iterator it, const wire::Header& h, co
 }
 
 bool DataThread::RefusedRound(const wire::Header& h, const Job& job) {
+  if (refused_.empty()) return false;  // on every datagram: almost always so
   auto it = refused_.find(RoundKey{h.job, h.epoch, h.key, h.round});
   if (it == refused_.end()) return false;
   if (!(h.flags & wire::kFlagDone)) {
