@@ -4,13 +4,10 @@
 // crashes before main), so TSan builds go without.
 #pragma once
 
-#if defined(__SANITIZE_THREAD__)
+#include "common/base/sanitizers.h"
+
+#if defined(DLCP_UNDER_TSAN)
 #define DLCP_AVX2_CLONES
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define DLCP_AVX2_CLONES
-#endif
-#endif
-#ifndef DLCP_AVX2_CLONES
+#else
 #define DLCP_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
 #endif

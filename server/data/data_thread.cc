@@ -505,7 +505,9 @@ void DataThread::TrimWhenIdle() {
   if (trimmed_ || jobs_->size() > 0) return;
   trimmed_ = true;
   pool_.Clear();
-#ifdef __GLIBC__
+#if defined(__GLIBC__) && !defined(DLCP_UNDER_SANITIZER)
+  // Under a sanitizer glibc's allocator is not the one in use; malloc_trim would set its arenas
+  // up from several data threads at once, which glibc does not expect.
   ::malloc_trim(0);
 #endif
 }

@@ -3,12 +3,9 @@
 // target_clones makes GCC emit an AVX-512, an AVX2 and a baseline SSE2 body and pick one through
 // an ifunc when the library loads, so one binary runs everywhere at the best width. Sanitizer
 // runtimes are not up yet when ifunc resolvers run, so sanitized builds keep the baseline body.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)  // clang's spelling
-#define DLCP_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__) || defined(DLCP_SANITIZED)
+#include "common/base/sanitizers.h"
+
+#if defined(DLCP_UNDER_SANITIZER)
 #define DLCP_ISA_CLONES
 #else
 #define DLCP_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))

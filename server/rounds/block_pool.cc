@@ -2,7 +2,9 @@
 
 #include <cstdlib>
 
-#if defined(__SANITIZE_ADDRESS__)
+#include "common/base/sanitizers.h"
+
+#if defined(DLCP_UNDER_ASAN)
 #include <sanitizer/asan_interface.h>
 #define DLCP_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
 #define DLCP_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
