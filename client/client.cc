@@ -170,8 +170,9 @@ EngineOptions EngineOptionsOf(const ClientOptions& options, const Session& sessi
   eo.repair_timeout = options.repair_timeout;
   eo.op_timeout = options.op_timeout;
   eo.max_inflight = UINT32_MAX;
-  eo.retain_inputs = options.on_aggregator_loss == ClientOptions::AggregatorLoss::kRemap;
   const std::vector<AggregatorInfo> aggregators = session.aggregators();
+  // With one aggregator there is nothing to move to: no copies to keep.
+  eo.retain_inputs = options.on_aggregator_loss == ClientOptions::AggregatorLoss::kRemap && aggregators.size() > 1;
   static_cast<EngineLayout&>(eo) = LayoutOf(aggregators, {});
   for (const AggregatorInfo& a : aggregators) eo.max_inflight = std::min(eo.max_inflight, a.max_rounds_in_flight);
   return eo;
@@ -194,8 +195,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   absl::StatusOr<std::unique_ptr<Session>> session =
       Session::Join(SessionOptionsOf(options, (*transport)->local_address()));
   if (!session.ok()) return session.status();
-  const EngineOptions eo = EngineOptionsOf(options, **session);
+  EngineOptions eo = EngineOptionsOf(options, **session);
+  if (!options.timeline.empty()) {
+    absl::StatusOr<std::unique_ptr<Timeline>> timeline = Timeline::Open(options.timeline, options.rank);
+    if (!timeline.ok()) {
+      (*session)->Leave().IgnoreError();
+      return timeline.status();
+    }
+    eo.timeline = std::move(*timeline);
+  }
   std::unique_ptr<Client> c(new Client());
+  c->timeline_ = eo.timeline;
   c->options_ = options;
   c->transport_kind_ = (*transport)->kind();
   c->session_ = std::move(*session);
@@ -239,12 +249,16 @@ std::pair<OpDone, std::future<absl::StatusOr<RoundStats>>> PromiseDone() {
 }
 }  // namespace
 
-OpDone Client::NamingTheSilent(uint32_t key, OpDone done) const {
+OpDone Client::WithHeartbeatNews(uint32_t key, OpDone done) const {
   return [key, waiting = session_->waiting(), done = std::move(done)](absl::StatusOr<RoundStats> r) {
     if (r.status().code() == absl::StatusCode::kDeadlineExceeded) {
       if (const std::string silent = waiting->Describe(key); !silent.empty()) {
         r = absl::DeadlineExceededError(absl::StrCat(r.status().message(), silent));
       }
+    }
+    if (std::optional<v1::RankStats> slowest = waiting->Slowest(); slowest && r.ok()) {
+      r->slowest_rank = static_cast<int32_t>(slowest->rank());
+      r->slowest_lateness = absl::Microseconds(slowest->mean_lateness_us());
     }
     done(std::move(r));
   };
@@ -259,7 +273,7 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduceDevice(uint32_t key, co
 
 void Client::AllReduceDeviceAsync(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options,
                                   OpDone done) {
-  engine_->SubmitDevice(key, tensor, options, NamingTheSilent(key, std::move(done)));
+  engine_->SubmitDevice(key, tensor, options, WithHeartbeatNews(key, std::move(done)));
 }
 
 std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Span<float> data,
@@ -270,7 +284,7 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Sp
 }
 
 void Client::AllReduceAsync(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, OpDone done) {
-  engine_->Submit(key, data, options, -1, NamingTheSilent(key, std::move(done)));
+  engine_->Submit(key, data, options, -1, WithHeartbeatNews(key, std::move(done)));
 }
 
 std::future<absl::StatusOr<RoundStats>> Client::Broadcast(uint32_t key, absl::Span<float> data, uint32_t root) {
@@ -286,7 +300,7 @@ void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root,
   }
   AllReduceOptions o;
   o.loss_bound = 0;
-  engine_->Submit(key, data, o, static_cast<int64_t>(root), NamingTheSilent(key, std::move(done)));
+  engine_->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
 }
 
 bool Client::OnLayoutChange(const std::vector<size_t>& lost, const std::vector<size_t>& back,
@@ -367,6 +381,7 @@ absl::Status Client::Close() {
   }
   if (engine_) engine_->Stop(absl::CancelledError("dlcp client closed"));
   if (regroup_.joinable()) regroup_.join();  // its waits end with the engine stopped, or by deadline
+  if (timeline_) timeline_->Close();
   return session_ ? session_->Leave() : absl::OkStatus();
 }
 

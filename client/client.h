@@ -58,6 +58,10 @@ struct ClientOptions {
   // fixed 20 ms was the tail of congested rounds (docs/measurements/bounded-loss.md).
   absl::Duration repair_timeout = absl::Milliseconds(5);
   absl::Duration heartbeat_interval = kDefaultHeartbeatInterval;
+  // Where to write a timeline of this worker's ops, a Chrome trace-event file that Perfetto loads
+  // (docs/operations.md, "Timeline"); empty: none. %r in it stands for the rank, %p for the
+  // process id. Written as the ops run, completed by Close().
+  std::string timeline;
   // Bytes pushed to one aggregator endpoint whose results have not come back yet (flow control).
   // Bounded so one worker's burst fits the aggregator's socket buffer.
   uint64_t window_bytes = 4 << 20;
@@ -107,13 +111,14 @@ struct ClientOptions {
   double pull_loss_bound = -1;  // ε_pull; negative: loss_bound
   // Loss injected into this worker's outgoing packets, for tests and benchmarks.
   DropInjectorOptions inject;
-  // When an aggregator stops answering for longer than its heartbeat deadline. kFail: every op
-  // fails with UNAVAILABLE naming it. kRemap: the workers move its share of every tensor to the
-  // surviving aggregators and run the unfinished rounds again there (docs/failure-modes.md);
-  // each op keeps a copy of its input for that, so memory for tensors in flight doubles.
-  // Every worker of a job must choose the same.
+  // When an aggregator stops answering for longer than its heartbeat deadline, or drains
+  // (SIGTERM, a rollout). kRemap (the default): the workers move its share of every tensor to the
+  // surviving aggregators and run the unfinished rounds again there, and move back when it serves
+  // again (docs/failure-modes.md); with more than one aggregator each op keeps a copy of its
+  // input for that, so memory for tensors in flight doubles. kFail: every op fails with
+  // UNAVAILABLE naming it. Every worker of a job must choose the same.
   enum class AggregatorLoss { kFail, kRemap };
-  AggregatorLoss on_aggregator_loss = AggregatorLoss::kFail;
+  AggregatorLoss on_aggregator_loss = AggregatorLoss::kRemap;
   // How values travel (docs/wire-format.md): float32, or float16 / bfloat16, which halve the
   // bytes both ways. The aggregator sums in float32 and rounds each result once. Every worker
   // must use the same encoding for a key; AllReduceOptions may choose per tensor. Broadcasts are
@@ -132,6 +137,9 @@ struct AllReduceOptions {
   double loss_bound = -1;    // ε for this tensor; negative: ClientOptions::loss_bound
   std::optional<wire::Encoding> payload_encoding;  // unset: ClientOptions::payload_encoding
   bool report_classes = false;  // fill RoundStats::classes (a byte per chunk)
+  // What the op is called on the timeline (ClientOptions::timeline), e.g. its fusion group;
+  // empty: "key K".
+  std::string name;
 };
 
 // A tensor in CUDA device memory, for Client::AllReduceDevice.
@@ -167,6 +175,11 @@ struct RoundStats {
   absl::Duration time_to_stop;    // until the last STOP arrived
   uint64_t injected_drops = 0;    // packets ClientOptions::inject discarded
   uint64_t pull_missing = 0;      // kBounded pull: result chunks not received, zeroed
+  // The job's slowest rank, as the aggregators last said (heartbeat answers, so up to a second
+  // or two old): the rank whose part of a round reaches them latest, and its mean lateness
+  // behind the first rank's over their last 128 rounds. -1 before they have named one.
+  int32_t slowest_rank = -1;
+  absl::Duration slowest_lateness;
   // With AllReduceOptions::report_classes: the class this worker gave each chunk, in chunk order
   // (chunks of ClientOptions::chunk_bytes), as its pushes carried them.
   std::vector<uint8_t> classes;
@@ -178,6 +191,7 @@ struct RoundStats {
 using OpDone = std::function<void(absl::StatusOr<RoundStats>)>;
 
 class TransferEngine;
+class Timeline;
 class Session;
 
 class Client {
@@ -261,8 +275,9 @@ class Client {
   // Hands the session's news (a fatal error, new keys, a rejoin, and with `regroup` a changed
   // layout) to the engine.
   void ListenToSession(bool regroup);
-  // `done`, with a DEADLINE_EXCEEDED of `key` naming the ranks the aggregators still wait for.
-  OpDone NamingTheSilent(uint32_t key, OpDone done) const;
+  // `done`, with a DEADLINE_EXCEEDED of `key` naming the ranks the aggregators still wait for,
+  // and a success naming the job's slowest rank (RoundStats::slowest_rank).
+  OpDone WithHeartbeatNews(uint32_t key, OpDone done) const;
   Client() = default;
   // On the session's heartbeat thread: starts a regroup on its own thread (Session::LayoutHandler).
   bool OnLayoutChange(const std::vector<size_t>& lost, const std::vector<size_t>& back, const absl::Status& why,
@@ -274,6 +289,7 @@ class Client {
   TransportOptions::Kind transport_kind_ = TransportOptions::Kind::kUdp;
   std::unique_ptr<Session> session_;
   std::unique_ptr<TransferEngine> engine_;
+  std::shared_ptr<Timeline> timeline_;  // the engine's too; closed with the client
   std::mutex regroup_mu_;
   std::thread regroup_;
   bool regrouping_ = false;  // under regroup_mu_

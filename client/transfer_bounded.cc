@@ -211,7 +211,7 @@ void TransferEngine::HandleStop(Op& op, const wire::Header& h, const uint8_t* pa
   if (!stop.ok()) return Reject(wire::Reject::kBadPayload);
   if (op.bounded.stopped[from_dest]) return;  // another part, or a repeat
   op.bounded.stopped[from_dest] = true;
-  --op.bounded.stops_pending;
+  if (--op.bounded.stops_pending == 0) TraceMoment(op, "stop", now);
   op.stats.droppable_total += stop->droppable_total;
   op.stats.droppable_missing += stop->droppable_missing;
   const uint64_t allowed = static_cast<uint64_t>(op.loss_bound_ppm) * stop->droppable_total / wire::kPpm;

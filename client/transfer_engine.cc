@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "common/base/json_text.h"
 #include "common/base/log.h"
 #include "common/policy/quiet_spell.h"
 #include "common/wire/bounded.h"
@@ -24,6 +25,10 @@ std::vector<Topology::Aggregator> TopologyAggregators(const EngineOptions& o) {
   }
   return out;
 }
+// An op's span on the timeline: its key and round (a key has one op in flight at a time).
+uint64_t TraceId(const TransferOp& op) { return uint64_t{op.key} << 32 | op.round; }
+std::string TraceName(const TransferOp& op) { return op.name.empty() ? absl::StrCat("key ", op.key) : op.name; }
+
 }  // namespace
 
 TransferEngine::TransferEngine(const EngineOptions& options, std::unique_ptr<Transport> transport)
@@ -136,6 +141,8 @@ void TransferEngine::Enqueue(std::unique_ptr<Op> op, uint32_t key, uint64_t elem
   op->loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
   op->tensor = TensorInfo{options.layer, options_.num_layers};
   op->report_classes = options.report_classes;
+  op->name = options.name;
+  op->clock.enqueued = MonotonicNow();
   // A broadcast must replace every replica's data exactly.
   op->encoding = broadcast_root >= 0 ? wire::Encoding::kF32 : options.payload_encoding.value_or(options_.payload_encoding);
   if (static_cast<uint8_t>(op->encoding) >= wire::kNumEncodings) {
@@ -212,8 +219,14 @@ void TransferEngine::FailAll(const absl::Status& reason) {
     shared_.active_keys.clear();
   }
   for (auto& op : pending) op->done(reason);
-  for (auto& [key, op] : ops_) op->done(reason);
-  for (auto& [key, op] : held_) op->done(reason);
+  for (auto& [key, op] : ops_) {
+    if (!op->retained.replay) TraceEnd(*op, reason);
+    op->done(reason);
+  }
+  for (auto& [key, op] : held_) {
+    TraceEnd(*op, reason);
+    op->done(reason);
+  }
   ops_.clear();
   held_.clear();
 }
@@ -280,6 +293,7 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
       continue;
     }
     if (options_.retain_inputs) RetainInput(*op);
+    TraceBegin(*op, now);
     if (auto r = ops_.find(op->key); r != ops_.end() && r->second->retained.replay) {
       held_[op->key] = std::move(op);  // starts once the regroup's replay of its key ends
       continue;
@@ -361,6 +375,7 @@ bool TransferEngine::PushTo(Op& op, uint32_t d) {
   Dest& dest = op.dests[d];
   const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[d];
   const size_t window = WindowOf(d);
+  const uint64_t retransmits_before = op.stats.retransmits;
   // Repairs are not held back by the pacer, only counted by it: they are what the round's tail
   // waits for, and a NACK asks for few at a time.
   while (!dest.resend.empty() && t.budget > 0 && RepairRoom(d, window)) {
@@ -379,6 +394,8 @@ bool TransferEngine::PushTo(Op& op, uint32_t d) {
   while (dest.next < mine.size() && t.inflight[d] < window && t.budget > 0 && t.allow[d] > 0) {
     uint32_t c = mine[dest.next++];
     ++t.inflight[d];
+    if (++op.clock.pushed_once == 1) TraceMoment(op, "first push", t.now);
+    if (op.clock.pushed_once == op.geometry.chunk_count()) TraceMoment(op, "last push", t.now);
     // A bounded round may seal before this worker pushed everything; a chunk whose final
     // result is already here is not pushed (and must not count as outstanding again).
     if (op.chunks.state[c] == kHave) continue;
@@ -386,6 +403,9 @@ bool TransferEngine::PushTo(Op& op, uint32_t d) {
     PushChunk(op, d, h, c, /*repair=*/false);
     Spend(d);
     --t.budget;
+  }
+  if (op.stats.retransmits > retransmits_before) {
+    TraceMoment(op, "repairs", t.now, absl::StrCat("\"chunks\":", op.stats.retransmits - retransmits_before));
   }
   const bool repairs_left = !dest.resend.empty() && RepairRoom(d, window);
   const bool pushes_left = dest.next < mine.size() && t.inflight[d] < window;
@@ -656,6 +676,12 @@ void TransferEngine::HandleNack(Op& op, const wire::Header& h, const uint8_t* pa
   // An empty NACK: the aggregator lacks part of this worker's manifest.
   if (op.loss_bound_ppm > 0) op.bounded.heard[from_dest] = true;
   if (ranges->empty() && op.loss_bound_ppm > 0) return SendManifest(op, from_dest);
+  if (options_.timeline) {
+    uint64_t asked = 0;
+    for (const wire::ChunkRange& r : *ranges) asked += r.length;
+    TraceMoment(op, "nack", MonotonicNow(),
+                absl::StrCat("\"chunks\":", asked, ",\"aggregator\":", Json(AggregatorOf(from_dest))));
+  }
   for (const wire::ChunkRange& r : *ranges) {
     for (uint32_t c = r.first; c < r.first + r.length; ++c) {
       // Only chunks already pushed: the rest go out under the window anyway. A chunk asked for
@@ -714,6 +740,10 @@ void TransferEngine::SendResultReq(const Op& op, uint32_t dest, bool done_only, 
   h.payload_len = static_cast<uint32_t>(p.size());
   absl::Status s = outbox_.AddOwned(flows_[dest].addr, h, std::move(p), flows_[dest].sign_key);
   if (!s.ok()) DLCP_LOG(Warning) << "result request: " << s;
+  if (!done_only) {
+    TraceMoment(op, "result request", MonotonicNow(),
+                absl::StrCat("\"chunks\":", missing.size(), ",\"aggregator\":", Json(AggregatorOf(dest))));
+  }
 }
 
 void TransferEngine::SendDone(uint32_t key, uint32_t round, uint32_t dest, uint32_t tensor_elems,
@@ -808,6 +838,7 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
   std::unique_ptr<Op> op = std::move(it->second);
   ops_.erase(it);
   if (op->retained.replay) return FinishReplay(std::move(op), result.status());
+  TraceEnd(*op, result.status());
   {
     std::lock_guard<std::mutex> lock(mu_);
     shared_.active_keys.erase(key);
@@ -826,6 +857,27 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
     if (last) spare_inputs_[key] = std::move(last->retained.input);  // the next op's copy reuses it
     last = std::move(op);
   }
+}
+
+void TransferEngine::TraceBegin(const Op& op, absl::Time now) {
+  if (!options_.timeline) return;
+  options_.timeline->Begin(TraceId(op), TraceName(op), op.clock.enqueued,
+                           absl::StrCat("\"key\":", op.key, ",\"round\":", op.round, ",\"elems\":",
+                                        op.geometry.tensor_elems, ",\"chunks\":", op.geometry.chunk_count(),
+                                        ",\"loss_bound\":", static_cast<double>(op.loss_bound_ppm) / wire::kPpm));
+  options_.timeline->Instant(TraceId(op), "packed", now);
+}
+
+void TransferEngine::TraceMoment(const Op& op, const char* what, absl::Time now, std::string args) {
+  if (options_.timeline) options_.timeline->Instant(TraceId(op), what, now, std::move(args));
+}
+
+void TransferEngine::TraceEnd(const Op& op, const absl::Status& status) {
+  if (!options_.timeline) return;
+  std::string args = absl::StrCat("\"retransmits\":", op.stats.retransmits, ",\"result_requests\":",
+                                  op.stats.result_requests, ",\"bytes_sent\":", op.stats.bytes_sent);
+  if (!status.ok()) absl::StrAppend(&args, ",\"error\":", Json(status.ToString()));
+  options_.timeline->End(TraceId(op), TraceName(op), MonotonicNow(), std::move(args));
 }
 
 std::array<uint64_t, static_cast<size_t>(wire::Reject::kCount)> TransferEngine::rejects() const {

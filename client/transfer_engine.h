@@ -25,6 +25,7 @@
 #include "client/key_progress.h"
 #include "client/dest_flow.h"
 #include "client/packer/packer.h"
+#include "client/timeline.h"
 #include "client/transfer_op.h"
 #include "common/datapath/congestion_window.h"
 #include "common/datapath/outbox.h"
@@ -98,6 +99,8 @@ struct EngineOptions : EngineLayout {
   double pull_loss_bound = 0;
   absl::Duration repair_timeout = absl::Milliseconds(5);
   absl::Duration op_timeout = absl::Seconds(60);
+  // Where the ops' timeline goes (ClientOptions::timeline); null: nowhere.
+  std::shared_ptr<Timeline> timeline;
   // Keep a copy of each op's input, and of the last finished op's per key, so that the job can
   // run rounds again after it lost an aggregator (PauseForRegroup / Resume).
   bool retain_inputs = false;
@@ -250,6 +253,10 @@ class TransferEngine {
   wire::Header BaseHeader(wire::MsgType type, uint32_t dest, uint32_t key, uint32_t round, uint32_t elems,
                           uint32_t chunks) const;
   void FailAll(const absl::Status& reason);
+  // The timeline (EngineOptions::timeline), where there is one: an op's span and its moments.
+  void TraceBegin(const Op& op, absl::Time now);
+  void TraceMoment(const Op& op, const char* what, absl::Time now, std::string args = "");
+  void TraceEnd(const Op& op, const absl::Status& status);
 
   EngineOptions options_;
   std::unique_ptr<Transport> transport_;

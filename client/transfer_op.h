@@ -71,9 +71,11 @@ struct BoundedRound {
 
 // When an op started, must end, last made progress, and asks for what is missing next.
 struct OpClock {
+  absl::Time enqueued;  // when Submit took it
   absl::Time start, deadline, last_progress, next_repair;
   absl::Time first_result;  // when the first result arrived (set once one has)
   int repair_attempts = 0;
+  uint32_t pushed_once = 0;  // chunks past their first push (or skipped, their result in): the timeline's
 };
 
 // What a regroup needs of an op (EngineOptions::retain_inputs).
@@ -114,6 +116,7 @@ struct TransferOp {
   BoundedRound bounded;
   int64_t broadcast_root = -1;
   OpClock clock;
+  std::string name;  // on the timeline (AllReduceOptions::name)
   RoundStats stats;
   OpDone done;
   RetainedInput retained;

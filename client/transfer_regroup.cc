@@ -142,6 +142,8 @@ void TransferEngine::Restart(Op& op, absl::Time now) {
   op.stats.droppable_total = op.stats.droppable_missing = 0;
   op.stats.bound_violations = 0;
   op.stats.pull_missing = 0;
+  op.clock.pushed_once = 0;
+  TraceMoment(op, "restart", now);
   Launch(op, now);
 }
 

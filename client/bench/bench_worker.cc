@@ -170,6 +170,7 @@ absl::Status WorkerRun::RunRound(uint32_t round, uint32_t total_rounds, bool* mo
   // The timed region starts with every worker ready, so it measures the all-reduce and not a
   // peer still checking the last round.
   if (absl::StatusOr<bool> b = Barrier(false); !b.ok()) return b.status();
+  if (config_.step_delay_ms > 0) absl::SleepFor(absl::Milliseconds(config_.step_delay_ms));
   const absl::Time start = MonotonicNow();
   absl::StatusOr<RoundReport> report = AllReduceAll();
   if (!report.ok()) return report.status();
@@ -228,6 +229,8 @@ void WorkerRun::Count(const RoundStats& stats) {
   }
   result_.bound_violations += stats.bound_violations;
   result_.pull_missing += stats.pull_missing;
+  result_.slowest_rank = stats.slowest_rank;
+  result_.slowest_lateness_ms = absl::ToDoubleMilliseconds(stats.slowest_lateness);
   if (stats.droppable_total > 0) {
     const double loss = static_cast<double>(stats.droppable_missing) / stats.droppable_total;
     result_.max_round_loss = std::max(result_.max_round_loss, loss);
@@ -244,7 +247,9 @@ void WorkerRun::Count(const RoundStats& stats) {
 absl::StatusOr<bool> WorkerRun::Barrier(bool enough) {
   const uint32_t world = config_.client.world_size;
   float token = enough ? 2 : 1;
-  absl::StatusOr<RoundStats> b = client_->AllReduce(kBarrierKey, absl::MakeSpan(&token, 1)).get();
+  AllReduceOptions barrier;
+  barrier.name = "barrier";  // on the timeline
+  absl::StatusOr<RoundStats> b = client_->AllReduce(kBarrierKey, absl::MakeSpan(&token, 1), barrier).get();
   if (!b.ok()) return b.status();
   // Its repairs are traffic the job sent too, and the metrics test balances them.
   result_.retransmits += b->retransmits;
@@ -347,7 +352,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,"
-      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"rx_queue_ran_dry\":%u,\"port_counters\":%s,\"long_gaps\":[%s],\"round_ms\":[%s]}",
+      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"rx_queue_ran_dry\":%u,\"slowest_rank\":%d,\"slowest_lateness_ms\":%.3f,\"port_counters\":%s,\"long_gaps\":[%s],\"round_ms\":[%s]}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99), Percentile(r.round_ms, 1.0),
       r.max_gap_ms, r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
@@ -356,7 +361,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       r.chunks_by_class[3], r.left_out_by_class[0], r.left_out_by_class[1], r.left_out_by_class[2],
       r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99), r.pull_missing,
       r.retried, r.window_cuts, r.window_undos, r.nacks_deferred, r.rejected, r.stale, r.rx_overflows, r.rx_queue_ran_dry,
-      r.port_counters, absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
+      r.slowest_rank, r.slowest_lateness_ms, r.port_counters, absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
         absl::StrAppendFormat(out, "[%.3f,%.1f]", g.first, g.second);
       }),
       // Every timed round, in order: scripts pool them across workers and runs (a job's round

@@ -25,6 +25,9 @@ struct WorkerConfig {
   // runs); the workers agree on when to stop.
   absl::Duration min_duration = absl::ZeroDuration();
   uint32_t start_delay_ms = 0;
+  // Each round, this long between the workers' start barrier and this worker's push: a worker
+  // slowed on purpose, whose computation takes longer than its peers'.
+  uint32_t step_delay_ms = 0;
   bool progress = false;
   // Run a round again when the job failed (ABORTED: a worker was lost), as a trainer that waits
   // for the restarted worker would. Every round then uses the same data, so a worker that
@@ -61,6 +64,9 @@ struct WorkerResult {
   std::vector<double> stop_ms;
   uint64_t pull_missing = 0;  // bounded pull: result chunks given up on
   uint32_t retried = 0;       // rounds run again (retry_aborted)
+  // The job's slowest rank as the last round's RoundStats named it (-1: none yet), and its lateness.
+  int32_t slowest_rank = -1;
+  double slowest_lateness_ms = 0;
   // Packets the client dropped (Client::Rejects): late copies of results its rounds no longer
   // needed (unknown_round), and every other reason.
   uint64_t stale = 0;

@@ -49,6 +49,9 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddInt("late-rank", -1, -1, 4095, "spawn mode: this rank starts late (tests late joins)");
   c->AddInt("late-ms", 0, 0, 600000, "spawn mode: how late --late-rank starts");
   c->AddInt("start-delay-ms", 0, 0, 600000, "sleep this long before joining");
+  c->AddInt("step-delay-ms", 0, 0, 600000, "each round, sleep this long before pushing (a slow worker)");
+  c->AddInt("slow-rank", -1, -1, 4095, "spawn mode: this rank sleeps --slow-ms each round before pushing");
+  c->AddInt("slow-ms", 0, 0, 600000, "spawn mode: how long --slow-rank sleeps each round");
   c->AddBool("progress", false, "rank 0 draws a progress bar on stderr");
   c->AddBool("retry-aborted", false,
              "run a round again when the job lost a worker, until it is back (every round then uses the same data)");
@@ -78,6 +81,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.warmup = static_cast<uint32_t>(c.GetInt("warmup"));
   w.min_duration = absl::Seconds(c.GetInt("min-seconds"));
   w.start_delay_ms = static_cast<uint32_t>(c.GetInt("start-delay-ms"));
+  w.step_delay_ms = static_cast<uint32_t>(c.GetInt("step-delay-ms"));
   w.progress = c.GetBool("progress") && w.client.rank == 0;
   w.retry_aborted = c.GetBool("retry-aborted");
   return w;
@@ -125,6 +129,7 @@ bool StartWorkers(int argc, char** argv, const ConfigRegistry& c, const std::str
       args.push_back(absl::StrCat("--job=", job));
       args.push_back("--json");
       if (r == c.GetInt("late-rank")) args.push_back(absl::StrCat("--start-delay-ms=", c.GetInt("late-ms")));
+      if (r == c.GetInt("slow-rank")) args.push_back(absl::StrCat("--step-delay-ms=", c.GetInt("slow-ms")));
       std::vector<char*> cargs;
       for (auto& a : args) cargs.push_back(a.data());
       cargs.push_back(nullptr);
@@ -182,6 +187,8 @@ struct JobSummary {
   double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY;
   double cuts = 0, undos = 0, chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0;
   double pull_missing = 0, rejected = 0, stale = 0, rx_overflows = 0, rx_queue_ran_dry = 0;
+  // The slowest rank the first worker's last round named (RoundStats::slowest_rank), -1 if none.
+  double slowest_rank = -1, slowest_lateness_ms = 0;
   bool exact = true, checked = true;
   // The workers share their host's port: any one's growth is the job's on that host.
   std::string port_counters = "{}";
@@ -218,6 +225,10 @@ struct JobSummary {
     rx_queue_ran_dry += JsonNumber(l, "rx_queue_ran_dry");
     max_loss = std::max(max_loss, JsonNumber(l, "max_round_loss"));
     stop_p99 = std::max(stop_p99, JsonNumber(l, "stop_p99_ms"));
+    if (slowest_rank < 0 && JsonNumber(l, "slowest_rank") >= 0) {
+      slowest_rank = JsonNumber(l, "slowest_rank");
+      slowest_lateness_ms = JsonNumber(l, "slowest_lateness_ms");
+    }
   }
   void Finish() {
     if (violations > 0) exact = false;  // the guarantee is part of correctness
@@ -251,6 +262,10 @@ void PrintSummary(const ConfigRegistry& c, const JobSummary& j, double loss_boun
       static_cast<int>(j.retrans), static_cast<int>(j.result_req), static_cast<int>(j.rejected),
       static_cast<int>(j.stale), static_cast<int>(j.rx_overflows), static_cast<int>(j.rx_queue_ran_dry));
   if (j.port_counters != "{}") std::cout << "  NIC port     its counters grew by " << j.port_counters << "\n";
+  if (j.slowest_rank >= 0) {
+    std::cout << absl::StrFormat("  slowest      rank %d, %.2f ms behind the first on average, as the aggregators measure it\n",
+                                 static_cast<int>(j.slowest_rank), j.slowest_lateness_ms);
+  }
   if (loss_bound > 0) {
     std::cout << absl::StrFormat(
         "  loss bound   ε = %g: worst round lost %.4f of droppable contributions, %d violations\n"
@@ -272,13 +287,14 @@ void PrintJson(const ConfigRegistry& c, const JobSummary& j, double loss_bound) 
       "\"loss_bound\":%g,\"loss_by_class\":[%s],\"max_round_loss\":%.6f,\"bound_violations\":%d,"
       "\"stop_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"window_undos\":%d,\"client_rejected\":%d,"
       "\"client_stale\":%d,\"client_rx_overflows\":%d,\"client_rx_queue_ran_dry\":%d,"
-      "\"client_port_counters\":%s,\"checked\":%s,\"exact\":%s}\n",
+      "\"client_port_counters\":%s,\"slowest_rank\":%d,\"slowest_lateness_ms\":%.3f,\"checked\":%s,\"exact\":%s}\n",
       static_cast<int>(c.GetInt("workers")), AggregatorCount(c), c.GetInt("tensor-bytes"), c.GetInt("tensors"),
       static_cast<int>(j.rounds), j.p50, j.p99, j.goodput, j.max_err, static_cast<int>(j.retrans),
       static_cast<int>(j.result_req), loss_bound, j.LossByClass(), j.max_loss, static_cast<int>(j.violations),
       j.stop_p99, static_cast<int>(j.pull_missing), static_cast<int>(j.cuts), static_cast<int>(j.undos),
       static_cast<int>(j.rejected), static_cast<int>(j.stale), static_cast<int>(j.rx_overflows),
-      static_cast<int>(j.rx_queue_ran_dry), j.port_counters, j.checked ? "true" : "false", j.exact ? "true" : "false");
+      static_cast<int>(j.rx_queue_ran_dry), j.port_counters, static_cast<int>(j.slowest_rank),
+      j.slowest_lateness_ms, j.checked ? "true" : "false", j.exact ? "true" : "false");
 }
 
 // Spawns one child per rank with this binary, collects each child's JSON line, and prints the

@@ -1,12 +1,13 @@
 // dlcpctl: an operator's view of a set of aggregators.
 //   dlcpctl status --aggregators=H:P[,H:P...]   one line per aggregator: release, serving or draining, jobs, workers, rounds
-//   dlcpctl jobs   --aggregators=...             every job on every aggregator
+//   dlcpctl jobs   --aggregators=... [--ranks]   every job on every aggregator [and each rank's lateness]
+//   dlcpctl top JOB --aggregators=...            the job's ranks, the latest first, refreshed every
+//                                                 --interval-ms (--count times; 0: until interrupted)
 //   dlcpctl stats  --aggregators=...             every counter (nonzero ones in table form)
 //   dlcpctl health --aggregators=...             grpc.health.v1; exit 0 only if all SERVING
 //   dlcpctl rotate-key --job=NAME --aggregators=...
 //                                                 start a rotation of the job's data key at each
 // --output=table|json for all. Exit 1 if any aggregator is unreachable.
-#include <cmath>
 #include <grpcpp/create_channel.h>
 
 #include <iostream>
@@ -17,6 +18,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/base/json_text.h"
+#include "client/ctl/rank_view.h"
 #include "client/pending_call.h"
 #include "common/config/registry.h"
 #include "common/security/tls_flags.h"
@@ -26,24 +30,15 @@
 
 namespace {
 
-std::string Json(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += absl::StrFormat("\\u%04x", c);
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
+using dlcp::Json;
+using dlcp::JsonNumber;
 
 struct Reply {
   std::string address;
   grpc::Status status;
   dlcp::v1::Stats stats;
   std::string health;
+  bool ranks = false;  // asked for each job's ranks
 };
 
 std::vector<std::string> Aggregators(const dlcp::ConfigRegistry& config) {
@@ -80,11 +75,14 @@ std::vector<std::pair<grpc::Status, Resp>> CallEach(const std::vector<std::strin
 }
 
 std::vector<Reply> Query(const dlcp::ConfigRegistry& config, bool health,
-                         const dlcp::ChannelSecurity& security) {
+                         const dlcp::ChannelSecurity& security, bool ranks = false) {
   const absl::Duration timeout = absl::Milliseconds(config.GetInt("timeout-ms"));
   const std::vector<std::string> addresses = Aggregators(config);
   std::vector<Reply> out(addresses.size());
-  for (size_t i = 0; i < addresses.size(); ++i) out[i].address = addresses[i];
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    out[i].address = addresses[i];
+    out[i].ranks = ranks;
+  }
   if (health) {
     auto answers = CallEach<grpc::health::v1::HealthCheckRequest, grpc::health::v1::HealthCheckResponse>(
         addresses, security, grpc::health::v1::HealthCheckRequest(), timeout,
@@ -95,8 +93,10 @@ std::vector<Reply> Query(const dlcp::ConfigRegistry& config, bool health,
       out[i].health = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(answers[i].second.status());
     }
   } else {
+    dlcp::v1::GetStatsRequest req;
+    req.set_ranks(ranks);
     auto answers = CallEach<dlcp::v1::GetStatsRequest, dlcp::v1::Stats>(
-        addresses, security, dlcp::v1::GetStatsRequest(), timeout,
+        addresses, security, req, timeout,
         [](std::shared_ptr<grpc::Channel> ch) { return dlcp::v1::Aggregator::NewStub(ch); },
         [](auto* stub, auto* ctx, auto* rq, auto* rs, auto done) { stub->async()->GetStats(ctx, rq, rs, std::move(done)); });
     for (size_t i = 0; i < out.size(); ++i) {
@@ -147,24 +147,24 @@ int RotateKey(const dlcp::ConfigRegistry& config, const dlcp::ChannelSecurity& s
 
 std::map<std::string, double> Sorted(const dlcp::v1::Stats& s) { return {s.counters().begin(), s.counters().end()}; }
 
-std::string JobsJson(const dlcp::v1::Stats& s) {
+std::vector<dlcp::ctl::RankRow> RowsOf(const dlcp::v1::JobStats& j, const std::string& aggregator) {
+  std::vector<dlcp::ctl::RankRow> rows;
+  for (const auto& r : j.ranks()) rows.push_back(dlcp::ctl::RowOf(r, aggregator));
+  return rows;
+}
+
+std::string JobsJson(const std::string& aggregator, const dlcp::v1::Stats& s, bool ranks) {
   std::string out = "[";
   for (int i = 0; i < s.jobs_size(); ++i) {
     const auto& j = s.jobs(i);
     absl::StrAppend(&out, i ? "," : "", "{\"job_id\":", j.job_id(), ",\"name\":", Json(j.job_name()),
                     ",\"world_size\":", j.world_size(), ",\"members\":", j.members(),
                     ",\"rounds_completed\":", j.rounds_completed(), ",\"rounds_in_flight\":", j.rounds_in_flight(),
-                    ",\"data_key_generation\":", j.data_key_generation(), "}");
+                    ",\"data_key_generation\":", j.data_key_generation());
+    if (ranks) absl::StrAppend(&out, ",\"ranks\":", dlcp::ctl::RanksJson(RowsOf(j, aggregator)));
+    out += "}";
   }
   return out + "]";
-}
-
-// A JSON number that keeps a counter exact: whole values up to 2^53 as integers (60628003, not
-// 6.06280e+07), others with every digit a double has.
-std::string JsonNumber(double v) {
-  if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0) return absl::StrCat(static_cast<int64_t>(v));
-  if (!std::isfinite(v)) return "null";
-  return absl::StrFormat("%.17g", v);
 }
 
 std::string CountersJson(const dlcp::v1::Stats& s) {
@@ -197,7 +197,7 @@ std::string StatsItem(const std::string& cmd, const Reply& r) {
                                   dlcp::wire::AnnouncedWireVersion(r.stats.wire_version()),
                                   ",\"draining\":", r.stats.draining() ? "true" : "false",
                                   ",\"uptime_ms\":", r.stats.uptime_ms());
-  if (cmd != "stats") absl::StrAppend(&item, ",\"jobs\":", JobsJson(r.stats));
+  if (cmd != "stats") absl::StrAppend(&item, ",\"jobs\":", JobsJson(r.address, r.stats, r.ranks));
   if (cmd != "jobs") absl::StrAppend(&item, ",\"counters\":", CountersJson(r.stats));
   return item + "}";
 }
@@ -224,6 +224,7 @@ void PrintStats(const std::string& cmd, const Reply& r) {
       std::cout << absl::StrFormat("%-22s %-24s %10u %6u %8u %10u %9u %8u\n", r.address, j.job_name(), j.job_id(),
                                    j.world_size(), j.members(), j.rounds_completed(), j.rounds_in_flight(),
                                    j.data_key_generation());
+      if (r.ranks) std::cout << dlcp::ctl::RanksTable(RowsOf(j, r.address), "    ");
     }
   } else {
     std::cout << r.address << " (" << r.stats.aggregator_id() << ")\n";
@@ -261,6 +262,62 @@ bool Report(const std::string& cmd, const Reply& r, bool json, std::vector<std::
   return false;
 }
 
+// One look of `top`: the job's ranks merged over every aggregator that has it. Returns whether
+// every aggregator answered and at least one has the job.
+bool TopOnce(const std::string& job, const dlcp::ConfigRegistry& config, const dlcp::ChannelSecurity& security,
+             bool json) {
+  const std::vector<Reply> replies = Query(config, /*health=*/false, security, /*ranks=*/true);
+  std::vector<std::pair<std::string, const dlcp::v1::JobStats*>> found;
+  std::string problems;
+  uint32_t world = 0;
+  for (const Reply& r : replies) {
+    if (!r.status.ok()) {
+      absl::StrAppend(&problems, r.address, ": UNREACHABLE (", r.status.error_message(), ")\n");
+      continue;
+    }
+    for (const auto& j : r.stats.jobs()) {
+      if (j.job_name() != job) continue;
+      found.emplace_back(r.address, &j);
+      world = j.world_size();
+    }
+  }
+  if (found.empty()) absl::StrAppend(&problems, "job '", job, "' is on none of the aggregators (dlcpctl jobs lists them)\n");
+  const std::vector<dlcp::ctl::RankRow> rows = dlcp::ctl::MergeRanks(found);
+  if (json) {
+    std::cout << "{\"job\":" << Json(job) << ",\"world_size\":" << world << ",\"aggregators\":" << found.size()
+              << ",\"ranks\":" << dlcp::ctl::RanksJson(rows) << "}\n";
+  } else {
+    std::cout << absl::StrFormat("job %s: world %u, on %u aggregator(s), %s\n", job, world, found.size(),
+                                 rows.empty() ? "no round delivered yet"
+                                              : absl::StrFormat("slowest rank %u (%.3f ms behind the first on average)",
+                                                                rows[0].rank, rows[0].mean_us / 1000.0));
+    std::cout << dlcp::ctl::RanksTable(rows, "") << std::flush;
+  }
+  std::cerr << problems;
+  return problems.empty();
+}
+
+// top: TopOnce every --interval-ms, --count times (0: until interrupted). Exit 1 if the last look
+// found an aggregator unreachable or the job nowhere.
+int Top(const dlcp::ConfigRegistry& config, const dlcp::ChannelSecurity& security, bool json) {
+  std::string job = config.GetString("job");
+  if (job.empty() && config.positional().size() > 1) job = config.positional()[1];
+  if (job.empty()) {
+    std::cerr << "dlcpctl: top needs a job: dlcpctl top JOB (or --job=NAME)\n";
+    return 2;
+  }
+  const int64_t count = config.GetInt("count");
+  bool ok = true;
+  for (int64_t i = 0; count == 0 || i < count; ++i) {
+    if (i > 0) {
+      absl::SleepFor(absl::Milliseconds(config.GetInt("interval-ms")));
+      if (!json) std::cout << "\n";
+    }
+    ok = TopOnce(job, config, security, json);
+  }
+  return ok ? 0 : 1;
+}
+
 int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
   const bool json = config.GetString("output") == "json";
   absl::StatusOr<dlcp::ChannelSecurity> security =
@@ -270,7 +327,8 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
     return 2;
   }
   if (cmd == "rotate-key") return RotateKey(config, *security, json);
-  std::vector<Reply> replies = Query(config, cmd == "health", *security);
+  if (cmd == "top") return Top(config, *security, json);
+  std::vector<Reply> replies = Query(config, cmd == "health", *security, config.GetBool("ranks"));
   if (!json) PrintHeader(cmd);
   int failures = 0;
   std::vector<std::string> items;
@@ -282,19 +340,22 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dlcp::ConfigRegistry config("dlcpctl", "commands: status (default), jobs, stats, health, rotate-key");
+  dlcp::ConfigRegistry config("dlcpctl", "commands: status (default), jobs, top JOB, stats, health, rotate-key");
   config.AddString("aggregators", "127.0.0.1:7400", "aggregators to query, HOST:PORT[,HOST:PORT...]",
                    dlcp::ValidateHostPortList);
   config.AddString("output", "table", "table or json", [](const std::string& v) {
     return v == "table" || v == "json" ? absl::OkStatus() : absl::InvalidArgumentError("must be table or json");
   });
   config.AddInt("timeout-ms", 3000, 1, 600000, "deadline of each RPC");
-  config.AddString("job", "", "rotate-key: the job whose data key to rotate");
+  config.AddString("job", "", "rotate-key, top: the job");
+  config.AddBool("ranks", false, "jobs: each rank's lateness too, as each aggregator measures it");
+  config.AddInt("interval-ms", 2000, 100, 3600000, "top: time between looks");
+  config.AddInt("count", 0, 0, INT64_MAX, "top: looks to take; 0: until interrupted");
   dlcp::DeclareTlsFlags(&config, /*server=*/false);
   if (std::optional<int> exit_code = config.StartMain(argc, argv)) return *exit_code;
   const std::string cmd = config.positional().empty() ? "status" : config.positional()[0];
-  if (cmd != "status" && cmd != "jobs" && cmd != "stats" && cmd != "health" && cmd != "rotate-key") {
-    std::cerr << "dlcpctl: unknown command '" << cmd << "' (status|jobs|stats|health|rotate-key)\n";
+  if (cmd != "status" && cmd != "jobs" && cmd != "top" && cmd != "stats" && cmd != "health" && cmd != "rotate-key") {
+    std::cerr << "dlcpctl: unknown command '" << cmd << "' (status|jobs|top|stats|health|rotate-key)\n";
     return 2;
   }
   return Run(cmd, config);

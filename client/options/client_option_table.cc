@@ -230,6 +230,10 @@ std::vector<ClientOption> DataPathRows() {
            [](auto& o) -> auto& { return o.pacing; }),
       Choice("payload_encoding", {"f32", "f16", "bf16"}, "how values travel; f16 and bf16 halve the bytes",
              wire::ParseEncoding, [](auto& o) -> auto& { return o.payload_encoding; }),
+      Text("timeline",
+           "write a Chrome trace-event timeline of this worker's ops to this file, %r standing for the rank "
+           "and %p for the process id (Perfetto loads it; docs/operations.md); empty: none",
+           [](auto& o) -> auto& { return o.timeline; }),
   };
 }
 

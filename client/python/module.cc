@@ -66,6 +66,8 @@ py::dict StatsDict(const RoundStats& s) {
   d["time_to_stop_s"] = absl::ToDoubleSeconds(s.time_to_stop);
   d["injected_drops"] = s.injected_drops;
   d["pull_missing"] = s.pull_missing;
+  d["slowest_rank"] = s.slowest_rank;
+  d["slowest_lateness_s"] = absl::ToDoubleSeconds(s.slowest_lateness);
   if (!s.classes.empty()) d["classes"] = py::bytes(reinterpret_cast<const char*>(s.classes.data()), s.classes.size());
   return d;
 }
@@ -223,10 +225,12 @@ class PyClient {
   }
 
   std::shared_ptr<Handle> Submit(uint32_t key, const py::buffer& buffer, uint32_t layer, double loss_bound,
-                                 int64_t root, py::object encoding, bool report_classes, py::object callback) {
+                                 int64_t root, py::object encoding, bool report_classes, py::object callback,
+                                 std::string name) {
     if (!client_ || closed_) Raise(absl::FailedPreconditionError("dlcp client is closed"));
     absl::Span<float> data = FloatSpan(buffer);
-    const AllReduceOptions o = OpOptions(layer, loss_bound, encoding, report_classes);
+    AllReduceOptions o = OpOptions(layer, loss_bound, encoding, report_classes);
+    o.name = std::move(name);
     auto [handle, done] = Track(buffer, std::move(callback));
     if (root >= 0) {
       client_->BroadcastAsync(key, data, static_cast<uint32_t>(root), std::move(done));
@@ -239,7 +243,8 @@ class PyClient {
   // A tensor in CUDA device memory, by address; `keep` (the tensor) stays alive until the op ends.
   std::shared_ptr<Handle> SubmitDevice(uint32_t key, uintptr_t ptr, const std::string& dtype, uint64_t elems,
                                        int device, py::object keep, uint32_t layer, double loss_bound,
-                                       py::object encoding, bool report_classes, py::object callback) {
+                                       py::object encoding, bool report_classes, py::object callback,
+                                       std::string name) {
     if (!client_ || closed_) Raise(absl::FailedPreconditionError("dlcp client is closed"));
     DeviceTensor t{reinterpret_cast<void*>(ptr), ElemType::kF32, elems, device};
     if (dtype == "float16") {
@@ -249,7 +254,8 @@ class PyClient {
     } else if (dtype != "float32") {
       Raise(absl::InvalidArgumentError(absl::StrCat("device tensors hold float32, float16 or bfloat16, not ", dtype)));
     }
-    const AllReduceOptions o = OpOptions(layer, loss_bound, encoding, report_classes);
+    AllReduceOptions o = OpOptions(layer, loss_bound, encoding, report_classes);
+    o.name = std::move(name);
     auto [handle, done] = Track(std::move(keep), std::move(callback));
     client_->AllReduceDeviceAsync(key, t, o, std::move(done));
     return handle;
@@ -397,10 +403,11 @@ PYBIND11_MODULE(_dlcp, m) {
       .def(py::init([](py::kwargs kw) { return std::make_unique<PyClient>(MakeOptions(kw)); }))
       .def("submit", &PyClient::Submit, py::arg("key"), py::arg("buffer"), py::arg("layer") = 0,
            py::arg("loss_bound") = -1.0, py::arg("root") = -1, py::arg("encoding") = py::none(),
-           py::arg("report_classes") = false, py::arg("callback") = py::none())
+           py::arg("report_classes") = false, py::arg("callback") = py::none(), py::arg("name") = "")
       .def("submit_device", &PyClient::SubmitDevice, py::arg("key"), py::arg("ptr"), py::arg("dtype"),
            py::arg("elems"), py::arg("device"), py::arg("keep"), py::arg("layer") = 0, py::arg("loss_bound") = -1.0,
-           py::arg("encoding") = py::none(), py::arg("report_classes") = false, py::arg("callback") = py::none())
+           py::arg("encoding") = py::none(), py::arg("report_classes") = false, py::arg("callback") = py::none(),
+           py::arg("name") = "")
       .def("close", &PyClient::Close)
       .def_property_readonly("rank", &PyClient::rank)
       .def_property_readonly("world_size", &PyClient::world_size)

@@ -87,6 +87,13 @@ void MetricsRegistry::AddComputed(const std::string& name, const Labels& labels,
   computed_[{name, labels}] = std::move(value);
 }
 
+void MetricsRegistry::AddComputedSamples(const std::string& name, Kind kind, const std::string& help,
+                                         std::function<std::vector<Sample>()> samples) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Describe(name, kind, help);
+  computed_samples_[name] = std::move(samples);
+}
+
 std::map<std::string, double> MetricsRegistry::Snapshot() const {
   std::map<std::string, double> out;
   for (const Family& f : Collect()) {
@@ -107,6 +114,7 @@ std::map<std::string, double> MetricsRegistry::Snapshot() const {
 std::vector<MetricsRegistry::Family> MetricsRegistry::Collect() const {
   std::map<std::string, Family> by_name;
   std::vector<std::pair<std::pair<std::string, Labels>, std::function<double()>>> computed;
+  std::vector<std::pair<std::string, std::function<std::vector<Sample>()>>> computed_samples;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [name, meta] : meta_) by_name[name] = Family{name, meta.help, meta.kind, {}};
@@ -115,9 +123,13 @@ std::vector<MetricsRegistry::Family> MetricsRegistry::Collect() const {
     }
     for (const auto& [name, h] : histograms_) by_name[name].samples.push_back({{}, 0, h.get()});
     computed.assign(computed_.begin(), computed_.end());
+    computed_samples.assign(computed_samples_.begin(), computed_samples_.end());
   }
   // Computed values are read outside the lock: they may take other locks of their own.
   for (const auto& [key, fn] : computed) by_name[key.first].samples.push_back({key.second, fn(), nullptr});
+  for (const auto& [name, fn] : computed_samples) {
+    for (Sample& s : fn()) by_name[name].samples.push_back({std::move(s.labels), s.value, nullptr});
+  }
   std::vector<Family> out;
   for (auto& [name, f] : by_name) out.push_back(std::move(f));
   return out;

@@ -74,6 +74,10 @@ class MetricsRegistry {
     Kind kind = Kind::kCounter;
     std::vector<Sample> samples;
   };
+  // A metric whose label sets, as well as values, are computed when collected (e.g. one sample
+  // per slow rank of each job). The function returns plain samples (no histograms).
+  void AddComputedSamples(const std::string& name, Kind kind, const std::string& help,
+                          std::function<std::vector<Sample>()> samples);
   std::vector<Family> Collect() const;
 
   static std::string Key(const std::string& name, const Labels& labels);
@@ -90,6 +94,7 @@ class MetricsRegistry {
   std::map<std::pair<std::string, Labels>, std::unique_ptr<Counter>> counters_;
   std::map<std::string, std::unique_ptr<Histogram>> histograms_;
   std::map<std::pair<std::string, Labels>, std::function<double()>> computed_;
+  std::map<std::string, std::function<std::vector<Sample>()>> computed_samples_;
 };
 
 }  // namespace dlcp

@@ -54,6 +54,7 @@ absl::StatusOr<Joiner> JoinerOf(const v1::JoinRequest& req, const std::string& p
   }
   j.incarnation = req.incarnation();
   const std::string host = req.client_host().empty() ? PeerHost(peer) : req.client_host();
+  j.host = host;
   j.who = req.client_pid() != 0 ? absl::StrCat("host ", host, " pid ", req.client_pid()) : absl::StrCat("host ", host);
   return j;
 }
@@ -288,7 +289,7 @@ absl::Status AggregatorService::HandleGetTopology(const v1::GetTopologyRequest& 
 
 grpc::ServerUnaryReactor* AggregatorService::GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest* req,
                                                       v1::Stats* resp) {
-  DLCP_UNARY(ctx, HandleGetStats(resp));
+  DLCP_UNARY(ctx, HandleGetStats(*req, resp));
 }
 
 absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req) {
@@ -321,7 +322,11 @@ absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req,
                resp->mutable_worker_key());
       resp->set_data_key_generation(keys->generation);
     }
-    if (s.ok()) FillWaiting(*job, resp);
+    if (s.ok()) {
+      FillWaiting(*job, resp);
+      const std::vector<RankLateness> ranks = job->stragglers.Ranks(MonotonicNanos());
+      if (!ranks.empty()) FillRank(*job, ranks.front(), resp->mutable_slowest());
+    }
   }
   if (s.ok() && drain_.active()) {
     resp->set_draining(true);
@@ -385,7 +390,19 @@ absl::Status AggregatorService::HandleRegroup(const v1::RegroupRequest& req, v1:
                         });
 }
 
-absl::Status AggregatorService::HandleGetStats(v1::Stats* resp) {
+void AggregatorService::FillRank(const Job& job, const RankLateness& r, v1::RankStats* out) {
+  out->set_rank(r.rank);
+  out->set_host(job.roster.HostOf(r.rank));
+  out->set_rounds(r.rounds);
+  out->set_mean_lateness_us(r.mean_us);
+  out->set_p50_lateness_us(r.p50_us);
+  out->set_p99_lateness_us(r.p99_us);
+  out->set_last(r.last);
+  out->set_nacked_chunks(r.nacked);
+  out->set_repaired_chunks(r.repaired);
+}
+
+absl::Status AggregatorService::HandleGetStats(const v1::GetStatsRequest& req, v1::Stats* resp) {
   resp->set_aggregator_id(id());
   resp->set_uptime_ms(absl::ToInt64Milliseconds(MonotonicNow() - started_));
   resp->set_version(DLCP_VERSION);
@@ -400,6 +417,9 @@ absl::Status AggregatorService::HandleGetStats(v1::Stats* resp) {
     js->set_rounds_completed(job->rounds_completed.load());
     js->set_rounds_in_flight(job->rounds_in_flight.load());
     if (const KeyRing::Keys* keys = job->keys()) js->set_data_key_generation(keys->generation);
+    if (req.ranks()) {
+      for (const RankLateness& r : job->stragglers.Ranks(MonotonicNanos())) FillRank(*job, r, js->add_ranks());
+    }
   }
   for (const auto& [name, value] : metrics_->Snapshot()) (*resp->mutable_counters())[name] = value;
   return absl::OkStatus();

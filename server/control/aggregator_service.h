@@ -61,7 +61,8 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   static void FillWaiting(Job& job, v1::HeartbeatResponse* resp);
   absl::Status HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
   absl::Status HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp);
-  absl::Status HandleGetStats(v1::Stats* resp);
+  absl::Status HandleGetStats(const v1::GetStatsRequest& req, v1::Stats* resp);
+  static void FillRank(const Job& job, const RankLateness& r, v1::RankStats* out);
   // NotFound for a job not here; FailedPrecondition without data authentication.
   absl::Status HandleRotateDataKey(const v1::RotateDataKeyRequest& req, v1::RotateDataKeyResponse* resp);
   // Validates; then `done` gets the outcome, at once or when the coordination ends.

@@ -213,7 +213,10 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
   if (added == Round::AddResult::kAdded || added == Round::AddResult::kCompleted) {
     round->NoteClass(h.chunk, h.priority);
     // Only a repair that was needed: one whose first push arrives after all is a duplicate.
-    if (h.flags & wire::kFlagRepaired) round->NoteLost(h.chunk, h.lost_class);
+    if (h.flags & wire::kFlagRepaired) {
+      round->NoteLost(h.chunk, h.lost_class);
+      round->job()->stragglers.NoteRepaired(h.rank);
+    }
   }
   switch (added) {
     case Round::AddResult::kAdded:
@@ -409,6 +412,7 @@ absl::Span<const uint8_t> DataThread::ResultPayload(const Round& r, uint32_t chu
 void DataThread::SendRanges(wire::MsgType type, const Round& r, uint32_t rank, const std::vector<uint32_t>& chunks) {
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
+  if (type == wire::MsgType::kPushNack && !chunks.empty()) r.job()->stragglers.NoteNacked(rank, chunks.size());
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(chunks);
   const size_t max_payload = wire::ControlPayloadLimit(transport_->max_datagram(), r.job()->chunk_bytes);
   for (std::vector<uint8_t>& p : wire::EncodeRanges(ranges, max_payload)) {
@@ -496,6 +500,12 @@ void DataThread::MaybeFree(RoundMap::iterator it) {
 }
 
 DataThread::RoundMap::iterator DataThread::Retire(RoundMap::iterator it) {
+  const Round& r = *it->second;
+  // A delivered round says who was late; one given up on (its job closed or regrouped) does not.
+  // Rounds end here however they are released: at the last DONE, or at a worker's next round.
+  if (r.Finished() && !r.Superseded() && !r.job()->closed.load(std::memory_order_relaxed)) {
+    r.job()->stragglers.NoteRound(r.delivered_us());
+  }
   retired_.push_back(std::move(it->second));
   trimmed_ = false;
   return rounds_.erase(it);

@@ -21,6 +21,8 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("metrics-port", -1, -1, 65535,
             "Prometheus /metrics port on --metrics-host; -1 disables it, 0 picks a free one");
   c->AddString("metrics-host", "", "address to serve /metrics on, IPv4 only (the HTTP server has no IPv6); empty: --host");
+  c->AddInt("metrics-slowest-ranks", 3, 0, 64,
+            "per job, how many of its latest ranks dlcp_rank_lateness_seconds and dlcp_rank_last_ratio name");
   c->AddString("ready-file", "", "write {\"control_port\":..,\"data_ports\":[..]} here once serving");
   c->AddInt("tick-ms", 5, 1, 1000, "data thread timer tick, also the longest receive wait");
   c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence on a round before missing chunks are NACKed");
@@ -93,6 +95,7 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   o.ready_file = c.GetString("ready-file");
   o.metrics_port = static_cast<int>(c.GetInt("metrics-port"));
   o.metrics_host = c.GetString("metrics-host").empty() ? o.host : c.GetString("metrics-host");
+  o.metrics_slowest_ranks = static_cast<uint32_t>(c.GetInt("metrics-slowest-ranks"));
   if (o.metrics_port >= 0 && o.metrics_host.find(':') != std::string::npos) {
     // civetweb, as Debian builds it for prometheus-cpp, cannot listen on IPv6.
     return absl::InvalidArgumentError(absl::StrCat(

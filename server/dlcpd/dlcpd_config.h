@@ -32,6 +32,7 @@ struct DlcpdOptions {
   std::string ready_file;
   int metrics_port = -1;  // -1: off
   std::string metrics_host;  // --metrics-host, or --host
+  uint32_t metrics_slowest_ranks = 3;  // per job, in the straggler metrics
   int health_port = -1;   // -1: off
   absl::Duration job_idle_timeout;
   absl::Duration drain_timeout;  // zero: SIGTERM stops at once

@@ -335,6 +335,7 @@ int Main(int argc, char** argv) {
   ExportProcessMetrics(&metrics);
   JobRegistry jobs(o.limits);
   jobs.ExportMetrics(&metrics);
+  jobs.ExportSlowestRanks(&metrics, o.metrics_slowest_ranks);
   absl::StatusOr<std::unique_ptr<DataPlane>> data = DataPlane::Create(o.data, &jobs, &metrics);
   if (!data.ok()) {
     std::cerr << "dlcpd: cannot start the data plane: " << data.status().message() << "\n";

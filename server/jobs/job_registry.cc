@@ -377,6 +377,48 @@ void JobRegistry::ExportMetrics(MetricsRegistry* metrics) {
                        [this] { return static_cast<double>(keys_settled_.load(std::memory_order_relaxed)); });
 }
 
+void JobRegistry::ExportSlowestRanks(MetricsRegistry* metrics, uint32_t k) {
+  if (k == 0) return;
+  using K = MetricsRegistry::Kind;
+  using Sample = MetricsRegistry::Sample;
+  // Each reads every job's board, which sums up at most once a second however often it is scraped.
+  auto slowest = [this, k](auto&& emit) {
+    std::vector<Sample> out;
+    for (const std::shared_ptr<Job>& job : List()) {
+      std::vector<RankLateness> ranks = job->stragglers.Ranks(MonotonicNanos());
+      if (ranks.size() > k) ranks.resize(k);
+      for (const RankLateness& r : ranks) emit(*job, r, &out);
+    }
+    return out;
+  };
+  metrics->AddComputedSamples(
+      "dlcp_rank_lateness_seconds", K::kGauge,
+      "How late a rank delivers its part of a round behind the job's first rank, over the last 128 rounds; "
+      "the job's slowest ranks only (dlcpd --metrics-slowest-ranks)",
+      [slowest] {
+        return slowest([](const Job& job, const RankLateness& r, std::vector<Sample>* out) {
+          const std::string rank = std::to_string(r.rank);
+          out->push_back({{{"job", job.name}, {"rank", rank}, {"quantile", "0.5"}}, r.p50_us / 1e6, nullptr});
+          out->push_back({{{"job", job.name}, {"rank", rank}, {"quantile", "0.99"}}, r.p99_us / 1e6, nullptr});
+        });
+      });
+  metrics->AddComputedSamples(
+      "dlcp_rank_lateness_mean_seconds", K::kGauge,
+      "What a rank holds a round up by on average, over the last 128 rounds; the job's slowest ranks only", [slowest] {
+        return slowest([](const Job& job, const RankLateness& r, std::vector<Sample>* out) {
+          out->push_back({{{"job", job.name}, {"rank", std::to_string(r.rank)}}, r.mean_us / 1e6, nullptr});
+        });
+      });
+  metrics->AddComputedSamples(
+      "dlcp_rank_last_ratio", K::kGauge,
+      "Share of the last 128 rounds in which a rank delivered last; the job's slowest ranks only", [slowest] {
+        return slowest([](const Job& job, const RankLateness& r, std::vector<Sample>* out) {
+          const double ratio = r.rounds == 0 ? 0 : static_cast<double>(r.last) / r.rounds;
+          out->push_back({{{"job", job.name}, {"rank", std::to_string(r.rank)}}, ratio, nullptr});
+        });
+      });
+}
+
 size_t JobRegistry::size() const {
   std::shared_lock lock(mu_);
   return jobs_.size();

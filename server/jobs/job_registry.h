@@ -25,6 +25,7 @@
 #include "server/jobs/key_ring.h"
 #include "server/jobs/regroup_barrier.h"
 #include "server/jobs/roster.h"
+#include "server/jobs/straggler_board.h"
 #include "server/jobs/waiting_board.h"
 
 namespace dlcp::server {
@@ -64,7 +65,7 @@ struct Job {
       std::optional<wire::MacKey> mac_key = std::nullopt, bool per_worker_keys = true)
       : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes), epoch(epoch),
         ring(mac_key ? std::make_unique<KeyRing>(*mac_key, world, per_worker_keys) : nullptr), members(world),
-        roster(world), regroup(world) {}
+        roster(world), stragglers(world), regroup(world) {}
 
   const uint32_t id;
   const std::string name;
@@ -86,6 +87,7 @@ struct Job {
   std::string creator;  // JoinSpec::client of the Join that created it; set before it is shared
   Roster roster;  // who holds each rank, and the aggregators the job was given
   WaitingBoard waiting;  // which ranks its open rounds wait for, for heartbeat answers
+  StragglerBoard stragglers;  // how late each rank delivers its part of a round
   std::atomic<uint32_t> member_count{0};
   // When it was created: ReapIdle counts it as heard from then, or a job could be reaped between
   // its creation and its first member's join, before that member had been heard from at all.
@@ -202,6 +204,11 @@ class JobRegistry {
 
   // Registers dlcp_jobs, dlcp_workers and dlcp_rounds_in_flight, read live at collection.
   void ExportMetrics(MetricsRegistry* metrics);
+  // Registers the straggler metrics (StragglerBoard): for each job, its `k` latest ranks'
+  // dlcp_rank_lateness_mean_seconds, dlcp_rank_lateness_seconds (p50 and p99) and
+  // dlcp_rank_last_ratio, labelled with job and rank, so that their number stays bounded by
+  // jobs x k. k = 0 registers none.
+  void ExportSlowestRanks(MetricsRegistry* metrics, uint32_t k);
 
  private:
   absl::Status CheckJoin(const JoinSpec& spec) const;  // the spec's own limits

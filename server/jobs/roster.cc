@@ -51,7 +51,7 @@ absl::Status Roster::Admit(const std::string& job, uint32_t rank, const Joiner& 
         "): each worker of a job needs its own rank. A restarted worker takes its rank back once the old one's "
         "heartbeats have lapsed (dlcpd --heartbeat-timeout-ms)"));
   }
-  h = {joiner.incarnation, joiner.who};
+  h = {joiner.incarnation, joiner.who, joiner.host};
   take();
   return absl::OkStatus();
 }
@@ -63,6 +63,11 @@ absl::Status Roster::CheckHolder(const std::string& job, uint32_t rank, uint64_t
   return absl::FailedPreconditionError(absl::StrCat("job '", job, "': rank ", rank,
                                                     " is now held by another worker (", h.who,
                                                     "): two workers were given the same rank"));
+}
+
+std::string Roster::HostOf(uint32_t rank) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rank < holders_.size() ? holders_[rank].host : "";
 }
 
 }  // namespace dlcp::server

@@ -21,6 +21,7 @@ namespace dlcp::server {
 struct Joiner {
   uint64_t incarnation = 0;
   std::string who;
+  std::string host;  // the host name it gave, or its address
   std::vector<std::string> aggregators;
 };
 
@@ -37,11 +38,14 @@ class Roster {
   // OK if `incarnation` (or a client without one) holds `rank`; FailedPrecondition naming the
   // holder otherwise: the caller was displaced by another process given the same rank.
   absl::Status CheckHolder(const std::string& job, uint32_t rank, uint64_t incarnation) const;
+  // The host of `rank`'s holder (Joiner::host); empty before anyone took it.
+  std::string HostOf(uint32_t rank) const;
 
  private:
   struct Holder {
     uint64_t incarnation = 0;
     std::string who;
+    std::string host;
   };
   absl::Status CheckAggregators(const std::string& job, uint32_t rank, const Joiner& joiner);  // with mu_ held
 

@@ -24,6 +24,7 @@ Round::Round(std::shared_ptr<Job> job, uint32_t key, uint32_t round, wire::Chunk
       lost_class_(geometry.chunk_count(), wire::kNumClasses),
       result_out_us_(geometry.chunk_count(), 0),
       done_(job_->world, false),
+      delivered_us_(job_->world, 0),
       created_(now),
       last_progress_(now),
       first_contribution_(now) {
@@ -75,6 +76,7 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
   }
   word |= bit;
   last_progress_ = now;
+  delivered_us_[rank] = MicrosSinceCreated(now);
   if (contributions_++ == 0) first_contribution_ = now;
   if (bounded) bounded->OnContribution(rank, chunk);
   if (++contributors_[chunk] == job_->world) {

@@ -136,6 +136,10 @@ class Round {
   // When the first push arrived (created() until one has): a round may begin at a request.
   absl::Time first_contribution() const { return first_contribution_; }
 
+  // Per rank, when its latest contribution arrived, in microseconds after created() (0: none):
+  // once the round is delivered, when each rank delivered its part (StragglerBoard).
+  const std::vector<uint32_t>& delivered_us() const { return delivered_us_; }
+
   // Repair pacing, owned by the data thread's timer scan.
   absl::Time next_repair;
   int repair_attempts = 0;
@@ -174,6 +178,7 @@ class Round {
   bool sealed_ = false;
   uint64_t contributions_ = 0;
   std::vector<bool> done_;
+  std::vector<uint32_t> delivered_us_;  // per rank: its latest contribution, as MicrosSinceCreated
   uint32_t done_count_ = 0;
   absl::Time created_;
   absl::Time last_progress_;

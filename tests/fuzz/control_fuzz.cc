@@ -139,8 +139,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     default: {
+      dlcp::v1::GetStatsRequest req;
       dlcp::v1::Stats resp;
-      if (!w->service->HandleGetStats(&resp).ok()) __builtin_trap();
+      if (!req.ParseFromArray(body, len)) return 0;
+      if (!w->service->HandleGetStats(req, &resp).ok()) __builtin_trap();
       break;
     }
   }

@@ -48,6 +48,7 @@ std::vector<std::unique_ptr<BackgroundProcess>> StartJobOnTwo(const Daemon& keep
   for (int r = 0; r < kWorkers; ++r) {
     std::vector<std::string> argv = Worker(keep, job, r);
     argv[2] = "--aggregators=" + keep.control() + "," + doomed.control();
+    argv.push_back("--on-aggregator-loss=fail");  // the job is to fail, not move to `keep`
     workers.push_back(BackgroundProcess::Start(argv));
   }
   absl::SleepFor(absl::Milliseconds(1500));
@@ -163,8 +164,9 @@ std::unique_ptr<Daemon> StartDrainingDaemon(std::vector<std::string> flags = {})
   return Daemon::Start(DLCPD_PATH, flags);
 }
 
-// Three aggregators from `start` and kWorkers workers on all of them, with fail-over, running
-// rounds. Members in this order, so the workers go before the aggregators.
+// Three aggregators from `start` and kWorkers workers on all of them, running rounds with the
+// clients' default settings, which move an aggregator's share to the others when it goes
+// (on_aggregator_loss=remap). Members in this order, so the workers go before the aggregators.
 struct RemapJob {
   std::vector<std::unique_ptr<Daemon>> daemons;
   std::vector<std::unique_ptr<BackgroundProcess>> workers;
@@ -181,8 +183,6 @@ RemapJob StartRemapJob(const std::string& job, const std::function<std::unique_p
   for (int r = 0; r < kWorkers; ++r) {
     std::vector<std::string> argv = Worker(*j.daemons[0], job, r);
     argv[2] = "--aggregators=" + absl::StrJoin(controls, ",");
-    argv.push_back("--on-aggregator-loss=remap");
-    argv.push_back("--loss-bound=0");
     j.workers.push_back(BackgroundProcess::Start(argv));
   }
   absl::SleepFor(absl::Milliseconds(1500));
@@ -232,7 +232,8 @@ size_t Count(const std::string& text, const std::string& what) {
 // aggregator is going away, and moves its share to the others, instead of noticing the silence
 // at the heartbeat deadline. A rolling restart of every aggregator, one node after another as a
 // DaemonSet rollout does it (the next drains as soon as the last serves again, perhaps while the
-// workers are still taking it back), runs under a job without failing it or a single round.
+// workers are still taking it back), runs under a job with default client settings without
+// failing it or a single round.
 TEST(Faults, RollingRestartOfTheAggregatorsDrainsEachAndTheJobRunsOn) {
   RemapJob job = StartRemapJob("agg-drain", [] { return StartDrainingDaemon(); });
   ASSERT_EQ(job.workers.size(), static_cast<size_t>(kWorkers));

@@ -60,13 +60,13 @@ TEST_F(DrainTest, TellsEachMemberOnceAndKnowsWhoIsLeft) {
   ASSERT_TRUE(Join("b", 1, 0).ok());
   ASSERT_EQ(Heartbeat("a", 0).value_or(true), false);  // not draining yet
   v1::Stats stats;
-  ASSERT_TRUE(service_->HandleGetStats(&stats).ok());
+  ASSERT_TRUE(service_->HandleGetStats({}, &stats).ok());
   EXPECT_FALSE(stats.draining());
   EXPECT_TRUE(Untold().empty()) << "nothing to tell before draining begins";
 
   service_->drain().Begin();
   EXPECT_EQ(Untold().size(), 3u);
-  ASSERT_TRUE(service_->HandleGetStats(&stats).ok());
+  ASSERT_TRUE(service_->HandleGetStats({}, &stats).ok());
   EXPECT_TRUE(stats.draining());
 
   // A new member, or a lost one probing to come back, is turned away as if nobody were there.

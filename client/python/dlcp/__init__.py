@@ -222,12 +222,12 @@ class Client:
         return self._inner.port_counters()
 
     def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None, encoding=None,
-                        report_classes=False):
+                        report_classes=False, name=""):
         """Starts summing `tensor` over the job's workers, in place. `callback(stats, error)`
         runs on the client's completion thread once the op is done (error is a str or None).
         encoding ("f32" | "f16" | "bf16") overrides the client's payload_encoding for this op.
         report_classes: the stats carry "classes", the class this worker gave each chunk (a byte
-        per chunk, in chunk order)."""
+        per chunk, in chunk order). name: what the op is called on the timeline (option timeline)."""
         bound = -1.0 if loss_bound is None else loss_bound
         device = _as_device_tensor(tensor)
         if device is not None:
@@ -235,17 +235,19 @@ class Client:
             cb = _wrap_callback(callback, finish)
             inner = self._inner.submit_device(key, t.data_ptr(), str(t.dtype).replace("torch.", ""), t.numel(),
                                               t.device.index or 0, t, layer=layer, loss_bound=bound,
-                                              encoding=encoding, report_classes=report_classes, callback=cb)
+                                              encoding=encoding, report_classes=report_classes, callback=cb,
+                                              name=name)
             return Handle(inner, None if cb is not None else finish)
         buf, finish = _as_buffer(tensor)
         cb = _wrap_callback(callback, finish)
         inner = self._inner.submit(key, buf, layer=layer, loss_bound=bound, encoding=encoding,
-                                   report_classes=report_classes, callback=cb)
+                                   report_classes=report_classes, callback=cb, name=name)
         return Handle(inner, None if cb is not None else finish)
 
-    def allreduce(self, key, tensor, layer=0, loss_bound=None, timeout=None, encoding=None, report_classes=False):
+    def allreduce(self, key, tensor, layer=0, loss_bound=None, timeout=None, encoding=None, report_classes=False,
+                  name=""):
         return self.allreduce_async(key, tensor, layer, loss_bound, encoding=encoding,
-                                    report_classes=report_classes).wait(timeout)
+                                    report_classes=report_classes, name=name).wait(timeout)
 
     def broadcast_async(self, key, tensor, root, callback=None):
         """Replaces `tensor` on every worker with root's, exactly (reliable whatever ε is)."""

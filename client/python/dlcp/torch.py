@@ -66,6 +66,7 @@ def comm_hook(client, model=None, loss_bound=None, key_base=_HOOK_KEYS):
 
         try:
             client.allreduce_async(key_base + bucket.index(), buffer, layer=layer, loss_bound=loss_bound,
+                                   name=f"bucket {bucket.index()}",
                                    callback=done)
         except Exception as e:  # refused at submission: fail the future, not the backward pass
             future.set_exception(e)
@@ -276,7 +277,8 @@ class DistributedOptimizer:
         layer = min(self._layer.get(id(p), 0) for p in g.params)
         g.ready.clear()
         g.pushed_at = self._steps
-        g.handle = self._client.allreduce_async(g.key, g.flat, layer=layer, loss_bound=self._loss_bound)
+        g.handle = self._client.allreduce_async(g.key, g.flat, layer=layer, loss_bound=self._loss_bound,
+                                                name=f"fusion group {g.index}")
 
     def _apply(self, g):
         if g.handle is None:

@@ -1,0 +1,84 @@
+#include "server/jobs/straggler_board.h"
+
+#include <algorithm>
+#include <tuple>
+
+namespace dlcp::server {
+
+void StragglerBoard::NoteRound(const std::vector<uint32_t>& delivered_us) {
+  if (delivered_us.size() != world_ || world_ < 2) return;
+  uint32_t first = UINT32_MAX, latest = 0;
+  bool missing = false;
+  for (uint32_t t : delivered_us) {
+    missing |= t == 0;
+    if (t == 0) continue;
+    first = std::min(first, t);
+    latest = std::max(latest, t);
+  }
+  if (latest == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (window_.empty()) window_.resize(size_t{kWindow} * world_);
+  Sample* row = &window_[size_t{next_row_} * world_];
+  for (uint32_t rank = 0; rank < world_; ++rank) {
+    // A rank that never delivered (a bounded round sealed without it) was the last; otherwise the
+    // latest are, unless every rank delivered at once.
+    const uint32_t t = delivered_us[rank];
+    row[rank] = t == 0 ? Sample{latest - first, true} : Sample{t - first, !missing && t == latest && latest > first};
+  }
+  next_row_ = (next_row_ + 1) % kWindow;
+  rows_ = std::min(rows_ + 1, kWindow);
+  changed_ = true;
+}
+
+void StragglerBoard::NoteNacked(uint32_t rank, uint64_t chunks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank < world_) nacked_[rank] += chunks;
+  changed_ = true;
+}
+
+void StragglerBoard::NoteRepaired(uint32_t rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (rank < world_) ++repaired_[rank];
+  changed_ = true;
+}
+
+RankLateness StragglerBoard::Summarize(uint32_t rank, std::vector<uint32_t>* scratch) const {
+  RankLateness out{.rank = rank, .rounds = rows_, .nacked = nacked_[rank], .repaired = repaired_[rank]};
+  scratch->clear();
+  uint64_t sum = 0;
+  for (uint32_t row = 0; row < rows_; ++row) {
+    const Sample& s = window_[size_t{row} * world_ + rank];
+    scratch->push_back(s.late_us);
+    sum += s.late_us;
+    out.last += s.last;
+  }
+  if (scratch->empty()) return out;
+  out.mean_us = static_cast<uint32_t>(sum / scratch->size());
+  auto at = [&](double q) {
+    auto nth = scratch->begin() + static_cast<ptrdiff_t>(q * static_cast<double>(scratch->size() - 1) + 0.5);
+    std::nth_element(scratch->begin(), nth, scratch->end());
+    return *nth;
+  };
+  out.p50_us = at(0.5);
+  out.p99_us = at(0.99);
+  return out;
+}
+
+std::vector<RankLateness> StragglerBoard::Ranks(int64_t now_ns) {
+  constexpr int64_t kResummarizeNs = 1'000'000'000;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!changed_ || (summarized_ns_ != 0 && now_ns - summarized_ns_ < kResummarizeNs)) return summary_;
+  changed_ = false;
+  summarized_ns_ = now_ns;
+  std::vector<RankLateness>& out = summary_;
+  out.clear();
+  if (rows_ == 0) return out;
+  std::vector<uint32_t> scratch;
+  for (uint32_t rank = 0; rank < world_; ++rank) out.push_back(Summarize(rank, &scratch));
+  std::stable_sort(out.begin(), out.end(), [](const RankLateness& a, const RankLateness& b) {
+    return std::tie(a.mean_us, a.last) > std::tie(b.mean_us, b.last);
+  });
+  return out;
+}
+
+}  // namespace dlcp::server

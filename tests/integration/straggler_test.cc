@@ -1,0 +1,106 @@
+// The straggler view end to end: dlcpd processes, dlcp-bench workers of which one is slowed on
+// purpose (it sleeps before each round's push, as a slower GPU would), dlcpctl top and jobs
+// --ranks, the slowest-rank metrics, and the slowest rank every worker's RoundStats names.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/base/clock.h"
+#include "tests/integration/process_harness.h"
+
+namespace dlcp::testing {
+namespace {
+
+// The number after the first `"key":` at or after `from` in `text`; -1 if none.
+double NumberAfter(const std::string& text, const std::string& key, size_t from = 0) {
+  const size_t at = text.find("\"" + key + "\":", from);
+  if (at == std::string::npos) return -1;
+  double v = -1;
+  const std::string rest = text.substr(at + key.size() + 3);
+  return absl::SimpleAtod(rest.substr(0, rest.find_first_of(",}]")), &v) ? v : -1;
+}
+
+double ScrapedLine(const std::string& body, const std::string& prefix) {
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    double v = 0;
+    if (absl::StartsWith(line, prefix) && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
+  }
+  return -1;
+}
+
+TEST(Stragglers, ASlowedWorkerIsNamedSlowestWithinAFewRounds) {
+  constexpr int kSlowRank = 2;
+  constexpr int kSlowMs = 40;
+  std::vector<std::unique_ptr<Daemon>> daemons;
+  std::vector<std::string> controls;
+  for (int a = 0; a < 2; ++a) {
+    daemons.push_back(Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=600", "--metrics-port=0"}));
+    ASSERT_NE(daemons.back(), nullptr) << "dlcpd did not start";
+    controls.push_back(daemons.back()->control());
+  }
+  const std::string aggs = absl::StrCat("--aggregators=", absl::StrJoin(controls, ","));
+  auto bench = BackgroundProcess::Start({DLCP_BENCH_PATH, aggs, "--plaintext", "--workers=4", "--job=slowpoke",
+                                         "--tensor-bytes=1000000", "--rounds=5", "--min-seconds=6",
+                                         absl::StrCat("--slow-rank=", kSlowRank), absl::StrCat("--slow-ms=", kSlowMs),
+                                         "--json", "--timeout-s=60"});
+  ASSERT_NE(bench, nullptr);
+
+  // dlcpctl top names the slowed rank first, about kSlowMs behind the others.
+  std::string top;
+  bool named = false;
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(20); !named && MonotonicNow() < end;) {
+    top = RunProcess({DLCPCTL_PATH, "top", "slowpoke", aggs, "--plaintext", "--count=1", "--output=json"},
+                     absl::Seconds(10)).out;
+    const size_t ranks = top.find("\"ranks\":[");
+    named = ranks != std::string::npos && NumberAfter(top, "rank", ranks) == kSlowRank;
+    if (!named) absl::SleepFor(absl::Milliseconds(200));
+  }
+  ASSERT_TRUE(named) << top;
+  // Its rounds here are the tensor's (late by kSlowMs) and the bench's barriers (not late), so its
+  // mean lateness is at least a third of kSlowMs at either aggregator, and its p99 near kSlowMs.
+  EXPECT_GE(NumberAfter(top, "mean_lateness_us", top.find("\"ranks\":[")), kSlowMs * 1000 / 4) << top;
+  EXPECT_GE(NumberAfter(top, "p99_lateness_us", top.find("\"ranks\":[")), kSlowMs * 1000 / 2) << top;
+  EXPECT_EQ(NumberAfter(top, "aggregators"), 2) << top;
+
+  // The table form, and jobs --ranks from each aggregator.
+  ProcessResult table = RunProcess({DLCPCTL_PATH, "top", "slowpoke", aggs, "--plaintext", "--count=1"}, absl::Seconds(10));
+  EXPECT_EQ(table.exit_code, 0) << table.out;
+  EXPECT_TRUE(absl::StrContains(table.out, absl::StrCat("slowest rank ", kSlowRank))) << table.out;
+  ProcessResult jobs = RunProcess({DLCPCTL_PATH, "jobs", "--ranks", aggs, "--plaintext"}, absl::Seconds(10));
+  EXPECT_EQ(jobs.exit_code, 0) << jobs.out;
+  EXPECT_NE(jobs.out.find("P50_MS"), std::string::npos) << jobs.out;
+
+  // Each aggregator's metrics name it among the job's slowest ranks.
+  for (auto& d : daemons) {
+    const std::string body = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
+    const std::string labels = absl::StrCat("{job=\"slowpoke\",quantile=\"0.99\",rank=\"", kSlowRank, "\"}");
+    EXPECT_GE(ScrapedLine(body, "dlcp_rank_lateness_seconds" + labels), kSlowMs / 2 / 1000.0) << body;
+    EXPECT_GE(ScrapedLine(body, absl::StrCat("dlcp_rank_lateness_mean_seconds{job=\"slowpoke\",rank=\"", kSlowRank, "\"}")),
+              kSlowMs / 4 / 1000.0)
+        << body;
+    // Last in every tensor round, and in its share of the barriers: more than a fair share of 1/4.
+    EXPECT_GT(ScrapedLine(body, absl::StrCat("dlcp_rank_last_ratio{job=\"slowpoke\",rank=\"", kSlowRank, "\"}")), 0.25)
+        << body;
+  }
+
+  ProcessResult r = bench->Wait(absl::Seconds(60));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(absl::StrContains(r.out, "\"exact\":true")) << r.out;
+  // The workers' RoundStats name it too, from the aggregators' heartbeat answers.
+  EXPECT_EQ(NumberAfter(r.out, "slowest_rank"), kSlowRank) << r.out;
+
+  // A job that is nowhere is an error naming it.
+  ProcessResult none = RunProcess({DLCPCTL_PATH, "top", "nope", aggs, "--plaintext", "--count=1"}, absl::Seconds(10));
+  EXPECT_EQ(none.exit_code, 1) << none.out;
+  EXPECT_TRUE(absl::StrContains(none.out, "job 'nope' is on none of the aggregators")) << none.out;
+  for (auto& d : daemons) EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
+}
+
+}  // namespace
+}  // namespace dlcp::testing

@@ -1,0 +1,58 @@
+#include "server/jobs/straggler_board.h"
+
+#include <gtest/gtest.h>
+
+namespace dlcp::server {
+namespace {
+
+constexpr int64_t kSecond = 1'000'000'000;
+
+TEST(StragglerBoard, RanksTheLatestFirstWithItsQuantilesAndTimesLast) {
+  StragglerBoard board(3);
+  // Rank 1 delivers 10 ms after rank 0 in 90 rounds and 100 ms after in 10; rank 2 with rank 0.
+  for (int i = 0; i < 100; ++i) board.NoteRound({1000, i < 90 ? 11000u : 101000u, 1000});
+  std::vector<RankLateness> ranks = board.Ranks(kSecond);
+  ASSERT_EQ(ranks.size(), 3u);
+  EXPECT_EQ(ranks[0].rank, 1u);
+  EXPECT_EQ(ranks[0].rounds, 100u);
+  EXPECT_EQ(ranks[0].p50_us, 10000u);
+  EXPECT_EQ(ranks[0].p99_us, 100000u);
+  EXPECT_EQ(ranks[0].mean_us, 19000u);
+  EXPECT_EQ(ranks[0].last, 100u);
+  EXPECT_EQ(ranks[1].mean_us, 0u);
+  EXPECT_EQ(ranks[1].last, 0u);  // ties with the first name nobody last
+}
+
+TEST(StragglerBoard, ARankThatNeverDeliveredCountsAsLastAndTheWindowSlides) {
+  StragglerBoard board(2);
+  for (uint32_t i = 0; i < StragglerBoard::kWindow; ++i) board.NoteRound({500, 0});  // rank 1 sealed out
+  EXPECT_EQ(board.Ranks(kSecond)[0].last, StragglerBoard::kWindow);
+  // A window of rounds later rank 0 is the late one, and nothing of before is left.
+  for (uint32_t i = 0; i < StragglerBoard::kWindow; ++i) board.NoteRound({3000, 1000});
+  EXPECT_EQ(board.Ranks(kSecond)[0].rank, 1u) << "summed up again within the second";
+  std::vector<RankLateness> ranks = board.Ranks(3 * kSecond);
+  EXPECT_EQ(ranks[0].rank, 0u);
+  EXPECT_EQ(ranks[0].p50_us, 2000u);
+  EXPECT_EQ(ranks[0].last, StragglerBoard::kWindow);
+  EXPECT_EQ(ranks[1].last, 0u);
+}
+
+TEST(StragglerBoard, CountsDropsAndRepairsAndIgnoresWhatDoesNotFit) {
+  StragglerBoard board(2);
+  EXPECT_TRUE(board.Ranks(kSecond).empty());
+  board.NoteRound({100});       // the wrong world: ignored
+  board.NoteRound({0, 0});      // nobody delivered: ignored
+  board.NoteNacked(1, 7);
+  board.NoteNacked(5, 7);       // no such rank: ignored
+  board.NoteRepaired(1);
+  board.NoteRound({100, 100});
+  std::vector<RankLateness> ranks = board.Ranks(3 * kSecond);
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(ranks[0].rounds, 1u);
+  const RankLateness& one = ranks[0].rank == 1 ? ranks[0] : ranks[1];
+  EXPECT_EQ(one.nacked, 7u);
+  EXPECT_EQ(one.repaired, 1u);
+}
+
+}  // namespace
+}  // namespace dlcp::server
