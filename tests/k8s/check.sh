@@ -37,15 +37,35 @@ done
 # The optional component, applied on top of the udp overlay.
 mkdir -p "$WORK/with-monitor"
 rel=$(realpath --relative-to="$WORK/with-monitor" "$ROOT/deploy/k8s")  # kustomize wants relative paths
+# An overlay sets the label its Prometheus selects ServiceMonitors by, as the component says.
 cat > "$WORK/with-monitor/kustomization.yaml" <<KUST
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources: [$rel/overlays/udp]
-components: [$rel/components/servicemonitor]
+components: [$rel/components/servicemonitor, $rel/components/cert-manager]
+patches:
+  - target: {kind: ServiceMonitor, name: dlcpd}
+    patch: '[{"op": "add", "path": "/metadata/labels/release", "value": "monitoring"}]'
 KUST
 kubectl kustomize "$WORK/with-monitor" > "$WORK/with-monitor.yaml"
 rendered+=("$WORK/with-monitor.yaml")
 grep -q "kind: ServiceMonitor" "$WORK/with-monitor.yaml" || { echo "ServiceMonitor missing"; exit 1; }
+grep -q "release: monitoring" "$WORK/with-monitor.yaml" || { echo "the ServiceMonitor's labels cannot be set"; exit 1; }
+# The cert-manager component issues the Secrets the DaemonSet and the trainer examples mount.
+for want in "secretName: dlcpd-tls" "secretName: dlcp-trainer-tls" "kind: Issuer" "isCA: true"; do
+  grep -qF "$want" "$WORK/with-monitor.yaml" || { echo "the cert-manager component lacks: $want"; exit 1; }
+done
+# The data ports come from one setting: the policy admits DLCP_DATA_PORT and up, for any thread count.
+data_port=$(sed -n 's/^ *DLCP_DATA_PORT: "\([0-9]*\)"/\1/p' "$WORK/udp.yaml")
+threads=$(sed -n 's/^ *DLCP_DATA_THREADS: "\([0-9]*\)"/\1/p' "$WORK/udp.yaml")
+policy=$(awk '/kind: NetworkPolicy/,0' "$WORK/udp.yaml")
+grep -q "port: $data_port\$" <<<"$policy" || { echo "the NetworkPolicy does not admit DLCP_DATA_PORT $data_port"; exit 1; }
+end_port=$(sed -n 's/^[ -]*endPort: \([0-9]*\)/\1/p' <<<"$policy")
+(( end_port >= data_port + 63 && threads <= 64 )) || {
+  echo "the NetworkPolicy's data ports $data_port-$end_port do not cover 64 data threads"; exit 1; }
+if grep -q "containerPort: $((data_port + 1))" "$WORK/udp.yaml"; then
+  echo "the DaemonSet lists data ports by hand; DLCP_DATA_PORT and DLCP_DATA_THREADS decide them"; exit 1
+fi
 grep -q "rdma/hca_shared_devices_a" "$WORK/rdma.yaml" || { echo "rdma overlay lacks the device resource"; exit 1; }
 grep -q "IPC_LOCK" "$WORK/rdma.yaml" || { echo "rdma overlay lacks IPC_LOCK"; exit 1; }
 for want in "priorityClassName: dlcp-aggregator" "kind: PriorityClass" "app.kubernetes.io/component: aggregator" \

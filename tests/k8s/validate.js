@@ -12,6 +12,8 @@ const camel = (g) => g.replace(/\.([a-z])/g, (_, c) => c.toUpperCase());
 const CRDS = {
   "monitoring.coreos.com/v1/ServiceMonitor": checkServiceMonitor,
   "kubeflow.org/v1/PyTorchJob": checkPyTorchJob,
+  "cert-manager.io/v1/Issuer": checkIssuer,
+  "cert-manager.io/v1/Certificate": checkCertificate,
 };
 let bad = 0;
 const fail = (id, msg) => { bad++; console.log(`${id}: FAIL ${msg}`); };
@@ -20,6 +22,25 @@ function checkServiceMonitor(obj, id) {
   const eps = obj.spec?.endpoints ?? [];
   if (!obj.spec?.selector?.matchLabels) fail(id, "no selector");
   if (!eps.length || eps.some((e) => !e.port)) fail(id, "endpoints need a named port");
+}
+
+function checkIssuer(obj, id) {
+  const kinds = ["selfSigned", "ca", "acme", "vault", "venafi"].filter((k) => obj.spec?.[k] !== undefined);
+  if (kinds.length !== 1) fail(id, `an Issuer needs exactly one kind, has ${kinds.join(",") || "none"}`);
+  if (obj.spec?.ca && !obj.spec.ca.secretName) fail(id, "a CA Issuer needs secretName");
+}
+
+function checkCertificate(obj, id) {
+  const s = obj.spec ?? {};
+  if (!s.secretName) fail(id, "no secretName");
+  if (!s.issuerRef?.name) fail(id, "no issuerRef.name");
+  if (!s.isCA && !(s.usages ?? []).length) fail(id, "no usages");
+  if (!s.commonName && !(s.dnsNames ?? []).length) fail(id, "names nothing");
+  const known = ["signing", "digital signature", "content commitment", "key encipherment", "key agreement",
+                 "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any",
+                 "server auth", "client auth", "code signing", "email protection", "s/mime", "ipsec end system",
+                 "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc"];
+  for (const u of s.usages ?? []) if (!known.includes(u)) fail(id, `unknown usage '${u}'`);
 }
 
 function checkPyTorchJob(obj, id) {
