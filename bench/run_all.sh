@@ -24,6 +24,9 @@ echo
 echo "== cost of rotating data keys under a running job"
 bash bench/key_rotation_cost.sh "$BUILD"
 echo
+echo "== cost of the per-op timeline (DLCP_TIMELINE)"
+bash bench/timeline_cost.sh "$BUILD"
+echo
 echo "== losing an aggregator and getting it back (on_aggregator_loss=remap)"
 bash bench/failover.sh "$BUILD"
 echo

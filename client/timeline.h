@@ -4,9 +4,9 @@
 // NACKs it was sent and the repairs and result requests it sent.
 //
 // Thread-safe; a call costs a lock and an append. A writer thread of its own writes the events
-// out about once a second, so the engine's I/O thread never writes to a file. Memory is bounded:
-// past `max_pending` events not yet written, events are dropped and counted (the file's last
-// event says how many). The file is a JSON array, closed when the Timeline is destroyed; one cut
+// out about once a second, or as soon as half of `max_pending` wait, so the engine's I/O thread
+// never writes to a file. Memory is bounded: past `max_pending` events not yet written (a writer
+// that cannot keep up), events are dropped and counted (the file's last event says how many). The file is a JSON array, closed when the Timeline is destroyed; one cut
 // short by a crash still loads.
 #pragma once
 

@@ -5,6 +5,8 @@
 //                                                 --interval-ms (--count times; 0: until interrupted)
 //   dlcpctl stats  --aggregators=...             every counter (nonzero ones in table form)
 //   dlcpctl health --aggregators=...             grpc.health.v1; exit 0 only if all SERVING
+//   dlcpctl doctor --aggregators=...             checks this host for dlcp, and probes each
+//                                                 aggregator with a real round trip; exit 1 on a fail
 //   dlcpctl rotate-key --job=NAME --aggregators=...
 //                                                 start a rotation of the job's data key at each
 // --output=table|json for all. Exit 1 if any aggregator is unreachable.
@@ -20,10 +22,12 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/base/json_text.h"
+#include "client/ctl/doctor.h"
 #include "client/ctl/rank_view.h"
 #include "client/pending_call.h"
 #include "common/config/registry.h"
 #include "common/security/tls_flags.h"
+#include "common/transport/transport_options.h"
 #include "common/wire/version_check.h"
 #include "dlcp/v1/control.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -318,6 +322,24 @@ int Top(const dlcp::ConfigRegistry& config, const dlcp::ChannelSecurity& securit
   return ok ? 0 : 1;
 }
 
+// doctor: the host's checks, then each aggregator's probe. Exit 1 if any check failed.
+int Doctor(const dlcp::ConfigRegistry& config, bool json) {
+  dlcp::ctl::DoctorOptions o;
+  o.sysfs = config.GetString("sysfs-root");
+  o.procfs = config.GetString("procfs-root");
+  o.aggregators = Aggregators(config);
+  o.socket_buffer_bytes = static_cast<size_t>(config.GetInt("socket-buffer-bytes"));
+  o.data_threads = static_cast<uint32_t>(config.GetInt("data-threads"));
+  o.probe.transport.rdma.recv_slots = static_cast<uint32_t>(config.GetInt("rdma-recv-slots"));
+  o.probe.tls = dlcp::TlsOptionsFromConfig(config, /*server=*/false);
+  o.probe.rpc_timeout = o.probe.op_timeout = absl::Milliseconds(config.GetInt("timeout-ms"));
+  o.probe.transport.kind = *dlcp::ParseTransportKind(config.GetString("transport"));  // validated as a flag
+  std::vector<dlcp::ctl::Finding> findings = dlcp::ctl::CheckHost(o);
+  for (dlcp::ctl::Finding& f : dlcp::ctl::ProbeAggregators(o)) findings.push_back(std::move(f));
+  std::cout << (json ? dlcp::ctl::FindingsJson(findings) + "\n" : dlcp::ctl::FormatFindings(findings));
+  return dlcp::ctl::AnyFailed(findings) ? 1 : 0;
+}
+
 int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
   const bool json = config.GetString("output") == "json";
   absl::StatusOr<dlcp::ChannelSecurity> security =
@@ -328,6 +350,7 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
   }
   if (cmd == "rotate-key") return RotateKey(config, *security, json);
   if (cmd == "top") return Top(config, *security, json);
+  if (cmd == "doctor") return Doctor(config, json);
   std::vector<Reply> replies = Query(config, cmd == "health", *security, config.GetBool("ranks"));
   if (!json) PrintHeader(cmd);
   int failures = 0;
@@ -340,9 +363,10 @@ int Run(const std::string& cmd, const dlcp::ConfigRegistry& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dlcp::ConfigRegistry config("dlcpctl", "commands: status (default), jobs, top JOB, stats, health, rotate-key");
-  config.AddString("aggregators", "127.0.0.1:7400", "aggregators to query, HOST:PORT[,HOST:PORT...]",
-                   dlcp::ValidateHostPortList);
+  dlcp::ConfigRegistry config("dlcpctl", "commands: status (default), jobs, top JOB, stats, health, doctor, rotate-key");
+  config.AddString("aggregators", "127.0.0.1:7400",
+                   "aggregators to query, HOST:PORT[,HOST:PORT...]; empty: none (doctor: the host's checks only)",
+                   [](const std::string& v) { return v.empty() ? absl::OkStatus() : dlcp::ValidateHostPortList(v); });
   config.AddString("output", "table", "table or json", [](const std::string& v) {
     return v == "table" || v == "json" ? absl::OkStatus() : absl::InvalidArgumentError("must be table or json");
   });
@@ -351,11 +375,20 @@ int main(int argc, char** argv) {
   config.AddBool("ranks", false, "jobs: each rank's lateness too, as each aggregator measures it");
   config.AddInt("interval-ms", 2000, 100, 3600000, "top: time between looks");
   config.AddInt("count", 0, 0, INT64_MAX, "top: looks to take; 0: until interrupted");
+  config.AddString("transport", "auto", "doctor: the data plane its probes use: auto, udp or rdma",
+                   [](const std::string& v) { return dlcp::ParseTransportKind(v).status(); });
+  config.AddInt("socket-buffer-bytes", 32 << 20, 4096, int64_t{1} << 31,
+                "doctor: the UDP socket buffers dlcpd asks for (its --socket-buffer-bytes)");
+  config.AddInt("data-threads", 1, 1, 64, "doctor: dlcpd's --data-threads, for the locked memory RDMA needs");
+  config.AddInt("rdma-recv-slots", 4096, 64, 65536, "doctor: dlcpd's --rdma-recv-slots, for the same");
+  config.AddString("sysfs-root", "/sys", "doctor: where sysfs is (tests)");
+  config.AddString("procfs-root", "/proc", "doctor: where procfs is (tests)");
   dlcp::DeclareTlsFlags(&config, /*server=*/false);
   if (std::optional<int> exit_code = config.StartMain(argc, argv)) return *exit_code;
   const std::string cmd = config.positional().empty() ? "status" : config.positional()[0];
-  if (cmd != "status" && cmd != "jobs" && cmd != "top" && cmd != "stats" && cmd != "health" && cmd != "rotate-key") {
-    std::cerr << "dlcpctl: unknown command '" << cmd << "' (status|jobs|top|stats|health|rotate-key)\n";
+  if (cmd != "status" && cmd != "jobs" && cmd != "top" && cmd != "stats" && cmd != "health" && cmd != "doctor" &&
+      cmd != "rotate-key") {
+    std::cerr << "dlcpctl: unknown command '" << cmd << "' (status|jobs|top|stats|health|doctor|rotate-key)\n";
     return 2;
   }
   return Run(cmd, config);

@@ -78,6 +78,27 @@ else
   else
     fail qkey "exit $rc: $(tail -3 $OUT/qkey.txt | tr '\n' ' ')"
   fi
+  # dlcpctl doctor on the real device, first as the VM comes (MTU 1500, small socket buffers: it
+  # warns of both), then set up as a node should be: every check ok, both aggregators answering
+  # over RDMA. The MTU goes back afterwards; the running queue pairs keep the 1024 they began with.
+  $B/client/dlcpctl doctor --aggregators= --data-threads=2 > $OUT/doctor-as-booted.txt 2>&1 || true
+  if grep -q "^warn  mtu $RXE_NETDEV: interface MTU 1500 gives RoCE an active MTU of 1024" $OUT/doctor-as-booted.txt \
+     && grep -q '^warn  net.core.rmem_max' $OUT/doctor-as-booted.txt; then
+    pass "doctor warns of the VM's MTU and socket buffers, naming the fixes"
+  else
+    fail doctor-warns "$(head -6 $OUT/doctor-as-booted.txt | tr '\n' ' ')"
+  fi
+  ip link set $RXE_NETDEV mtu 9000
+  sysctl -w net.core.rmem_max=67108864 net.core.wmem_max=67108864 > /dev/null
+  $B/client/dlcpctl doctor --aggregators=127.0.0.1:$p1,127.0.0.1:$p2 --plaintext --transport=rdma \
+    --data-threads=2 > $OUT/doctor.txt 2>&1 && rc=0 || rc=$?
+  ip link set $RXE_NETDEV mtu 1500
+  if [ $rc -eq 0 ] && ! grep -qE '^(warn|FAIL)' $OUT/doctor.txt && grep -q '^ok    rdma port rxe0/1 GID' $OUT/doctor.txt \
+     && [ "$(grep -c 'data round trip over RDMA' $OUT/doctor.txt)" = 2 ]; then
+    pass "doctor on rxe0: all $(grep -c '^ok' $OUT/doctor.txt) checks ok, both aggregators reached over RDMA"
+  else
+    fail doctor "exit $rc: $(grep -v '^ok' $OUT/doctor.txt | head -4 | tr '\n' ' ')"
+  fi
 fi
 stop_dlcpd agg1
 stop_dlcpd agg2
@@ -182,6 +203,12 @@ if [ $rc -ne 0 ] && grep -q 'rxe0 port 1 is not active' $OUT/down.log; then
   pass "port down: dlcpd --transport=rdma refuses to start, naming it"
 else
   fail down "exit $rc: $(tail -2 $OUT/down.log | tr '\n' ' ')"
+fi
+$B/client/dlcpctl doctor --aggregators= > $OUT/doctor-down.txt 2>&1 && rc=0 || rc=$?
+if [ $rc -eq 1 ] && grep -q 'FAIL  rdma port rxe0/1: state' $OUT/doctor-down.txt; then
+  pass "port down: dlcpctl doctor fails the port, naming the fix"
+else
+  fail doctor-down "exit $rc: $(head -3 $OUT/doctor-down.txt | tr '\n' ' ')"
 fi
 p=$(start_dlcpd agg4 --transport=auto)
 if [ -n "$p" ] && grep -q 'using UDP, because rxe0 port 1 is not active' $OUT/agg4.log && grep -q 'data UDP ports' $OUT/agg4.log; then
