@@ -234,6 +234,15 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
                 absl::StrCat("job '", round->job()->name, "' exceeds its accumulator budget of ",
                              round->job()->max_bytes, " bytes (dlcpd --max-job-bytes)"));
       return;
+    case Round::AddResult::kNoAggregatorMemory:
+      Reject(wire::Reject::kOverCapacity);
+      SendError(*round->job(), h, round->job()->members[h.rank].address(), absl::StatusCode::kResourceExhausted,
+                absl::StrCat("job '", round->job()->name, "': this aggregator's jobs hold ",
+                             round->job()->memory->used(), " bytes of accumulators, its limit of ",
+                             round->job()->memory->limit(),
+                             " over all jobs (dlcpd --max-memory-bytes); try again when another job ends, or "
+                             "spread jobs over more aggregators"));
+      return;
     case Round::AddResult::kCompleted:
       SendResultToAll(*round, h.chunk, now);
       if (round->bounded) CheckBound(round, now);

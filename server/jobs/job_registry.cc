@@ -21,6 +21,7 @@ uint32_t JobIdForName(const std::string& name) {
 
 JobRegistry::JobRegistry(JobLimits limits)
     : limits_(limits),
+      memory_(std::make_shared<MemoryBudget>(limits.max_memory_bytes)),
       epoch_seed_(static_cast<uint64_t>(absl::GetCurrentTimeNanos()) ^ (static_cast<uint64_t>(getpid()) << 32)) {}
 
 absl::Status JobRegistry::CheckJoin(const JoinSpec& s) const {
@@ -81,7 +82,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::FindOrCreate(const JoinSpec& s
     key = *k;
   }
   auto job = std::make_shared<Job>(id, s.job_name, s.world_size, s.chunk_bytes, limits_.max_job_bytes, epoch, key,
-                                   limits_.per_worker_data_keys);
+                                   limits_.per_worker_data_keys, memory_);
   job->creator = s.client;
   jobs_[id] = job;
   return job;
@@ -365,6 +366,11 @@ void JobRegistry::ExportMetrics(MetricsRegistry* metrics) {
     for (const auto& j : List()) n += j->member_count.load();
     return n;
   });
+  metrics->AddComputed("dlcp_accumulator_bytes", {}, K::kGauge,
+                       "Accumulator memory the jobs' rounds hold, over all jobs (--max-memory-bytes caps it)",
+                       [this] { return static_cast<double>(memory_->used()); });
+  metrics->AddComputed("dlcp_accumulator_limit_bytes", {}, K::kGauge, "--max-memory-bytes",
+                       [this] { return static_cast<double>(memory_->limit()); });
   metrics->AddComputed("dlcp_rounds_in_flight", {}, K::kGauge, "Open rounds, over all jobs and data threads", [this] {
     double n = 0;
     for (const auto& j : List()) n += j->rounds_in_flight.load();

@@ -23,6 +23,7 @@
 #include "common/transport/atomic_address.h"
 #include "common/wire/mac.h"
 #include "server/jobs/key_ring.h"
+#include "server/jobs/memory_budget.h"
 #include "server/jobs/regroup_barrier.h"
 #include "server/jobs/roster.h"
 #include "server/jobs/straggler_board.h"
@@ -38,6 +39,8 @@ struct JobLimits {
   uint32_t max_workers = 1024;
   uint32_t max_rounds_in_flight = 256;
   uint64_t max_job_bytes = 4ull << 30;
+  // Accumulator bytes all jobs together may hold (MemoryBudget); at least max_job_bytes.
+  uint64_t max_memory_bytes = 4ull << 30;
   // Told to clients at Join, so they heartbeat well within it.
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   // Give every job a data-plane key and require a valid MAC on every data packet.
@@ -62,8 +65,10 @@ struct Member {
 
 struct Job {
   Job(uint32_t id, std::string name, uint32_t world, uint32_t chunk_bytes, uint64_t max_bytes, uint32_t epoch,
-      std::optional<wire::MacKey> mac_key = std::nullopt, bool per_worker_keys = true)
-      : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes), epoch(epoch),
+      std::optional<wire::MacKey> mac_key = std::nullopt, bool per_worker_keys = true,
+      std::shared_ptr<MemoryBudget> memory = nullptr)
+      : id(id), name(std::move(name)), world(world), chunk_bytes(chunk_bytes), max_bytes(max_bytes),
+        memory(std::move(memory)), epoch(epoch),
         ring(mac_key ? std::make_unique<KeyRing>(*mac_key, world, per_worker_keys) : nullptr), members(world),
         roster(world), stragglers(world), regroup(world) {}
 
@@ -72,6 +77,8 @@ struct Job {
   const uint32_t world;
   const uint32_t chunk_bytes;
   const uint64_t max_bytes;  // accumulator budget across all of the job's rounds
+  // The aggregator's, shared by every job (null: none, in tests that make jobs by hand).
+  const std::shared_ptr<MemoryBudget> memory;
   // Random per incarnation of a job name, so packets of an earlier incarnation never match, and
   // new again at each regroup (aggregator fail-over), so no round of the old layout mixes in.
   std::atomic<uint32_t> epoch;
@@ -224,6 +231,7 @@ class JobRegistry {
   uint32_t NextEpoch(uint32_t job_id);  // lock-free: a regroup calls it under its barrier's lock
 
   JobLimits limits_;
+  std::shared_ptr<MemoryBudget> memory_;  // limits_.max_memory_bytes, over every job
   std::atomic<uint64_t> epoch_seed_;
   std::atomic<uint64_t> keys_drawn_{0};
   std::atomic<uint64_t> keys_settled_{0};

@@ -36,6 +36,7 @@ Round::~Round() {
     if (b != nullptr) {
       pool_->Put(b, block_bytes_);
       job_->bytes_in_use.fetch_sub(block_bytes_, std::memory_order_relaxed);
+      if (job_->memory) job_->memory->Give(block_bytes_);
     }
   }
   job_->rounds_in_flight.fetch_sub(1, std::memory_order_relaxed);
@@ -62,8 +63,12 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
     if (job_->bytes_in_use.load(std::memory_order_relaxed) + block_bytes_ > job_->max_bytes) {
       return AddResult::kNoMemory;
     }
+    if (job_->memory && !job_->memory->TryTake(block_bytes_)) return AddResult::kNoAggregatorMemory;
     block = pool_->Get(block_bytes_);
-    if (block == nullptr) return AddResult::kNoMemory;
+    if (block == nullptr) {
+      if (job_->memory) job_->memory->Give(block_bytes_);
+      return AddResult::kNoMemory;
+    }
     job_->bytes_in_use.fetch_add(block_bytes_, std::memory_order_relaxed);
   }
   float* dst = ChunkPtr(chunk);

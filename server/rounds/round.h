@@ -19,7 +19,9 @@ namespace dlcp::server {
 
 class Round {
  public:
-  enum class AddResult { kAdded, kCompleted, kDuplicate, kNoMemory, kSealed };
+  // kNoMemory: the job's budget (or the allocator) is out; kNoAggregatorMemory: the aggregator's,
+  // over all jobs (MemoryBudget).
+  enum class AddResult { kAdded, kCompleted, kDuplicate, kNoMemory, kNoAggregatorMemory, kSealed };
 
   // `epoch`: the job's epoch the round's packets carry; 0 means the job's current one.
   Round(std::shared_ptr<Job> job, uint32_t key, uint32_t round, wire::ChunkGeometry geometry, BlockPool* pool,

@@ -318,6 +318,51 @@ TEST(ClientErrors, AggregatorCapacityErrorReachesTheCaller) {
   EXPECT_NE(r.status().message().find("max-job-bytes"), std::string::npos) << r.status();
 }
 
+// Jobs that each fit their own budget but together exceed the aggregator's (--max-memory-bytes):
+// the one that finds it full is refused, naming the setting, while the other's round completes;
+// once that round is freed, the refused one runs.
+TEST(ClientErrors, TheAggregatorsMemoryCapOverAllJobsRefusesTheJobThatFindsItFull) {
+  TestAggregatorOptions ao;
+  ao.limits.max_job_bytes = 3 << 20;
+  ao.limits.max_memory_bytes = 4 << 20;
+  auto agg = TestAggregator::Start(ao);
+  ASSERT_NE(agg, nullptr);
+  // Rank 0 of "holder" pushes 3 MiB; rank 1 never does, so the round holds them.
+  std::vector<std::unique_ptr<Client>> holder = ConnectAll(agg->address(), "holder", 2);
+  ASSERT_NE(holder[0], nullptr);
+  ASSERT_NE(holder[1], nullptr);
+  std::vector<float> three((3 << 20) / 4, 1.0f);
+  auto held = holder[0]->AllReduce(0, absl::MakeSpan(three));
+  // The accumulator is taken as the pushes arrive: wait until it is.
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(5);
+  while (agg->jobs().List().empty() || agg->jobs().List()[0]->bytes_in_use.load() < (3u << 20)) {
+    ASSERT_LT(MonotonicNow(), deadline) << "the first job's round never took its memory";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ClientOptions o2 = Opts(agg->address(), "latecomer", 1, 0);
+  o2.chunk_bytes = 4096;
+  auto late = Client::Connect(o2);
+  ASSERT_TRUE(late.ok()) << late.status();
+  std::vector<float> two((2 << 20) / 4, 1.0f);
+  auto r = (*late)->AllReduce(0, absl::MakeSpan(two)).get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_NE(r.status().message().find("--max-memory-bytes"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("job 'latecomer'"), std::string::npos) << r.status();
+  // The holder ends: its round is dropped and its memory given back.
+  holder[0]->Close().IgnoreError();
+  holder[1]->Close().IgnoreError();
+  EXPECT_FALSE(held.get().ok());
+  std::vector<float> again((2 << 20) / 4, 1.0f);
+  absl::StatusOr<RoundStats> ok = absl::UnknownError("not run");
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(5); MonotonicNow() < end;) {
+    ok = (*late)->AllReduce(1, absl::MakeSpan(again)).get();
+    if (ok.ok()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(again[0], 1.0f);
+}
+
 // Tensors of different lengths for one key fail at once on every worker, naming both lengths
 // and the ranks, rather than each running into its op deadline; the job goes on.
 TEST(ClientErrors, TensorsOfDifferentLengthsForOneKeyFailAtOnceNamingBoth) {

@@ -72,6 +72,16 @@ for want in "priorityClassName: dlcp-aggregator" "kind: PriorityClass" "app.kube
             "app.kubernetes.io/version:" "app.kubernetes.io/managed-by: kustomize"; do
   grep -qF "$want" "$WORK/udp.yaml" || { echo "the aggregators' manifests lack: $want"; exit 1; }
 done
+# The memory limit derives from dlcpd's cap on accumulators (configmap.yaml says how), and every
+# job's budget fits under that cap.
+setting() { sed -n "s/^ *$1: \"\([0-9]*\)\"/\1/p" "$WORK/udp.yaml"; }
+cap=$(setting DLCP_MAX_MEMORY_BYTES)
+[ -n "$cap" ] || { echo "the ConfigMap sets no DLCP_MAX_MEMORY_BYTES: nothing caps dlcpd's memory"; exit 1; }
+(( $(setting DLCP_MAX_JOB_BYTES) <= cap )) || { echo "DLCP_MAX_JOB_BYTES exceeds DLCP_MAX_MEMORY_BYTES"; exit 1; }
+limit=$(awk '/kind: DaemonSet/,0' "$WORK/udp.yaml" | awk '/limits:/ { l = 1 } l && /memory:/ { print; exit }' |
+  sed -n 's/^ *memory: \([0-9]*\)Gi$/\1/p')
+need=$(( cap + (256 << 20) * $(setting DLCP_DATA_THREADS) + (1 << 30) ))
+(( (limit << 30) >= need )) || { echo "the pod's memory limit ${limit}Gi is under dlcpd's need of $need bytes"; exit 1; }
 # SIGTERM drains for up to DLCP_DRAIN_TIMEOUT_MS; the pod's grace period must cover it.
 drain_ms=$(sed -n 's/^ *DLCP_DRAIN_TIMEOUT_MS: "\([0-9]*\)"/\1/p' "$WORK/udp.yaml")
 grace_s=$(sed -n 's/^ *terminationGracePeriodSeconds: \([0-9]*\)/\1/p' "$WORK/udp.yaml" | head -1)

@@ -107,6 +107,17 @@ TEST(DlcpdConfig, DefaultsAreValidAndCrossChecksRefuse) {
     EXPECT_EQ(o->tls.ca_file, "/ca");
   }
   {
+    // A job budget no job could use: over the cap of all jobs together.
+    ConfigRegistry c("dlcpd");
+    server::DeclareDlcpdFlags(&c);
+    ASSERT_TRUE(c.Load({"--plaintext", "--max-job-bytes=8589934592"}, Env({{"DLCP_MAX_MEMORY_BYTES", "4294967296"}})).ok());
+    auto o = server::DlcpdOptionsFromConfig(c);
+    ASSERT_FALSE(o.ok());
+    EXPECT_NE(o.status().message().find("--max-job-bytes 8589934592 exceeds --max-memory-bytes 4294967296"),
+              std::string::npos)
+        << o.status();
+  }
+  {
     ConfigRegistry c("dlcpd");
     server::DeclareDlcpdFlags(&c);
     ASSERT_TRUE(c.Load({"--plaintext", "--tls-cert=/x"}, Env({})).ok());
