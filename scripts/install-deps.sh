@@ -16,6 +16,7 @@ PACKAGES=(
   python3-pytest python3-pytest-timeout
   iproute2 ethtool iperf3 iputils-ping  # the congested-cluster test bed (tests/netbed)
   libfaketime  # steps of the wall clock under a running job (faults_test)
+  libcap2-bin  # setcap: a non-root dlcpd given cap_ipc_lock as its image gives it (binaries_test)
   # The RDMA transport: verbs headers to build it (the library is loaded at run time), and the
   # Soft-RoCE VM that tests it against real verbs (tests/rdma-vm).
   libibverbs-dev ibverbs-providers qemu-system-x86 busybox-static cpio

@@ -32,6 +32,7 @@
 #include "server/control/aggregator_service.h"
 #include "server/control/health_service.h"
 #include "server/dlcpd/dlcpd_config.h"
+#include "server/dlcpd/ipc_lock.h"
 #include "server/dlcpd/systemd_notify.h"
 #include "server/metrics/prometheus_exporter.h"
 #include "common/transport/transport_options.h"
@@ -336,6 +337,10 @@ int Main(int argc, char** argv) {
   JobRegistry jobs(o.limits);
   jobs.ExportMetrics(&metrics);
   jobs.ExportSlowestRanks(&metrics, o.metrics_slowest_ranks);
+  if (o.data.transport.kind != TransportOptions::Kind::kUdp && RaiseIpcLock() == IpcLock::kRaised) {
+    DLCP_LOG(Info) << "CAP_IPC_LOCK raised from this file's capabilities: RDMA buffers are pinned past the "
+                      "locked-memory limit";
+  }
   absl::StatusOr<std::unique_ptr<DataPlane>> data = DataPlane::Create(o.data, &jobs, &metrics);
   if (!data.ok()) {
     std::cerr << "dlcpd: cannot start the data plane: " << data.status().message() << "\n";

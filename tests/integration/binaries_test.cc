@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -138,6 +139,44 @@ TEST(Binaries, DlcpdRefusesBadConfigurationNamingTheSetting) {
 // A port another process holds is refused at start, naming the port and the setting: the control
 // port is bound exclusively (no SO_REUSEPORT, which let a second dlcpd share it and split the
 // control calls between the two), and a metrics port in use is named as such.
+// The container image gives dlcpd cap_ipc_lock+p (deploy/docker/Dockerfile), so that the rdma
+// overlay's non-root dlcpd may pin its RDMA buffers: it raises the capability itself where the
+// container's bounding set holds it, and the exec still succeeds where it does not (the UDP
+// deployment). Under no_new_privs (Kubernetes' allowPrivilegeEscalation: false) the kernel grants
+// a file capability only where the process that execs holds it already, as the container
+// runtime's does for a pod that adds IPC_LOCK, and as setpriv's does here.
+TEST(Binaries, ANonRootDlcpdRaisesIpcLockFromItsFileCapabilities) {
+  if (geteuid() != 0 || access("/usr/sbin/setcap", X_OK) != 0 || access("/usr/bin/setpriv", X_OK) != 0) {
+    GTEST_SKIP() << "needs root, setcap (libcap2-bin) and setpriv";
+  }
+  char dir[] = "/tmp/dlcp-caps.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string copy = std::string(dir) + "/dlcpd";
+  ASSERT_EQ(RunProcess({"/bin/cp", DLCPD_PATH, copy}, absl::Seconds(10)).exit_code, 0);
+  ASSERT_EQ(chmod(dir, 0755), 0);
+  ProcessResult set = RunProcess({"/usr/sbin/setcap", "cap_ipc_lock=+p", copy}, absl::Seconds(10));
+  if (set.exit_code != 0) GTEST_SKIP() << "this filesystem takes no file capabilities: " << set.out;
+  auto run = [&](std::vector<std::string> setpriv_flags) {
+    std::vector<std::string> argv{"/usr/bin/setpriv", "--reuid=65532", "--regid=65532", "--clear-groups"};
+    argv.insert(argv.end(), setpriv_flags.begin(), setpriv_flags.end());
+    for (const char* a : {"--plaintext", "--port=0", "--data-port=0", "--transport=auto", "--log-level=info"}) {
+      argv.push_back(a);
+    }
+    argv.insert(argv.begin() + 4 + setpriv_flags.size(), copy);
+    return RunProcess(argv, absl::Seconds(3)).out;  // killed once it serves
+  };
+  const std::string raised = "CAP_IPC_LOCK raised from this file's capabilities";
+  const std::string serving = "serving control";
+  std::string out = run({});
+  EXPECT_TRUE(absl::StrContains(out, raised)) << out;
+  out = run({"--bounding-set=-ipc_lock"});
+  EXPECT_FALSE(absl::StrContains(out, raised)) << out;
+  EXPECT_TRUE(absl::StrContains(out, serving)) << "the exec must not fail without the capability:\n" << out;
+  out = run({"--no-new-privs"});
+  EXPECT_TRUE(absl::StrContains(out, raised)) << out;
+  RunProcess({"/bin/rm", "-rf", dir}, absl::Seconds(10));
+}
+
 TEST(Binaries, DlcpdRefusesAPortInUseNamingIt) {
   auto first = Daemon::Start(DLCPD_PATH, {"--plaintext", "--metrics-port=0", "--health-port=0"});
   ASSERT_NE(first, nullptr);
