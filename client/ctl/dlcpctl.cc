@@ -215,8 +215,12 @@ void PrintStats(const std::string& cmd, const Reply& r) {
     for (const auto& [name, value] : counters) {
       if (name.rfind("dlcp_rounds_total{", 0) == 0) rounds += value;
       if (name.rfind("dlcp_rejects_total{", 0) == 0) rejects += value;
-      if (absl::string_view kind = name; absl::ConsumePrefix(&kind, "dlcp_transport_info{kind=\"")) {
-        transport = std::string(kind.substr(0, kind.find('"')));
+      if (absl::string_view info = name; absl::ConsumePrefix(&info, "dlcp_transport_info{")) {
+        // Labels come sorted: device, gid_index and port (RDMA) may stand before kind.
+        if (size_t at = info.find("kind=\""); at != absl::string_view::npos) {
+          info.remove_prefix(at + 6);
+          transport = std::string(info.substr(0, info.find('"')));
+        }
       }
     }
     std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %-9s %9d %5d %8.0f %10.0f %10.0f\n", r.address,

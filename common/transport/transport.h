@@ -10,6 +10,8 @@
 
 #include <array>
 #include <atomic>
+#include <map>
+#include <string>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -100,6 +102,9 @@ class Transport {
   // The NIC port's own counters (port_counter_source.h), where the transport has a port of its own
   // (RDMA); nullptr where it has none (UDP, loopback). Lives as long as the transport.
   virtual const PortCounterSource* port_counters() const { return nullptr; }
+  // Where it runs, for the info metric and operators: RDMA gives device, port and gid_index;
+  // UDP and loopback nothing.
+  virtual std::map<std::string, std::string> where() const { return {}; }
 
   // Hands every message to the network, in order, or fails. Waits for local buffer space until
   // `deadline` at most; never waits for the peer. A datagram the network drops later is not an

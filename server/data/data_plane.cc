@@ -123,6 +123,8 @@ std::vector<Address> DataPlane::endpoints() const {
   return out;
 }
 
+std::map<std::string, std::string> DataPlane::where() const { return threads_.front()->transport()->where(); }
+
 int DataPlane::family() const { return threads_.front()->transport()->local_address().family(); }
 
 std::vector<std::vector<Address>> DataPlane::spray_sources() const {

@@ -53,6 +53,8 @@ class DataPlane {
   // What the endpoints are (kUdp or kRdma; kAuto was resolved when they were made), and for
   // RDMA the Q_Key their queue pairs accept. Clients must match both.
   TransportOptions::Kind kind() const { return kind_; }
+  // Transport::where of the first data thread's (every thread's is on the same device and port).
+  std::map<std::string, std::string> where() const;
   // AF_INET or AF_INET6: the endpoints' address family, which every worker's must share.
   int family() const;
   // Per endpoint, the other sources it sprays its datagrams from (UDP ports, RDMA queue pairs).

@@ -347,8 +347,11 @@ int Main(int argc, char** argv) {
     return 1;
   }
   absl::Cleanup stop_data = [&] { (*data)->Stop(); };
-  metrics.AddComputed("dlcp_transport_info", {{"kind", TransportKindName((*data)->kind())}},
-                      MetricsRegistry::Kind::kGauge, "Always 1: the data plane's transport", [] { return 1.0; });
+  Labels transport = (*data)->where();  // RDMA: device, port, gid_index
+  transport["kind"] = TransportKindName((*data)->kind());
+  metrics.AddComputed("dlcp_transport_info", transport, MetricsRegistry::Kind::kGauge,
+                      "Always 1: the data plane's transport, and over RDMA its device, port and GID index",
+                      [] { return 1.0; });
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(o.tls);
   if (!credentials.ok()) {
     std::cerr << "dlcpd: refusing to start: " << credentials.status().message() << "\n";

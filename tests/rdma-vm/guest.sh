@@ -158,6 +158,15 @@ else
     --tensor-bytes=4000000 --rounds=8 --timeout-s=120 --rdma-recv-slots=64 > $OUT/starved.txt 2>&1 || true
   timeout 10 wget -qO- "http://127.0.0.1:$m/metrics" > $OUT/agg6.metrics || true
   dry=$(sed -n 's/^dlcp_transport_rx_queue_empty_total \([0-9]*\).*/\1/p' $OUT/agg6.metrics)
+  if grep -q "^dlcp_transport_info{device=\"rxe0\",gid_index=\"$RXE_GID_INDEX\",kind=\"rdma\",port=\"1\"} 1" $OUT/agg6.metrics; then
+    if $B/client/dlcpctl status --aggregators=127.0.0.1:$p --plaintext | grep -q ' serving  rdma '; then
+      pass "dlcp_transport_info names the device, port and GID index, and dlcpctl status the transport"
+    else
+      fail transport-info "dlcpctl status: $($B/client/dlcpctl status --aggregators=127.0.0.1:$p --plaintext | tr '\n' ' ')"
+    fi
+  else
+    fail transport-info "$(grep dlcp_transport_info $OUT/agg6.metrics)"
+  fi
   # The port's own counters (sysfs hw_counters) are exported too. rxe0 carries the workers'
   # datagrams as well as the aggregator's, so it received at least what the aggregator did, and
   # what it received beyond the receives it completed (rdma_recvs) found no buffer: the datagrams

@@ -192,6 +192,9 @@ class RdmaTransport final : public Transport, public PortCounterSource {
   // A message may name its queue pair (OutMessage::path), as a UDP one names its source port.
   size_t send_paths() const override { return qps_.size(); }
   const PortCounterSource* port_counters() const override { return this; }
+  std::map<std::string, std::string> where() const override {
+    return {{"device", dev_.name}, {"port", absl::StrCat(dev_.port_num)}, {"gid_index", absl::StrCat(dev_.gid_index)}};
+  }
   absl::StatusOr<std::vector<PortCounter>> ReadAll() const override {
     return ReadPortCounters(kSysfs, dev_.name, dev_.port_num);
   }
