@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+#include <vector>
+
 namespace dlcp::server {
 namespace {
 
@@ -52,6 +56,32 @@ TEST(StragglerBoard, CountsDropsAndRepairsAndIgnoresWhatDoesNotFit) {
   const RankLateness& one = ranks[0].rank == 1 ? ranks[0] : ranks[1];
   EXPECT_EQ(one.nacked, 7u);
   EXPECT_EQ(one.repaired, 1u);
+}
+
+// Data threads note rounds while control threads read (a heartbeat, a scrape): under TSan too.
+TEST(StragglerBoard, DataThreadsNoteWhileControlThreadsRead) {
+  StragglerBoard board(4);
+  std::atomic<bool> done{false};
+  std::vector<std::thread> noters;
+  for (int t = 0; t < 3; ++t) {
+    noters.emplace_back([&board] {
+      for (int i = 0; i < 2000; ++i) {
+        board.NoteRound({100, 100, 5100, 100});  // rank 2 is 5 ms late every time
+        board.NoteNacked(2, 1);
+      }
+    });
+  }
+  std::thread reader([&] {
+    for (int64_t now = kSecond; !done.load(); now += kSecond) board.Ranks(now);
+  });
+  for (auto& t : noters) t.join();
+  done = true;
+  reader.join();
+  std::vector<RankLateness> ranks = board.Ranks(int64_t{1} << 62);
+  ASSERT_EQ(ranks.size(), 4u);
+  EXPECT_EQ(ranks[0].rank, 2u);
+  EXPECT_EQ(ranks[0].mean_us, 5000u);
+  EXPECT_EQ(ranks[0].nacked, 6000u);
 }
 
 }  // namespace
