@@ -163,7 +163,7 @@ TEST(Binaries, ANonRootDlcpdRaisesIpcLockFromItsFileCapabilities) {
       argv.push_back(a);
     }
     argv.insert(argv.begin() + 4 + setpriv_flags.size(), copy);
-    return RunProcess(argv, absl::Seconds(3)).out;  // killed once it serves
+    return RunProcess(argv, absl::Seconds(4)).out;  // killed once it has served a while
   };
   const std::string raised = "CAP_IPC_LOCK raised from this file's capabilities";
   const std::string serving = "serving control";

@@ -57,7 +57,11 @@ TEST(Timeline, EachWorkerWritesACompleteTraceThatLoadsAndPlots) {
     EXPECT_EQ(begun, 5u * 2 + 5u * 2);
     EXPECT_EQ(Count(trace, "\"ph\":\"e\""), begun) << "every op span ends";
     EXPECT_EQ(Count(trace, "\"name\":\"first push\""), begun);
-    EXPECT_EQ(Count(trace, "\"name\":\"last push\""), begun);
+    // A bounded round may seal before a lagging worker pushed its last chunks, which then never
+    // leave: that op has no last push.
+    const size_t last_pushes = Count(trace, "\"name\":\"last push\"");
+    EXPECT_LE(last_pushes, begun);
+    EXPECT_GE(last_pushes, begun / 2);
     EXPECT_GE(Count(trace, "\"name\":\"stop\""), 5u * 2) << "each bounded round's STOP";
     EXPECT_GT(Count(trace, "\"name\":\"nack\""), 0u);
     EXPECT_GT(Count(trace, "\"name\":\"repairs\""), 0u);
