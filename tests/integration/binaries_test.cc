@@ -296,17 +296,6 @@ TEST(Binaries, DlcpctlReportsAnUnreachableAggregator) {
   }
 }
 
-// Sum of every sample of a metric whose name and labels start with `prefix` in a scrape.
-double Scraped(const std::string& body, const std::string& prefix) {
-  double total = 0;
-  for (absl::string_view line : absl::StrSplit(body, '\n')) {
-    if (line.empty() || line[0] == '#' || !absl::StartsWith(line, prefix)) continue;
-    double v = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) total += v;
-  }
-  return total;
-}
-
 double JsonField(const std::string& out, const std::string& key) {
   size_t at = out.rfind("\"" + key + "\":");
   double v = -1;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "tests/common/text_files.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
@@ -222,12 +223,6 @@ void ExpectRunningAndExact(std::vector<std::unique_ptr<BackgroundProcess>>& work
   }
 }
 
-size_t Count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
-  return n;
-}
-
 // SIGTERM drains: each worker hears in its next heartbeat answer (within a second) that the
 // aggregator is going away, and moves its share to the others, instead of noticing the silence
 // at the heartbeat deadline. A rolling restart of every aggregator, one node after another as a
@@ -255,7 +250,7 @@ TEST(Faults, RollingRestartOfTheAggregatorsDrainsEachAndTheJobRunsOn) {
     EXPECT_NE(daemons[i]->Log().find(i == 0 ? "every worker has moved off" : "drained in"), std::string::npos)
         << daemons[i]->Log();
     for (int r = 0; r < kWorkers; ++r) {
-      EXPECT_EQ(Count(workers[r]->Output(), "lost aggregator(s) " + lost + " (UNAVAILABLE: aggregator " + lost +
+      EXPECT_EQ(CountOccurrences(workers[r]->Output(), "lost aggregator(s) " + lost + " (UNAVAILABLE: aggregator " + lost +
                                                 " is shutting down (draining))"),
                 1u)
           << "rank " << r << ":\n" << workers[r]->Output();

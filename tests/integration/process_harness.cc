@@ -10,15 +10,16 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
 #include "common/base/host_port.h"
+#include "tests/common/text_files.h"
 
 namespace dlcp::testing {
 namespace {
@@ -51,13 +52,6 @@ int WaitOrKill(pid_t pid, absl::Time deadline) {
   kill(-pid, SIGKILL);
   waitpid(pid, &status, 0);
   return -1;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
 }
 
 }  // namespace
@@ -199,6 +193,16 @@ int Daemon::Stop(absl::Duration timeout, bool drain) {
   int code = WaitOrKill(pid_, MonotonicNow() + timeout);
   pid_ = -1;
   return code;
+}
+
+double Scraped(const std::string& body, const std::string& prefix) {
+  double total = 0;
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    if (line.empty() || line[0] == '#' || !absl::StartsWith(line, prefix)) continue;
+    double v = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) total += v;
+  }
+  return total;
 }
 
 std::string HttpGet(int port, const std::string& path, absl::Duration timeout) {

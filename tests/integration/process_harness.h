@@ -24,6 +24,9 @@ std::vector<std::string> WithEnvironment(const std::vector<std::string>& env, st
 
 // GET http://127.0.0.1:port/path; the body, or empty on any failure (bounded by `timeout`).
 std::string HttpGet(int port, const std::string& path, absl::Duration timeout);
+// In a Prometheus scrape, the sum of every sample of a metric whose name and labels start with
+// `prefix` (with the full label set, that one sample's value); 0 if none does.
+double Scraped(const std::string& body, const std::string& prefix);
 
 // A process running in the background, its output going to a file; killed (with its process group)
 // when destroyed if still running.

@@ -26,14 +26,6 @@ double NumberAfter(const std::string& text, const std::string& key, size_t from 
   return absl::SimpleAtod(rest.substr(0, rest.find_first_of(",}]")), &v) ? v : -1;
 }
 
-double ScrapedLine(const std::string& body, const std::string& prefix) {
-  for (absl::string_view line : absl::StrSplit(body, '\n')) {
-    double v = 0;
-    if (absl::StartsWith(line, prefix) && absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
-  }
-  return -1;
-}
-
 TEST(Stragglers, ASlowedWorkerIsNamedSlowestWithinAFewRounds) {
   constexpr int kSlowRank = 2;
   constexpr int kSlowMs = 40;
@@ -80,12 +72,12 @@ TEST(Stragglers, ASlowedWorkerIsNamedSlowestWithinAFewRounds) {
   for (auto& d : daemons) {
     const std::string body = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
     const std::string labels = absl::StrCat("{job=\"slowpoke\",quantile=\"0.99\",rank=\"", kSlowRank, "\"}");
-    EXPECT_GE(ScrapedLine(body, "dlcp_rank_lateness_seconds" + labels), kSlowMs / 2 / 1000.0) << body;
-    EXPECT_GE(ScrapedLine(body, absl::StrCat("dlcp_rank_lateness_mean_seconds{job=\"slowpoke\",rank=\"", kSlowRank, "\"}")),
+    EXPECT_GE(Scraped(body, "dlcp_rank_lateness_seconds" + labels), kSlowMs / 2 / 1000.0) << body;
+    EXPECT_GE(Scraped(body, absl::StrCat("dlcp_rank_lateness_mean_seconds{job=\"slowpoke\",rank=\"", kSlowRank, "\"}")),
               kSlowMs / 4 / 1000.0)
         << body;
     // Last in every tensor round, and in its share of the barriers: more than a fair share of 1/4.
-    EXPECT_GT(ScrapedLine(body, absl::StrCat("dlcp_rank_last_ratio{job=\"slowpoke\",rank=\"", kSlowRank, "\"}")), 0.25)
+    EXPECT_GT(Scraped(body, absl::StrCat("dlcp_rank_last_ratio{job=\"slowpoke\",rank=\"", kSlowRank, "\"}")), 0.25)
         << body;
   }
 

@@ -6,28 +6,14 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "tests/common/text_files.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
 namespace {
-
-size_t Count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 TEST(Timeline, EachWorkerWritesACompleteTraceThatLoadsAndPlots) {
   char dir_template[] = "/tmp/dlcp-timeline.XXXXXX";
@@ -47,24 +33,24 @@ TEST(Timeline, EachWorkerWritesACompleteTraceThatLoadsAndPlots) {
 
   size_t ops = 0;
   for (int rank = 0; rank < 2; ++rank) {
-    const std::string trace = Slurp(absl::StrCat(dir, "/rank", rank, ".json"));
+    const std::string trace = ReadFile(absl::StrCat(dir, "/rank", rank, ".json"));
     ASSERT_FALSE(trace.empty()) << "rank " << rank << " wrote no timeline";
     EXPECT_TRUE(absl::EndsWith(trace, "]\n")) << "not closed: " << trace.substr(trace.size() - 200);
     EXPECT_TRUE(absl::StrContains(trace, absl::StrCat("\"name\":\"dlcp rank ", rank, "\""))) << trace.substr(0, 300);
     EXPECT_TRUE(absl::StrContains(trace, "\"dropped_events\":0"));
     // (1 warm-up + 4 timed rounds) x 2 tensors, and the bench's two barriers per round.
-    const size_t begun = Count(trace, "\"ph\":\"b\"");
+    const size_t begun = CountOccurrences(trace, "\"ph\":\"b\"");
     EXPECT_EQ(begun, 5u * 2 + 5u * 2);
-    EXPECT_EQ(Count(trace, "\"ph\":\"e\""), begun) << "every op span ends";
-    EXPECT_EQ(Count(trace, "\"name\":\"first push\""), begun);
+    EXPECT_EQ(CountOccurrences(trace, "\"ph\":\"e\""), begun) << "every op span ends";
+    EXPECT_EQ(CountOccurrences(trace, "\"name\":\"first push\""), begun);
     // A bounded round may seal before a lagging worker pushed its last chunks, which then never
     // leave: that op has no last push.
-    const size_t last_pushes = Count(trace, "\"name\":\"last push\"");
+    const size_t last_pushes = CountOccurrences(trace, "\"name\":\"last push\"");
     EXPECT_LE(last_pushes, begun);
     EXPECT_GE(last_pushes, begun / 2);
-    EXPECT_GE(Count(trace, "\"name\":\"stop\""), 5u * 2) << "each bounded round's STOP";
-    EXPECT_GT(Count(trace, "\"name\":\"nack\""), 0u);
-    EXPECT_GT(Count(trace, "\"name\":\"repairs\""), 0u);
+    EXPECT_GE(CountOccurrences(trace, "\"name\":\"stop\""), 5u * 2) << "each bounded round's STOP";
+    EXPECT_GT(CountOccurrences(trace, "\"name\":\"nack\""), 0u);
+    EXPECT_GT(CountOccurrences(trace, "\"name\":\"repairs\""), 0u);
     EXPECT_FALSE(absl::StrContains(trace, "\"error\"")) << "no op failed";
     ops += begun;
   }

@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -17,22 +16,16 @@
 #include "client/options/client_option_table.h"
 #include "common/config/registry.h"
 #include "server/dlcpd/dlcpd_config.h"
+#include "tests/common/text_files.h"
 
 namespace dlcp {
 namespace {
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Checks (or, with DLCP_UPDATE_DOCS=1, rewrites) the text between `<!-- NAME:begin -->` and
 // `<!-- NAME:end -->` in `doc`.
 void ExpectBlock(const std::string& doc, const std::string& name, const std::string& want) {
   const std::string path = absl::StrCat(DLCP_SOURCE_DIR, "/", doc);
-  std::string text = ReadFile(path);
+  std::string text = testing::ReadFile(path);
   const std::string begin = absl::StrCat("<!-- ", name, ":begin -->\n");
   const std::string end = absl::StrCat("<!-- ", name, ":end -->");
   const size_t b = text.find(begin);

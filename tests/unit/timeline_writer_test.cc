@@ -7,30 +7,16 @@
 
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
+#include "tests/common/text_files.h"
 
 namespace dlcp {
 namespace {
-
-size_t Count(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 uint64_t DroppedIn(const std::string& trace) {
   const std::string key = "\"dropped_events\":";
@@ -63,10 +49,10 @@ TEST(TimelineWriter, EveryEventIsWrittenOrCountedFromManyThreads) {
   EXPECT_EQ((*timeline)->dropped(), dropped);
   const std::string path = Timeline::PathFor(pattern, 3);
   EXPECT_EQ(path, absl::StrCat("/tmp/dlcp-timeline-writer-", getpid(), "-3.json"));
-  const std::string trace = Slurp(path);
-  EXPECT_EQ(Count(trace, "\"name\":\"repairs\"") + dropped, uint64_t{kThreads} * kEach);
+  const std::string trace = testing::ReadFile(path);
+  EXPECT_EQ(testing::CountOccurrences(trace, "\"name\":\"repairs\"") + dropped, uint64_t{kThreads} * kEach);
   EXPECT_EQ(DroppedIn(trace), dropped);
-  EXPECT_EQ(Count(trace, "after close"), 0u);
+  EXPECT_EQ(testing::CountOccurrences(trace, "after close"), 0u);
   EXPECT_TRUE(trace.rfind("]\n") == trace.size() - 2) << "the array is closed";
   std::remove(path.c_str());
 }
