@@ -324,8 +324,8 @@ absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req,
     }
     if (s.ok()) {
       FillWaiting(*job, resp);
-      const std::vector<RankLateness> ranks = job->stragglers.Ranks(MonotonicNanos());
-      if (!ranks.empty()) FillRank(*job, ranks.front(), resp->mutable_slowest());
+      const std::vector<RankLateness> slowest = job->stragglers.Ranks(MonotonicNanos(), 1);
+      if (!slowest.empty()) FillRank(*job, slowest.front(), resp->mutable_slowest());
     }
   }
   if (s.ok() && drain_.active()) {

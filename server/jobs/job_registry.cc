@@ -391,9 +391,7 @@ void JobRegistry::ExportSlowestRanks(MetricsRegistry* metrics, uint32_t k) {
   auto slowest = [this, k](auto&& emit) {
     std::vector<Sample> out;
     for (const std::shared_ptr<Job>& job : List()) {
-      std::vector<RankLateness> ranks = job->stragglers.Ranks(MonotonicNanos());
-      if (ranks.size() > k) ranks.resize(k);
-      for (const RankLateness& r : ranks) emit(*job, r, &out);
+      for (const RankLateness& r : job->stragglers.Ranks(MonotonicNanos(), k)) emit(*job, r, &out);
     }
     return out;
   };

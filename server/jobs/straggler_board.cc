@@ -64,21 +64,24 @@ RankLateness StragglerBoard::Summarize(uint32_t rank, std::vector<uint32_t>* scr
   return out;
 }
 
-std::vector<RankLateness> StragglerBoard::Ranks(int64_t now_ns) {
+void StragglerBoard::Resummarize(int64_t now_ns) {
   constexpr int64_t kResummarizeNs = 1'000'000'000;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!changed_ || (summarized_ns_ != 0 && now_ns - summarized_ns_ < kResummarizeNs)) return summary_;
+  if (!changed_ || (summarized_ns_ != 0 && now_ns - summarized_ns_ < kResummarizeNs)) return;
   changed_ = false;
   summarized_ns_ = now_ns;
-  std::vector<RankLateness>& out = summary_;
-  out.clear();
-  if (rows_ == 0) return out;
+  summary_.clear();
+  if (rows_ == 0) return;
   std::vector<uint32_t> scratch;
-  for (uint32_t rank = 0; rank < world_; ++rank) out.push_back(Summarize(rank, &scratch));
-  std::stable_sort(out.begin(), out.end(), [](const RankLateness& a, const RankLateness& b) {
+  for (uint32_t rank = 0; rank < world_; ++rank) summary_.push_back(Summarize(rank, &scratch));
+  std::stable_sort(summary_.begin(), summary_.end(), [](const RankLateness& a, const RankLateness& b) {
     return std::tie(a.mean_us, a.last) > std::tie(b.mean_us, b.last);
   });
-  return out;
+}
+
+std::vector<RankLateness> StragglerBoard::Ranks(int64_t now_ns, size_t at_most) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Resummarize(now_ns);
+  return {summary_.begin(), summary_.begin() + static_cast<ptrdiff_t>(std::min(at_most, summary_.size()))};
 }
 
 }  // namespace dlcp::server

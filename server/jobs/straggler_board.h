@@ -6,6 +6,7 @@
 // each round they deliver; control threads read. Thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -39,8 +40,9 @@ class StragglerBoard {
   // The mean ranks them because a job's rounds differ: a rank slowed in its computation is late
   // to each step's big rounds but not to small ones its peers wait in anyway (a barrier), which
   // can be most rounds, and so hide it from the median.
-  // Summed up at most once a second (`now_ns`, monotonic): every heartbeat of a large job asks.
-  std::vector<RankLateness> Ranks(int64_t now_ns);
+  // Summed up at most once a second (`now_ns`, monotonic): every heartbeat of a large job asks,
+  // and takes only the first (`at_most` = 1), so the rest is not copied for it.
+  std::vector<RankLateness> Ranks(int64_t now_ns, size_t at_most = SIZE_MAX);
 
  private:
   struct Sample {
@@ -48,6 +50,7 @@ class StragglerBoard {
     bool last = false;
   };
   RankLateness Summarize(uint32_t rank, std::vector<uint32_t>* scratch) const;  // with mu_ held
+  void Resummarize(int64_t now_ns);  // summary_ anew, if it changed and a second has passed; mu_ held
 
   mutable std::mutex mu_;
   const uint32_t world_;

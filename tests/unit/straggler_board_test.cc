@@ -25,6 +25,11 @@ TEST(StragglerBoard, RanksTheLatestFirstWithItsQuantilesAndTimesLast) {
   EXPECT_EQ(ranks[0].last, 100u);
   EXPECT_EQ(ranks[1].mean_us, 0u);
   EXPECT_EQ(ranks[1].last, 0u);  // ties with the first name nobody last
+  // A heartbeat takes the slowest alone.
+  std::vector<RankLateness> first = board.Ranks(kSecond, 1);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].rank, 1u);
+  EXPECT_EQ(first[0].mean_us, 19000u);
 }
 
 TEST(StragglerBoard, ARankThatNeverDeliveredCountsAsLastAndTheWindowSlides) {
