@@ -220,7 +220,7 @@ void TransferEngine::FailAll(const absl::Status& reason) {
   }
   for (auto& op : pending) op->done(reason);
   for (auto& [key, op] : ops_) {
-    if (!op->retained.replay) TraceEnd(*op, reason);
+    TraceEnd(*op, reason);
     op->done(reason);
   }
   for (auto& [key, op] : held_) {
@@ -860,7 +860,7 @@ void TransferEngine::Finish(uint32_t key, absl::StatusOr<RoundStats> result) {
 }
 
 void TransferEngine::TraceBegin(const Op& op, absl::Time now) {
-  if (!options_.timeline) return;
+  if (!Traced(op)) return;
   options_.timeline->Begin(TraceId(op), TraceName(op), op.clock.enqueued,
                            absl::StrCat("\"key\":", op.key, ",\"round\":", op.round, ",\"elems\":",
                                         op.geometry.tensor_elems, ",\"chunks\":", op.geometry.chunk_count(),
@@ -869,11 +869,11 @@ void TransferEngine::TraceBegin(const Op& op, absl::Time now) {
 }
 
 void TransferEngine::TraceMoment(const Op& op, const char* what, absl::Time now, std::string args) {
-  if (options_.timeline) options_.timeline->Instant(TraceId(op), what, now, std::move(args));
+  if (Traced(op)) options_.timeline->Instant(TraceId(op), what, now, std::move(args));
 }
 
 void TransferEngine::TraceEnd(const Op& op, const absl::Status& status) {
-  if (!options_.timeline) return;
+  if (!Traced(op)) return;
   std::string args = absl::StrCat("\"retransmits\":", op.stats.retransmits, ",\"result_requests\":",
                                   op.stats.result_requests, ",\"bytes_sent\":", op.stats.bytes_sent);
   if (!status.ok()) absl::StrAppend(&args, ",\"error\":", Json(status.ToString()));

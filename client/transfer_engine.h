@@ -254,6 +254,9 @@ class TransferEngine {
                           uint32_t chunks) const;
   void FailAll(const absl::Status& reason);
   // The timeline (EngineOptions::timeline), where there is one: an op's span and its moments.
+  // A regroup's replay of a finished round (RetainedInput::replay) has none: its round's span
+  // ended with the op that finished it.
+  bool Traced(const Op& op) const { return options_.timeline && !op.retained.replay; }
   void TraceBegin(const Op& op, absl::Time now);
   void TraceMoment(const Op& op, const char* what, absl::Time now, std::string args = "");
   void TraceEnd(const Op& op, const absl::Status& status);

@@ -8,10 +8,12 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "common/base/clock.h"
 #include "common/topology/topology.h"
+#include "tests/common/text_files.h"
 #include "tests/integration/test_aggregator.h"
 #include "common/transport/transport_options.h"
 
@@ -88,6 +90,9 @@ TEST_P(FailoverTest, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup
   ClientOptions o0 = Options(aggs, 0, ClientOptions::AggregatorLoss::kRemap, GetParam());
   ClientOptions o1 = Options(aggs, 1, ClientOptions::AggregatorLoss::kRemap, GetParam());
   o0.adaptive_window = o1.adaptive_window = false;
+  // Rank 0 pushes round 1 again after the regroup (a replay): its timeline keeps the one span
+  // that round had, with no moments of the replay after its end.
+  o0.timeline = absl::StrCat("/tmp/dlcp-failover-", getpid(), "-", wire::EncodingName(GetParam()), "-%r.json");
   auto c0 = Client::Connect(o0);
   auto c1 = Client::Connect(o1);
   ASSERT_TRUE(c0.ok()) << c0.status();
@@ -159,6 +164,16 @@ TEST_P(FailoverTest, ARoundOnlySomeWorkersFinishedIsFinishedByAllAfterTheRegroup
   EXPECT_GT(j->rounds_completed.load(), 0u) << "the restarted aggregator got no share of the rounds";
   for (int k = 0; k < 3; ++k) ExactRound(**c0, **c1, kBig, round++, kBigElems);
   ExactRound(**c0, **c1, kKey, round++, kElems);
+
+  ASSERT_TRUE((*c0)->Close().ok());
+  const std::string path = absl::StrReplaceAll(o0.timeline, {{"%r", "0"}});
+  const std::string trace = ReadFile(path);
+  const std::string round1 = "\"id\":\"0x300000001\"";  // key 3, round 1
+  EXPECT_EQ(CountOccurrences(trace, "\"ph\":\"b\"," + round1), 1u) << trace.substr(0, 2000);
+  EXPECT_EQ(CountOccurrences(trace, "\"ph\":\"e\"," + round1), 1u);
+  EXPECT_EQ(CountOccurrences(trace, "\"name\":\"first push\",\"cat\":\"op\",\"ph\":\"n\"," + round1), 1u)
+      << "the replay's pushes are on the timeline of a span that had ended";
+  std::remove(path.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Encodings, FailoverTest, ::testing::Values(wire::Encoding::kF32, wire::Encoding::kBF16),
