@@ -400,10 +400,11 @@ bool TransferEngine::PushTo(Op& op, uint32_t d) {
     // result is already here is not pushed (and must not count as outstanding again).
     if (op.chunks.state[c] == kHave) continue;
     op.chunks.state[c] = kSent;
-    PushChunk(op, d, h, c, /*repair=*/false);
+    t.firsts.push_back(c);
     Spend(d);
     --t.budget;
   }
+  PushByClass(op, d, h);
   if (op.stats.retransmits > retransmits_before) {
     TraceMoment(op, "repairs", t.now, absl::StrCat("\"chunks\":", op.stats.retransmits - retransmits_before));
   }
@@ -427,6 +428,23 @@ bool TransferEngine::RepairRoom(uint32_t d, size_t window) const {
 void TransferEngine::Spend(uint32_t d) {
   if (turn_.allow[d] > 0) --turn_.allow[d];  // the pacer's tokens may go below zero, after repairs
   if (options_.pacing) flows_[d].pacer.OnSent(1);
+}
+
+// A turn's first pushes to one endpoint, the chunks of each class together, in chunk order within
+// each. A GSO send carries datagrams to one peer in one class on one path, and each push takes its
+// path when pushed (runs of path_burst per path). In chunk order, where a bounded round's classes
+// alternate from chunk to chunk (each follows its chunk's magnitude), a path's run held every
+// class, and the outbox's grouping split it into sends of two or three datagrams. Order within a
+// class is what receivers rely on (a later chunk of a class in means an earlier one missing was
+// lost; strict priority reorders classes anyway), and the stamps follow the order pushes leave in.
+void TransferEngine::PushByClass(Op& op, uint32_t d, wire::Header& h) {
+  std::vector<uint32_t>& firsts = turn_.firsts;
+  if (op.loss_bound_ppm > 0) {
+    std::stable_sort(firsts.begin(), firsts.end(),
+                     [&](uint32_t a, uint32_t b) { return op.chunks.classes[a] < op.chunks.classes[b]; });
+  }
+  for (uint32_t c : firsts) PushChunk(op, d, h, c, /*repair=*/false);
+  firsts.clear();
 }
 
 // A retransmission rides class 0: its chunk was lost once in its own class, and the aggregator

@@ -205,6 +205,7 @@ class TransferEngine {
   bool RepairRoom(uint32_t dest, size_t window) const;
   void Spend(uint32_t dest);  // a push or repair to `dest` takes a pacer token
   void PushChunk(Op& op, uint32_t dest, wire::Header& h, uint32_t chunk, bool repair);
+  void PushByClass(Op& op, uint32_t dest, wire::Header& h);
   void HandleDatagram(const InMessage& m, absl::Time now);
   void HandleResult(Op& op, const wire::Header& h, const InMessage& m, absl::Time now);
   void HandleNack(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest);
@@ -282,6 +283,7 @@ class TransferEngine {
     std::vector<size_t> inflight;  // pushes and repairs out, over every op
     std::vector<size_t> repairs;   // the repairs among them
     std::vector<uint32_t> allow;   // what the dest's pacer lets out this turn
+    std::vector<uint32_t> firsts;  // chunks going out for the first time to the dest at hand
   };
   PushTurn turn_;
   Outbox outbox_;
