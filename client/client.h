@@ -173,6 +173,9 @@ struct RoundStats {
   uint64_t droppable_missing = 0;
   uint32_t bound_violations = 0;  // shards that reported more missing than ε allows (never expected)
   absl::Duration time_to_stop;    // until the last STOP arrived
+  // The longest any shard waited from its loss bound being met to its seal (STOP): the time
+  // spent on stragglers the round could have done without. Zero from aggregators that predate it.
+  absl::Duration tail_wait;
   uint64_t injected_drops = 0;    // packets ClientOptions::inject discarded
   uint64_t pull_missing = 0;      // kBounded pull: result chunks not received, zeroed
   // The job's slowest rank, as the aggregators last said (heartbeat answers, so up to a second

@@ -212,6 +212,7 @@ void TransferEngine::HandleStop(Op& op, const wire::Header& h, const uint8_t* pa
   if (op.bounded.stopped[from_dest]) return;  // another part, or a repeat
   op.bounded.stopped[from_dest] = true;
   if (--op.bounded.stops_pending == 0) TraceMoment(op, "stop", now);
+  op.stats.tail_wait = std::max(op.stats.tail_wait, wire::DecodeTailWait(h.chunk));
   op.stats.droppable_total += stop->droppable_total;
   op.stats.droppable_missing += stop->droppable_missing;
   const uint64_t allowed = static_cast<uint64_t>(op.loss_bound_ppm) * stop->droppable_total / wire::kPpm;

@@ -109,6 +109,7 @@ class WorkerRun {
   struct RoundReport {
     std::vector<uint64_t> reported_missing, pull_missing;
     double stop_ms = 0;
+    double tail_ms = 0;
   };
   bool bounded() const { return config_.client.loss_bound > 0; }
   RoundValues ValuesOf(uint32_t round, uint32_t t) const {
@@ -175,7 +176,10 @@ absl::Status WorkerRun::RunRound(uint32_t round, uint32_t total_rounds, bool* mo
   absl::StatusOr<RoundReport> report = AllReduceAll();
   if (!report.ok()) return report.status();
   const double ms = absl::ToDoubleMilliseconds(MonotonicNow() - start);
-  if (bounded() && round >= config_.warmup) result_.stop_ms.push_back(report->stop_ms);
+  if (bounded() && round >= config_.warmup) {
+    result_.stop_ms.push_back(report->stop_ms);
+    result_.tail_ms.push_back(report->tail_ms);
+  }
   // And no worker checks its results (a pass over its tensors) before every worker's round has
   // ended: on a shared host those checks took CPU from the peers still timed, 4% of a bounded
   // round on the 2-core test bed.
@@ -210,6 +214,7 @@ absl::StatusOr<WorkerRun::RoundReport> WorkerRun::AllReduceAll() {
     report.reported_missing[t] = stats->droppable_missing;
     report.pull_missing[t] = stats->pull_missing;
     report.stop_ms = std::max(report.stop_ms, absl::ToDoubleMilliseconds(stats->time_to_stop));
+    report.tail_ms = std::max(report.tail_ms, absl::ToDoubleMilliseconds(stats->tail_wait));
     classes_[t] = std::move(stats->classes);
   }
   if (!failed.ok()) return failed;
@@ -351,7 +356,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       "\"retransmits\":%u,\"result_requests\":%u,\"min_contributors\":%u,\"exact\":%s,\"checked\":%s,"
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
-      "\"stop_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,"
+      "\"stop_p99_ms\":%.3f,\"tail_wait_p50_ms\":%.3f,\"tail_wait_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,"
       "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"rx_queue_ran_dry\":%u,\"slowest_rank\":%d,\"slowest_lateness_ms\":%.3f,\"port_counters\":%s,\"long_gaps\":[%s],\"round_ms\":[%s]}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99), Percentile(r.round_ms, 1.0),
@@ -359,7 +364,8 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       r.min_contributors == UINT32_MAX ? 0 : r.min_contributors, r.exact ? "true" : "false",
       r.checked ? "true" : "false", r.chunks_by_class[0], r.chunks_by_class[1], r.chunks_by_class[2],
       r.chunks_by_class[3], r.left_out_by_class[0], r.left_out_by_class[1], r.left_out_by_class[2],
-      r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99), r.pull_missing,
+      r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99),
+      Percentile(r.tail_ms, 0.5), Percentile(r.tail_ms, 0.99), r.pull_missing,
       r.retried, r.window_cuts, r.window_undos, r.nacks_deferred, r.rejected, r.stale, r.rx_overflows, r.rx_queue_ran_dry,
       r.slowest_rank, r.slowest_lateness_ms, r.port_counters, absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
         absl::StrAppendFormat(out, "[%.3f,%.1f]", g.first, g.second);

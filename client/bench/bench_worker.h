@@ -62,6 +62,7 @@ struct WorkerResult {
   uint64_t bound_violations = 0;
   double max_round_loss = 0;  // the largest fraction of droppable contributions missing in a round
   std::vector<double> stop_ms;
+  std::vector<double> tail_ms;  // per bounded round: the longest tail wait of its shards
   uint64_t pull_missing = 0;  // bounded pull: result chunks given up on
   uint32_t retried = 0;       // rounds run again (retry_aborted)
   // The job's slowest rank as the last round's RoundStats named it (-1: none yet), and its lateness.

@@ -64,6 +64,7 @@ py::dict StatsDict(const RoundStats& s) {
   d["droppable_missing"] = s.droppable_missing;
   d["bound_violations"] = s.bound_violations;
   d["time_to_stop_s"] = absl::ToDoubleSeconds(s.time_to_stop);
+  d["tail_wait_s"] = absl::ToDoubleSeconds(s.tail_wait);
   d["injected_drops"] = s.injected_drops;
   d["pull_missing"] = s.pull_missing;
   d["slowest_rank"] = s.slowest_rank;

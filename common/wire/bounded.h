@@ -11,12 +11,16 @@
 // kStop, aggregator -> worker, class 0, one or more per round:
 //   u32 droppable_total, u32 droppable_missing   the endpoint's whole shard, all workers
 //   then a range list (ranges.h) of this worker's chunks left out of the sum
+//   Its header's `chunk` (which a STOP has no other use for) is the tail wait: microseconds from
+//   the bound being met to the seal, saturated (EncodeTailWait). Receivers that predate it
+//   ignore it, and those that read it get 0 from aggregators that predate it.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/wire/ranges.h"
 
@@ -39,6 +43,12 @@ struct ManifestPart {
 std::vector<std::vector<uint8_t>> EncodeManifest(uint32_t loss_bound_ppm, absl::Span<const uint8_t> classes,
                                                  size_t max_payload);
 absl::StatusOr<ManifestPart> DecodeManifest(absl::Span<const uint8_t> payload, uint32_t chunk_count);
+
+inline uint32_t EncodeTailWait(absl::Duration wait) {
+  const int64_t us = absl::ToInt64Microseconds(wait);
+  return us <= 0 ? 0 : us >= int64_t{UINT32_MAX} ? UINT32_MAX : static_cast<uint32_t>(us);
+}
+inline absl::Duration DecodeTailWait(uint32_t chunk_field) { return absl::Microseconds(chunk_field); }
 
 struct StopInfo {
   uint32_t droppable_total = 0;

@@ -36,6 +36,7 @@ void DataThread::CheckBound(Round* round, absl::Time now) {
   if (t.AllIn()) return Seal(round, now);
   if (round->armed || !t.BoundMet()) return;
   round->armed = true;
+  round->armed_at = now;
   armed_.push_back(RoundKey{round->job()->id, round->epoch(), round->key(), round->round()});
   next_tail_ = std::min(next_tail_, TailEnd(*round));
 }
@@ -63,6 +64,7 @@ void DataThread::Seal(Round* round, absl::Time now) {
   DLCP_CHECK_EQ(t.class0_missing(), 0u);
   DLCP_CHECK_LE(t.droppable_missing(), t.allowed_missing());
   round->Seal();
+  if (round->armed) round->tail_wait = now - round->armed_at;
   const uint32_t world = round->job()->world;
   for (uint32_t c = 0; c < t.chunk_count(); ++c) {
     if (!t.owned(c) || round->IsComplete(c)) continue;  // complete chunks went out as they completed
@@ -84,6 +86,8 @@ void DataThread::Seal(Round* round, absl::Time now) {
   }
   metrics_.loss_ratio->Observe(t.droppable_total() ? static_cast<double>(t.droppable_missing()) / t.droppable_total() : 0);
   metrics_.stop_seconds->Observe(absl::ToDoubleSeconds(now - round->created()));
+  metrics_.tail_wait_seconds->Observe(absl::ToDoubleSeconds(round->tail_wait));
+  if (now > round->created()) metrics_.tail_wait_ratio->Observe(round->tail_wait / (now - round->created()));
 }
 
 void DataThread::SendStop(const Round& r, uint32_t rank) {
@@ -98,6 +102,7 @@ void DataThread::SendStop(const Round& r, uint32_t rank) {
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(left_out);
   for (std::vector<uint8_t>& p : wire::EncodeStop(t.droppable_total(), t.droppable_missing(), ranges, max_payload)) {
     wire::Header h = RoundHeader(r, wire::MsgType::kStop, rank);  // class 0
+    h.chunk = wire::EncodeTailWait(r.tail_wait);
     h.payload_len = static_cast<uint32_t>(p.size());
     SendOwned(*r.job(), m.address(), h, std::move(p));
   }

@@ -48,6 +48,11 @@ DataMetrics DataMetrics::Make(MetricsRegistry* registry) {
       "Per bounded-loss round and endpoint: droppable contributions left out over those declared");
   m.stop_seconds = registry->GetHistogram("dlcp_time_to_stop_seconds", ExponentialBuckets(0.000125, 2, 20),
                                      "Bounded-loss rounds: time from the first packet to STOP");
+  m.tail_wait_seconds = registry->GetHistogram(
+      "dlcp_tail_wait_seconds", {0, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1},
+      "Bounded-loss rounds: time from the loss bound being met to STOP");
+  m.tail_wait_ratio = registry->GetHistogram("dlcp_tail_wait_ratio", {0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1},
+                                             "Bounded-loss rounds: the tail wait over the time to STOP");
   const std::string rounds_help = "Rounds released, by outcome";
   m.rounds_completed = registry->GetCounter("dlcp_rounds_total", {{"outcome", "completed"}}, rounds_help);
   m.rounds_expired = registry->GetCounter("dlcp_rounds_total", {{"outcome", "expired"}}, rounds_help);

@@ -29,6 +29,8 @@ struct DataMetrics {
   Counter* contributions[wire::kNumClasses][2] = {};  // [class][left out]
   Histogram* loss_ratio = nullptr;
   Histogram* stop_seconds = nullptr;
+  Histogram* tail_wait_seconds = nullptr;
+  Histogram* tail_wait_ratio = nullptr;
   Counter* rounds_completed = nullptr;
   Counter* rounds_expired = nullptr;
   Counter* rounds_aborted = nullptr;

@@ -74,6 +74,10 @@ class Round {
   bool sealed() const { return sealed_; }
   void Seal() { sealed_ = true; }
   bool armed = false;  // the bound is met; waiting out the tail
+  absl::Time armed_at;  // when it was met
+  // From the bound being met to the seal: what the round waited for stragglers it could do
+  // without. Zero when everything came in as the bound was met. Set by the seal.
+  absl::Duration tail_wait;
   absl::Time last_plan;  // when a worker's result request last drew a repair plan
   // Delivered: every chunk complete (reliable), or sealed (bounded).
   bool Finished() const { return sealed_ || (open_chunks_ == 0 && bounded == nullptr); }

@@ -171,6 +171,11 @@ TEST_P(BoundedLossTest, GuaranteeHolds) {
       EXPECT_EQ(s.left_out_by_class[0], 0u);
       if (c.loss_bound > 0) {
         EXPECT_GT(s.time_to_stop, absl::ZeroDuration());
+        // A round that left something out sealed when its tail ran out, after the bound was met.
+        EXPECT_LE(s.tail_wait, s.time_to_stop) << "round " << k << " worker " << r;
+        if (missing > 0) {
+          EXPECT_GT(s.tail_wait, absl::ZeroDuration()) << "round " << k << " worker " << r;
+        }
       }
     }
     all_droppable += droppable;
