@@ -6,9 +6,9 @@
 #                                         control address, METRICS[NAME] its metrics port (empty
 #                                         unless the flags ask for one, e.g. --metrics-port=0);
 #                                         on 127.0.0.1 unless the flags give --host (::1: IPv6)
-#   run_job NAME TAGS [DLCP_BENCH_FLAG...] one dlcp-bench job against AGG[NAME]: prints its JSON,
-#                                         with TAGS ('"k":"v",...') first, and appends it to
-#                                         $BENCH_OUT
+#   run_job NAME TAGS [DLCP_BENCH_FLAG...] one dlcp-bench job against AGG[NAME] (NAME may list
+#                                         several, a1,a2): prints its JSON, with TAGS
+#                                         ('"k":"v",...') first, and appends it to $BENCH_OUT
 #   report TAG <<'PY' ... PY              runs the Python on stdin, which prints the ratio table,
 #                                         with `groups` (loopback_groups.by_shape of $BENCH_OUT by
 #                                         TAG) and loopback_groups' helpers in scope
@@ -43,9 +43,10 @@ start_dlcpd() {
 }
 
 run_job() {
-  local name=$1 tags=$2 j
+  local names=$1 tags=$2 j aggs="" n
   shift 2
-  j=$("$BUILD/client/dlcp-bench" --plaintext --aggregators="${AGG[$name]}" --json "$@" | tail -1)
+  for n in ${names//,/ }; do aggs+="${aggs:+,}${AGG[$n]}"; done
+  j=$("$BUILD/client/dlcp-bench" --plaintext --aggregators="$aggs" --json "$@" | tail -1)
   echo "{$tags,${j#\{}" | tee -a "$BENCH_OUT"
 }
 

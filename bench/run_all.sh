@@ -27,6 +27,9 @@ echo
 echo "== cost of the per-op timeline (DLCP_TIMELINE)"
 bash bench/timeline_cost.sh "$BUILD"
 echo
+echo "== random loss (a lossy link) against loss-free rounds"
+bash bench/random_loss.sh "$BUILD"
+echo
 echo "== losing an aggregator and getting it back (on_aggregator_loss=remap)"
 bash bench/failover.sh "$BUILD"
 echo

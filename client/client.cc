@@ -154,6 +154,7 @@ EngineOptions EngineOptionsOf(const ClientOptions& options, const Session& sessi
   eo.adaptive_window = options.adaptive_window;
   eo.path_steering = options.path_steering;
   eo.nack_filter = options.nack_filter;
+  eo.congestion_delay = absl::Microseconds(options.congestion_delay_us);
   eo.pacing = options.pacing;
   eo.path_burst = options.transport.SprayBurstFor(wire::kHeaderSize + options.chunk_bytes);
   eo.world = options.world_size;

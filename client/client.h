@@ -77,6 +77,12 @@ struct ClientOptions {
   // only when the aggregator asks again (common/datapath/nack_filter.h). false: every NACK is
   // answered at once.
   bool nack_filter = true;
+  // With the adaptive window: a lost push cuts it only while round trips to that endpoint stand
+  // this far above their recent minimum (or by their minimum itself, if that is longer), that
+  // is while a queue is filling (common/datapath/delay_signal.h, docs/congestion.md). A loss with
+  // round trips where they were is random loss (a flaky link, a lossy WAN), which backing off
+  // does not cure. A loss in class 0 always cuts. 0: every loss cuts.
+  uint32_t congestion_delay_us = 1000;
   // Pushes to each aggregator endpoint leave spread over time, at twice the rate its
   // results come back, rather than as the window opens (common/datapath/pacer.h). false: at once.
   bool pacing = true;
@@ -160,6 +166,8 @@ struct RoundStats {
   uint64_t result_requests = 0;  // times this worker asked for missing results
   uint64_t window_cuts = 0;      // congestion events that halved an endpoint's window
   uint64_t window_undos = 0;     // ... found to have been late results, not losses, and undone
+  // Losses read as random, not congestion (round trips had not risen), which cut no window.
+  uint64_t losses_tolerated = 0;
   uint32_t min_contributors = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;

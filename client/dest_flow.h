@@ -1,12 +1,14 @@
 // One aggregator endpoint as a worker sends to it: where it is, in which epoch, under which keys,
-// and at what pace (congestion window, pacer, path steering, NACK filter). TransferEngine keeps
-// one per endpoint of its layout, made afresh with each layout; only its I/O thread touches them.
+// and at what pace (congestion window, delay signal, pacer, path steering, NACK filter).
+// TransferEngine keeps one per endpoint of its layout, made afresh with each layout; only its I/O
+// thread touches them.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 
 #include "common/datapath/congestion_window.h"
+#include "common/datapath/delay_signal.h"
 #include "common/datapath/nack_filter.h"
 #include "common/datapath/pacer.h"
 #include "common/datapath/path_steering.h"
@@ -26,6 +28,8 @@ struct DestFlow {
   const wire::MacKey* sign_key = nullptr;
   CongestionWindow window;
   Pacer pacer;
+  // Round trips of first pushes: whether a loss came with a filling queue.
+  DelaySignal delay;
   // Path steering over the transport's send paths; unset: the transport's own rotation.
   std::optional<PathSteering> paths;
   // Unset: every NACKed push goes again at once.

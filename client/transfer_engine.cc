@@ -68,6 +68,9 @@ void TransferEngine::BuildDestinations() {
   cc.min = std::min<uint32_t>(cc.min, cc.max);
   PacerOptions pacing;
   pacing.burst = std::max<uint32_t>(1, options_.path_burst);
+  DelaySignalOptions delay;
+  delay.capacity = 2 * size_t{cc.max} + 64;  // first pushes in flight, and repairs' stamps between
+  delay.floor = options_.congestion_delay;
   for (size_t a = 0; a < options_.endpoints.size(); ++a) {
     routing_.dest_base.push_back(static_cast<uint32_t>(flows_.size()));
     for (size_t e = 0; e < options_.endpoints[a].size(); ++e) {
@@ -78,7 +81,7 @@ void TransferEngine::BuildDestinations() {
       }
       flows_.push_back(DestFlow{ep, options_.epochs[a], options_.keys[a] ? &*options_.keys[a] : nullptr,
                                 options_.previous_keys[a] ? &*options_.previous_keys[a] : nullptr, SignKey(a),
-                                CongestionWindow(cc), Pacer(pacing)});
+                                CongestionWindow(cc), Pacer(pacing), DelaySignal(delay)});
     }
   }
   ApplyLatestKeys();
@@ -454,7 +457,10 @@ void TransferEngine::PushChunk(Op& op, uint32_t d, wire::Header& h, uint32_t c, 
   // A repair keeps its first push's stamp: a result cannot tell which copy it answers (Karn), and
   // taking the repair's would make every chunk pushed since look lost.
   const uint64_t stamp = flows_[d].window.Stamp();
-  if (!repair) op.chunks.stamps[c] = stamp;
+  if (!repair) {
+    op.chunks.stamps[c] = stamp;
+    flows_[d].delay.OnSent(stamp, turn_.now);
+  }
   if (repair && op.chunks.repushes[c] < 255) ++op.chunks.repushes[c];
   op.chunks.deferred[c] = 0;
   const int16_t path = PickPath(d);
@@ -648,6 +654,11 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   // Someone's push of it was lost (repaired, or left out of a sealed round) in a class at least
   // as important as this worker's: in the queue this worker's push took, or one served first.
   const bool lost = (h.flags & wire::kFlagRepaired) && h.lost_class <= op.chunks.classes[c];
+  // A result that waited for a repair, or for a seal, says nothing about the path's round trip.
+  if (!(h.flags & (wire::kFlagRepaired | wire::kFlagLeftOut)) && op.chunks.repushes[c] == 0) {
+    flows_[dest].delay.OnAnswered(op.chunks.stamps[c], now);
+  }
+  if ((h.flags & wire::kFlagRepaired) && h.lost_class == 0) NoteClassZeroLoss(op, c);
   OnResultPosition(op, dest, op.plan->pos_in_dest[c], lost);
   flows_[dest].pacer.OnDelivered(1, now);
   (op.chunks.classes[c] == 0 ? op.bounded.class0_pending : op.bounded.droppable_pending)--;

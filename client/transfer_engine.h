@@ -81,6 +81,10 @@ struct EngineOptions : EngineLayout {
   // In a reliable round, a NACKed push not known to be lost (common/datapath/nack_filter.h) goes
   // again only when it is asked for again, not at once.
   bool nack_filter = true;
+  // With adaptive_window, a loss not known to be in class 0 cuts only while round trips to its
+  // endpoint stand this far above their minimum (common/datapath/delay_signal.h); zero: every
+  // loss cuts.
+  absl::Duration congestion_delay = absl::Milliseconds(1);
   // Spread pushes to each endpoint over time at twice the rate its results come back
   // (common/datapath/pacer.h), rather than sending each opening of the window at once.
   bool pacing = true;
@@ -240,6 +244,7 @@ class TransferEngine {
   // it that still lack a result count as lost (like TCP's duplicate acknowledgements).
   void OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lost);
   void NoteLoss(Op& op, uint32_t chunk);
+  void NoteClassZeroLoss(Op& op, uint32_t chunk);
   uint32_t WindowOf(uint32_t dest) const;
   // The control address (as configured) of the aggregator that endpoint `dest` belongs to.
   const std::string& AggregatorOf(uint32_t dest) const;

@@ -55,11 +55,31 @@ void TransferEngine::OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lo
   }
 }
 
+// A missing result cuts the window when it is congestion: while round trips to the endpoint stand
+// above their minimum, a queue was filling (common/datapath/delay_signal.h). A loss with round
+// trips where they were is random loss, which a smaller window does not make rarer: it is only
+// counted. The class does not decide here: a result is missing when any worker's push of its
+// chunk is, mostly another's in another class. A loss known to be in class 0 cuts whatever the
+// delay (NoteClassZeroLoss). Path steering still hears of every loss: a path that loses more
+// should carry less, whatever the cause.
 void TransferEngine::NoteLoss(Op& op, uint32_t chunk) {
   if (!options_.adaptive_window) return;
   const uint32_t dest = op.plan->dest_of_chunk[chunk];
-  if (flows_[dest].window.OnLoss(op.chunks.stamps[chunk])) ++op.stats.window_cuts;
   if (Steering()) flows_[dest].paths->OnLoss(op.chunks.paths[chunk], op.chunks.stamps[chunk]);
+  if (options_.congestion_delay > absl::ZeroDuration() && !flows_[dest].delay.Raised()) {
+    ++op.stats.losses_tolerated;
+    return;
+  }
+  if (flows_[dest].window.OnLoss(op.chunks.stamps[chunk])) ++op.stats.window_cuts;
+}
+
+// A result says a push of its chunk was lost in class 0, whoever's: a strict-priority switch
+// serves class 0 first, so only a full queue loses it. That is congestion at the port every
+// worker's push of the chunk crosses.
+void TransferEngine::NoteClassZeroLoss(Op& op, uint32_t chunk) {
+  if (!options_.adaptive_window) return;
+  const uint32_t dest = op.plan->dest_of_chunk[chunk];
+  if (flows_[dest].window.OnLoss(op.chunks.stamps[chunk])) ++op.stats.window_cuts;
 }
 
 // Path steering (common/datapath/path_steering.h, docs/path-spraying.md): one per endpoint, over

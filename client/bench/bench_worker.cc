@@ -226,6 +226,7 @@ void WorkerRun::Count(const RoundStats& stats) {
   result_.result_requests += stats.result_requests;
   result_.window_cuts += stats.window_cuts;
   result_.window_undos += stats.window_undos;
+  result_.losses_tolerated += stats.losses_tolerated;
   result_.nacks_deferred += stats.nacks_deferred;
   result_.min_contributors = std::min(result_.min_contributors, stats.min_contributors);
   for (int c = 0; c < 4; ++c) {
@@ -356,7 +357,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       "\"retransmits\":%u,\"result_requests\":%u,\"min_contributors\":%u,\"exact\":%s,\"checked\":%s,"
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
-      "\"stop_p99_ms\":%.3f,\"tail_wait_p50_ms\":%.3f,\"tail_wait_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,"
+      "\"stop_p99_ms\":%.3f,\"tail_wait_p50_ms\":%.3f,\"tail_wait_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,\"losses_tolerated\":%u,"
       "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"rx_queue_ran_dry\":%u,\"slowest_rank\":%d,\"slowest_lateness_ms\":%.3f,\"port_counters\":%s,\"long_gaps\":[%s],\"round_ms\":[%s]}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99), Percentile(r.round_ms, 1.0),
@@ -366,7 +367,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       r.chunks_by_class[3], r.left_out_by_class[0], r.left_out_by_class[1], r.left_out_by_class[2],
       r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99),
       Percentile(r.tail_ms, 0.5), Percentile(r.tail_ms, 0.99), r.pull_missing,
-      r.retried, r.window_cuts, r.window_undos, r.nacks_deferred, r.rejected, r.stale, r.rx_overflows, r.rx_queue_ran_dry,
+      r.retried, r.window_cuts, r.window_undos, r.losses_tolerated, r.nacks_deferred, r.rejected, r.stale, r.rx_overflows, r.rx_queue_ran_dry,
       r.slowest_rank, r.slowest_lateness_ms, r.port_counters, absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
         absl::StrAppendFormat(out, "[%.3f,%.1f]", g.first, g.second);
       }),

@@ -44,6 +44,7 @@ struct WorkerResult {
   uint64_t result_requests = 0;
   uint64_t window_cuts = 0;
   uint64_t window_undos = 0;
+  uint64_t losses_tolerated = 0;
   uint64_t nacks_deferred = 0;
   uint32_t min_contributors = 0;
   // The longest time from one timed round's end to the next's, barriers and checks between them

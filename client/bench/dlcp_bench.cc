@@ -185,7 +185,7 @@ bool CollectWorkers(const ConfigRegistry& c, std::vector<Child>& children, std::
 // of repairs and drops.
 struct JobSummary {
   double p50 = 0, p99 = 0, goodput = INFINITY, max_err = 0, retrans = 0, result_req = 0, rounds = INFINITY;
-  double cuts = 0, undos = 0, chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0,
+  double cuts = 0, undos = 0, tolerated = 0, chunks[4] = {}, left_out[4] = {}, violations = 0, max_loss = 0, stop_p99 = 0,
          tail_p50 = 0, tail_p99 = 0;
   double pull_missing = 0, rejected = 0, stale = 0, rx_overflows = 0, rx_queue_ran_dry = 0;
   // The slowest rank the first worker's last round named (RoundStats::slowest_rank), -1 if none.
@@ -211,6 +211,7 @@ struct JobSummary {
     result_req += JsonNumber(l, "result_requests");
     cuts += JsonNumber(l, "window_cuts");
     undos += JsonNumber(l, "window_undos");
+    tolerated += JsonNumber(l, "losses_tolerated");
     rounds = std::min(rounds, JsonNumber(l, "rounds"));
     exact = exact && JsonTrue(l, "exact");
     checked = checked && JsonTrue(l, "checked");
@@ -289,13 +290,13 @@ void PrintJson(const ConfigRegistry& c, const JobSummary& j, double loss_bound) 
       "{\"workers\":%d,\"aggregators\":%d,\"tensor_bytes\":%d,\"tensors\":%d,\"rounds\":%d,\"p50_ms\":%.3f,"
       "\"p99_ms\":%.3f,\"goodput_gbps\":%.3f,\"max_abs_err\":%g,\"retransmits\":%d,\"result_requests\":%d,"
       "\"loss_bound\":%g,\"loss_by_class\":[%s],\"max_round_loss\":%.6f,\"bound_violations\":%d,"
-      "\"stop_p99_ms\":%.3f,\"tail_wait_p50_ms\":%.3f,\"tail_wait_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"window_undos\":%d,\"client_rejected\":%d,"
+      "\"stop_p99_ms\":%.3f,\"tail_wait_p50_ms\":%.3f,\"tail_wait_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"window_undos\":%d,\"losses_tolerated\":%d,\"client_rejected\":%d,"
       "\"client_stale\":%d,\"client_rx_overflows\":%d,\"client_rx_queue_ran_dry\":%d,"
       "\"client_port_counters\":%s,\"slowest_rank\":%d,\"slowest_lateness_ms\":%.3f,\"checked\":%s,\"exact\":%s}\n",
       static_cast<int>(c.GetInt("workers")), AggregatorCount(c), c.GetInt("tensor-bytes"), c.GetInt("tensors"),
       static_cast<int>(j.rounds), j.p50, j.p99, j.goodput, j.max_err, static_cast<int>(j.retrans),
       static_cast<int>(j.result_req), loss_bound, j.LossByClass(), j.max_loss, static_cast<int>(j.violations),
-      j.stop_p99, j.tail_p50, j.tail_p99, static_cast<int>(j.pull_missing), static_cast<int>(j.cuts), static_cast<int>(j.undos),
+      j.stop_p99, j.tail_p50, j.tail_p99, static_cast<int>(j.pull_missing), static_cast<int>(j.cuts), static_cast<int>(j.undos), static_cast<int>(j.tolerated),
       static_cast<int>(j.rejected), static_cast<int>(j.stale), static_cast<int>(j.rx_overflows),
       static_cast<int>(j.rx_queue_ran_dry), j.port_counters, static_cast<int>(j.slowest_rank),
       j.slowest_lateness_ms, j.checked ? "true" : "false", j.exact ? "true" : "false");

@@ -53,6 +53,7 @@ py::dict StatsDict(const RoundStats& s) {
   d["result_requests"] = s.result_requests;
   d["window_cuts"] = s.window_cuts;
   d["window_undos"] = s.window_undos;
+  d["losses_tolerated"] = s.losses_tolerated;
   d["nacks_deferred"] = s.nacks_deferred;
   d["min_contributors"] = s.min_contributors;
   d["bytes_sent"] = s.bytes_sent;

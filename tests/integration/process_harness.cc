@@ -205,6 +205,14 @@ double Scraped(const std::string& body, const std::string& prefix) {
   return total;
 }
 
+double NumberAfter(const std::string& text, const std::string& key, size_t from) {
+  const size_t at = text.find("\"" + key + "\":", from);
+  if (at == std::string::npos) return -1;
+  double v = -1;
+  const std::string rest = text.substr(at + key.size() + 3);
+  return absl::SimpleAtod(rest.substr(0, rest.find_first_of(",}]")), &v) ? v : -1;
+}
+
 std::string HttpGet(int port, const std::string& path, absl::Duration timeout) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return "";

@@ -27,6 +27,8 @@ std::string HttpGet(int port, const std::string& path, absl::Duration timeout);
 // In a Prometheus scrape, the sum of every sample of a metric whose name and labels start with
 // `prefix` (with the full label set, that one sample's value); 0 if none does.
 double Scraped(const std::string& body, const std::string& prefix);
+// In JSON text, the number after the first `"key":` at or after `from`; -1 if none.
+double NumberAfter(const std::string& text, const std::string& key, size_t from = 0);
 
 // A process running in the background, its output going to a file; killed (with its process group)
 // when destroyed if still running.

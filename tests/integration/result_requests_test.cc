@@ -165,6 +165,9 @@ void StartOneOp(HandAggregator& agg, uint32_t window_chunks, absl::Duration repa
   o.window_chunks = window_chunks;
   o.repair_timeout = repair_timeout;
   o.op_timeout = absl::Seconds(30);
+  // Every loss cuts: these tests shrink the window by losing results, with a round trip that does
+  // not rise (which would otherwise read as random loss, and keep the window).
+  o.congestion_delay = absl::ZeroDuration();
   op->data.resize(kElems);
   std::iota(op->data.begin(), op->data.end(), 0.0f);
   op->input = op->data;

@@ -6,7 +6,6 @@
 #include <cstdlib>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -16,15 +15,6 @@
 
 namespace dlcp::testing {
 namespace {
-
-// The number after the first `"key":` at or after `from` in `text`; -1 if none.
-double NumberAfter(const std::string& text, const std::string& key, size_t from = 0) {
-  const size_t at = text.find("\"" + key + "\":", from);
-  if (at == std::string::npos) return -1;
-  double v = -1;
-  const std::string rest = text.substr(at + key.size() + 3);
-  return absl::SimpleAtod(rest.substr(0, rest.find_first_of(",}]")), &v) ? v : -1;
-}
 
 TEST(Stragglers, ASlowedWorkerIsNamedSlowestWithinAFewRounds) {
   constexpr int kSlowRank = 2;

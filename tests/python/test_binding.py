@@ -54,7 +54,8 @@ def test_window_settings_and_their_stats(aggregators, adaptive):
     # The NACK filter and pacing go on and off with the adaptive window here: off, the filter never
     # defers.
     clients = connect_all(aggregators, f"window-{adaptive}", 2, loss_bound=0, adaptive_window=adaptive,
-                          nack_filter=adaptive, pacing=adaptive, window_bytes=1 << 20)
+                          nack_filter=adaptive, pacing=adaptive, congestion_delay_us=1000 if adaptive else 0,
+                          window_bytes=1 << 20)
     try:
         bufs = [np.full(200_000, r + 1, dtype=np.float32) for r in range(2)]
         stats = [h.wait(30) for h in [c.allreduce_async(3, b) for c, b in zip(clients, bufs)]]
@@ -62,8 +63,10 @@ def test_window_settings_and_their_stats(aggregators, adaptive):
             assert np.all(b == 3)
         for s in stats:
             assert s["window_cuts"] >= s["window_undos"] >= 0
+            assert s["losses_tolerated"] >= 0 and s["tail_wait_s"] == 0  # a reliable round has no tail
             if not adaptive:
                 assert s["window_cuts"] == 0
+                assert s["losses_tolerated"] == 0
                 assert s["nacks_deferred"] == 0
     finally:
         for c in clients:
