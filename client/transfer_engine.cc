@@ -839,13 +839,7 @@ void TransferEngine::ScanTimers(absl::Time now) {
         // the round for good. For the window it is a loss unless the oldest push out turns up
         // after all (CongestionWindow::OnSilence).
         Dest& dest = op.dests[d];
-        if (options_.adaptive_window && (dest.next > dest.acked || dest.repairs_out > 0)) {
-          const uint32_t oldest = dest.next > dest.acked ? op.plan->chunks_by_dest[d][dest.acked] : 0;
-          const bool blame =
-              dest.next > dest.acked && op.chunks.state[oldest] == kSent && op.chunks.repushes[oldest] == 0;
-          flows_[d].window.OnSilence(blame ? op.chunks.stamps[oldest] : 0);
-          ++op.stats.window_cuts;
-        }
+        if (options_.adaptive_window && (dest.next > dest.acked || dest.repairs_out > 0)) NoteSilence(op, d);
         dest.acked = dest.next;
         dest.repairs_out = 0;
         // An aggregator that has never answered may have missed the whole manifest, or the round.

@@ -245,6 +245,7 @@ class TransferEngine {
   void OnResultPosition(Op& op, uint32_t dest, size_t pos, bool lost);
   void NoteLoss(Op& op, uint32_t chunk);
   void NoteClassZeroLoss(Op& op, uint32_t chunk);
+  void NoteSilence(Op& op, uint32_t dest);
   uint32_t WindowOf(uint32_t dest) const;
   // The control address (as configured) of the aggregator that endpoint `dest` belongs to.
   const std::string& AggregatorOf(uint32_t dest) const;

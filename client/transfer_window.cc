@@ -82,6 +82,23 @@ void TransferEngine::NoteClassZeroLoss(Op& op, uint32_t chunk) {
   if (flows_[dest].window.OnLoss(op.chunks.stamps[chunk])) ++op.stats.window_cuts;
 }
 
+// Nothing came back for a quiet spell while pushes to `dest` were out. It cuts like a loss unless
+// round trips were where they were: then the results it waits for wait on losses that were not
+// congestion (this worker's or another's), which the result request now repairs. A second silence
+// in a row always cuts, as does the first when round trips are unknown: results that stopped
+// altogether give no round trips, and a path that went black must not keep its window.
+void TransferEngine::NoteSilence(Op& op, uint32_t d) {
+  Dest& dest = op.dests[d];
+  if (options_.congestion_delay > absl::ZeroDuration() && op.clock.repair_attempts == 0 && !flows_[d].delay.Raised()) {
+    ++op.stats.losses_tolerated;
+    return;
+  }
+  const uint32_t oldest = dest.next > dest.acked ? op.plan->chunks_by_dest[d][dest.acked] : 0;
+  const bool blame = dest.next > dest.acked && op.chunks.state[oldest] == kSent && op.chunks.repushes[oldest] == 0;
+  flows_[d].window.OnSilence(blame ? op.chunks.stamps[oldest] : 0);
+  ++op.stats.window_cuts;
+}
+
 // Path steering (common/datapath/path_steering.h, docs/path-spraying.md): one per endpoint, over
 // the transport's send paths, when the window adapts and datagrams can choose their path.
 void TransferEngine::BuildPaths() {
