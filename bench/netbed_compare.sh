@@ -12,7 +12,8 @@
 # reliable_default: the client's default window (adaptive, at most 4 MiB), clean_reliable_default:
 # reliable without cross traffic with that window, and clean_4mib_fixed,
 # bounded_4mib_fixed and reliable_4mib_fixed: 4 MiB without adaptation. Also prints the physical floor: ring all-reduce's bytes per link, 2 S (N-1) / N,
-# over the link rate. Prints one JSON line per system, then a ratio table. MTU (1500) and CHUNK
+# over the link rate. Prints one JSON line per system, then a ratio table, both with the cross
+# traffic that reached the worker ports beside each system (its receivers' iperf3 reports). MTU (1500) and CHUNK
 # (dlcp's payload bytes per datagram: 1400, or 8192 with MTU=9000) set the frame size. CROSS (300M)
 # is the cross traffic's rate per worker port and CROSS_DSCP (0, best effort) its code point: 34
 # puts it in the class dlcp's bulk data rides (another tenant's gradients, say).
@@ -49,13 +50,14 @@ run_dlcp() {  # name loss_bound [nocross|cross] [encoding] [dlcp-bench flags; de
     --chunk-bytes="$CHUNK" --rounds="$ROUNDS" --warmup=1 --loss-bound="$2" --window-bytes="$WINDOW" \
     --payload-encoding="${4:-f32}" ${5:-$TUNED}
   netbed_cross_stop
-  local rows
+  local rows cross=0
+  [[ ${3:-} == nocross ]] || cross=$(netbed_cross_received)
   rows=$(python3 "$HERE/../scripts/netbed/worker_rows.py" "$work/$1" 4 "$1")
-  python3 - "$rows" "$1" <<'PY'
+  python3 - "$rows" "$1" "$cross" <<'PY'
 import json, sys
 rows = [r or {} for r in json.loads(sys.argv[1])]  # a failed worker counts as not exact
 ok = all(r.get("exact") for r in rows)
-print(json.dumps({"system": sys.argv[2], "p50_ms": max(r.get("p50_ms", 0) for r in rows),
+print(json.dumps({"system": sys.argv[2], "cross_mbit": float(sys.argv[3]), "p50_ms": max(r.get("p50_ms", 0) for r in rows),
                   "p99_ms": max(r.get("p99_ms", 0) for r in rows),
                   "max_round_loss": max(r.get("max_round_loss", 0) for r in rows),
                   "bound_violations": sum(r.get("bound_violations", 0) for r in rows),
@@ -75,7 +77,10 @@ run_gloo() {
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
   netbed_cross_stop
-  "$BUILD/bench/gloo_allreduce" --summarize --store "$store" --workers $N --tensor-bytes "$TENSOR" --rounds "$ROUNDS"
+  local cross
+  cross=$(netbed_cross_received)
+  "$BUILD/bench/gloo_allreduce" --summarize --store "$store" --workers $N --tensor-bytes "$TENSOR" --rounds "$ROUNDS" |
+    sed "s/^{/{\"cross_mbit\":$cross,/"
 }
 
 MODES=${MODES:-"bounded reliable gloo clean"}
@@ -112,8 +117,8 @@ floor_ms = 2 * size * (n - 1) / n * 8 / rate * 1e3
 cross = "best-effort" if sys.argv[7] == "0" else f"DSCP {sys.argv[7]}"
 print(f"\n{n} workers, {size >> 20} MiB per round, {sys.argv[3]} ports (MTU {sys.argv[6]}), {sys.argv[5]} {cross}"
       f" cross traffic into each worker port; physical floor {floor_ms:.1f} ms per round\n")
-print("| system | p50 ms | p99 ms | p50 / floor | p99 / gloo p99 | p99 / reliable p99 (same setting) | worst round loss | chunks pushed again | exact |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| system | p50 ms | p99 ms | p50 / floor | p99 / gloo p99 | p99 / reliable p99 (same setting) | worst round loss | chunks pushed again | cross traffic received, Mbit/s per port | exact |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 g = rows.get("gloo_ring_tcp", {}).get("p99_ms") or float("nan")
 def reliable_p99(name):
     # Each dlcp row against dlcp's reliable mode in the same setting (congestion, window, encoding);
@@ -132,9 +137,10 @@ names += [f"{m}_{w}" for w in ("default_window", "4mib_fixed")
 for name in names:
     r = rows.get(name)
     if not r:
-        print(f"| {name} | - | - | - | - | - | - | - | not run (or no result) |"); continue
+        print(f"| {name} | - | - | - | - | - | - | - | - | not run (or no result) |"); continue
     print(f"| {name} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['p50_ms'] / floor_ms:.2f} | {r['p99_ms'] / g:.2f} |"
-          f" {r['p99_ms'] / reliable_p99(name):.2f} | {r.get('max_round_loss', 0):.4f} | {r.get('retransmits', '-')} | {r['exact']} |")
+          f" {r['p99_ms'] / reliable_p99(name):.2f} | {r.get('max_round_loss', 0):.4f} | {r.get('retransmits', '-')} |"
+          f" {r.get('cross_mbit') or '-'} | {r['exact']} |")
 for name, how in (("dlcp_bounded_no_congestion", "with the tuned fixed window"),
                   ("dlcp_bounded_no_congestion_default_window", "with the default window"),
                   ("dlcp_reliable_no_congestion_default_window", "reliable, with the default window,")):

@@ -264,7 +264,8 @@ cmd_cross() { # bounded iperf3 cross traffic: src dst [rate] [dscp] [secs] [prot
   esac
   mkdir -p "$STATE_DIR"
   local log="$STATE_DIR/cross-$PREFIX-$src-$dst-$port.json"
-  ip netns exec "$(ns_of "$dst")" timeout $((secs + 15)) iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+  # The receiving side's report ($log.server) says what arrived, also when the sender is stopped early.
+  ip netns exec "$(ns_of "$dst")" timeout $((secs + 15)) iperf3 -s -1 -p "$port" -J >"$log.server" 2>&1 &
   local spid=$!
   sleep 0.5
   ip netns exec "$(ns_of "$src")" timeout $((secs + 10)) iperf3 "${args[@]}" > "$log" 2> "$log.err" || true

@@ -103,3 +103,18 @@ netbed_cross_start() {
   sleep 1
 }
 netbed_cross_stop() { pkill -f "iperf3 .*-p 53[0-9][0-9]" 2>/dev/null || true; sleep 1; }
+# netbed_cross_received: after netbed_cross_stop, the Mbit/s of cross traffic that reached the
+# worker ports, the mean over the 4 (from the receivers' iperf3 reports; 0 for a missing one).
+netbed_cross_received() {
+  python3 - "$STATE_DIR" "$PREFIX" <<'PY'
+import json, sys
+total = 0.0
+for i in range(1, 5):
+    try:
+        d = json.load(open(f"{sys.argv[1]}/cross-{sys.argv[2]}-a1-w{i}-{5300 + i}.json.server"))
+        total += d["end"]["sum_received"]["bits_per_second"] / 1e6
+    except (OSError, ValueError, KeyError):
+        pass
+print(f"{total / 4:.1f}")
+PY
+}
