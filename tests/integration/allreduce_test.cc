@@ -503,8 +503,9 @@ TEST(AllReduceRepair, HeavyLossWithFullWindowsIsRepairedAtTheRoundsPace) {
 }
 
 // Congestion control: pushes lost on the way (injected at the workers, in every class) show up
-// as results missing behind later ones, and cut the endpoint's window; sums stay exact, and the
-// fixed window (adaptive_window = false) never reports a cut.
+// as results missing behind later ones, and cut the endpoint's window (every loss taken for
+// congestion, congestion_delay_us = 0); sums stay exact, and the fixed window (adaptive_window =
+// false) never reports a cut.
 struct WindowCase {
   TransportOptions::Kind kind;
   bool adaptive;
@@ -521,6 +522,9 @@ TEST_P(AdaptiveWindowTest, LossCutsTheWindowAndSumsStayExact) {
   auto clients = ConnectAll(*agg, wc.kind, kWorkers, kElems, wc.adaptive ? "window-adaptive" : "window-fixed",
                             [&](int r, ClientOptions& o) {
                               o.adaptive_window = wc.adaptive;
+                              // Every loss cuts: injected drops come with flat round trips, which
+                              // read as random loss (random_loss_test covers that).
+                              o.congestion_delay_us = 0;
                               o.inject.rate = {0.03, 0.03, 0.03, 0.03};
                               o.inject.seed = 5 + r;
                             });
@@ -575,6 +579,9 @@ class SharedLossTest : public ::testing::TestWithParam<TransportOptions::Kind> {
     constexpr uint32_t kElems = 300000;
     auto clients = ConnectAll(*agg, GetParam(), kWorkers, kElems, "shared-loss", [&](int r, ClientOptions& o) {
       o.adaptive_window = true;
+      // Every loss cuts: the injected drops come with flat round trips, which would read as random
+      // loss and cut nothing (delay_signal.h); this test is about whose loss a cut is taken for.
+      o.congestion_delay_us = 0;
       o.class_policy.kind = ClassPolicyOptions::Kind::kUniform;
       o.class_policy.uniform_class = r == 0 ? class0 : class1;
       if (r == 1) o.inject.rate = {0.03, 0.03, 0.03, 0.03};  // only rank 1 loses pushes
