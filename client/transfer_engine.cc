@@ -836,8 +836,8 @@ void TransferEngine::ScanTimers(absl::Time now) {
         // Silence: whatever is in flight was lost or waits on someone else's loss. It no longer
         // holds the window (like a retransmission timeout): the aggregator NACKs what it needs,
         // and under bounded loss it may not need these at all, so waiting for them could stall
-        // the round for good. For the window it is a loss unless the oldest push out turns up
-        // after all (CongestionWindow::OnSilence).
+        // the round for good. For the window it is a loss (NoteSilence: unless round trips were
+        // flat) unless the oldest push out turns up after all (CongestionWindow::OnSilence).
         Dest& dest = op.dests[d];
         if (options_.adaptive_window && (dest.next > dest.acked || dest.repairs_out > 0)) NoteSilence(op, d);
         dest.acked = dest.next;

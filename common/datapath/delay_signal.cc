@@ -22,11 +22,15 @@ void DelaySignal::OnAnswered(uint64_t stamp, absl::Time now) {
   const absl::Duration rtt = now - s.at;
   if (rtt < absl::ZeroDuration()) return;
   recent_[samples_++ % recent_.size()] = rtt;
-  // A quarter of the span ends: the oldest quarter's minimum is forgotten.
+  // Each quarter of the span that ended forgets the oldest quarter's minimum; after a pause longer
+  // than the span (between jobs, say), all of them.
   const absl::Duration quarter = options_.base_span / base_quarters_.size();
   if (now - quarter_start_ >= quarter) {
-    quarter_ = (quarter_ + 1) % base_quarters_.size();
-    base_quarters_[quarter_] = absl::InfiniteDuration();
+    const int64_t ended = quarter_start_ == absl::InfinitePast() ? 4 : (now - quarter_start_) / quarter;
+    for (int64_t i = 0; i < std::min<int64_t>(ended, base_quarters_.size()); ++i) {
+      quarter_ = (quarter_ + 1) % base_quarters_.size();
+      base_quarters_[quarter_] = absl::InfiniteDuration();
+    }
     quarter_start_ = now;
   }
   base_quarters_[quarter_] = std::min(base_quarters_[quarter_], rtt);

@@ -112,6 +112,18 @@ TEST(DelaySignalTest, ThePathsBaseFollowsAPathThatGotLonger) {
   EXPECT_EQ(p.signal.base(), absl::Microseconds(3100));
 }
 
+TEST(DelaySignalTest, AfterAPauseLongerThanTheSpanTheBaseStartsAfresh) {
+  DelaySignalOptions o;
+  o.base_span = absl::Seconds(1);
+  Path p{DelaySignal(o), CongestionWindow()};
+  absl::Time t = p.Run(kT0, 100, absl::Milliseconds(1), absl::Microseconds(100));
+  // Nothing for 5 s, then a path 3 ms longer: the old base is forgotten at once, not a quarter
+  // of the span at a time.
+  t = p.Run(t + absl::Seconds(5), 16, absl::Milliseconds(1), absl::Microseconds(3100));
+  EXPECT_EQ(p.signal.base(), absl::Microseconds(3100));
+  EXPECT_FALSE(p.signal.Raised());
+}
+
 TEST(DelaySignalTest, OnlyAnswersToRecordedDatagramsAreSamples) {
   DelaySignalOptions o;
   o.capacity = 8;
