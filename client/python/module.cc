@@ -33,13 +33,22 @@ namespace dlcp {
 namespace {
 
 PyObject* g_error = nullptr;  // dlcp.Error, created at import
+// dlcp.errors' class per status code number, which the package registers at import; held for the
+// process's life (never released, so nothing runs at interpreter exit).
+PyObject* g_error_classes = nullptr;
 
 std::string StatusText(const absl::Status& s) {
   return absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message());
 }
 
+// Raises the status as its code's dlcp.errors class (dlcp.Error before the package registered them).
 [[noreturn]] void Raise(const absl::Status& s) {
-  PyErr_SetString(g_error, StatusText(s).c_str());
+  PyObject* cls = g_error;
+  if (g_error_classes != nullptr) {
+    py::int_ code(static_cast<int>(s.code()));
+    if (PyObject* found = PyDict_GetItem(g_error_classes, code.ptr())) cls = found;  // borrowed
+  }
+  PyErr_SetString(cls, StatusText(s).c_str());
   throw py::error_already_set();
 }
 
@@ -378,6 +387,13 @@ PYBIND11_MODULE(_dlcp, m) {
   m.attr("__version__") = DLCP_VERSION;
   static py::exception<std::runtime_error> error(m, "Error", PyExc_RuntimeError);
   g_error = error.ptr();
+  m.def(
+      "_register_errors",
+      [](py::dict classes) {
+        Py_XDECREF(g_error_classes);
+        g_error_classes = classes.release().ptr();
+      },
+      py::arg("classes"), "dlcp.errors registers its class per status code number here.");
 
   m.def("client_options", &OptionTable, "Every dlcp.Client option: name, env, default, choices, help.");
   m.def(

@@ -210,23 +210,41 @@ def test_callback_runs_on_the_clients_thread_and_may_fail_harmlessly(aggregators
 
 
 def test_errors_carry_the_reason(aggregators):
+    # A bad argument is an InvalidArgumentError, which is a dlcp.Error and a ValueError both.
     (client,) = connect_all(aggregators, "errors", 1, loss_bound=0)
-    with pytest.raises(dlcp.Error, match="float32"):
+    with pytest.raises(dlcp.InvalidArgumentError, match="float32") as e:
         client.allreduce(1, np.zeros(4, dtype=np.float64))
-    with pytest.raises(dlcp.Error, match="contiguous"):
+    assert isinstance(e.value, ValueError) and isinstance(e.value, dlcp.Error)
+    assert e.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(ValueError, match="contiguous"):
         client.allreduce(1, np.zeros((4, 4), dtype=np.float32)[:, :2])
-    with pytest.raises(dlcp.Error, match="empty"):
+    with pytest.raises(dlcp.InvalidArgumentError, match="empty"):
         client.allreduce(1, np.zeros(0, dtype=np.float32))
-    with pytest.raises(dlcp.Error, match="writable"):
+    with pytest.raises(dlcp.InvalidArgumentError, match="writable"):
         ro = np.zeros(4, dtype=np.float32)
         ro.flags.writeable = False
         client.allreduce(1, ro)
-    with pytest.raises(dlcp.Error, match="root 5 is not below"):
+    with pytest.raises(dlcp.InvalidArgumentError, match="root 5 is not below"):
         client.broadcast(1, np.zeros(4, dtype=np.float32), root=5)
     client.close()
     client.close()  # idempotent
-    with pytest.raises(dlcp.Error, match="closed"):
+    with pytest.raises(dlcp.FailedPreconditionError, match="closed") as e:
         client.allreduce(1, np.zeros(4, dtype=np.float32))
+    assert e.value.code == "FAILED_PRECONDITION" and not isinstance(e.value, ValueError)
+
+
+def test_each_status_code_has_its_class():
+    assert issubclass(dlcp.Error, RuntimeError)
+    names = {cls.code: cls.__name__ for cls in dlcp.errors.BY_NUMBER.values()}
+    assert len(names) == 16 and names["ABORTED"] == "AbortedError" and names["UNAVAILABLE"] == "UnavailableError"
+    for cls in dlcp.errors.BY_NUMBER.values():
+        assert issubclass(cls, dlcp.Error) and getattr(dlcp, cls.__name__) is cls
+    # Text from a callback's error gives its code's class, the prefix before it.
+    e = dlcp.errors.from_text("ABORTED: job 'j': worker rank 2 left", "bucket 0: ")
+    assert type(e) is dlcp.AbortedError and str(e) == "bucket 0: ABORTED: job 'j': worker rank 2 left"
+    assert type(dlcp.errors.from_text("something else")) is dlcp.Error
+    with pytest.raises(dlcp.InvalidArgumentError, match="not host:port"):
+        dlcp.resolve_aggregators("nohostport")
 
 
 def _own_udp_ports():
@@ -288,13 +306,13 @@ def test_pending_op_fails_on_close_and_timeout(aggregators):
     client = dlcp.Client(aggregators=aggregators, job="pending", world_size=2, rank=0, plaintext=True, loss_bound=0,
                          op_timeout_ms=1000)
     h = client.allreduce_async(1, np.zeros(4, dtype=np.float32))
-    with pytest.raises(dlcp.Error, match="DEADLINE_EXCEEDED: dlcp op still running"):
+    with pytest.raises(dlcp.DeadlineExceededError, match="DEADLINE_EXCEEDED: dlcp op still running"):
         h.wait(0.1)
-    with pytest.raises(dlcp.Error, match="are all workers of the job running"):
+    with pytest.raises(dlcp.DeadlineExceededError, match="are all workers of the job running"):
         h.wait(10)  # rank 1 never came: the op deadline fails it
     h = client.allreduce_async(2, np.zeros(4, dtype=np.float32))
     client.close()
-    with pytest.raises(dlcp.Error, match="CANCELLED: dlcp client closed"):
+    with pytest.raises(dlcp.CancelledError, match="CANCELLED: dlcp client closed"):
         h.wait(10)
 
 

@@ -9,20 +9,23 @@ Tensors are float32 and contiguous: torch CPU tensors, numpy arrays, or anything
 buffer protocol. The data is used in place (no copy) and must be left alone until the op is
 done. CUDA tensors (float32, float16 or bfloat16) go through the CUDA packer, which reads them
 on the GPU, and the aggregate is written back to the device; where no CUDA device is usable
-(cuda_status() says why) they are staged through host memory. Errors raise dlcp.Error with
-the reason; nothing here aborts the interpreter.
+(cuda_status() says why) they are staged through host memory. Errors raise a dlcp.Error of the
+status code's class (dlcp.AbortedError, dlcp.DeadlineExceededError, ...; dlcp.errors), with the
+reason; nothing here aborts the interpreter.
 """
 import atexit
 import os
 import threading
 import weakref
 
-from . import _dlcp
+from . import _dlcp, errors
+from .errors import *  # noqa: F401,F403 (dlcp.Error and a class per status code)
+from .errors import Error, InvalidArgumentError, UnavailableError
 
-Error = _dlcp.Error
+_dlcp._register_errors(errors.BY_NUMBER)
 __version__ = _dlcp.__version__  # the release of the library this package was built with
 
-__all__ = ["Client", "Error", "Handle", "cuda_status", "resolve_aggregators", "set_log_level"]
+__all__ = ["Client", "Handle", "cuda_status", "resolve_aggregators", "set_log_level"] + errors.__all__
 
 
 def set_log_level(level):
@@ -89,12 +92,12 @@ def resolve_aggregators(service):
     import socket
     host, sep, port = service.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise Error(f"INVALID_ARGUMENT: aggregator service '{service}' is not host:port")
+        raise InvalidArgumentError(f"INVALID_ARGUMENT: aggregator service '{service}' is not host:port")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         infos = socket.getaddrinfo(host, int(port), socket.AF_UNSPEC, socket.SOCK_STREAM)
     except OSError as e:
-        raise Error(f"UNAVAILABLE: cannot resolve aggregator service '{host}': {e}") from None
+        raise UnavailableError(f"UNAVAILABLE: cannot resolve aggregator service '{host}': {e}") from None
     v4 = {info[4][0] for info in infos if info[0] == socket.AF_INET}
     v6 = {info[4][0] for info in infos if info[0] == socket.AF_INET6}
     addrs = sorted(v4 or v6, key=ipaddress.ip_address)
@@ -152,7 +155,7 @@ def _launcher_defaults(options, env):
         try:
             options[option] = int(env[var])
         except ValueError:
-            raise Error(f"{option}: the launcher's {var}={env[var]!r} is not a whole number") from None
+            raise InvalidArgumentError(f"{option}: the launcher's {var}={env[var]!r} is not a whole number") from None
 
 
 class Client:

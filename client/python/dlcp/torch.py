@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from . import Error
+from . import Error, errors
 from .fusion import FusionTuner
 
 __all__ = ["comm_hook", "DistributedOptimizer", "num_layers"]
@@ -59,7 +59,7 @@ def comm_hook(client, model=None, loss_bound=None, key_base=_HOOK_KEYS):
 
         def done(stats, error):
             if error is not None:
-                future.set_exception(Error(f"dlcp all-reduce of DDP bucket {bucket.index()}: {error}"))
+                future.set_exception(errors.from_text(error, f"dlcp all-reduce of DDP bucket {bucket.index()}: "))
                 return
             buffer.div_(world)
             future.set_result(buffer)
@@ -287,7 +287,7 @@ class DistributedOptimizer:
         try:
             stats = handle.wait(self._timeout)
         except Error as e:
-            raise Error(f"dlcp pull of fusion group {g.index}: {e}") from None
+            raise type(e)(f"dlcp pull of fusion group {g.index}: {e}") from None
         self.totals["rounds"] += 1
         for name in _TOTALS:
             self.totals[name] += stats[name]
