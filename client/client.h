@@ -82,7 +82,7 @@ struct ClientOptions {
   // is while a queue is filling (common/datapath/delay_signal.h, docs/congestion.md). A loss with
   // round trips where they were is random loss (a flaky link, a lossy WAN), which backing off
   // does not cure. A loss in class 0 always cuts. 0: every loss cuts.
-  uint32_t congestion_delay_us = 1000;
+  uint32_t congestion_delay_us = 700;
   // Pushes to each aggregator endpoint leave spread over time, at twice the rate its
   // results come back, rather than as the window opens (common/datapath/pacer.h). false: at once.
   bool pacing = true;

@@ -84,7 +84,7 @@ struct EngineOptions : EngineLayout {
   // With adaptive_window, a loss not known to be in class 0 cuts only while round trips to its
   // endpoint stand this far above their minimum (common/datapath/delay_signal.h); zero: every
   // loss cuts.
-  absl::Duration congestion_delay = absl::Milliseconds(1);
+  absl::Duration congestion_delay = absl::Microseconds(700);
   // Spread pushes to each endpoint over time at twice the rate its results come back
   // (common/datapath/pacer.h), rather than sending each opening of the window at once.
   bool pacing = true;

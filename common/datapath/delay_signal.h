@@ -29,7 +29,7 @@
 namespace dlcp {
 
 struct DelaySignalOptions {
-  absl::Duration floor = absl::Milliseconds(1);
+  absl::Duration floor = absl::Microseconds(700);
   double ratio = 1.0;
   size_t recent = 16;  // samples the recent minimum is taken over
   // How long the base is remembered. A longer span keeps a standing queue visible; a shorter one

@@ -76,7 +76,7 @@ TEST(DelaySignalTest, DropsWithRisingDelayCutTheWindow) {
   Path p;
   absl::Time t = p.Run(kT0, 200, absl::Microseconds(10), absl::Microseconds(200));
   EXPECT_FALSE(p.signal.Raised());
-  // A queue fills: round trips climb 20 us per datagram, well past the 1 ms threshold.
+  // A queue fills: round trips climb 20 us per datagram, well past the 0.7 ms threshold.
   for (int i = 0; i < 200; ++i) t = p.Run(t, 1, absl::Microseconds(10), absl::Microseconds(200 + 20 * i));
   EXPECT_TRUE(p.signal.Raised());
   const uint64_t cuts = p.window.cuts();
