@@ -87,7 +87,9 @@ void DataThread::Seal(Round* round, absl::Time now) {
   metrics_.loss_ratio->Observe(t.droppable_total() ? static_cast<double>(t.droppable_missing()) / t.droppable_total() : 0);
   metrics_.stop_seconds->Observe(absl::ToDoubleSeconds(now - round->created()));
   metrics_.tail_wait_seconds->Observe(absl::ToDoubleSeconds(round->tail_wait));
-  if (now > round->created()) metrics_.tail_wait_ratio->Observe(round->tail_wait / (now - round->created()));
+  if (now > round->created()) {
+    metrics_.tail_wait_ratio->Observe(absl::FDivDuration(round->tail_wait, now - round->created()));
+  }
 }
 
 void DataThread::SendStop(const Round& r, uint32_t rank) {

@@ -67,6 +67,9 @@ TEST(RandomLoss, BoundedRoundsKeepTheLossFreePace) {
     const std::string body = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
     EXPECT_GT(Scraped(body, "dlcp_tail_wait_seconds_count"), 0) << body;
     EXPECT_GT(Scraped(body, "dlcp_tail_wait_ratio_count"), 0) << body;
+    // Lossy rounds waited a tail: a share of their time above 0, and below all of it.
+    EXPECT_GT(Scraped(body, "dlcp_tail_wait_ratio_sum"), 0) << body;
+    EXPECT_LT(Scraped(body, "dlcp_tail_wait_ratio_sum"), Scraped(body, "dlcp_tail_wait_ratio_count")) << body;
   }
 }
 
