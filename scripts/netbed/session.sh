@@ -7,6 +7,18 @@
 # 1 Gbit/s ports with 64-packet queues unless the environment says otherwise.
 export NWORKERS=4 NAGGS=1 RATE=${RATE:-1gbit} QLEN_PKTS=${QLEN_PKTS:-64}
 
+# netbed_skip_unless_able NAME TOOL...: exits 77 (ctest: skipped), saying why as NAME, unless this
+# is root, every TOOL is installed and network namespaces can be made.
+netbed_skip_unless_able() {
+  local name=$1 t
+  shift
+  if [[ $(id -u) != 0 ]]; then echo "$name: needs root; skipped"; exit 77; fi
+  for t in "$@"; do
+    command -v "$t" >/dev/null || { echo "$name: $t missing (scripts/install-deps.sh installs it); skipped"; exit 77; }
+  done
+  ip netns add dlcp-probe 2>/dev/null && ip netns del dlcp-probe || { echo "$name: cannot create namespaces; skipped"; exit 77; }
+}
+
 netbed_cleanup() {
   jobs -p | xargs -r kill 2>/dev/null || true
   wait 2>/dev/null || true

@@ -24,14 +24,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 MP="$HERE/../../scripts/netbed/multipath.sh"
 export PREFIX=${PREFIX:-dlcpm}  # its namespaces
 
-if [[ $(id -u) != 0 ]]; then echo "multipath: needs root; skipped"; exit 77; fi
-for t in ip tc ethtool; do
-  command -v "$t" >/dev/null || { echo "multipath: $t missing (scripts/install-deps.sh installs it); skipped"; exit 77; }
-done
-ip netns add dlcp-probe 2>/dev/null && ip netns del dlcp-probe || { echo "multipath: cannot create namespaces; skipped"; exit 77; }
-
 CLUSTER="$MP"
 source "$HERE/../../scripts/netbed/session.sh"
+netbed_skip_unless_able multipath ip tc ethtool
 export NAGGS=2 PATHS=2 RATES=${RATES:-1gbit}
 netbed_start dlcp-multipath
 ip_of() { "$MP" ip "$1"; }

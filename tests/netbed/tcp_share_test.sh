@@ -22,13 +22,8 @@ RUN_S=${SECONDS_PER_RUN:-8}
 SHARE=${SHARE:-0.5}
 PAIRS=${PAIRS:-4}
 
-if [[ $(id -u) != 0 ]]; then echo "netbed: needs root; skipped"; exit 77; fi
-for t in ip tc iperf3 ethtool; do
-  command -v "$t" >/dev/null || { echo "netbed: $t missing (scripts/install-deps.sh installs it); skipped"; exit 77; }
-done
-ip netns add dlcp-probe 2>/dev/null && ip netns del dlcp-probe || { echo "netbed: cannot create namespaces; skipped"; exit 77; }
-
 source "$HERE/../../scripts/netbed/session.sh"
+netbed_skip_unless_able netbed ip tc iperf3 ethtool
 netbed_start dlcp-netbed-tcp
 AGG=198.18.0.101
 ip netns exec "$PREFIX-a1" "$BUILD/server/dlcpd" --host=$AGG --port=7400 --data-port=7500 --plaintext \
