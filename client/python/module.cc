@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -206,7 +207,7 @@ absl::Span<float> FloatSpan(const py::buffer& buffer) {
     Raise(absl::InvalidArgumentError("the tensor must be a writable buffer (e.g. tensor.detach().numpy())"));
   }
   if (info.itemsize != 4 || (info.format != "f" && info.format != "<f" && info.format != "=f")) {
-    Raise(absl::InvalidArgumentError(absl::StrCat("the tensor must hold float32, not format '", info.format, "'")));
+    throw py::type_error(absl::StrCat("the tensor must hold float32, not buffer format '", info.format, "'"));
   }
   py::ssize_t expect = info.itemsize;
   for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
@@ -331,18 +332,126 @@ class PyClient {
   bool closed_ = false;
 };
 
-// A keyword argument as the option table's text: True -> "true", a list -> "a,b", 5 -> "5".
-std::string OptionText(const std::string& name, const py::handle& v) {
+// The library's log lines on their way to Python's `logging`: the sink queues them (the thread
+// that logs may be an I/O thread, which must never wait for the GIL), and the package's log
+// thread takes them with NextLogLines and hands them to the logger "dlcp". Bounded: when Python
+// does not keep up, lines beyond kMaxLines are dropped and counted, and the count is reported
+// with the next lines taken.
+class LogQueue {
+ public:
+  static constexpr size_t kMaxLines = 4096;
+  struct Line {
+    int level;
+    std::string file;
+    int line;
+    std::string message;
+  };
+
+  static LogQueue& Get() {
+    static LogQueue* queue = new LogQueue;  // never destroyed: threads may log during exit
+    return *queue;
+  }
+  static void Sink(LogLevel level, const char* file, int line, const std::string& message) {
+    Get().Push(Line{static_cast<int>(level), file, line, message});
+  }
+
+  void Push(Line line) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (lines_.size() >= kMaxLines) {
+      ++dropped_;
+      return;
+    }
+    lines_.push_back(std::move(line));
+    cv_.notify_one();
+  }
+  // Waits up to `timeout_s` for lines; returns them and how many were dropped since last time.
+  std::pair<std::vector<Line>, uint64_t> Take(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !lines_.empty() || wake_; });
+    wake_ = false;
+    std::vector<Line> out(std::make_move_iterator(lines_.begin()), std::make_move_iterator(lines_.end()));
+    lines_.clear();
+    return {std::move(out), std::exchange(dropped_, 0)};
+  }
+  void Wake() {
+    std::lock_guard<std::mutex> lock(mu_);
+    wake_ = true;
+    cv_.notify_one();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Line> lines_;
+  uint64_t dropped_ = 0;
+  bool wake_ = false;
+};
+
+// (level number, source file, source line, message) tuples, and the count of lines dropped.
+py::tuple NextLogLines(double timeout_s) {
+  std::pair<std::vector<LogQueue::Line>, uint64_t> taken;
+  {
+    py::gil_scoped_release release;
+    taken = LogQueue::Get().Take(timeout_s);
+  }
+  py::list lines;
+  for (const LogQueue::Line& l : taken.first) lines.append(py::make_tuple(l.level, l.file, l.line, l.message));
+  return py::make_tuple(lines, taken.second);
+}
+
+const char* TypeName(ClientOption::Type type) {
+  switch (type) {
+    case ClientOption::Type::kBool: return "bool";
+    case ClientOption::Type::kInt: return "int";
+    case ClientOption::Type::kDouble: return "float";
+    case ClientOption::Type::kString: return "str";
+  }
+  return "str";
+}
+
+std::string WithArticle(const std::string& noun) {
+  return absl::StrCat(noun.find_first_of("aeiou") == 0 ? "an " : "a ", noun);
+}
+
+// Whether `v` has the Python type the option takes: bool for kBool; int (not bool) for kInt; int
+// or float for kDouble; str, or a list or tuple of str and int items ("a,b", [46, 0, 0, 0]), for
+// kString.
+bool HasOptionType(const ClientOption& o, const py::handle& v) {
+  const bool is_bool = py::isinstance<py::bool_>(v);
+  switch (o.type) {
+    case ClientOption::Type::kBool: return is_bool;
+    case ClientOption::Type::kInt: return py::isinstance<py::int_>(v) && !is_bool;
+    case ClientOption::Type::kDouble: return (py::isinstance<py::int_>(v) || py::isinstance<py::float_>(v)) && !is_bool;
+    case ClientOption::Type::kString:
+      if (py::isinstance<py::str>(v)) return true;
+      if (!py::isinstance<py::list>(v) && !py::isinstance<py::tuple>(v)) return false;
+      for (py::handle item : v) {
+        if (py::isinstance<py::bool_>(item) || !(py::isinstance<py::str>(item) || py::isinstance<py::int_>(item) ||
+                                                 py::isinstance<py::float_>(item))) {
+          return false;
+        }
+      }
+      return true;
+  }
+  return false;
+}
+
+// A keyword argument as the option table's text: True -> "true", a list -> "a,b", 5 -> "5". A
+// value of another type than the option's is a TypeError naming the option.
+std::string OptionText(const ClientOption& o, const py::handle& v) {
+  if (!HasOptionType(o, v)) {
+    const std::string type = py::str(v.get_type().attr("__name__")).cast<std::string>();
+    throw py::type_error(absl::StrCat("dlcp.Client option ", o.name, " takes ", WithArticle(TypeName(o.type)),
+                                      o.type == ClientOption::Type::kString ? " (or a list of items)" : "", ", not ",
+                                      WithArticle(type)));
+  }
   if (py::isinstance<py::bool_>(v)) return v.cast<bool>() ? "true" : "false";
-  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
-  if (py::isinstance<py::int_>(v) || py::isinstance<py::float_>(v)) return py::str(v).cast<std::string>();
   if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
     std::vector<std::string> parts;
-    for (py::handle item : v) parts.push_back(OptionText(name, item));
+    for (py::handle item : v) parts.push_back(py::str(item).cast<std::string>());
     return absl::StrJoin(parts, ",");
   }
-  const std::string type = py::str(v.get_type().attr("__name__")).cast<std::string>();
-  throw py::type_error(absl::StrCat("dlcp.Client option ", name, ": a ", type, " is not a bool, number, str or list"));
+  return py::str(v).cast<std::string>();
 }
 
 // The keyword arguments over DLCP_* environment variables over the defaults
@@ -351,10 +460,11 @@ ClientOptions MakeOptions(py::kwargs kw) {
   std::map<std::string, std::string> values;
   for (auto item : kw) {
     const std::string name = py::str(item.first).cast<std::string>();
-    if (FindClientOption(name) == nullptr) {
+    const ClientOption* row = FindClientOption(name);
+    if (row == nullptr) {
       throw py::type_error(absl::StrCat("dlcp.Client got an unknown option '", name, "' (see help(dlcp.Client))"));
     }
-    if (!item.second.is_none()) values[name] = OptionText(name, item.second);
+    if (!item.second.is_none()) values[name] = OptionText(*row, item.second);
   }
   ClientOptions o;
   if (absl::Status s = ApplyClientOptions(values, ProcessEnv, "keyword argument", &o); !s.ok()) {
@@ -371,6 +481,7 @@ py::list OptionTable() {
     d["name"] = o.name;
     d["env"] = o.env_name();
     d["default"] = o.default_text();
+    d["type"] = TypeName(o.type);
     d["choices"] = o.choices;
     d["help"] = o.help;
     rows.append(d);
@@ -404,6 +515,21 @@ PYBIND11_MODULE(_dlcp, m) {
         SetLogLevel(parsed);
       },
       py::arg("level"), "The least level the library logs to stderr: debug, info, warning or error.");
+  m.def(
+      "capture_logs",
+      [](bool on) {
+        SetLogSink(on ? &LogQueue::Sink : nullptr);
+        if (!on) LogQueue::Get().Wake();
+      },
+      py::arg("on"), "Queue the library's log lines for next_log_lines (True) or write them to stderr (False).");
+  m.def("next_log_lines", &NextLogLines, py::arg("timeout_s"),
+        "Waits up to timeout_s for queued log lines: ([(level, file, line, message)], dropped).");
+  m.def("log_level", [] {
+    for (LogLevel l : {LogLevel::kDebug, LogLevel::kInfo, LogLevel::kWarning, LogLevel::kError}) {
+      if (LogEnabled(l)) return std::string(LogLevelName(l));
+    }
+    return std::string("fatal");
+  }, "The least level the library logs.");
   m.def(
       "cuda_status",
       [] {

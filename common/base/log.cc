@@ -16,8 +16,15 @@ namespace {
 std::atomic<int> g_min_level{static_cast<int>(LogLevel::kInfo)};
 std::atomic<bool> g_json{false};
 std::string* g_component = new std::string("dlcp");
+std::atomic<LogSink> g_sink{nullptr};
 
-const char* LevelName(LogLevel level) {
+const char* Basename(const char* path) {
+  const char* slash = std::strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+}  // namespace
+
+const char* LogLevelName(LogLevel level) {
   switch (level) {
     case LogLevel::kDebug: return "debug";
     case LogLevel::kInfo: return "info";
@@ -28,6 +35,7 @@ const char* LevelName(LogLevel level) {
   return "?";
 }
 
+namespace {
 std::string JsonEscape(const std::string& s) {
   std::string out;
   out.reserve(s.size() + 8);
@@ -47,12 +55,9 @@ std::string JsonEscape(const std::string& s) {
   }
   return out;
 }
-
-const char* Basename(const char* path) {
-  const char* slash = std::strrchr(path, '/');
-  return slash ? slash + 1 : path;
-}
 }  // namespace
+
+void SetLogSink(LogSink sink) { g_sink.store(sink, std::memory_order_release); }
 
 void SetLogLevel(LogLevel level) { g_min_level.store(static_cast<int>(level), std::memory_order_relaxed); }
 
@@ -75,14 +80,19 @@ absl::Status ParseLogLevel(const std::string& text, LogLevel* out) {
 bool LogEnabled(LogLevel level) { return static_cast<int>(level) >= g_min_level.load(std::memory_order_relaxed); }
 
 void LogLine(LogLevel level, const char* file, int line, const std::string& message) {
+  LogSink sink = g_sink.load(std::memory_order_acquire);
+  if (sink != nullptr && level != LogLevel::kFatal) {  // a fatal line goes out before the abort
+    sink(level, Basename(file), line, message);
+    return;
+  }
   std::string ts = absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::Now(), absl::UTCTimeZone());
   std::string out;
   if (g_json.load(std::memory_order_relaxed)) {
-    out = absl::StrCat("{\"ts\":\"", ts, "\",\"level\":\"", LevelName(level), "\",\"component\":\"",
+    out = absl::StrCat("{\"ts\":\"", ts, "\",\"level\":\"", LogLevelName(level), "\",\"component\":\"",
                        JsonEscape(*g_component), "\",\"pid\":", getpid(), ",\"src\":\"", Basename(file), ":",
                        line, "\",\"msg\":\"", JsonEscape(message), "\"}\n");
   } else {
-    out = absl::StrCat(ts, " ", LevelName(level), " ", *g_component, "[", getpid(), "] ", Basename(file), ":",
+    out = absl::StrCat(ts, " ", LogLevelName(level), " ", *g_component, "[", getpid(), "] ", Basename(file), ":",
                        line, "] ", message, "\n");
   }
   // One write per line keeps lines whole across threads and processes sharing stderr.

@@ -24,6 +24,14 @@ void SetLogLevel(LogLevel level);
 bool LogEnabled(LogLevel level);
 void LogLine(LogLevel level, const char* file, int line, const std::string& message);
 
+// Where lines go instead of stderr: a binding hands them to its host's logging (the Python
+// package to `logging`). Called on the thread that logs, with no lock of the logger held, for
+// lines at or above the least level; it must return quickly and must not log. `file` is the source
+// file's base name. nullptr sends lines to stderr again. Any thread, any time.
+using LogSink = void (*)(LogLevel level, const char* file, int line, const std::string& message);
+void SetLogSink(LogSink sink);
+const char* LogLevelName(LogLevel level);  // "debug", "info", ...
+
 class LogMessage {
  public:
   LogMessage(LogLevel level, const char* file, int line) : level_(level), file_(file), line_(line) {}

@@ -104,12 +104,32 @@ def test_torch_tensors_are_used_in_place(aggregators):
         assert a.data_ptr() == ptr
         assert torch.equal(a, torch.arange(5000, dtype=torch.float32) + 2)
         assert torch.equal(a, b)
-        # Other dtypes and non-contiguous tensors go through a float32 copy and come back.
-        c = torch.arange(12, dtype=torch.float64).view(3, 4).t()
-        d = torch.ones(4, 3, dtype=torch.float64)
-        hc, hd = clients[0].allreduce_async(2, c), clients[1].allreduce_async(2, d)
-        hc.wait(30), hd.wait(30)
-        assert torch.equal(c, torch.arange(12, dtype=torch.float64).view(3, 4).t() + 1)
+        # bfloat16, float16 and non-contiguous tensors go through a float32 copy and come back.
+        for key, dtype in ((2, torch.bfloat16), (3, torch.float16)):
+            c = torch.arange(12, dtype=dtype).view(3, 4).t()
+            d = torch.ones(4, 3, dtype=dtype)
+            hc, hd = clients[0].allreduce_async(key, c), clients[1].allreduce_async(key, d)
+            hc.wait(30), hd.wait(30)
+            assert c.dtype == dtype and torch.equal(c, torch.arange(12, dtype=dtype).view(3, 4).t() + 1)
+    finally:
+        for cl in clients:
+            cl.close()
+
+
+def test_a_dtype_that_would_be_narrowed_is_refused_by_name(aggregators):
+    """float64 and integer tensors are refused, naming the dtype, rather than summed in float32
+    without a word; numpy arrays likewise. Nothing is sent: the client still works."""
+    torch = pytest.importorskip("torch")
+    import numpy
+    clients = connect_all(aggregators, "dtypes", 1, loss_bound=0)
+    try:
+        for bad, name in ((torch.ones(4, dtype=torch.float64), "float64"), (torch.ones(4, dtype=torch.int32), "int32"),
+                          (numpy.ones(4), "float64")):
+            with pytest.raises(TypeError, match=f"dlcp sums float32, float16 and bfloat16 tensors, not {name}"):
+                clients[0].allreduce(7, bad, timeout=30)
+        ok = torch.ones(4)
+        clients[0].allreduce(7, ok, timeout=30)
+        assert torch.equal(ok, torch.ones(4))
     finally:
         for cl in clients:
             cl.close()
@@ -210,12 +230,20 @@ def test_callback_runs_on_the_clients_thread_and_may_fail_harmlessly(aggregators
 
 
 def test_errors_carry_the_reason(aggregators):
-    # A bad argument is an InvalidArgumentError, which is a dlcp.Error and a ValueError both.
+    # A bad value is an InvalidArgumentError, which is a dlcp.Error and a ValueError both; a bad
+    # type is a TypeError.
     (client,) = connect_all(aggregators, "errors", 1, loss_bound=0)
-    with pytest.raises(dlcp.InvalidArgumentError, match="float32") as e:
-        client.allreduce(1, np.zeros(4, dtype=np.float64))
-    assert isinstance(e.value, ValueError) and isinstance(e.value, dlcp.Error)
-    assert e.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(TypeError, match="float32, not buffer format 'B'"):
+        client.allreduce(1, bytearray(16))
+    for name, bad in (("key", -1), ("layer", -2), ("key", 1 << 32)):
+        with pytest.raises(ValueError, match=f"{name} must be in \\[0, 4294967296\\), not {bad}"):
+            client.allreduce(**{"key": 1, "tensor": np.zeros(4, dtype=np.float32), name: bad})
+    with pytest.raises(TypeError, match="key must be an int, not str"):
+        client.allreduce("1", np.zeros(4, dtype=np.float32))
+    with pytest.raises(ValueError, match="loss_bound must be in \\[0, 1\\), not 1.5"):
+        client.allreduce(1, np.zeros(4, dtype=np.float32), loss_bound=1.5)
+    with pytest.raises(ValueError, match="root must be in \\[0, 1\\), not -1"):
+        client.broadcast(1, np.zeros(4, dtype=np.float32), root=-1)
     with pytest.raises(ValueError, match="contiguous"):
         client.allreduce(1, np.zeros((4, 4), dtype=np.float32)[:, :2])
     with pytest.raises(dlcp.InvalidArgumentError, match="empty"):
@@ -224,8 +252,11 @@ def test_errors_carry_the_reason(aggregators):
         ro = np.zeros(4, dtype=np.float32)
         ro.flags.writeable = False
         client.allreduce(1, ro)
-    with pytest.raises(dlcp.InvalidArgumentError, match="root 5 is not below"):
+    with pytest.raises(ValueError, match="root must be in \\[0, 1\\), not 5"):
         client.broadcast(1, np.zeros(4, dtype=np.float32), root=5)
+    with pytest.raises(dlcp.InvalidArgumentError, match="empty") as e:
+        client.allreduce(1, np.zeros(0, dtype=np.float32))
+    assert isinstance(e.value, ValueError) and e.value.code == "INVALID_ARGUMENT"
     client.close()
     client.close()  # idempotent
     with pytest.raises(dlcp.FailedPreconditionError, match="closed") as e:
@@ -319,8 +350,18 @@ def test_pending_op_fails_on_close_and_timeout(aggregators):
 def test_bad_options_and_unreachable_aggregators():
     with pytest.raises(TypeError, match="unknown option 'bogus'"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, bogus=1)
-    with pytest.raises(TypeError, match="window_bytes: a dict is not"):
+    with pytest.raises(TypeError, match="option window_bytes takes an int, not a dict"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, window_bytes={})
+    with pytest.raises(TypeError, match="option rank takes an int, not a str"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=2, rank="1", plaintext=True)
+    with pytest.raises(TypeError, match="option plaintext takes a bool, not an int"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=2, rank=1, plaintext=1)
+    with pytest.raises(ValueError, match="invalid value '-1' for option rank"):
+        dlcp.Client(aggregators="127.0.0.1:1", world_size=2, rank=-1, plaintext=True)
+    # world_size and rank are required: no silent world of one.
+    with pytest.raises(TypeError, match="missing required option\\(s\\) world_size: pass them as keywords or "
+                                        "set DLCP_WORLD_SIZE"):
+        dlcp.Client(aggregators="127.0.0.1:1", rank=0, plaintext=True)
     with pytest.raises(ValueError, match=r"'2' for option loss_bound \(keyword argument\): must be in \[0, 1\]"):
         dlcp.Client(aggregators="127.0.0.1:1", world_size=1, rank=0, plaintext=True, loss_bound=2)
     with pytest.raises(ValueError, match="pull mode 'sometimes'"):
@@ -385,9 +426,57 @@ def test_the_log_level_comes_from_the_environment_or_a_call():
         run = subprocess.run([sys.executable, "-c", connect], env=env, capture_output=True, text=True, timeout=60)
         assert run.stdout.strip() == "refused", run.stderr
         assert ("transport auto: using UDP" in run.stderr) == logged, (level, run.stderr)
+    import logging
+    dlcp.set_log_level(logging.DEBUG)
+    assert logging.getLogger("dlcp").level == logging.DEBUG and dlcp._dlcp.log_level() == "debug"
     dlcp.set_log_level("info")
+    assert logging.getLogger("dlcp").level == logging.INFO and dlcp._dlcp.log_level() == "info"
     with pytest.raises(ValueError, match="unknown log level 'chatty'"):
         dlcp.set_log_level("chatty")
+    with pytest.raises(TypeError, match="not float"):
+        dlcp.set_log_level(1.5)
+
+
+LOGGING_PROBE = """
+import logging, sys, time, dlcp
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record)
+logging.getLogger("dlcp").addHandler(Keep())
+logging.getLogger("dlcp").setLevel(sys.argv[1])
+try:
+    dlcp.Client(aggregators="127.0.0.1:1", job="log", world_size=1, rank=0, plaintext=True, rpc_timeout_ms=300)
+except dlcp.UnavailableError:
+    pass
+deadline = time.monotonic() + 10
+while sys.argv[1] == "INFO" and not any("transport auto" in r.getMessage() for r in records):
+    assert time.monotonic() < deadline, "no transport line reached the logger"
+    time.sleep(0.05)
+print(dlcp._dlcp.log_level())
+for r in records:
+    print(r.levelname, r.filename, r.lineno, r.getMessage())
+"""
+
+
+def test_the_librarys_lines_go_through_pythons_logging_at_the_loggers_level():
+    """With a handler on the "dlcp" logger, the C++ library's lines become records of it (with the
+    C++ source file and line), not stderr lines; the logger's level sets the library's."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "DLCP_LOG_LEVEL"}
+    for level in ("INFO", "WARNING"):
+        run = subprocess.run([sys.executable, "-c", LOGGING_PROBE, level], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 0, run.stderr
+        lines = run.stdout.splitlines()
+        assert lines[0] == level.lower()
+        transport = [line for line in lines[1:] if "transport auto: using UDP" in line]
+        if level == "INFO":
+            assert transport and transport[0].startswith("INFO factory.cc "), lines
+        else:
+            assert not transport, lines
+        assert "transport auto" not in run.stderr, run.stderr
 
 
 def test_every_option_is_a_keyword_with_its_help():

@@ -195,3 +195,64 @@ def test_fusion_tuner_finds_the_minimum():
     assert 12 * MB <= tuner.best_bytes() <= 48 * MB
     with pytest.raises(ValueError):
         FusionTuner(low_mb=8, high_mb=4)
+
+
+def test_accumulation_parameter_groups_frozen_and_unused_parameters_match_ddp(aggregators):
+    """Two backward passes per step through backward_passes_per_step and through no_sync(), two
+    parameter groups, a frozen and an unused parameter: DDP over Gloo's parameters within 1e-5."""
+    world = 3
+    out = run_ranks(torch_workers.accumulation, world, aggregators, f"tcp://127.0.0.1:{free_port()}", "accumulate")
+    for r in range(world):
+        for way in ("passes", "no_sync"):
+            err = relative_error(out[r][way], out[r]["gloo"])
+            assert err <= 1e-5, f"{way} on rank {r}: {err:.3g} from DDP with Gloo"
+            assert np.array_equal(out[r]["frozen_" + way], out[r]["frozen_start"]), "a frozen parameter moved"
+            assert np.array_equal(out[r]["unused_" + way], out[r]["unused_start"]), "an unused parameter moved"
+            # One push per step, not per backward pass: the groups' rounds over STEPS / 2 steps.
+            assert out[r]["rounds_" + way] % (torch_workers.STEPS // 2) == 0
+        assert relative_error(out[r]["passes"], torch_workers._flat(torch_workers._Extended())) > 1e-3  # it trained
+
+
+def test_amp_every_worker_skips_the_step_any_worker_overflowed(aggregators):
+    """GradScaler.step(DistributedOptimizer): rank 2's gradients overflow at step 4. Every worker
+    skips that step and halves its scale, as DDP over Gloo does, and the parameters match DDP's."""
+    world, inf_rank, inf_step = 3, 2, 4
+    out = run_ranks(torch_workers.amp_steps, world, aggregators, f"tcp://127.0.0.1:{free_port()}", "amp", inf_rank,
+                    inf_step)
+    for r in range(world):
+        dear, gloo = out[r]["dear"], out[r]["gloo"]
+        assert dear["skipped"] == 1 and gloo["skipped"] == 1, (r, dear["skipped"], gloo["skipped"])
+        assert dear["scales"] == gloo["scales"] == out[0]["dear"]["scales"]
+        assert dear["scales"][inf_step] == dear["scales"][inf_step - 1] / 2
+        assert relative_error(dear["params"], gloo["params"]) <= 1e-5
+        assert np.array_equal(dear["params"], out[0]["dear"]["params"])
+
+
+def test_broadcasts_give_every_worker_roots_parameters_buffers_and_optimizer_state(aggregators):
+    world = 3
+    out = run_ranks(torch_workers.broadcasts, world, aggregators, "broadcasts")
+    for r in range(world):
+        assert out[r]["tracked"] == 7 + 1, "the integer buffer is root's"
+        assert np.array_equal(out[r]["running_var"], out[1]["running_var"]), "the float64 buffer is root's, exactly"
+        assert out[r]["adam_steps"] and all(s == 3 for s in out[r]["adam_steps"]), out[r]["adam_steps"]
+        assert np.array_equal(out[r]["exp_avg"], out[1]["exp_avg"])
+        assert np.array_equal(out[r]["params"], out[0]["params"])
+        assert out[r]["state_steps"] == out[0]["state_steps"] and min(out[r]["state_steps"]) >= 3
+
+
+def test_the_optimizer_names_what_it_cannot_take(aggregators):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2).double())
+    client = dlcp.Client(aggregators=aggregators, job="refusals", world_size=1, rank=0, plaintext=True)
+    try:
+        with pytest.raises(TypeError, match="parameter 1.weight is float64 on cpu"):
+            dlcp.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, client)
+        other = torch.nn.Linear(2, 2)
+        with pytest.raises(ValueError, match="a parameter the model does not have"):
+            dlcp.torch.DistributedOptimizer(torch.optim.SGD(other.parameters(), lr=0.1), model[0], client)
+        with pytest.raises(ValueError, match="backward_passes_per_step must be an int of at least 1"):
+            dlcp.torch.DistributedOptimizer(torch.optim.SGD(model[0].parameters(), lr=0.1), model[0], client,
+                                            backward_passes_per_step=0)
+    finally:
+        client.close()
+    with pytest.raises(ValueError, match="0 dlcp clients are open in this process; pass client="):
+        dlcp.torch.broadcast_parameters(model[0])

@@ -1,4 +1,5 @@
 """Worker bodies for test_torch.py, run in spawned processes (one per rank)."""
+import contextlib
 import copy
 import os
 import time
@@ -140,3 +141,200 @@ def bounded_pull(rank, world, aggregators, inject_drop):
     finally:
         client.close()
     return _flat(model)
+
+
+class _Extended(torch.nn.Module):
+    """digits.Net with what real models have: a frozen layer (conv1), a head the forward pass never
+    uses, and a batch norm with a float64 and an integer buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = digits.Net()
+        self.unused = torch.nn.Linear(8, 8)
+        self.norm = torch.nn.BatchNorm1d(10).double().requires_grad_(False)
+        self.net.conv1.weight.requires_grad_(False)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def _grouped_sgd(model):
+    """Two parameter groups with their own learning rates; frozen parameters in neither."""
+    fc = [p for n, p in model.named_parameters() if "fc" in n]
+    rest = [p for n, p in model.named_parameters() if "fc" not in n and p.requires_grad and "norm" not in n]
+    return torch.optim.SGD([{"params": fc, "lr": 0.05}, {"params": rest, "lr": 0.02}], momentum=0.9)
+
+
+def accumulation(rank, world, aggregators, gloo_init, job):
+    """Two backward passes per step (the loss halved), with parameter groups, a frozen and an unused
+    parameter: DDP over Gloo (no_sync on the first pass) against DistributedOptimizer with
+    backward_passes_per_step=2, and against it with no_sync() and zero_grad(set_to_none=False)."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=gloo_init, rank=rank, world_size=world)
+    base = _Extended()
+    client = dlcp.Client(aggregators=aggregators, job=job, world_size=world, rank=rank, plaintext=True,
+                         loss_bound=0, num_layers=dlcp.torch.num_layers(base))
+    out = {}
+    try:
+        for way in ("gloo", "passes", "no_sync"):
+            model = copy.deepcopy(base)
+            if way == "gloo":
+                net = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+                opt = _grouped_sgd(model)
+            else:
+                net = model
+                opt = dlcp.torch.DistributedOptimizer(_grouped_sgd(model), model, client, fusion_bytes=16 << 10,
+                                                      backward_passes_per_step=2 if way == "passes" else 1,
+                                                      key_base=(1 << 24) + (1 << 16) * (8 if way == "passes" else 16),
+                                                      timeout=60)
+            batches = list(_batches(rank, world))
+            for first, second in zip(batches[0::2], batches[1::2]):
+                opt.zero_grad(set_to_none=way != "no_sync")
+                skip = net.no_sync() if way == "gloo" else opt.no_sync() if way == "no_sync" else contextlib.nullcontext()
+                with skip:
+                    (F.cross_entropy(net(first[0]), first[1]) * 0.5).backward()
+                (F.cross_entropy(net(second[0]), second[1]) * 0.5).backward()
+                opt.step()
+            if way != "gloo":
+                opt.synchronize()
+                out["rounds_" + way] = opt.totals["rounds"]
+            out[way] = _flat(model)
+            out["frozen_" + way] = model.net.conv1.weight.detach().numpy().copy()
+            out["unused_" + way] = model.unused.weight.detach().numpy().copy()
+    finally:
+        client.close()
+        torch.distributed.destroy_process_group()
+    out["frozen_start"] = base.net.conv1.weight.detach().numpy().copy()
+    out["unused_start"] = base.unused.weight.detach().numpy().copy()
+    return out
+
+
+def _cpu_grad_scaler(init_scale):
+    """A GradScaler that runs on CPU tensors: torch's own where it has one (torch.amp, 2.3 on);
+    on older torch, torch.cuda.amp.GradScaler with its three CUDA kernels done in plain torch, so
+    its step() and unscale_() bookkeeping, which DistributedOptimizer relies on, is torch's."""
+    amp = getattr(torch, "amp", None)
+    if amp is not None and hasattr(amp, "GradScaler"):
+        return amp.GradScaler("cpu", init_scale=init_scale, growth_interval=3)
+    from torch.cuda.amp.grad_scaler import _refresh_per_optimizer_state
+    import collections
+    import warnings
+
+    class CpuGradScaler(torch.cuda.amp.GradScaler):
+        def __init__(self):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "CUDA is not available. Disabling."
+                super().__init__(init_scale=init_scale, growth_interval=3)
+            # What the constructor sets when it stays enabled.
+            self._enabled, self._init_scale, self._scale, self._growth_tracker = True, init_scale, None, None
+            self._growth_factor, self._backoff_factor, self._growth_interval, self._init_growth_tracker = 2.0, 0.5, 3, 0
+            self._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
+
+        def scale(self, outputs):
+            if self._scale is None:
+                self._lazy_init_scale_growth_tracker(outputs.device)
+            return outputs * self._scale
+
+        def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        found_inf += (~torch.isfinite(p.grad)).any().float()
+                        p.grad.mul_(inv_scale)
+            return {found_inf.device: found_inf.clamp_(max=1)}
+
+        def update(self, new_scale=None):
+            found = sum(v.item() for s in self._per_optimizer_states.values()
+                        for v in s["found_inf_per_device"].values())
+            if found:
+                self._scale.mul_(self._backoff_factor)
+                self._growth_tracker.zero_()
+            else:
+                self._growth_tracker += 1
+                if self._growth_tracker.item() == self._growth_interval:
+                    self._scale.mul_(self._growth_factor)
+                    self._growth_tracker.zero_()
+            self._per_optimizer_states = collections.defaultdict(_refresh_per_optimizer_state)
+
+    return CpuGradScaler()
+
+
+def amp_steps(rank, world, aggregators, gloo_init, job, inf_rank, inf_step):
+    """GradScaler with DDP over Gloo and with DistributedOptimizer; rank `inf_rank` overflows at
+    step `inf_step`. Returns each way's parameters, scales and skipped steps."""
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=gloo_init, rank=rank, world_size=world)
+    base = digits.Net()
+    client = dlcp.Client(aggregators=aggregators, job=job, world_size=world, rank=rank, plaintext=True,
+                         loss_bound=0, num_layers=dlcp.torch.num_layers(base))
+    out = {}
+    try:
+        for way in ("gloo", "dear"):
+            model = copy.deepcopy(base)
+            scaler = _cpu_grad_scaler(init_scale=2.0 ** 10)
+            if way == "gloo":
+                net, opt = torch.nn.parallel.DistributedDataParallel(model), torch.optim.SGD(model.parameters(), lr=0.05)
+            else:
+                net = model
+                opt = dlcp.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, client,
+                                                      fusion_bytes=64 << 10, timeout=60)
+            scales, skipped = [], 0
+            for step, (x, y) in enumerate(_batches(rank, world)):
+                opt.zero_grad()
+                loss = F.cross_entropy(net(x), y)
+                if rank == inf_rank and step == inf_step:
+                    loss = loss * float("inf")
+                before = _flat(model)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                scales.append(scaler.get_scale())
+                if way == "gloo":
+                    skipped += int((before == _flat(model)).all())
+            if way == "dear":
+                opt.synchronize()
+                skipped = opt.totals["skipped_steps"]
+            out[way] = {"params": _flat(model), "scales": scales, "skipped": skipped}
+    finally:
+        client.close()
+        torch.distributed.destroy_process_group()
+    return out
+
+
+def broadcasts(rank, world, aggregators, job):
+    """Replicas that start apart: broadcast_parameters makes them root's (float64 and integer
+    buffers included), broadcast_optimizer_state gives every worker root's Adam state, and a
+    DistributedOptimizer's state_dict is the same everywhere after training and loads back."""
+    torch.manual_seed(100 + rank)
+    torch.set_num_threads(1)
+    model = _Extended()
+    model.norm.num_batches_tracked.fill_(7 + rank)
+    model.norm.running_var.add_(1e-9 * (rank + 1))  # apart below float32's precision
+    client = dlcp.Client(aggregators=aggregators, job=job, world_size=world, rank=rank, plaintext=True, loss_bound=0)
+    root = 1
+    try:
+        dlcp.torch.broadcast_parameters(model, root=root)  # the one open client
+        plain = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+        if rank == root:  # root resumed from a checkpoint: its Adam has taken steps
+            for x, y in list(_batches(rank, world))[:3]:
+                plain.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                plain.step()
+        dlcp.torch.broadcast_parameters(model, root=root)
+        dlcp.torch.broadcast_optimizer_state(plain, root=root)
+        adam = copy.deepcopy(plain.state_dict()["state"])  # before training moves it on
+        opt = dlcp.torch.DistributedOptimizer(plain, model, fusion_bytes=16 << 10, timeout=60)
+        for x, y in _batches(rank, world):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        state = opt.state_dict()
+        opt.load_state_dict(state)
+        return {"params": _flat(model), "running_var": model.norm.running_var.numpy().copy(),
+                "tracked": int(model.norm.num_batches_tracked), "adam_steps": [float(s["step"]) for s in adam.values()],
+                "exp_avg": torch.cat([s["exp_avg"].reshape(-1) for s in adam.values()]).numpy(),
+                "state_steps": [float(s["step"]) for s in state["state"].values()]}
+    finally:
+        client.close()

@@ -18,28 +18,16 @@ import os
 import threading
 import weakref
 
-from . import _dlcp, errors
+from . import _dlcp, _logs, errors
+from ._logs import set_log_level
 from .errors import *  # noqa: F401,F403 (dlcp.Error and a class per status code)
 from .errors import Error, InvalidArgumentError, UnavailableError
 
 _dlcp._register_errors(errors.BY_NUMBER)
+_logs._start()
 __version__ = _dlcp.__version__  # the release of the library this package was built with
 
-__all__ = ["Client", "Handle", "cuda_status", "resolve_aggregators", "set_log_level"] + errors.__all__
-
-
-def set_log_level(level):
-    """The least level the library logs to stderr: "debug", "info" (the default), "warning" or
-    "error". DLCP_LOG_LEVEL in the environment sets it when the package is imported, as it does for
-    dlcpd and the other binaries. Raises ValueError for another word."""
-    _dlcp.set_log_level(level)
-
-
-if os.environ.get("DLCP_LOG_LEVEL"):
-    try:
-        set_log_level(os.environ["DLCP_LOG_LEVEL"])
-    except ValueError as e:
-        raise ValueError(f"DLCP_LOG_LEVEL: {e}") from None
+__all__ = ["Client", "Handle", "cuda_status", "default_client", "resolve_aggregators", "set_log_level"] + errors.__all__
 
 
 def cuda_status():
@@ -104,17 +92,48 @@ def resolve_aggregators(service):
     return ",".join(f"{a}:{port}" if a in v4 else f"[{a}]:{port}" for a in addrs)
 
 
+_HOST_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _dtype_name(tensor):
+    return str(getattr(tensor, "dtype", "")).replace("torch.", "")
+
+
+def _check_dtype(tensor):
+    """A torch tensor or numpy array holds a dtype dlcp sums, or TypeError names it. float16 and
+    bfloat16 are widened to float32 for the sum and narrowed back; float64 and the integer types
+    are refused rather than narrowed without a word."""
+    dtype = getattr(tensor, "dtype", None)
+    if dtype is None:
+        return  # another buffer: the binding checks its format
+    if _dtype_name(tensor) not in _HOST_DTYPES:
+        raise TypeError(f"dlcp sums float32, float16 and bfloat16 tensors, not {_dtype_name(tensor)}: cast it "
+                        f"(tensor.float()) and back, if float32's precision is enough for it")
+
+
 def _as_buffer(tensor):
     """A writable float32 buffer sharing the tensor's memory, and a function that puts the
-    result back where it belongs (a no-op when the buffer is the tensor itself)."""
-    numpy = getattr(tensor, "numpy", None)
-    if numpy is not None and hasattr(tensor, "is_cuda"):  # a torch tensor
+    result back where it belongs (None when the buffer is the tensor itself)."""
+    _check_dtype(tensor)
+    if hasattr(tensor, "is_cuda"):  # a torch tensor
         import torch
         if tensor.is_cuda or tensor.dtype != torch.float32 or not tensor.is_contiguous():
             host = tensor.detach().to("cpu", torch.float32).contiguous()
             return host.numpy(), lambda: tensor.copy_(host)
         return tensor.detach().numpy(), None
+    if _dtype_name(tensor) not in ("", "float32"):  # numpy float16: no bfloat16 there to share code with
+        import numpy
+        host = numpy.ascontiguousarray(tensor, dtype=numpy.float32)
+        return host, lambda: tensor.__setitem__(Ellipsis, host)
     return tensor, None
+
+
+def _check_index(name, value, limit):
+    """An op's key, layer or root: an int in [0, limit), else TypeError or ValueError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not 0 <= value < limit:
+        raise ValueError(f"{name} must be in [0, {limit}), not {value}")
 
 
 class Handle:
@@ -158,6 +177,29 @@ def _launcher_defaults(options, env):
             raise InvalidArgumentError(f"{option}: the launcher's {var}={env[var]!r} is not a whole number") from None
 
 
+# Options a worker cannot do without: a default would join the wrong job or sum the wrong count.
+_REQUIRED = ("aggregators", "world_size", "rank")
+
+
+def _require(options, env):
+    missing = [o for o in _REQUIRED if options.get(o) is None and not env.get("DLCP_" + o.upper())]
+    if missing:
+        names = ", ".join(missing)
+        raise TypeError(f"dlcp.Client() is missing required option(s) {names}: pass them as keywords or set "
+                        f"{', '.join('DLCP_' + o.upper() for o in missing)} (a launcher's RANK and WORLD_SIZE "
+                        f"also give rank and world_size)")
+
+
+def default_client():
+    """The process's one open Client, for the helpers that take `client=None`
+    (dlcp.torch.broadcast_parameters, ...). ValueError when there is none or more than one."""
+    with _open_lock:
+        clients = list(_open_clients)
+    if len(clients) != 1:
+        raise ValueError(f"{len(clients)} dlcp clients are open in this process; pass client= to choose one")
+    return clients[0]
+
+
 class Client:
     """A worker's connection to its job's aggregators.
 
@@ -173,8 +215,13 @@ class Client:
     """
 
     def __init__(self, **options):
-        """Connects to the job's aggregators; the options are the class's (help(dlcp.Client))."""
+        """Connects to the job's aggregators; the options are the class's (help(dlcp.Client)).
+        aggregators, world_size and rank are required: as keywords, DLCP_* variables or (rank and
+        world_size) a launcher's. TypeError for a missing option or a value of the wrong type,
+        ValueError for a bad value, dlcp.Error when the aggregators refuse or cannot be reached."""
         _launcher_defaults(options, os.environ)
+        _require(options, os.environ)
+        _logs._forwarder.sync()  # the logger's level and handlers as they are now, from the first line
         self._inner = _dlcp.Client(**options)
         with _open_lock:
             _open_clients.add(self)
@@ -224,13 +271,23 @@ class Client:
         callback. Still readable after close()."""
         return self._inner.port_counters()
 
-    def allreduce_async(self, key, tensor, layer=0, loss_bound=None, callback=None, encoding=None,
+    def allreduce_async(self, key, tensor, *, layer=0, loss_bound=None, callback=None, encoding=None,
                         report_classes=False, name=""):
-        """Starts summing `tensor` over the job's workers, in place. `callback(stats, error)`
-        runs on the client's completion thread once the op is done (error is a str or None).
-        encoding ("f32" | "f16" | "bf16") overrides the client's payload_encoding for this op.
-        report_classes: the stats carry "classes", the class this worker gave each chunk (a byte
-        per chunk, in chunk order). name: what the op is called on the timeline (option timeline)."""
+        """Starts summing `tensor` over the job's workers, in place, and returns a Handle.
+
+        key: the tensor's number, the same on every worker, in [0, 2**32). layer: its depth in
+        the model, for the priority policy. loss_bound: ε for this op (None: the client's).
+        `callback(stats, error)` runs on the client's completion thread once the op is done
+        (error is a str or None). encoding ("f32" | "f16" | "bf16") overrides the client's
+        payload_encoding for this op. report_classes: the stats carry "classes", the class this
+        worker gave each chunk (a byte per chunk, in chunk order). name: what the op is called on
+        the timeline (option timeline). TypeError for a dtype dlcp does not sum (float64, ints)."""
+        _check_index("key", key, 1 << 32)
+        _check_index("layer", layer, 1 << 32)
+        if loss_bound is not None and not isinstance(loss_bound, (int, float)) or isinstance(loss_bound, bool):
+            raise TypeError(f"loss_bound must be a float or None, not {type(loss_bound).__name__}")
+        if loss_bound is not None and not 0 <= loss_bound < 1:
+            raise ValueError(f"loss_bound must be in [0, 1), not {loss_bound}")
         bound = -1.0 if loss_bound is None else loss_bound
         device = _as_device_tensor(tensor)
         if device is not None:
@@ -247,23 +304,30 @@ class Client:
                                    report_classes=report_classes, callback=cb, name=name)
         return Handle(inner, None if cb is not None else finish)
 
-    def allreduce(self, key, tensor, layer=0, loss_bound=None, timeout=None, encoding=None, report_classes=False,
-                  name=""):
-        return self.allreduce_async(key, tensor, layer, loss_bound, encoding=encoding,
+    def allreduce(self, key, tensor, *, layer=0, loss_bound=None, timeout=None, encoding=None,
+                  report_classes=False, name=""):
+        """allreduce_async(...).wait(timeout): sums `tensor` in place and returns the round's stats.
+        timeout in seconds (None: the client's op_timeout_ms bounds it)."""
+        return self.allreduce_async(key, tensor, layer=layer, loss_bound=loss_bound, encoding=encoding,
                                     report_classes=report_classes, name=name).wait(timeout)
 
-    def broadcast_async(self, key, tensor, root, callback=None):
+    def broadcast_async(self, key, tensor, root, *, callback=None):
         """Replaces `tensor` on every worker with root's, exactly (reliable whatever ε is)."""
+        _check_index("key", key, 1 << 32)
+        _check_index("root", root, self.world_size)
         buf, finish = _as_buffer(tensor)
         cb = _wrap_callback(callback, finish)
         inner = self._inner.submit(key, buf, root=root, callback=cb)
         return Handle(inner, None if cb is not None else finish)
 
-    def broadcast(self, key, tensor, root, timeout=None):
+    def broadcast(self, key, tensor, root, *, timeout=None):
+        """broadcast_async(...).wait(timeout)."""
         return self.broadcast_async(key, tensor, root).wait(timeout)
 
     def close(self):
         """Leaves the job; ops still pending fail. Idempotent."""
+        with _open_lock:
+            _open_clients.discard(self)
         self._inner.close()
 
     def __enter__(self):
@@ -283,7 +347,32 @@ def _options_doc():
     return "\n".join(lines)
 
 
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _typed_default(row):
+    text, kind = row["default"], row["type"]
+    if kind == "bool":
+        return text == "true"
+    if kind in ("int", "float"):
+        return _TYPES[kind](text) if text else None
+    return text
+
+
+def _signature():
+    """Client's signature for help() and inspect: every option keyword-only, with its type and
+    default; the required ones without a default."""
+    import inspect
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    for row in _dlcp.client_options():
+        default = inspect.Parameter.empty if row["name"] in _REQUIRED else _typed_default(row)
+        params.append(inspect.Parameter(row["name"], inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=_TYPES[row["type"]]))
+    return inspect.Signature(params)
+
+
 Client.__doc__ = Client.__doc__.replace("{options}", _options_doc())
+Client.__init__.__signature__ = _signature()
 
 
 def _wrap_callback(callback, finish):

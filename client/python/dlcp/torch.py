@@ -13,14 +13,18 @@ compensated by the aggregator (rescaled by the actual contributors) and carried 
 round by the client's error feedback.
 """
 import collections
+import contextlib
+import io
 import time
 
 import torch
 
 from . import Error, errors
+from . import default_client as _default_client
 from .fusion import FusionTuner
 
-__all__ = ["comm_hook", "DistributedOptimizer", "num_layers"]
+__all__ = ["comm_hook", "DistributedOptimizer", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
+           "num_layers"]
 
 # RoundStats fields DistributedOptimizer.totals sums over its rounds.
 _TOTALS = ("injected_drops", "droppable_total", "droppable_missing", "bound_violations", "pull_missing",
@@ -31,6 +35,9 @@ _OPTIMIZER_KEYS = 1 << 24  # DistributedOptimizer: + generation * _GENERATION + 
 _GENERATION = 1 << 16
 _BROADCAST_SLOT = _GENERATION - 1  # parameter broadcasts (key_base + this)
 _TUNER_KEY = (1 << 24) - 1         # the tuner's decision
+_PARAMETER_KEY = (1 << 24) - 2     # broadcast_parameters
+_OBJECT_KEY = (1 << 24) - 4        # broadcast_object: its size, then its blocks (+ 1)
+_OBJECT_BLOCK_BYTES = 1 << 18
 
 
 def num_layers(model):
@@ -75,14 +82,87 @@ def comm_hook(client, model=None, loss_bound=None, key_base=_HOOK_KEYS):
     return hook
 
 
+_SUMMED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def broadcast_parameters(model, root=0, *, client=None, key=_PARAMETER_KEY, timeout=None):
+    """Makes every worker's parameters and buffers (model.state_dict()) equal to `root`'s,
+    exactly; call it on every worker before training. float32, float16 and bfloat16 tensors travel
+    as one float32 tensor; others (float64, integer counters) through broadcast_object.
+    client: None for dlcp.default_client(). key: the tensor key it uses; another model needs
+    another key."""
+    client = client if client is not None else _default_client()
+    state = [t for t in model.state_dict(keep_vars=True).values() if isinstance(t, torch.Tensor)]
+    floats = [t for t in state if t.dtype in _SUMMED_DTYPES and t.numel() > 0]
+    others = [t for t in state if t.dtype not in _SUMMED_DTYPES]
+    with torch.no_grad():
+        if floats:
+            flat = torch.cat([t.detach().reshape(-1).to("cpu", torch.float32) for t in floats])
+            client.broadcast(key, flat, root, timeout=timeout)
+            offset = 0
+            for t in floats:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+        if others:
+            values = broadcast_object([t.detach().cpu() for t in others], root, client=client, timeout=timeout)
+            for t, v in zip(others, values):
+                t.copy_(v)
+
+
+def broadcast_optimizer_state(optimizer, root=0, *, client=None, timeout=None):
+    """Makes every worker's optimizer state (state_dict(): moments, step counts, learning rates)
+    equal to `root`'s, for a run that resumes from a checkpoint only root loaded. Works on a
+    torch.optim optimizer and on DistributedOptimizer. client: None for dlcp.default_client()."""
+    state = optimizer.state_dict() if (client or _default_client()).rank == root else None
+    state = broadcast_object(state, root, client=client, timeout=timeout)
+    optimizer.load_state_dict(state)
+
+
+def broadcast_object(obj, root=0, *, client=None, timeout=None):
+    """`root`'s obj on every worker, through torch.save and torch.load (tensors come back on the
+    CPU). The bytes travel as float32 values each holding 16 bits, which every sum keeps exact.
+    Only the job's own workers send into its rounds, but root's bytes are unpickled: use it for
+    what the job's own code made."""
+    client = client if client is not None else _default_client()
+    if client.rank == root:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        data = buffer.getvalue()
+    else:
+        data = b""
+    header = _words(len(data).to_bytes(8, "little"))
+    client.broadcast(_OBJECT_KEY, header, root, timeout=timeout)
+    size = int.from_bytes(_bytes(header), "little")
+    out = bytearray()
+    for start in range(0, size, _OBJECT_BLOCK_BYTES):
+        block = _words(data[start:start + _OBJECT_BLOCK_BYTES].ljust(_OBJECT_BLOCK_BYTES, b"\0"))
+        client.broadcast(_OBJECT_KEY + 1, block, root, timeout=timeout)  # one size per key: every block is full
+        out += _bytes(block)
+    return torch.load(io.BytesIO(bytes(out[:size])), map_location="cpu")
+
+
+def _words(data):
+    """bytes of even length -> a float32 tensor of their 16-bit words, each a whole number."""
+    return torch.frombuffer(bytearray(data), dtype=torch.int16).to(torch.int32).bitwise_and(0xFFFF).to(torch.float32)
+
+
+def _bytes(words):
+    return words.to(torch.int32).to(torch.int16).numpy().tobytes()
+
+
+_ACCEPTED_DTYPES = {"cpu": (torch.float32,), "cuda": (torch.float32, torch.float16, torch.bfloat16)}
+
+
 class _Group:
-    """A fusion group: parameters adjacent in forward order, pushed and pulled as one tensor."""
+    """A fusion group: parameters adjacent in forward order, of one device and dtype, pushed and
+    pulled as one tensor on that device."""
 
     def __init__(self, index, params, key):
         self.index = index
         self.params = params
         self.key = key
-        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=torch.float32)
+        first = params[0]
+        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=first.dtype, device=first.device)
         self.views = []
         offset = 0
         for p in params:
@@ -91,6 +171,28 @@ class _Group:
         self.ready = set()
         self.handle = None  # the op in flight; its result is applied before the group is used
         self.pushed_at = -1  # the step whose gradients were pushed last
+
+
+def _trained_params(optimizer, model):
+    """The parameters the optimizer updates, in its groups' order, without frozen ones; each the
+    model's, on a device and of a dtype dlcp sums, else ValueError or TypeError naming it."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    params, seen = [], set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if not p.requires_grad or id(p) in seen:
+                continue
+            seen.add(id(p))
+            if id(p) not in names:
+                raise ValueError("the optimizer updates a parameter the model does not have; give DistributedOptimizer "
+                                 "the model whose parameters the optimizer was made with")
+            accepted = _ACCEPTED_DTYPES.get(p.device.type)
+            if accepted is None or p.dtype not in accepted:
+                raise TypeError(f"parameter {names[id(p)]} is {str(p.dtype).replace('torch.', '')} on "
+                                f"{p.device.type}: DistributedOptimizer takes float32 parameters on the CPU and float32, "
+                                f"float16 or bfloat16 ones on CUDA devices")
+            params.append(p)
+    return params
 
 
 class DistributedOptimizer:
@@ -102,29 +204,47 @@ class DistributedOptimizer:
       update to that group's parameters, while later groups' pulls are still in flight.
     Call synchronize() before reading or saving the parameters outside the training loop.
 
-    fusion_bytes: an int, or "auto" to tune it online (FusionTuner; `tune_warmup` steps
-    excluded, `tune_steps` steps per trial). broadcast_every: with the bounded pull mode, rank 0's
-    parameters are broadcast every K steps so replicas resynchronise. One backward per step.
+    The parameters are those of the optimizer's parameter groups that require gradients (frozen
+    ones are neither pushed nor updated); each must be the model's. CPU parameters are float32;
+    CUDA ones float32, float16 or bfloat16, summed from device memory by the CUDA packer and
+    written back in their dtype. A parameter without a gradient in a step contributes zeros.
+
+    client: the Client to use (None: dlcp.default_client()). fusion_bytes: an int, or "auto" to
+    tune it online (FusionTuner; `tune_warmup` steps excluded, `tune_steps` steps per trial).
+    backward_passes_per_step: backward passes whose gradients are accumulated locally before they
+    are pushed (no_sync() does the same for the passes inside it); scale the loss by its inverse
+    for a mean. broadcast_every: with the bounded pull mode, rank 0's parameters are broadcast
+    every K steps so replicas resynchronise. grad_scaler: a GradScaler whose step() calls this
+    optimizer's, for a torch whose GradScaler does not pass itself (torch 1.13 to 2.x do); see
+    step(). timeout: seconds each pull may take (None: the client's op_timeout_ms).
     """
 
-    def __init__(self, optimizer, model, client, fusion_bytes=4 << 20, loss_bound=None, broadcast_every=0,
-                 tune_trials=10, tune_warmup=3, tune_steps=3, key_base=_OPTIMIZER_KEYS, timeout=None):
+    # GradScaler.step(optimizer) then calls step(grad_scaler=scaler) and leaves the inf checks
+    # and the unscaling to it: they must see the aggregate, not this worker's gradients.
+    _step_supports_amp_scaling = True
+
+    def __init__(self, optimizer, model, client=None, *, fusion_bytes=4 << 20, loss_bound=None,
+                 backward_passes_per_step=1, broadcast_every=0, grad_scaler=None, tune_trials=10, tune_warmup=3,
+                 tune_steps=3, key_base=_OPTIMIZER_KEYS, timeout=None):
         if fusion_bytes != "auto" and (not isinstance(fusion_bytes, int) or fusion_bytes <= 0):
             raise ValueError(f"fusion_bytes must be a positive int or 'auto', not {fusion_bytes!r}")
         if tune_warmup < 1 or tune_steps < 1:
             raise ValueError("tune_warmup and tune_steps must be at least 1")
+        if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be an int of at least 1, not {backward_passes_per_step!r}")
         self.optimizer = optimizer
         self._model = model
-        self._client = client
+        self._client = client if client is not None else _default_client()
         self._loss_bound = loss_bound
         self._broadcast_every = broadcast_every
+        self._passes_per_step = backward_passes_per_step
+        self._grad_scaler = grad_scaler
         self._timeout = timeout
         self._key_base = key_base
-        self._world = client.world_size
-        self._params = [p for p in model.parameters() if p.requires_grad]
-        for p in self._params:
-            if p.dtype != torch.float32 or p.is_cuda:
-                raise ValueError("DistributedOptimizer handles float32 CPU parameters")
+        self._world = self._client.world_size
+        self._params = _trained_params(optimizer, model)
+        self._passes = collections.Counter()  # backward passes each parameter's gradient has seen this step
+        self._sync = True  # False inside no_sync()
         self._layer = _layer_index(model)
         self._generation = 0
         self._groups = None
@@ -133,7 +253,8 @@ class DistributedOptimizer:
         self._seen = set()
         self._steps = 0
         # Summed over every round this optimizer pulled: rounds, left_out (this worker's chunks
-        # left out of aggregates) and the RoundStats fields in _TOTALS.
+        # left out of aggregates), skipped_steps (AMP steps every worker skipped) and the RoundStats
+        # fields in _TOTALS.
         self.totals = collections.Counter()
         self._tuner = None
         if fusion_bytes == "auto":
@@ -176,19 +297,47 @@ class DistributedOptimizer:
         self.optimizer.load_state_dict(state)
 
     def zero_grad(self, set_to_none=True):
-        # Gradients were copied into the fusion buffers when pushed; nothing to clear but them.
+        """Clears the local gradients: to None, or zeros in place (set_to_none=False). What was
+        pushed is already in the fusion buffers."""
         for p in self._params:
-            p.grad = None
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad.detach_()
+                p.grad.zero_()
 
-    def step(self, closure=None):
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate their gradients locally and push nothing; the first
+        backward pass after it pushes the sum (as DistributedDataParallel.no_sync does)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def step(self, closure=None, grad_scaler=None):
+        """Pushes the groups the backward passes did not (parameters without a gradient give
+        zeros), and returns: the update is applied by the next forward pass.
+
+        Under GradScaler.step(optimizer), which passes itself as grad_scaler, it waits for every
+        pull instead: the aggregate is unscaled and checked for inf/NaN, and the wrapped optimizer
+        steps only when it is finite. The aggregate is the same on every worker, so every worker
+        skips the same steps and GradScaler.update() keeps the same scale on each."""
         if closure is not None:
             raise ValueError("DistributedOptimizer.step does not take a closure")
+        scaler = grad_scaler if grad_scaler is not None else self._grad_scaler
+        if scaler is None and getattr(self, "found_inf", None) is not None:
+            raise ValueError("this torch's GradScaler did not pass itself to step(); give it to DistributedOptimizer "
+                             "as grad_scaler=")
         self._ensure_groups()
         for g in self._groups:
-            if g.pushed_at != self._steps:  # the backward did not reach all of its parameters
+            if g.pushed_at != self._steps:  # the backward passes did not reach all of its parameters
                 self._apply(g)
                 self._push(g, fill_missing=True)
         self._steps += 1
+        if scaler is not None and scaler.is_enabled():
+            self._scaled_step(scaler)
         if self._broadcast_every and self._steps % self._broadcast_every == 0:
             self.synchronize()
             self.broadcast_parameters(root=0)
@@ -203,15 +352,10 @@ class DistributedOptimizer:
             self._apply(g)
 
     def broadcast_parameters(self, root=0):
-        """Makes every worker's parameters equal to `root`'s, exactly."""
+        """Makes every worker's parameters and buffers equal to `root`'s, exactly."""
         self.synchronize()
-        with torch.no_grad():
-            flat = torch.cat([p.detach().reshape(-1) for p in self._params])
-            self._client.broadcast(self._key_base + _BROADCAST_SLOT, flat, root, timeout=self._timeout)
-            offset = 0
-            for p in self._params:
-                p.copy_(flat[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+        broadcast_parameters(self._model, root, client=self._client, key=self._key_base + _BROADCAST_SLOT,
+                             timeout=self._timeout)
 
     def close(self):
         for h in self._hooks:
@@ -233,17 +377,19 @@ class DistributedOptimizer:
     def _ensure_groups(self):
         if self._groups is not None:
             return
+        trained = {id(p) for p in self._params}
         ordered, placed = [], set()
         for m in self._module_order:
             for p in m.parameters(recurse=False):
-                if p.requires_grad and id(p) not in placed:
+                if id(p) in trained and id(p) not in placed:
                     ordered.append(p)
                     placed.add(id(p))
         ordered += [p for p in self._params if id(p) not in placed]  # never met in forward
         groups, current, size = [], [], 0
         for p in ordered:
-            nbytes = p.numel() * 4
-            if current and size + nbytes > self._fusion_bytes:
+            nbytes = p.numel() * p.element_size()
+            apart = current and (p.device, p.dtype) != (current[0].device, current[0].dtype)
+            if current and (apart or size + nbytes > self._fusion_bytes):
                 groups.append(current)
                 current, size = [], 0
             current.append(p)
@@ -258,6 +404,11 @@ class DistributedOptimizer:
 
     def _make_grad_hook(self, p):
         def hook(*_):
+            if not self._sync:
+                return  # no_sync(): the gradient accumulates in p.grad
+            self._passes[id(p)] += 1
+            if self._passes[id(p)] < self._passes_per_step:
+                return
             self._ensure_groups()
             g = self._groups[self._group_of[id(p)]]
             if g.handle is not None:
@@ -275,14 +426,17 @@ class DistributedOptimizer:
                 elif fill_missing:
                     view.zero_()
         layer = min(self._layer.get(id(p), 0) for p in g.params)
+        for p in g.params:
+            self._passes[id(p)] = 0
         g.ready.clear()
         g.pushed_at = self._steps
         g.handle = self._client.allreduce_async(g.key, g.flat, layer=layer, loss_bound=self._loss_bound,
                                                 name=f"fusion group {g.index}")
 
-    def _apply(self, g):
+    def _wait(self, g):
+        """Waits for the group's pull and averages it in place; False when none was in flight."""
         if g.handle is None:
-            return
+            return False
         handle, g.handle = g.handle, None
         try:
             stats = handle.wait(self._timeout)
@@ -294,14 +448,47 @@ class DistributedOptimizer:
         self.totals["left_out"] += sum(stats["left_out_by_class"])
         with torch.no_grad():
             g.flat.div_(self._world)
+        return True
+
+    def _apply(self, g):
+        """Waits for the group's pull and steps the wrapped optimizer on its parameters alone."""
+        if self._wait(g):
+            self._step_with(g.params, g.views)
+
+    def _step_with(self, params, grads):
+        """The wrapped optimizer's step on `params` with `grads`; the local gradients are left as
+        they were (parameters without a gradient are skipped by every torch.optim optimizer)."""
+        with torch.no_grad():
             saved = [p.grad for p in self._params]
             for p in self._params:
-                p.grad = None  # the wrapped optimizer skips parameters without gradients
-            for p, view in zip(g.params, g.views):
-                p.grad = view
-            self.optimizer.step()
+                p.grad = None
+            for p, grad in zip(params, grads):
+                p.grad = grad
+            try:
+                self.optimizer.step()
+            finally:
+                for p, grad in zip(self._params, saved):
+                    p.grad = grad
+
+    def _scaled_step(self, scaler):
+        """AMP: every pull, then the scaler unscales the averaged aggregate and checks it."""
+        for g in self._groups:
+            self._wait(g)
+        params = [p for g in self._groups for p in g.params]
+        grads = [v for g in self._groups for v in g.views]
+        saved = [p.grad for p in self._params]
+        for p, grad in zip(params, grads):
+            p.grad = grad
+        try:
+            scaler.unscale_(self)  # records found_inf per device, from the aggregate
+            found = scaler._per_optimizer_states[id(self)]["found_inf_per_device"]
+            if sum(v.item() for v in found.values()) == 0:
+                self._step_with(params, grads)
+            else:
+                self.totals["skipped_steps"] += 1
+        finally:
             for p, grad in zip(self._params, saved):
-                p.grad = grad  # the local gradients, as plain PyTorch leaves them
+                p.grad = grad
 
     def _agree_on(self, nbytes):
         """Rank 0's value, on every worker."""
