@@ -1,6 +1,7 @@
 """Fixtures for the Python binding tests: real dlcpd aggregators on loopback.
 
-ctest sets DLCP_BUILD_DIR (for dlcpd) and PYTHONPATH (the build tree's python/)."""
+ctest sets DLCP_BUILD_DIR (for dlcpd) and runs the suites with the python of the venv that
+Python.Install made (tests/python/venv_install.sh). By hand, PYTHONPATH=<build>/python does too."""
 import json
 import os
 import pathlib
@@ -10,6 +11,15 @@ import time
 import pytest
 
 BUILD = pathlib.Path(os.environ.get("DLCP_BUILD_DIR", pathlib.Path(__file__).resolve().parents[2] / "build"))
+
+
+def pytest_configure(config):
+    """Under ctest, the suites must test the package pip installed, not the build tree's."""
+    venv = os.environ.get("DLCP_EXPECT_INSTALLED")
+    if venv:
+        import dlcp
+        assert pathlib.Path(dlcp.__file__).resolve().is_relative_to(pathlib.Path(venv).resolve()), \
+            f"dlcp was imported from {dlcp.__file__}, not from the venv {venv}"
 
 
 def start_aggregators(workdir, count, extra=(), host="127.0.0.1"):

@@ -1,5 +1,7 @@
 """The dlcp Python binding: exact sums, broadcast, completion callbacks and clear errors."""
+import inspect
 import os
+import pathlib
 import threading
 
 import numpy as np
@@ -477,6 +479,47 @@ def test_the_librarys_lines_go_through_pythons_logging_at_the_loggers_level():
         else:
             assert not transport, lines
         assert "transport auto" not in run.stderr, run.stderr
+
+
+def _stub_options():
+    """The option lines of dlcp/__init__.pyi, from the option table."""
+    lines = []
+    for p in list(inspect.signature(dlcp.Client).parameters.values()):
+        default = "" if p.default is inspect.Parameter.empty else f" = {p.default!r}"
+        lines.append(f"        {p.name}: {p.annotation.__name__}{default},")
+    return lines
+
+
+def test_the_type_stub_declares_every_option_and_the_package_is_typed():
+    """dlcp/__init__.pyi's Client options are the option table's (DLCP_UPDATE_DOCS=1 rewrites
+    them in the source tree); py.typed ships beside it."""
+    source = pathlib.Path(__file__).resolve().parents[2] / "client/python/dlcp/__init__.pyi"
+    text = source.read_text()
+    head, rest = text.split("        # BEGIN OPTIONS\n")
+    block, tail = rest.split("        # END OPTIONS\n")
+    want = "\n".join(_stub_options()) + "\n"
+    if os.environ.get("DLCP_UPDATE_DOCS") == "1":
+        source.write_text(head + "        # BEGIN OPTIONS\n" + want + "        # END OPTIONS\n" + tail)
+        block = want
+    assert block == want, "client/python/dlcp/__init__.pyi is behind the option table: rerun with DLCP_UPDATE_DOCS=1"
+    installed = pathlib.Path(dlcp.__file__).parent
+    for name in ("py.typed", "__init__.pyi", "torch.pyi"):
+        assert (installed / name).exists(), name
+
+
+def test_every_public_callable_has_a_docstring():
+    import dlcp.torch
+    for module in (dlcp, dlcp.torch):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not callable(obj):
+                continue
+            assert obj.__doc__, f"{module.__name__}.{name}"
+            members = [m for m, v in vars(obj).items() if callable(v) or isinstance(v, property)] \
+                if isinstance(obj, type) else []
+            for member in members:
+                if not member.startswith("_") or member == "__init__":
+                    assert getattr(obj, member).__doc__, f"{module.__name__}.{name}.{member}"
 
 
 def test_every_option_is_a_keyword_with_its_help():

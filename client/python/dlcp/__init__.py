@@ -140,13 +140,18 @@ class Handle:
     """An op in flight. wait() blocks without holding the GIL; done() polls."""
 
     def __init__(self, inner, finish=None):
+        """Made by Client.allreduce_async and broadcast_async, not by callers."""
         self._inner = inner
         self._finish = finish
 
     def done(self):
+        """Whether the op has completed (successfully or not); never blocks."""
         return self._inner.done()
 
     def wait(self, timeout=None):
+        """Blocks until the op completes, at most `timeout` seconds (None: the client's
+        op_timeout_ms bounds it); returns the round's stats (a dict), or raises the dlcp.Error of
+        its failure (DeadlineExceededError when the timeout ran out first)."""
         stats = self._inner.wait(timeout)
         if self._finish is not None:
             self._finish()
@@ -228,14 +233,17 @@ class Client:
 
     @property
     def rank(self):
+        """This worker's rank in the job, 0 .. world_size - 1."""
         return self._inner.rank
 
     @property
     def world_size(self):
+        """The job's worker count."""
         return self._inner.world_size
 
     @property
     def job_id(self):
+        """The job's number, which the aggregators gave it (in their metrics and logs)."""
         return self._inner.job_id
 
     @property

@@ -49,7 +49,7 @@ def _layer_index(model):
     return {id(p): i for i, p in enumerate(model.parameters())} if model is not None else {}
 
 
-def comm_hook(client, model=None, loss_bound=None, key_base=_HOOK_KEYS):
+def comm_hook(client, model=None, *, loss_bound=None, key_base=_HOOK_KEYS):
     """A hook for DistributedDataParallel.register_comm_hook(state=None, hook=...).
 
     Each bucket is summed through dlcp and divided by the world size. The returned Future is
@@ -226,6 +226,7 @@ class DistributedOptimizer:
     def __init__(self, optimizer, model, client=None, *, fusion_bytes=4 << 20, loss_bound=None,
                  backward_passes_per_step=1, broadcast_every=0, grad_scaler=None, tune_trials=10, tune_warmup=3,
                  tune_steps=3, key_base=_OPTIMIZER_KEYS, timeout=None):
+        """Hooks the model and broadcasts rank 0's parameters; the options are the class's."""
         if fusion_bytes != "auto" and (not isinstance(fusion_bytes, int) or fusion_bytes <= 0):
             raise ValueError(f"fusion_bytes must be a positive int or 'auto', not {fusion_bytes!r}")
         if tune_warmup < 1 or tune_steps < 1:
@@ -278,21 +279,26 @@ class DistributedOptimizer:
     # ---- the optimizer's face ----
     @property
     def param_groups(self):
+        """The wrapped optimizer's parameter groups (learning-rate schedulers change them here)."""
         return self.optimizer.param_groups
 
     @property
     def state(self):
+        """The wrapped optimizer's state."""
         return self.optimizer.state
 
     @property
     def fusion_bytes(self):
+        """The fusion group size in use (tuned online with fusion_bytes="auto")."""
         return self._fusion_bytes
 
     def state_dict(self):
+        """The wrapped optimizer's state_dict, after every pull was applied."""
         self.synchronize()
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state):
+        """Loads into the wrapped optimizer, after every pull was applied."""
         self.synchronize()
         self.optimizer.load_state_dict(state)
 
@@ -358,6 +364,7 @@ class DistributedOptimizer:
                              timeout=self._timeout)
 
     def close(self):
+        """Removes the forward hooks; the model trains without dlcp afterwards."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
