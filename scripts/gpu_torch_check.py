@@ -1,0 +1,210 @@
+"""The PyTorch part of scripts/gpu-check.sh: dlcp's DistributedOptimizer and comm hook training on
+CUDA tensors, against DDP over Gloo on the same device, in one job of N worker processes that
+share the GPU.
+
+    python3 gpu_torch_check.py --aggregators=HOST:PORT,HOST:PORT [--device=cuda] [--workers=4]
+
+For each way, every worker trains the digits CNN for --steps steps from the same start on its own
+batches, and reports its parameters and its median step time:
+  gloo, dear, hook          float32: DDP over Gloo, DistributedOptimizer, DDP with dlcp's comm hook;
+  gloo_accum, dear_accum    two backward passes per step (DDP's no_sync; backward_passes_per_step=2);
+  gloo_amp, dear_amp        autocast to float16 with a GradScaler (CUDA only);
+  dear_bf16                 a bfloat16 model: its gradients are packed from bfloat16 (CUDA only).
+Checks (exit 1 when one fails): dear, hook, dear_accum and dear_amp within --tolerance (1e-5)
+relative of their Gloo way; every way's replicas bit-identical; the bfloat16 model trained. Prints
+one JSON line per worker and way, then the checks and the step times against DDP over Gloo.
+--device=cpu runs the ways that need no GPU, to try the script where there is none.
+"""
+import argparse
+import copy
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+import dlcp
+import dlcp.torch
+from dlcp.examples import digits
+
+ACCUM_KEYS = (1 << 24) + (1 << 16) * 16
+BF16_KEYS = (1 << 24) + (1 << 16) * 32
+AMP_KEYS = (1 << 24) + (1 << 16) * 48
+
+
+def _batches(rank, world, steps, device):
+    xtr, ytr, _, _ = digits.load(rank, world)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        idx = torch.randint(0, len(xtr), (digits.BATCH,), generator=g)
+        yield xtr[idx].to(device), ytr[idx].to(device)
+
+
+def _flat(model):
+    return torch.cat([p.detach().float().reshape(-1).cpu() for p in model.parameters()])
+
+
+def _train(way, model, client, rank, world, args, device):
+    """One way's training; returns (parameters, median step time in ms)."""
+    accumulate = way.endswith("_accum")
+    amp = way.endswith("_amp")
+    if way.startswith("gloo") or way == "hook":
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        if way == "hook":
+            net.register_comm_hook(None, dlcp.torch.comm_hook(client, model))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        sync_off = net.no_sync
+    else:
+        net = model
+        key = ACCUM_KEYS if accumulate else BF16_KEYS if way == "dear_bf16" else AMP_KEYS if amp else 1 << 24
+        opt = dlcp.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model,
+                                              client, fusion_bytes=args.fusion_bytes, key_base=key,
+                                              backward_passes_per_step=2 if accumulate else 1, timeout=60)
+        sync_off = None
+    scaler = torch.cuda.amp.GradScaler(init_scale=2.0 ** 12) if amp else None
+    batches = list(_batches(rank, world, args.steps * (2 if accumulate else 1), device))
+    times = []
+    for step in range(args.steps):
+        start = time.perf_counter()
+        opt.zero_grad()
+        micro = batches[2 * step:2 * step + 2] if accumulate else [batches[step]]
+        for i, (x, y) in enumerate(micro):
+            # DDP decides in the forward pass whether the backward reduces: both go inside no_sync.
+            with sync_off() if (sync_off is not None and i < len(micro) - 1) else _nothing():
+                with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                    loss = F.cross_entropy(net(x.to(next(model.parameters()).dtype)).float(), y) / len(micro)
+                (scaler.scale(loss) if amp else loss).backward()
+        if amp:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    if isinstance(opt, dlcp.torch.DistributedOptimizer):
+        opt.synchronize()
+        opt.close()
+    times = sorted(times[3:]) or sorted(times)
+    return _flat(model), times[len(times) // 2], float(loss.detach())
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def worker(rank, world, args, port, out_queue):
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    base = digits.Net(hidden=args.hidden).to(device)
+    client = dlcp.Client(aggregators=args.aggregators, job=f"gpu-check-{port}", world_size=world, rank=rank,
+                         plaintext=True, loss_bound=0, num_layers=dlcp.torch.num_layers(base))
+    ways = ["gloo", "dear", "hook", "gloo_accum", "dear_accum"]
+    if device.type == "cuda":
+        ways += ["gloo_amp", "dear_amp", "dear_bf16"]
+    try:
+        for way in ways:
+            model = copy.deepcopy(base)
+            if way == "dear_bf16":
+                model = model.to(torch.bfloat16)
+            params, step_ms, loss = _train(way, model, client, rank, world, args, device)
+            out_queue.put({"rank": rank, "way": way, "step_ms": step_ms, "loss": loss, "params": params.tolist()})
+    finally:
+        client.close()
+        torch.distributed.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _relative(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-12))
+
+
+def check(results, world, tolerance):
+    """The checks over every worker's results; returns the failures."""
+    failures = []
+    by = {(r["way"], r["rank"]): torch.tensor(r["params"]) for r in results}
+    ways = sorted({r["way"] for r in results})
+    for way in ways:
+        for rank in range(1, world):
+            if not torch.equal(by[(way, rank)], by[(way, 0)]):
+                failures.append(f"{way}: rank {rank}'s parameters differ from rank 0's")
+    for way, reference in (("dear", "gloo"), ("hook", "gloo"), ("dear_accum", "gloo_accum"), ("dear_amp", "gloo_amp")):
+        if way in ways:
+            err = max(_relative(by[(way, r)], by[(reference, r)]) for r in range(world))
+            print(f"gpu-check: {way} against {reference}: {err:.3g} relative")
+            if err > tolerance:
+                failures.append(f"{way}: {err:.3g} from {reference}, more than {tolerance}")
+    if "dear_bf16" in ways:
+        start = [r for r in results if r["way"] == "dear_bf16"][0]
+        moved = _relative(by[("dear_bf16", 0)], by[("gloo", 0)])
+        print(f"gpu-check: dear_bf16 final loss {start['loss']:.3f}, {moved:.3g} from float32 Gloo")
+        if not moved < 0.1:
+            failures.append(f"dear_bf16: {moved:.3g} from float32 Gloo's parameters")
+    return failures
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--aggregators", required=True)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--fusion-bytes", type=int, default=64 << 10)
+    parser.add_argument("--tolerance", type=float, default=1e-5)
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu-check: torch sees no CUDA device")
+        return 1
+    print(f"gpu-check: torch {torch.__version__}, dlcp {dlcp.__version__}, packer: "
+          f"{dlcp.cuda_status() or 'CUDA'}, {args.workers} workers on {args.device}", flush=True)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=worker, args=(r, args.workers, args, port, queue)) for r in range(args.workers)]
+    for p in procs:
+        p.start()
+    results = []
+    ways = 5 + (3 if args.device == "cuda" else 0)
+    deadline = time.monotonic() + 420
+    while len(results) < args.workers * ways and time.monotonic() < deadline:
+        try:
+            results.append(queue.get(timeout=5))
+        except Exception:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+    for p in procs:
+        p.join(timeout=30)
+    if len(results) < args.workers * ways:
+        print(f"gpu-check: {len(results)} of {args.workers * ways} results; exit codes {[p.exitcode for p in procs]}")
+        return 1
+    for r in results:
+        print(json.dumps({k: v for k, v in r.items() if k != "params"}))
+    failures = check(results, args.workers, args.tolerance)
+    step = {w: sorted(r["step_ms"] for r in results if r["way"] == w) for w in {r["way"] for r in results}}
+    print("| way | median step ms (worst worker) | / DDP over Gloo |\n|---|---|---|")
+    for way in sorted(step):
+        ref = "gloo_accum" if way.endswith("_accum") else "gloo_amp" if way.endswith("_amp") else "gloo"
+        print(f"| {way} | {step[way][-1]:.2f} | {step[way][-1] / step[ref][-1]:.2f} |")
+    for f in failures:
+        print("gpu-check: FAILED", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
