@@ -23,14 +23,15 @@ rm -rf "$OUT"
 mkdir -p "$OUT/lib" "$OUT/wheel"
 cp "$BUILD/tests/dlcp_cuda_tests" "$BUILD/bench/pack_bench" "$BUILD/server/dlcpd" "$OUT/"
 "$BUNDLE_PYTHON" -m pip wheel --no-build-isolation --no-deps --no-index -w "$OUT/wheel" \
-  --config-settings "build-dir=$BUILD-bundle-py" --config-settings "cmake-args=-DDLCP_WITH_CUDA=ON" .
+  --config-settings "build-dir=$BUILD-bundle-py$("$BUNDLE_PYTHON" -c 'import sys; print("%d%d" % sys.version_info[:2])')" \
+  --config-settings "cmake-args=-DDLCP_WITH_CUDA=ON" .
 (cd "$OUT/wheel" && python3 -m zipfile -e dlcp-*.whl unpacked)
 # Everything but the loader, libc, libm, libstdc++ and libgcc, which every machine has.
 for bin in "$OUT/dlcp_cuda_tests" "$OUT/pack_bench" "$OUT/dlcpd" "$OUT"/wheel/unpacked/dlcp/_dlcp*.so \
            "$OUT/wheel/unpacked/dlcp/lib/libdlcp.so.0"; do
   ldd "$bin" | awk '/=> \// {print $3}' |
     grep -Ev '/(ld-linux|libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt)[.-]' |
-    xargs -r cp -L -n 1 -t "$OUT/lib/"
+    xargs -r cp -L -t "$OUT/lib/"
 done
 rm -rf "$OUT/wheel/unpacked"
 echo "gpu-bundle: $(du -sh "$OUT" | cut -f1) in $OUT; run there: bash scripts/gpu-check.sh --bundle $OUT"

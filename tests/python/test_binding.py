@@ -560,3 +560,34 @@ def test_resolve_aggregators_lists_every_address_sorted():
         dlcp.resolve_aggregators("dlcpd.dlcp.svc")
     with pytest.raises(dlcp.Error, match="UNAVAILABLE: cannot resolve"):
         dlcp.resolve_aggregators("no-such-host.invalid:7400")
+
+
+def test_an_op_waiting_for_its_tensors_stream_is_submitted_once_it_is_ready(aggregators):
+    """The path of CUDA tensors whose stream is still busy, with the event's wait played by a
+    threading.Event (no GPU here): the handle returns at once, is not done while the tensor is
+    not ready, a timed wait names what it waits for, and once ready the op sums as any other. A
+    submission that fails fails the op and reaches its callback."""
+    (client,) = connect_all(aggregators, "deferred", 1, loss_bound=0)
+    try:
+        ready = threading.Event()
+        x = np.full(1000, 3.0, dtype=np.float32)
+        op = client._submitter().submit(lambda: ready.wait(30), lambda: client._inner.submit(5, x))
+        handle = dlcp.Handle(op)
+        assert not handle.done()
+        with pytest.raises(dlcp.DeadlineExceededError, match="waiting for its tensor's stream after 0.2 s"):
+            handle.wait(0.2)
+        ready.set()
+        stats = handle.wait(30)
+        assert stats["key"] == 5 and handle.done() and np.all(x == 3.0)
+        seen = []
+
+        def refuse():
+            raise dlcp.FailedPreconditionError("FAILED_PRECONDITION: dlcp client is closed")
+
+        failed = dlcp.Handle(client._submitter().submit(lambda: None, refuse, lambda s, e: seen.append(e)))
+        with pytest.raises(dlcp.FailedPreconditionError, match="closed"):
+            failed.wait(30)
+        assert seen == ["FAILED_PRECONDITION: dlcp client is closed"]
+    finally:
+        client.close()
+    assert client._deferred is None  # close() ended the submit thread

@@ -26,15 +26,22 @@ def _batches(rank, world):
         yield xtr[idx], ytr[idx]
 
 
-def parity(rank, world, aggregators, gloo_init, optimizer, job):
-    """Trains the same model three ways for STEPS steps on this rank's batches: DDP with Gloo,
-    DDP with dlcp's comm hook, and dlcp's DistributedOptimizer. Returns the three parameter vectors."""
+def _beside_gloo(rank, world, aggregators, gloo_init, job, make_model):
+    """A worker of a job that trains both over Gloo and through dlcp: the Gloo process group, the
+    model every way starts from (the same on every rank), and an exact dlcp client."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=gloo_init, rank=rank, world_size=world)
-    base = digits.Net()
+    base = make_model()
     client = dlcp.Client(aggregators=aggregators, job=job, world_size=world, rank=rank, plaintext=True,
                          loss_bound=0, num_layers=dlcp.torch.num_layers(base))
+    return base, client
+
+
+def parity(rank, world, aggregators, gloo_init, optimizer, job):
+    """Trains the same model three ways for STEPS steps on this rank's batches: DDP with Gloo,
+    DDP with dlcp's comm hook, and dlcp's DistributedOptimizer. Returns the three parameter vectors."""
+    base, client = _beside_gloo(rank, world, aggregators, gloo_init, job, digits.Net)
     out = {}
     try:
         for way in ("gloo", "hook", "dear"):
@@ -169,12 +176,7 @@ def accumulation(rank, world, aggregators, gloo_init, job):
     """Two backward passes per step (the loss halved), with parameter groups, a frozen and an unused
     parameter: DDP over Gloo (no_sync on the first pass) against DistributedOptimizer with
     backward_passes_per_step=2, and against it with no_sync() and zero_grad(set_to_none=False)."""
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=gloo_init, rank=rank, world_size=world)
-    base = _Extended()
-    client = dlcp.Client(aggregators=aggregators, job=job, world_size=world, rank=rank, plaintext=True,
-                         loss_bound=0, num_layers=dlcp.torch.num_layers(base))
+    base, client = _beside_gloo(rank, world, aggregators, gloo_init, job, _Extended)
     out = {}
     try:
         for way in ("gloo", "passes", "no_sync"):
@@ -263,12 +265,7 @@ def _cpu_grad_scaler(init_scale):
 def amp_steps(rank, world, aggregators, gloo_init, job, inf_rank, inf_step):
     """GradScaler with DDP over Gloo and with DistributedOptimizer; rank `inf_rank` overflows at
     step `inf_step`. Returns each way's parameters, scales and skipped steps."""
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=gloo_init, rank=rank, world_size=world)
-    base = digits.Net()
-    client = dlcp.Client(aggregators=aggregators, job=job, world_size=world, rank=rank, plaintext=True,
-                         loss_bound=0, num_layers=dlcp.torch.num_layers(base))
+    base, client = _beside_gloo(rank, world, aggregators, gloo_init, job, digits.Net)
     out = {}
     try:
         for way in ("gloo", "dear"):

@@ -15,13 +15,15 @@ reason; nothing here aborts the interpreter.
 """
 import atexit
 import os
+import queue
 import threading
+import time
 import weakref
 
 from . import _dlcp, _logs, errors
 from ._logs import set_log_level
 from .errors import *  # noqa: F401,F403 (dlcp.Error and a class per status code)
-from .errors import Error, InvalidArgumentError, UnavailableError
+from .errors import DeadlineExceededError, Error, InvalidArgumentError, UnavailableError
 
 _dlcp._register_errors(errors.BY_NUMBER)
 _logs._start()
@@ -40,8 +42,9 @@ _DEVICE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _as_device_tensor(tensor):
-    """For a CUDA tensor the CUDA packer can read: the contiguous tensor to hand over, and a
-    function that puts the result back (None when it is the tensor itself). Otherwise None."""
+    """For a CUDA tensor the CUDA packer can read: the contiguous tensor to hand over, a function
+    that puts the result back (None when it is the tensor itself), and a CUDA event recorded on
+    the tensor's current stream after the work that produces it. Otherwise None."""
     if not getattr(tensor, "is_cuda", False) or _dlcp.cuda_status() is not None:
         return None
     import torch
@@ -52,9 +55,77 @@ def _as_device_tensor(tensor):
     if not t.is_contiguous():
         t = t.contiguous()
         finish = lambda: tensor.copy_(t)  # noqa: E731
-    # The packer reads on its own stream: whatever produced the tensor must be done first.
-    torch.cuda.current_stream(t.device).synchronize()
-    return t, finish
+    # The packer reads on its own stream, so whatever produced the tensor must be done first. The
+    # event marks that point without holding the stream or the caller (a backward hook runs on
+    # autograd's thread, which would stop feeding the GPU); the submitter waits for it.
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(t.device))
+    return t, finish, ready
+
+
+class _DeferredOp:
+    """An op the submitter has not handed to the client yet; a Handle's inner op until it has."""
+
+    def __init__(self):
+        self._submitted = threading.Event()
+        self._inner = None
+        self._error = None
+
+    def done(self):
+        return self._submitted.is_set() and (self._error is not None or self._inner.done())
+
+    def wait(self, timeout=None):
+        start = time.monotonic()
+        if not self._submitted.wait(timeout):
+            raise DeadlineExceededError(f"DEADLINE_EXCEEDED: dlcp op still waiting for its tensor's stream after "
+                                        f"{timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._inner.wait(None if timeout is None else max(0.0, timeout - (time.monotonic() - start)))
+
+    def _settle(self, inner=None, error=None):
+        self._inner, self._error = inner, error
+        self._submitted.set()
+
+
+class _Submitter:
+    """A client's thread that submits device ops once their tensors are ready, in the order they
+    came, so that no caller blocks on the GPU. Made at the first op that must wait."""
+
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="dlcp-submit", daemon=True)
+        self._thread.start()
+
+    def submit(self, wait_ready, submit, callback=None):
+        """`submit()` once `wait_ready()` returned; its error fails the op (and reaches callback)."""
+        op = _DeferredOp()
+        self._queue.put((op, wait_ready, submit, callback))
+        return op
+
+    def close(self, timeout=10):
+        """Submits what is queued (to a closed client, which fails it), then ends the thread."""
+        self._queue.put(None)
+        if threading.current_thread() is not self._thread:  # closed from a callback: it ends by itself
+            self._thread.join(timeout)
+
+    def _run(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            op, wait_ready, submit, callback = item
+            try:
+                wait_ready()
+                op._settle(inner=submit())
+            except Exception as e:  # noqa: BLE001 (the op's error, for wait() and the callback)
+                op._settle(error=e)
+                if callback is not None:
+                    try:
+                        callback(None, str(e))
+                    except Exception:  # noqa: BLE001 (as the completion thread does: reported, not fatal)
+                        _logs.logger.exception("dlcp: a completion callback raised")
+
 
 _open_clients = weakref.WeakSet()
 _open_lock = threading.Lock()
@@ -228,8 +299,16 @@ class Client:
         _require(options, os.environ)
         _logs._forwarder.sync()  # the logger's level and handlers as they are now, from the first line
         self._inner = _dlcp.Client(**options)
+        self._deferred = None  # the _Submitter, once an op had to wait for its tensor
+        self._deferred_lock = threading.Lock()
         with _open_lock:
             _open_clients.add(self)
+
+    def _submitter(self):
+        with self._deferred_lock:
+            if self._deferred is None:
+                self._deferred = _Submitter()
+            return self._deferred
 
     @property
     def rank(self):
@@ -299,12 +378,16 @@ class Client:
         bound = -1.0 if loss_bound is None else loss_bound
         device = _as_device_tensor(tensor)
         if device is not None:
-            t, finish = device
+            t, finish, ready = device
             cb = _wrap_callback(callback, finish)
-            inner = self._inner.submit_device(key, t.data_ptr(), str(t.dtype).replace("torch.", ""), t.numel(),
-                                              t.device.index or 0, t, layer=layer, loss_bound=bound,
-                                              encoding=encoding, report_classes=report_classes, callback=cb,
-                                              name=name)
+
+            def submit():
+                return self._inner.submit_device(key, t.data_ptr(), str(t.dtype).replace("torch.", ""), t.numel(),
+                                                 t.device.index or 0, t, layer=layer, loss_bound=bound,
+                                                 encoding=encoding, report_classes=report_classes, callback=cb,
+                                                 name=name)
+
+            inner = submit() if ready.query() else self._submitter().submit(ready.synchronize, submit, cb)
             return Handle(inner, None if cb is not None else finish)
         buf, finish = _as_buffer(tensor)
         cb = _wrap_callback(callback, finish)
@@ -337,6 +420,10 @@ class Client:
         with _open_lock:
             _open_clients.discard(self)
         self._inner.close()
+        with self._deferred_lock:
+            submitter, self._deferred = self._deferred, None
+        if submitter is not None:
+            submitter.close()
 
     def __enter__(self):
         return self
