@@ -14,6 +14,7 @@ PACKAGES=(
   # The Python package (client/python) and its tests and demo: PyTorch 1.13 for /usr/bin/python3.
   python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-matplotlib
   python3-pytest python3-pytest-timeout
+  python3-venv python3-pip  # pip install . into a fresh venv (tests/python/venv_install.sh)
   iproute2 ethtool iperf3 iputils-ping  # the congested-cluster test bed (tests/netbed)
   libfaketime  # steps of the wall clock under a running job (faults_test)
   libcap2-bin  # setcap: a non-root dlcpd given cap_ipc_lock as its image gives it (binaries_test)

@@ -138,7 +138,8 @@ def broadcast_object(obj, root=0, *, client=None, timeout=None):
         block = _words(data[start:start + _OBJECT_BLOCK_BYTES].ljust(_OBJECT_BLOCK_BYTES, b"\0"))
         client.broadcast(_OBJECT_KEY + 1, block, root, timeout=timeout)  # one size per key: every block is full
         out += _bytes(block)
-    return torch.load(io.BytesIO(bytes(out[:size])), map_location="cpu")
+    # Not weights_only (torch 2.6's default): an object may be more than tensors and containers.
+    return torch.load(io.BytesIO(bytes(out[:size])), map_location="cpu", weights_only=False)
 
 
 def _words(data):
