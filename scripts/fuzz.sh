@@ -4,6 +4,8 @@
 #   wire_fuzz     the data-plane packet parser, range lists and MAC check
 #   control_fuzz  the control-plane request handlers (Join, Leave, Heartbeat, GetTopology, GetStats,
 #                 Regroup)
+#   ring_fuzz     a shared-memory ring's header, indices and record lengths, as another process
+#                 left them
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [OUT_DIR] [BUILD_DIR]
 # BUILD_DIR is a configured and built tree (for the generated protobuf code). Exits non-zero on any
 # crash or sanitizer report; prints the inputs each target ran.
@@ -47,6 +49,9 @@ printf '#include "%s"\n' "${CONTROL[@]}" > "$OUT/control_unity.cc"
 
 clang++ "${FLAGS[@]}" tests/fuzz/wire_fuzz.cc "${WIRE[@]}" "${RDMA[@]:0:1}" $LIBS -lhighwayhash -o "$OUT/wire_fuzz" &
 wire=$!
+clang++ "${FLAGS[@]}" tests/fuzz/ring_fuzz.cc common/shm/spsc_ring.cc common/base/syscall.cc common/transport/waker.cc \
+  $LIBS -o "$OUT/ring_fuzz" &
+ring=$!
 clang++ "${FLAGS[@]}" -c "$OUT/control_unity.cc" -o "$OUT/control_unity.o" &
 unity=$!
 clang++ "${FLAGS[@]}" -c "$BUILD/proto/gen/dlcp/v1/control.pb.cc" -o "$OUT/control.pb.o" &
@@ -54,12 +59,13 @@ pb=$!
 clang++ "${FLAGS[@]}" -c "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" -o "$OUT/control.grpc.pb.o" &
 grpcpb=$!
 wait $wire || { echo "fuzz: building wire_fuzz failed"; exit 1; }
+wait $ring || { echo "fuzz: building ring_fuzz failed"; exit 1; }
 wait $unity && wait $pb && wait $grpcpb || { echo "fuzz: compiling control_fuzz failed"; exit 1; }
 clang++ "${FLAGS[@]}" "$OUT/control_unity.o" "$OUT/control.pb.o" "$OUT/control.grpc.pb.o" $LIBS -lhighwayhash \
   -lpthread -ldl -o "$OUT/control_fuzz" || { echo "fuzz: linking control_fuzz failed"; exit 1; }
 
 status=0
-for target in wire control; do
+for target in wire control ring; do
   work="$OUT/${target}_corpus"
   mkdir -p "$work"
   "$OUT/${target}_fuzz" -max_total_time="$SECONDS_PER_TARGET" -max_len=4096 -print_final_stats=1 \
