@@ -261,9 +261,9 @@ def _require(options, env):
     missing = [o for o in _REQUIRED if options.get(o) is None and not env.get("DLCP_" + o.upper())]
     if missing:
         names = ", ".join(missing)
+        launcher = " (a launcher's RANK and WORLD_SIZE also give them)" if set(missing) - {"aggregators"} else ""
         raise TypeError(f"dlcp.Client() is missing required option(s) {names}: pass them as keywords or set "
-                        f"{', '.join('DLCP_' + o.upper() for o in missing)} (a launcher's RANK and WORLD_SIZE "
-                        f"also give rank and world_size)")
+                        f"{', '.join('DLCP_' + o.upper() for o in missing)}{launcher}")
 
 
 def default_client():

@@ -18,6 +18,7 @@ Config settings (pip --config-settings NAME=VALUE):
 """
 import base64
 import hashlib
+import io
 import os
 import pathlib
 import re
@@ -164,6 +165,5 @@ def build_sdist(sdist_directory, config_settings=None):
         pkg_info = _metadata(version).encode()
         entry = tarfile.TarInfo(f"{base}/PKG-INFO")
         entry.size = len(pkg_info)
-        import io
         tar.addfile(entry, io.BytesIO(pkg_info))
     return name
