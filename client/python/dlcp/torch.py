@@ -62,7 +62,9 @@ def comm_hook(client, model=None, *, loss_bound=None, key_base=_HOOK_KEYS):
     def hook(state, bucket):
         buffer = bucket.buffer()
         layer = min((layers.get(id(p), 0) for p in bucket.parameters()), default=0)
-        future = torch.futures.Future()
+        # A CUDA-aware future for a CUDA bucket: set_result records an event after the division,
+        # and DDP's wait makes its stream wait for it.
+        future = torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda else torch.futures.Future()
 
         def done(stats, error):
             if error is not None:
