@@ -592,9 +592,12 @@ void TransferEngine::HandleDatagram(const InMessage& m, absl::Time now) {
       absl::Status error(code, absl::StrCat("aggregator ", AggregatorOf(from_dest), ": ", text));
       // ABORTED means the job itself failed: every op, now and later, fails the same way.
       if (code == absl::StatusCode::kAborted) return FailJob(error);
+      if (op == nullptr) break;
+      // The op is given up: every aggregator of it may release the round (a refused one holds the
+      // blocks it took before the refusal, and would take more from late pushes once memory frees).
+      if (h.round == op->round) SendDoneToAll(*op);
       // Moved, not copied: the caller's thread then owns the only reference to the message.
-      if (op != nullptr) return Finish(h.key, std::move(error));
-      break;
+      return Finish(h.key, std::move(error));
     }
     default:
       break;
@@ -671,12 +674,16 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   MaybeComplete(op, now);
 }
 
-void TransferEngine::Complete(Op& op, absl::Time now) {
+void TransferEngine::SendDoneToAll(const Op& op) {
   for (uint32_t d = 0; d < op.dests.size(); ++d) {
     if (!op.plan->chunks_by_dest[d].empty()) {
       SendDone(op.key, op.round, d, op.geometry.tensor_elems, op.geometry.chunk_count());
     }
   }
+}
+
+void TransferEngine::Complete(Op& op, absl::Time now) {
+  SendDoneToAll(op);
   completed_round_[op.key] = op.round;
   op.stats.time = now - op.clock.start;
   if (op.device) {

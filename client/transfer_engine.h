@@ -225,6 +225,8 @@ class TransferEngine {
   // Completes the op when every result is in, or arms the bounded pull's tail when enough are.
   void MaybeComplete(Op& op, absl::Time now);
   void Complete(Op& op, absl::Time now);
+  // DONE for the op's round to each of its aggregators: they may release it.
+  void SendDoneToAll(const Op& op);
   // Bounded pull: zeroes the results that never came, then completes.
   void CompletePartial(Op& op, absl::Time now);
   // When an armed op's tail ends: a quiet spell after its latest result, as at the aggregator.

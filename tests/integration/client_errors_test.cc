@@ -348,6 +348,18 @@ TEST(ClientErrors, TheAggregatorsMemoryCapOverAllJobsRefusesTheJobThatFindsItFul
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
   EXPECT_NE(r.status().message().find("--max-memory-bytes"), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find("job 'latecomer'"), std::string::npos) << r.status();
+  // The refused round gave back what it had taken before the cap stopped it, at once: the worker
+  // said it was done with the round, so no late push of it can take memory once the holder leaves.
+  auto latecomer_bytes = [&] {
+    for (const auto& job : agg->jobs().List()) {
+      if (job->name == "latecomer") return job->bytes_in_use.load();
+    }
+    return uint64_t{0};
+  };
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(5); latecomer_bytes() != 0;) {
+    ASSERT_LT(MonotonicNow(), end) << "the refused round still holds " << latecomer_bytes() << " bytes";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   // The holder ends: its round is dropped and its memory given back.
   holder[0]->Close().IgnoreError();
   holder[1]->Close().IgnoreError();
