@@ -256,3 +256,24 @@ def test_the_optimizer_names_what_it_cannot_take(aggregators):
         client.close()
     with pytest.raises(ValueError, match="0 dlcp clients are open in this process; pass client="):
         dlcp.torch.broadcast_parameters(model[0])
+
+
+def _cuda_skip_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False); scripts/gpu-check.sh runs this on a GPU machine"
+    return dlcp.cuda_status()  # None when the CUDA packer is usable
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_gpu_checks_training_ways_match_ddp_over_gloo(aggregators, device):
+    """scripts/gpu_torch_check.py, the PyTorch part of the GPU check: DistributedOptimizer, the comm
+    hook and accumulation (and on CUDA: AMP and a bfloat16 model) against DDP over Gloo, 2 workers.
+    On the CPU it keeps the script working where no GPU is; on CUDA it is the device test."""
+    if device == "cuda" and _cuda_skip_reason() is not None:
+        pytest.skip(_cuda_skip_reason())
+    import pathlib
+    script = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "gpu_torch_check.py"
+    run = subprocess.run([sys.executable, str(script), f"--aggregators={aggregators}", f"--device={device}",
+                          "--workers=2", "--steps=10"], capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "dear against gloo" in run.stdout and "FAILED" not in run.stdout, run.stdout
