@@ -26,8 +26,9 @@ void DelaySignal::OnAnswered(uint64_t stamp, absl::Time now) {
   // than the span (between jobs, say), all of them.
   const absl::Duration quarter = options_.base_span / base_quarters_.size();
   if (now - quarter_start_ >= quarter) {
-    const int64_t ended = quarter_start_ == absl::InfinitePast() ? 4 : (now - quarter_start_) / quarter;
-    for (int64_t i = 0; i < std::min<int64_t>(ended, base_quarters_.size()); ++i) {
+    const int64_t quarters = static_cast<int64_t>(base_quarters_.size());
+    const int64_t ended = quarter_start_ == absl::InfinitePast() ? quarters : (now - quarter_start_) / quarter;
+    for (int64_t i = 0; i < std::min(ended, quarters); ++i) {
       quarter_ = (quarter_ + 1) % base_quarters_.size();
       base_quarters_[quarter_] = absl::InfiniteDuration();
     }

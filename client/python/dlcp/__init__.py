@@ -38,7 +38,8 @@ def cuda_status():
     return _dlcp.cuda_status()
 
 
-_DEVICE_DTYPES = ("float32", "float16", "bfloat16")
+# What dlcp sums: on a device through the CUDA packer, on the host through a float32 copy.
+_SUMMED_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _as_device_tensor(tensor):
@@ -48,7 +49,7 @@ def _as_device_tensor(tensor):
     if not getattr(tensor, "is_cuda", False) or _dlcp.cuda_status() is not None:
         return None
     import torch
-    if str(tensor.dtype).replace("torch.", "") not in _DEVICE_DTYPES:
+    if _dtype_name(tensor) not in _SUMMED_DTYPES:
         return None
     t = tensor.detach()
     finish = None
@@ -163,9 +164,6 @@ def resolve_aggregators(service):
     return ",".join(f"{a}:{port}" if a in v4 else f"[{a}]:{port}" for a in addrs)
 
 
-_HOST_DTYPES = ("float32", "float16", "bfloat16")
-
-
 def _dtype_name(tensor):
     return str(getattr(tensor, "dtype", "")).replace("torch.", "")
 
@@ -177,7 +175,7 @@ def _check_dtype(tensor):
     dtype = getattr(tensor, "dtype", None)
     if dtype is None:
         return  # another buffer: the binding checks its format
-    if _dtype_name(tensor) not in _HOST_DTYPES:
+    if _dtype_name(tensor) not in _SUMMED_DTYPES:
         raise TypeError(f"dlcp sums float32, float16 and bfloat16 tensors, not {_dtype_name(tensor)}: cast it "
                         f"(tensor.float()) and back, if float32's precision is enough for it")
 
@@ -371,7 +369,7 @@ class Client:
         the timeline (option timeline). TypeError for a dtype dlcp does not sum (float64, ints)."""
         _check_index("key", key, 1 << 32)
         _check_index("layer", layer, 1 << 32)
-        if loss_bound is not None and not isinstance(loss_bound, (int, float)) or isinstance(loss_bound, bool):
+        if loss_bound is not None and (isinstance(loss_bound, bool) or not isinstance(loss_bound, (int, float))):
             raise TypeError(f"loss_bound must be a float or None, not {type(loss_bound).__name__}")
         if loss_bound is not None and not 0 <= loss_bound < 1:
             raise ValueError(f"loss_bound must be in [0, 1), not {loss_bound}")

@@ -41,8 +41,7 @@ def set_log_level(level):
     "error", or a `logging` level (logging.DEBUG). Raises ValueError for another word and TypeError
     for another type."""
     if isinstance(level, str):
-        if level.lower() not in _BY_WORD:
-            raise ValueError(f"unknown log level '{level}' (debug|info|warning|error)")
+        _dlcp.set_log_level(level)  # the library's parser: ValueError naming the word it does not know
         level = _BY_WORD[level.lower()]
     elif not isinstance(level, int) or isinstance(level, bool):
         raise TypeError(f"log level must be a str or a logging level int, not {type(level).__name__}")

@@ -115,7 +115,8 @@ def broadcast_optimizer_state(optimizer, root=0, *, client=None, timeout=None):
     """Makes every worker's optimizer state (state_dict(): moments, step counts, learning rates)
     equal to `root`'s, for a run that resumes from a checkpoint only root loaded. Works on a
     torch.optim optimizer and on DistributedOptimizer. client: None for dlcp.default_client()."""
-    state = optimizer.state_dict() if (client or _default_client()).rank == root else None
+    client = client if client is not None else _default_client()
+    state = optimizer.state_dict() if client.rank == root else None
     state = broadcast_object(state, root, client=client, timeout=timeout)
     optimizer.load_state_dict(state)
 
@@ -153,7 +154,7 @@ def _bytes(words):
     return words.to(torch.int32).to(torch.int16).numpy().tobytes()
 
 
-_ACCEPTED_DTYPES = {"cpu": (torch.float32,), "cuda": (torch.float32, torch.float16, torch.bfloat16)}
+_ACCEPTED_DTYPES = {"cpu": (torch.float32,), "cuda": _SUMMED_DTYPES}
 
 
 class _Group:
@@ -192,8 +193,8 @@ def _trained_params(optimizer, model):
             accepted = _ACCEPTED_DTYPES.get(p.device.type)
             if accepted is None or p.dtype not in accepted:
                 raise TypeError(f"parameter {names[id(p)]} is {str(p.dtype).replace('torch.', '')} on "
-                                f"{p.device.type}: DistributedOptimizer takes float32 parameters on the CPU and float32, "
-                                f"float16 or bfloat16 ones on CUDA devices")
+                                f"{p.device.type}: DistributedOptimizer takes float32 parameters on the CPU and "
+                                f"float32, float16 or bfloat16 ones on CUDA devices")
             params.append(p)
     return params
 
@@ -484,16 +485,15 @@ class DistributedOptimizer:
         """AMP: every pull, then the scaler unscales the averaged aggregate and checks it."""
         for g in self._groups:
             self._wait(g)
-        params = [p for g in self._groups for p in g.params]
-        grads = [v for g in self._groups for v in g.views]
         saved = [p.grad for p in self._params]
-        for p, grad in zip(params, grads):
-            p.grad = grad
+        for g in self._groups:  # every trained parameter is in a group: all take the aggregate
+            for p, view in zip(g.params, g.views):
+                p.grad = view
         try:
             scaler.unscale_(self)  # records found_inf per device, from the aggregate
             found = scaler._per_optimizer_states[id(self)]["found_inf_per_device"]
             if sum(v.item() for v in found.values()) == 0:
-                self._step_with(params, grads)
+                self.optimizer.step()
             else:
                 self.totals["skipped_steps"] += 1
         finally:
