@@ -16,6 +16,7 @@ one JSON line per worker and way, then the checks and the step times against DDP
 --device=cpu runs the ways that need no GPU, to try the script where there is none.
 """
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -61,8 +62,9 @@ def _train(way, model, client, rank, world, args, device):
     else:
         net = model
         key = ACCUM_KEYS if accumulate else BF16_KEYS if way == "dear_bf16" else AMP_KEYS if amp else 1 << 24
+        tuned = {"fusion_bytes": args.fusion_bytes} if args.fusion_bytes else {}  # else the user's default
         opt = dlcp.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model,
-                                              client, fusion_bytes=args.fusion_bytes, key_base=key,
+                                              client, key_base=key, **tuned,
                                               backward_passes_per_step=2 if accumulate else 1, timeout=60)
         sync_off = None
     scaler = torch.cuda.amp.GradScaler(init_scale=2.0 ** 12) if amp else None
@@ -74,7 +76,7 @@ def _train(way, model, client, rank, world, args, device):
         micro = batches[2 * step:2 * step + 2] if accumulate else [batches[step]]
         for i, (x, y) in enumerate(micro):
             # DDP decides in the forward pass whether the backward reduces: both go inside no_sync.
-            with sync_off() if (sync_off is not None and i < len(micro) - 1) else _nothing():
+            with sync_off() if (sync_off is not None and i < len(micro) - 1) else contextlib.nullcontext():
                 with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
                     loss = F.cross_entropy(net(x.to(next(model.parameters()).dtype)).float(), y) / len(micro)
                 (scaler.scale(loss) if amp else loss).backward()
@@ -91,14 +93,6 @@ def _train(way, model, client, rank, world, args, device):
         opt.close()
     times = sorted(times[3:]) or sorted(times)
     return _flat(model), times[len(times) // 2], float(loss.detach())
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def worker(rank, world, args, port, out_queue):
@@ -150,9 +144,9 @@ def check(results, world, tolerance):
             if err > tolerance:
                 failures.append(f"{way}: {err:.3g} from {reference}, more than {tolerance}")
     if "dear_bf16" in ways:
-        start = [r for r in results if r["way"] == "dear_bf16"][0]
+        bf16 = [r for r in results if r["way"] == "dear_bf16"][0]
         moved = _relative(by[("dear_bf16", 0)], by[("gloo", 0)])
-        print(f"gpu-check: dear_bf16 final loss {start['loss']:.3f}, {moved:.3g} from float32 Gloo")
+        print(f"gpu-check: dear_bf16 final loss {bf16['loss']:.3f}, {moved:.3g} from float32 Gloo")
         if not moved < 0.1:
             failures.append(f"dear_bf16: {moved:.3g} from float32 Gloo's parameters")
     return failures
@@ -165,7 +159,7 @@ def main():
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--fusion-bytes", type=int, default=64 << 10)
+    parser.add_argument("--fusion-bytes", type=int, default=0, help="0: DistributedOptimizer's default")
     parser.add_argument("--tolerance", type=float, default=1e-5)
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -190,6 +184,8 @@ def main():
                 break
     for p in procs:
         p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
     if len(results) < args.workers * ways:
         print(f"gpu-check: {len(results)} of {args.workers * ways} results; exit codes {[p.exitcode for p in procs]}")
         return 1

@@ -150,11 +150,13 @@ TEST(Doorbell, WaitEndsAtItsDeadlineOnAnEmptyRing) {
 // Streams `count` numbered records from a producer to a consumer that sleeps on the doorbell
 // whenever the ring is empty; a lost wake-up shows as a Wait that reaches its deadline.
 void Produce(SpscRing ring, const Doorbell& bell, uint64_t count) {
+  const absl::Time deadline = MonotonicNow() + absl::Seconds(30);  // a consumer that stopped
   for (uint64_t i = 0; i < count; ++i) {
     for (;;) {
       auto pushed = ring.TryPush(Bytes(i));
       ASSERT_TRUE(pushed.ok()) << pushed.status();
       if (*pushed) break;
+      ASSERT_LT(MonotonicNow(), deadline) << "record " << i << " found the ring full for 30 s";
       std::this_thread::yield();  // full: the consumer is behind
     }
     bell.Ring(ring);
