@@ -1,13 +1,19 @@
 #include "client/client.h"
 
 #include <algorithm>
+#include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/host/host_stage.h"
+#include "client/host/stage_join.h"
 #include "client/options/client_option_table.h"
 #include "client/session.h"
 #include "client/transfer_engine.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "common/shm/stage_layout.h"
 #include "common/wire/header.h"
 #include "common/transport/factory.h"
 
@@ -180,6 +186,46 @@ EngineOptions EngineOptionsOf(const ClientOptions& options, const Session& sessi
 }
 }  // namespace
 
+// The job's workers on this host: local_size, else the launcher's LOCAL_WORLD_SIZE, else 1.
+absl::StatusOr<uint32_t> ResolveLocalSize(const ClientOptions& o) {
+  if (o.local_size != 0) return o.local_size;
+  const std::optional<std::string> env = ProcessEnv("LOCAL_WORLD_SIZE");
+  if (!env || env->empty()) return 1;
+  uint32_t n = 0;
+  if (!absl::SimpleAtoi(*env, &n) || n == 0 || n > o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("LOCAL_WORLD_SIZE '", *env, "' is not a count of workers in 1..",
+                                                   o.world_size, " (or set local_size)"));
+  }
+  return n;
+}
+
+// This worker's place in its host stage, or none: then it logs why, once, and every op takes
+// the network path.
+std::optional<StageMembership> FindHostStage(const ClientOptions& o, uint32_t local_size) {
+  if (!o.host_stage || local_size < 2) return std::nullopt;
+  StageJoinOptions so;
+  so.socket_path = o.host_socket;
+  so.hello = HostHello{o.job_name, o.world_size, o.rank, std::min(local_size, kMaxStageMembers)};
+  so.timeout = std::max(absl::Seconds(60), o.rpc_timeout);
+  absl::StatusOr<StageMembership> m = JoinHostStage(so);
+  if (!m.ok()) {
+    DLCP_LOG(Warning) << "rank " << o.rank << " of job '" << o.job_name
+                      << "': no host stage, so this worker pushes its own data: " << m.status().message();
+    return std::nullopt;
+  }
+  DLCP_LOG(Info) << "rank " << o.rank << " of job '" << o.job_name << "': host stage with ranks "
+                 << absl::StrJoin(m->welcome.ranks, ",");
+  return std::move(*m);
+}
+
+// The first worker of a stage that does not hold the whole job pushes the stage's sum.
+HostStage::NetworkSubmit StageNetwork(TransferEngine* engine, const StageMembership& m, uint32_t world) {
+  if (m.welcome.member != 0 || m.welcome.ranks.size() == world) return nullptr;
+  const auto carries = static_cast<uint16_t>(m.welcome.ranks.size());
+  return [engine, carries](uint32_t key, absl::Span<float> sum, const AllReduceOptions& options, int64_t root,
+                           OpDone done) { engine->Submit(key, sum, options, root, std::move(done), carries); };
+}
+
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& given) {
   if (absl::Status s = ValidateOptions(given); !s.ok()) return s;
   ClientOptions options = given;
@@ -193,8 +239,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   if (!chunk.ok()) return chunk.status();
   options.chunk_bytes = *chunk;
   if (options.window_bytes < options.chunk_bytes) return absl::InvalidArgumentError("window_bytes must hold at least one chunk");
-  absl::StatusOr<std::unique_ptr<Session>> session =
-      Session::Join(SessionOptionsOf(options, (*transport)->local_address()));
+  absl::StatusOr<uint32_t> local_size = ResolveLocalSize(options);
+  if (!local_size.ok()) return local_size.status();
+  options.local_size = *local_size;
+  std::optional<StageMembership> stage = FindHostStage(options, *local_size);
+  SessionOptions so = SessionOptionsOf(options, (*transport)->local_address());
+  if (stage) so.host_group = stage->welcome.ranks;
+  absl::StatusOr<std::unique_ptr<Session>> session = Session::Join(so);
   if (!session.ok()) return session.status();
   EngineOptions eo = EngineOptionsOf(options, **session);
   if (!options.timeline.empty()) {
@@ -211,6 +262,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   c->transport_kind_ = (*transport)->kind();
   c->session_ = std::move(*session);
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
+  if (stage) {
+    HostStage::NetworkSubmit network = StageNetwork(c->engine_.get(), *stage, options.world_size);
+    c->stage_ = std::make_unique<HostStage>(std::move(*stage), std::move(network), options.world_size,
+                                            options.op_timeout);
+  }
   c->ListenToSession(/*regroup=*/eo.retain_inputs && eo.endpoints.size() > 1);
   return c;
 }
@@ -284,7 +340,16 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Sp
   return std::move(f);
 }
 
+bool Client::ThroughHostStage(const AllReduceOptions& options) const {
+  if (!stage_) return false;
+  const double epsilon = options.loss_bound >= 0 ? options.loss_bound : options_.loss_bound;
+  return epsilon == 0 && !options_.phase_aware.enabled;
+}
+
 void Client::AllReduceAsync(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, OpDone done) {
+  if (ThroughHostStage(options) && data.data() != nullptr) {
+    return stage_->Submit(key, data, options, -1, WithHeartbeatNews(key, std::move(done)));
+  }
   engine_->Submit(key, data, options, -1, WithHeartbeatNews(key, std::move(done)));
 }
 
@@ -301,6 +366,9 @@ void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root,
   }
   AllReduceOptions o;
   o.loss_bound = 0;
+  if (stage_ && data.data() != nullptr) {
+    return stage_->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
+  }
   engine_->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
 }
 
@@ -380,6 +448,9 @@ absl::Status Client::Close() {
     session_->set_rejoin_handler(nullptr);
     session_->set_key_handler(nullptr);
   }
+  // The stage first: its first worker's network leg is an op of the engine, which may write into
+  // the stage's memory until the engine stops; that memory is unmapped only with the client.
+  if (stage_) stage_->Stop(absl::CancelledError("dlcp client closed"));
   if (engine_) engine_->Stop(absl::CancelledError("dlcp client closed"));
   if (regroup_.joinable()) regroup_.join();  // its waits end with the engine stopped, or by deadline
   if (timeline_) timeline_->Close();

@@ -130,6 +130,17 @@ struct ClientOptions {
   // must use the same encoding for a key; AllReduceOptions may choose per tensor. Broadcasts are
   // always float32, since they must be exact.
   wire::Encoding payload_encoding = wire::Encoding::kF32;
+
+  // Host stage (docs/host-stage.md): the job's workers on one host sum in shared memory, handed
+  // out by the host's dlcpd at host_socket, and the first of them pushes the host's sum. Used by
+  // the reliable ops on host memory (ε = 0, no phase_aware); the others, and device tensors, take
+  // the network path. Where there is no stage (local_size under 2, no dlcpd at host_socket, a
+  // refusal), every op takes the network path and the worker logs why, once.
+  bool host_stage = true;
+  std::string host_socket = "/run/dlcp/dlcpd.sock";
+  // The job's workers on this host, this one included; 0: LOCAL_WORLD_SIZE, else 1. Every worker
+  // of a host must give the same.
+  uint32_t local_size = 0;
 };
 
 // "consistent" | "bounded" and "rescale" | "zero-fill", for flags and bindings.
@@ -196,14 +207,15 @@ struct RoundStats {
   std::vector<uint8_t> classes;
 };
 
-// Completion of an op. Runs exactly once: on the client's I/O thread, or on the calling thread
-// when the op is refused at submission. It must not block (hand the result to another thread
+// Completion of an op. Runs exactly once: on the client's I/O thread (the host stage's thread for
+// an op through it), or on the calling thread when the op is refused at submission. It must not block (hand the result to another thread
 // for slow work); it may submit the next op, also for the same key.
 using OpDone = std::function<void(absl::StatusOr<RoundStats>)>;
 
 class TransferEngine;
 class Timeline;
 class Session;
+class HostStage;
 
 class Client {
  public:
@@ -295,11 +307,14 @@ class Client {
                       bool planned);
   // Pause the data path, regroup with the survivors, resume in the new layout (or fail).
   void Regroup(uint32_t generation, std::vector<bool> lost, absl::Status why);
+  // Whether an op with these options goes through the host stage.
+  bool ThroughHostStage(const AllReduceOptions& options) const;
 
   ClientOptions options_;
   TransportOptions::Kind transport_kind_ = TransportOptions::Kind::kUdp;
   std::unique_ptr<Session> session_;
   std::unique_ptr<TransferEngine> engine_;
+  std::unique_ptr<HostStage> stage_;  // null: every op takes the network path
   std::shared_ptr<Timeline> timeline_;  // the engine's too; closed with the client
   std::mutex regroup_mu_;
   std::thread regroup_;

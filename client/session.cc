@@ -109,6 +109,7 @@ std::unique_ptr<Session::JoinCall> Session::StartJoin(const SessionOptions& opti
   req.set_client_host(options.client_host);
   req.set_client_pid(static_cast<uint32_t>(::getpid()));
   for (const std::string& a : options.resolved_aggregators) req.add_aggregators(a);
+  for (uint32_t r : options.host_group) req.add_host_group(r);
   return std::make_unique<JoinCall>(
       [stub](grpc::ClientContext* ctx, const v1::JoinRequest* rq, v1::JoinResponse* rs, auto cb) {
         stub->async()->Join(ctx, rq, rs, std::move(cb));

@@ -63,6 +63,7 @@ struct SessionOptions {
   uint64_t incarnation = 0;
   std::vector<std::string> resolved_aggregators;
   std::string client_host;  // this host's name, for the aggregators' errors; Session::Join fills it
+  std::vector<uint32_t> host_group;  // the ranks of this worker's host stage (JoinRequest.host_group)
 };
 
 class Session {

@@ -102,12 +102,13 @@ uint32_t TransferEngine::WindowOf(uint32_t dest) const {
 TransferEngine::~TransferEngine() { Stop(absl::CancelledError("dlcp client closed")); }
 
 void TransferEngine::Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options,
-                            int64_t broadcast_root, OpDone done) {
+                            int64_t broadcast_root, OpDone done, uint16_t carries) {
   auto op = std::make_unique<Op>();
   op->done = std::move(done);
   if (data.data() == nullptr) return op->done(absl::InvalidArgumentError("AllReduce of an empty tensor"));
   op->data = data.data();
   op->broadcast_root = broadcast_root;
+  op->carries = carries;
   Enqueue(std::move(op), key, data.size(), options);
 }
 
@@ -375,6 +376,7 @@ bool TransferEngine::PushTo(Op& op, uint32_t d) {
   wire::Header h = BaseHeader(wire::MsgType::kPush, d, op.key, op.round, op.geometry.tensor_elems,
                               op.geometry.chunk_count());
   h.encoding = static_cast<uint8_t>(op.encoding);
+  h.contributors = op.carries > 1 ? op.carries : 0;  // a host stage's sum (docs/host-stage.md)
   Dest& dest = op.dests[d];
   const std::vector<uint32_t>& mine = op.plan->chunks_by_dest[d];
   const size_t window = WindowOf(d);

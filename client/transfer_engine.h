@@ -117,9 +117,10 @@ class TransferEngine {
 
   // Any thread. Validates and enqueues; `done` runs once, on the I/O thread (or on the caller's
   // thread if the op is refused at once). With broadcast_root >= 0 the op is a broadcast from
-  // that rank: other ranks contribute zeros.
+  // that rank: other ranks contribute zeros. `carries` > 1: `data` is the sum of a host stage of
+  // that many ranks, which this worker leads (its pushes say so; docs/host-stage.md).
   void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t broadcast_root,
-              OpDone done);
+              OpDone done, uint16_t carries = 1);
   // The same for a tensor in CUDA device memory: the CUDA packer packs it, results gather in a
   // host buffer of the op and go back to the device when the op completes.
   void SubmitDevice(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options, OpDone done);

@@ -115,6 +115,7 @@ struct TransferOp {
   bool report_classes = false;  // AllReduceOptions::report_classes
   BoundedRound bounded;
   int64_t broadcast_root = -1;
+  uint16_t carries = 1;  // ranks whose sum `data` is: a host stage's size, or 1
   OpClock clock;
   std::string name;  // on the timeline (AllReduceOptions::name)
   RoundStats stats;

@@ -206,6 +206,15 @@ std::vector<ClientOption> ConnectionRows() {
              "fail: ops fail when an aggregator dies; remap: its share moves to the others and unfinished rounds "
              "run again (docs/failure-modes.md)",
              ParseAggregatorLoss, [](auto& o) -> auto& { return o.on_aggregator_loss; }),
+      Bool("host_stage",
+           "sum with the job's other workers on this host in shared memory, through this host's dlcpd, and push "
+           "once per host (docs/host-stage.md); false: every worker pushes its own",
+           [](auto& o) -> auto& { return o.host_stage; }),
+      Text("host_socket", "the Unix socket of this host's dlcpd (dlcpd --host-socket)",
+           [](auto& o) -> auto& { return o.host_socket; }),
+      Int("local_size", 0, 64,
+          "the job's workers on this host, this one included; 0: LOCAL_WORLD_SIZE (torchrun sets it), else 1",
+          [](auto& o) -> auto& { return o.local_size; }),
   };
 }
 

@@ -35,6 +35,7 @@ const char* RejectName(Reject r) {
     case Reject::kBadMac: return "bad_mac";
     case Reject::kBadEncoding: return "bad_encoding";
     case Reject::kUnknownSource: return "unknown_source";
+    case Reject::kBadHostGroup: return "bad_host_group";
     case Reject::kCount: break;
   }
   return "unknown";

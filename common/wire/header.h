@@ -94,6 +94,7 @@ enum class Reject : uint8_t {
   kBadMac,
   kBadEncoding,
   kUnknownSource,  // not from an address that may send it (a worker: its chunk's aggregator endpoint)
+  kBadHostGroup,   // a PUSH's contributors name no host group its rank leads, or a bounded round
   kCount,
 };
 const char* RejectName(Reject r);

@@ -171,6 +171,10 @@ absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::Jo
   if (!joiner.ok()) return joiner.status();
   JoinSpec spec{req.job_name(), req.world_size(), req.rank(), req.chunk_bytes(), *addr, std::move(*joiner),
                 client.empty() ? absl::StrCat("address ", PeerHost(peer)) : client};
+  if (req.host_group_size() > static_cast<int>(kMaxHostGroup)) {
+    return absl::InvalidArgumentError(absl::StrCat("host_group has more than ", kMaxHostGroup, " ranks"));
+  }
+  spec.host_group.assign(req.host_group().begin(), req.host_group().end());
   absl::StatusOr<std::shared_ptr<Job>> job = jobs_->Join(spec);
   if (!job.ok()) return job.status();
   resp->set_job_id((*job)->id);

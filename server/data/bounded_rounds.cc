@@ -16,6 +16,7 @@ void DataThread::HandleManifest(const wire::Header& h, const uint8_t* payload, R
     metrics_.stops_resent->Add();
     return SendStop(*round, h.rank);
   }
+  if (round->HasHostGroups()) return Reject(wire::Reject::kBadHostGroup);  // host stages run reliable rounds
   absl::StatusOr<wire::ManifestPart> part =
       wire::DecodeManifest(absl::MakeConstSpan(payload, h.payload_len), round->geometry().chunk_count());
   if (!part.ok()) return Reject(wire::Reject::kBadPayload);

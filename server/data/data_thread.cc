@@ -210,7 +210,14 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
     std::memcpy(aligned_.data(), payload, h.payload_len);
     values = aligned_.data();
   }
-  const Round::AddResult added = round->Add(h.rank, h.chunk, values, now);
+  std::shared_ptr<const std::vector<uint32_t>> host_group;
+  if (h.contributors > 1) {  // a host stage's sum (docs/host-stage.md)
+    host_group = round->job()->HostGroupLedBy(h.rank);
+    if (host_group == nullptr || host_group->size() != h.contributors || round->bounded) {
+      return Reject(wire::Reject::kBadHostGroup);
+    }
+  }
+  const Round::AddResult added = round->Add(h.rank, h.chunk, values, now, std::move(host_group));
   if (added == Round::AddResult::kAdded || added == Round::AddResult::kCompleted) {
     round->NoteClass(h.chunk, h.priority);
     // Only a repair that was needed: one whose first push arrives after all is a duplicate.
@@ -361,6 +368,7 @@ void DataThread::SendResultToAll(Round& r, uint32_t chunk, absl::Time now) {
   std::vector<PathShares>* shares = JobResultShares(r);
   r.NoteResultsSent(chunk, now);
   for (uint32_t w = 0; w < r.job()->world; ++w) {
+    if (r.Carried(w)) continue;  // its host stage's first rank hands it the result
     const wire::MacKey* key = keys != nullptr ? keys->send(w) : nullptr;
     if (key != digest.key) digest = {key, wire::PayloadDigest(*key, payload.data(), payload.size())};
     SendResult(r, chunk, w, shares != nullptr ? &(*shares)[w] : nullptr, payload, &digest);
@@ -666,6 +674,7 @@ void DataThread::ScheduleRepairs(Round& r, absl::Time now) {
       RepairBounded(r);
     } else {
       for (uint32_t w = 0; w < r.job()->world; ++w) {
+        if (r.Carried(w)) continue;
         if (!r.Finished()) {
           std::vector<uint32_t> missing = r.MissingFrom(w);
           if (!missing.empty()) SendRanges(wire::MsgType::kPushNack, r, w, missing);

@@ -77,6 +77,16 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddBool("per-worker-data-keys", true,
              "hand each worker keys derived for its rank, so no member can sign as another (docs/security.md); "
              "false: every member gets the job's key, for clients from before");
+  c->AddString("host-socket", kDefaultHostSocket,
+               "Unix socket where this host's workers find their job's host stage (docs/host-stage.md); empty: "
+               "none. The default is skipped with a warning where it cannot be served; another path must be");
+  c->AddInt("host-shm-bytes", int64_t{1} << 30, int64_t{1} << 20, int64_t{1} << 40,
+            "shared memory of all host stages together; a stage beyond it is refused, and its workers take the "
+            "network path");
+  c->AddInt("host-slot-bytes", int64_t{16} << 20, int64_t{1} << 16, int64_t{1} << 32,
+            "each worker's slot in its host stage, a multiple of 4096: tensors larger than it go through in parts");
+  c->AddInt("host-gather-timeout-ms", 30000, 100, 3600000,
+            "how long a host stage waits for all its job's workers on this host; then they take the network path");
   c->AddBool("busy-poll", false, "spin on the data socket instead of sleeping (dedicated cores only)");
   c->AddBool("result-steering", true,
              "share results to each worker over the spray paths by each path's loss rate (docs/path-spraying.md); "
@@ -164,6 +174,19 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   if (absl::Status s = ParseLogLevel(c.GetString("log-level"), &o.log.min_level); !s.ok()) return s;
   o.log.json = c.GetBool("log-json");
   o.log.component = "dlcpd";
+  o.host_stage.socket_path = c.GetString("host-socket");
+  o.host_socket_defaulted = o.host_stage.socket_path == kDefaultHostSocket;
+  o.host_stage.shm_bytes = static_cast<uint64_t>(c.GetInt("host-shm-bytes"));
+  o.host_stage.slot_bytes = static_cast<uint64_t>(c.GetInt("host-slot-bytes"));
+  o.host_stage.gather_timeout = absl::Milliseconds(c.GetInt("host-gather-timeout-ms"));
+  if (o.host_stage.slot_bytes % 4096 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--host-slot-bytes ", o.host_stage.slot_bytes, " is not a multiple of 4096"));
+  }
+  if (o.host_stage.slot_bytes * 2 + 8192 > o.host_stage.shm_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--host-shm-bytes ", o.host_stage.shm_bytes,
+                                                   " cannot hold one stage of two --host-slot-bytes ", o.host_stage.slot_bytes,
+                                                   " slots"));
+  }
   o.tls = TlsOptionsFromConfig(c, /*server=*/true);
   if (absl::Status s = ValidateTlsOptions(o.tls, /*server=*/true); !s.ok()) return s;
   return o;

@@ -10,6 +10,7 @@
 #include "server/control/connection_limits.h"
 #include "common/security/tls.h"
 #include "server/data/data_plane.h"
+#include "server/host/host_broker.h"
 #include "server/jobs/job_registry.h"
 
 namespace dlcp::server {
@@ -41,7 +42,13 @@ struct DlcpdOptions {
   ControlLimits control;
   LogOptions log;
   TlsOptions tls;
+  HostBrokerOptions host_stage;
+  // --host-socket was the default: a host where it cannot be served (not root, another dlcpd
+  // there) runs without host stages, with a warning, rather than refusing to start.
+  bool host_socket_defaulted = true;
 };
+
+inline constexpr char kDefaultHostSocket[] = "/run/dlcp/dlcpd.sock";
 
 void DeclareDlcpdFlags(ConfigRegistry* config);
 absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& config);

@@ -3,6 +3,7 @@
 // within a deadline.
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -308,6 +309,18 @@ void StopServing(const DlcpdOptions& o, AggregatorService& service, const JobReg
   }
 }
 
+// The host socket (docs/host-stage.md). A default one that cannot be served leaves the host
+// without host stages, with a warning; one that was asked for must be served.
+absl::StatusOr<std::unique_ptr<HostBroker>> StartHostBroker(const DlcpdOptions& o, MetricsRegistry* metrics) {
+  if (o.host_stage.socket_path.empty()) return nullptr;
+  if (o.host_socket_defaulted) ::mkdir("/run/dlcp", 0755);  // EEXIST, or not root: Start says what is wrong
+  absl::StatusOr<std::unique_ptr<HostBroker>> broker = HostBroker::Start(o.host_stage, metrics);
+  if (broker.ok() || !o.host_socket_defaulted) return broker;
+  DLCP_LOG(Warning) << "no host stages on this host: " << broker.status().message()
+                    << "; its workers take the network path (set --host-socket to serve them)";
+  return nullptr;
+}
+
 absl::StatusOr<DlcpdOptions> LoadOptions(int argc, char** argv, std::optional<int>* exit_code) {
   ConfigRegistry config("dlcpd", "dlcp aggregator daemon: sums gradient chunks pushed by the workers of a job.");
   DeclareDlcpdFlags(&config);
@@ -355,6 +368,11 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(o.tls);
   if (!credentials.ok()) {
     std::cerr << "dlcpd: refusing to start: " << credentials.status().message() << "\n";
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<HostBroker>> broker = StartHostBroker(o, &metrics);
+  if (!broker.ok()) {
+    std::cerr << "dlcpd: refusing to start: " << broker.status().message() << "\n";
     return 2;
   }
   AggregatorService service(o.aggregator_id, o.advertise_host, &jobs, data->get(), &metrics);

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
@@ -42,7 +43,45 @@ absl::Status JobRegistry::CheckJoin(const JoinSpec& s) const {
   if (s.data_address.port == 0 && s.data_address.qpn == 0) {
     return absl::InvalidArgumentError("data_port must be 1..65535 (or data_qpn set, for RDMA)");
   }
+  return CheckHostGroup(s.host_group, s.rank, s.world_size);
+}
+
+absl::Status CheckHostGroup(const std::vector<uint32_t>& group, uint32_t rank, uint32_t world) {
+  if (group.empty()) return absl::OkStatus();
+  if (group.size() < 2 || group.size() > kMaxHostGroup) {
+    return absl::InvalidArgumentError(absl::StrCat("host_group has ", group.size(), " ranks, not 2..", kMaxHostGroup));
+  }
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (group[i] >= world || (i > 0 && group[i] <= group[i - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host_group [", absl::StrJoin(group, ","), "] must be ascending ranks below ", world));
+    }
+  }
+  if (std::find(group.begin(), group.end(), rank) == group.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host_group [", absl::StrJoin(group, ","), "] does not hold the joining rank ", rank));
+  }
   return absl::OkStatus();
+}
+
+absl::Status Job::SetHostGroup(const std::vector<uint32_t>& group) {
+  if (group.empty()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(groups_mu);
+  host_groups.resize(world);
+  auto& held = host_groups[group.front()];
+  if (held != nullptr && *held != group) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", name, "': host_group [", absl::StrJoin(group, ","), "] differs from [",
+                     absl::StrJoin(*held, ","), "], which another rank of that host gave; its workers must share one "
+                     "host stage"));
+  }
+  if (held == nullptr) held = std::make_shared<const std::vector<uint32_t>>(group);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<const std::vector<uint32_t>> Job::HostGroupLedBy(uint32_t rank) const {
+  std::lock_guard<std::mutex> lock(groups_mu);
+  return rank < host_groups.size() ? host_groups[rank] : nullptr;
 }
 
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::FindOrCreate(const JoinSpec& s, uint32_t id) {
@@ -102,6 +141,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
     return absl::FailedPreconditionError(
         absl::StrCat("job '", s.job_name, "' uses chunk_bytes ", job->chunk_bytes, ", not ", s.chunk_bytes));
   }
+  if (absl::Status group = job->SetHostGroup(s.host_group); !group.ok()) return group;
   const Member& m = job->members[s.rank];
   const int64_t timeout_ns = absl::ToInt64Nanoseconds(limits_.heartbeat_timeout);
   auto holder_alive = [&] {

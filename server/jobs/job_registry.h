@@ -145,7 +145,16 @@ struct Job {
     return rank < left_because.size() ? left_because[rank] : "";
   }
 
+  // Host stage (docs/host-stage.md): the ranks that share a host stage with a joining member, its
+  // first rank pushing their sum. Every member of a group gives the same list; one that gives
+  // another is FAILED_PRECONDITION naming both. Validated by CheckHostGroup first.
+  absl::Status SetHostGroup(const std::vector<uint32_t>& group);
+  // The group `rank` pushes for, itself first; null when it pushes only its own data.
+  std::shared_ptr<const std::vector<uint32_t>> HostGroupLedBy(uint32_t rank) const;
+
  private:
+  mutable std::mutex groups_mu;
+  std::vector<std::shared_ptr<const std::vector<uint32_t>>> host_groups;  // by first rank
   mutable std::mutex failure_mu;
   std::string failure;
   std::vector<std::string> left_because;
@@ -161,7 +170,15 @@ struct JoinSpec {
   // Who asks (its certificate's identity, or its address), for max_jobs_per_client; empty:
   // not counted.
   std::string client;
+  // The ranks of its host stage, ascending, rank among them (JoinRequest.host_group); empty: none.
+  std::vector<uint32_t> host_group;
 };
+
+// The most ranks one host stage may carry.
+inline constexpr uint32_t kMaxHostGroup = 256;
+// INVALID_ARGUMENT unless `group` is empty or 2..kMaxHostGroup ranks below `world`, ascending,
+// holding `rank`.
+absl::Status CheckHostGroup(const std::vector<uint32_t>& group, uint32_t rank, uint32_t world);
 
 // The job id every aggregator derives from the name, so workers need no id service.
 uint32_t JobIdForName(const std::string& name);

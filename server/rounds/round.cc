@@ -53,7 +53,8 @@ bool Round::Has(uint32_t rank, uint32_t chunk) const {
   return (got_[static_cast<size_t>(chunk) * words_ + rank / 64] >> (rank % 64)) & 1;
 }
 
-Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload, absl::Time now) {
+Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload, absl::Time now,
+                            std::shared_ptr<const std::vector<uint32_t>> host_group) {
   uint64_t& word = got_[static_cast<size_t>(chunk) * words_ + rank / 64];
   const uint64_t bit = uint64_t{1} << (rank % 64);
   if (word & bit) return AddResult::kDuplicate;
@@ -84,11 +85,40 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
   delivered_us_[rank] = MicrosSinceCreated(now);
   if (contributions_++ == 0) first_contribution_ = now;
   if (bounded) bounded->OnContribution(rank, chunk);
-  if (++contributors_[chunk] == job_->world) {
+  uint32_t added = 1;
+  if (host_group != nullptr) {
+    if (HostGroupLedBy(rank) == nullptr) host_groups_.push_back(host_group);
+    added += MarkCarried(*host_group, chunk, now);
+  }
+  contributors_[chunk] = static_cast<uint16_t>(contributors_[chunk] + added);
+  if (contributors_[chunk] == job_->world) {
     --open_chunks_;
     return AddResult::kCompleted;
   }
   return AddResult::kAdded;
+}
+
+const std::vector<uint32_t>* Round::HostGroupLedBy(uint32_t rank) const {
+  for (const auto& g : host_groups_) {
+    if (g->front() == rank) return g.get();
+  }
+  return nullptr;
+}
+
+uint32_t Round::MarkCarried(const std::vector<uint32_t>& group, uint32_t chunk, absl::Time now) {
+  if (carried_.empty()) carried_.assign(job_->world, false);
+  uint32_t added = 0;
+  for (size_t i = 1; i < group.size(); ++i) {
+    const uint32_t member = group[i];
+    carried_[member] = true;
+    uint64_t& word = got_[static_cast<size_t>(chunk) * words_ + member / 64];
+    const uint64_t bit = uint64_t{1} << (member % 64);
+    if (word & bit) continue;  // it pushed this chunk itself: never counted twice
+    word |= bit;
+    delivered_us_[member] = MicrosSinceCreated(now);
+    ++added;
+  }
+  return added;
 }
 
 LossTracker& Round::EnableBounded() {
@@ -115,6 +145,14 @@ bool Round::MarkDone(uint32_t rank) {
   if (done_[rank]) return false;
   done_[rank] = true;
   ++done_count_;
+  if (const std::vector<uint32_t>* group = HostGroupLedBy(rank)) {
+    for (size_t i = 1; i < group->size(); ++i) {
+      if (!done_[(*group)[i]]) {
+        done_[(*group)[i]] = true;
+        ++done_count_;
+      }
+    }
+  }
   return true;
 }
 

@@ -33,7 +33,14 @@ class Round {
   // Adds rank's contribution to `chunk` (payload holds geometry().elems(chunk) floats). The first
   // contribution is copied, later ones summed; a repeat from the same rank is never summed twice,
   // and nothing is summed once the round is sealed (its results may already be out).
-  AddResult Add(uint32_t rank, uint32_t chunk, const float* payload, absl::Time now);
+  // `host_group`: the push carries the sum of every rank of rank's host group (Job::HostGroup,
+  // rank first), which then count as contributors and get their results through rank.
+  AddResult Add(uint32_t rank, uint32_t chunk, const float* payload, absl::Time now,
+                std::shared_ptr<const std::vector<uint32_t>> host_group = nullptr);
+  // Its contributions come in another rank's pushes (its host group's first rank): that rank gets
+  // its results, asks for repairs and says DONE for it.
+  bool Carried(uint32_t rank) const { return !carried_.empty() && carried_[rank]; }
+  bool HasHostGroups() const { return !host_groups_.empty(); }
 
   bool Has(uint32_t rank, uint32_t chunk) const;
   bool IsComplete(uint32_t chunk) const { return contributors_[chunk] == job_->world; }
@@ -124,7 +131,7 @@ class Round {
     return last != 0 && now - (created_ + absl::Microseconds(last - 1)) < interval;
   }
 
-  // Returns true if `rank` was not done before.
+  // Returns true if `rank` was not done before. Marks the ranks it carries done with it.
   bool MarkDone(uint32_t rank);
   bool IsDone(uint32_t rank) const { return done_[rank]; }
   bool AllDone() const { return done_count_ == job_->world; }
@@ -186,6 +193,12 @@ class Round {
   std::vector<bool> done_;
   std::vector<uint32_t> delivered_us_;  // per rank: its latest contribution, as MicrosSinceCreated
   uint32_t done_count_ = 0;
+  // Host groups whose first rank pushed here, and who is carried by one (allocated on use).
+  std::vector<std::shared_ptr<const std::vector<uint32_t>>> host_groups_;
+  std::vector<bool> carried_;
+  const std::vector<uint32_t>* HostGroupLedBy(uint32_t rank) const;
+  // The bits and counts of a push carrying `group`; returns how many ranks it added.
+  uint32_t MarkCarried(const std::vector<uint32_t>& group, uint32_t chunk, absl::Time now);
   absl::Time created_;
   absl::Time last_progress_;
   absl::Time first_contribution_;

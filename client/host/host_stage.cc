@@ -1,0 +1,136 @@
+#include "client/host/host_stage.h"
+
+#include <algorithm>
+#include <future>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/clock.h"
+
+namespace dlcp {
+namespace {
+
+// The engine completes its op by the op deadline; its completion may come just after.
+constexpr absl::Duration kLegGrace = absl::Seconds(5);
+
+void AddLegStats(const RoundStats& leg, RoundStats* total) {
+  total->chunks += leg.chunks;
+  total->retransmits += leg.retransmits;
+  total->nacks_deferred += leg.nacks_deferred;
+  total->result_requests += leg.result_requests;
+  total->window_cuts += leg.window_cuts;
+  total->window_undos += leg.window_undos;
+  total->losses_tolerated += leg.losses_tolerated;
+  total->bytes_sent += leg.bytes_sent;
+  total->bytes_received += leg.bytes_received;
+  total->injected_drops += leg.injected_drops;
+  total->min_contributors = std::min(total->min_contributors, leg.min_contributors);
+  total->slowest_rank = leg.slowest_rank;
+  total->slowest_lateness = leg.slowest_lateness;
+}
+
+}  // namespace
+
+HostStage::HostStage(StageMembership membership, NetworkSubmit network, uint32_t world, absl::Duration op_timeout)
+    : steps_(std::move(membership)), network_(std::move(network)), world_(world), op_timeout_(op_timeout) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+HostStage::~HostStage() { Stop(absl::CancelledError("dlcp client closed")); }
+
+void HostStage::Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t root,
+                       OpDone done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!stopped_.ok()) {
+    const absl::Status why = stopped_;
+    lock.unlock();
+    return done(why);
+  }
+  queue_.push_back(Op{key, data, options, root, std::move(done)});
+  cv_.notify_one();
+}
+
+void HostStage::Stop(const absl::Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_.ok()) stopped_ = why;
+    stopping_.store(true);
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status HostStage::Interrupted() const {
+  if (!stopping_.load(std::memory_order_relaxed)) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopped_;
+}
+
+void HostStage::Run() {
+  for (;;) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return !queue_.empty() || !stopped_.ok(); });
+      if (!stopped_.ok()) {
+        std::deque<Op> left = std::move(queue_);
+        const absl::Status why = stopped_;
+        lock.unlock();
+        for (Op& o : left) o.done(why);
+        return;
+      }
+      op = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    op.done(RunOp(op));
+  }
+}
+
+absl::StatusOr<RoundStats> HostStage::RunOp(const Op& op) {
+  const absl::Time start = MonotonicNow();
+  const absl::Time deadline = start + op_timeout_;
+  RoundStats stats;
+  stats.key = op.key;
+  stats.round = rounds_[op.key]++;
+  stats.min_contributors = world_;  // the first worker's network legs may say otherwise
+  const uint32_t kind = op.root >= 0 ? static_cast<uint32_t>(op.root) + 1 : 0;
+  for (uint64_t offset = 0; offset < op.data.size(); offset += steps_.slot_elems()) {
+    StepSpec spec{op.key, kind, offset, std::min<uint64_t>(steps_.slot_elems(), op.data.size() - offset),
+                  op.data.size()};
+    NetworkLeg leg;
+    if (network_) leg = [&](float* sum, const StepSpec& s) { return Leg(sum, s, op, deadline, &stats); };
+    absl::Status status = steps_.Run(spec, op.data.data() + offset, op.data.data() + offset, leg, deadline,
+                                     [this] { return Interrupted(); });
+    if (!status.ok()) return status;
+  }
+  stats.time = MonotonicNow() - start;
+  return stats;
+}
+
+absl::Status HostStage::Leg(float* sum, const StepSpec& spec, const Op& op, absl::Time deadline, RoundStats* stats) {
+  // A broadcast from a rank of this stage: slot 0 holds its values, which this worker pushes as
+  // the root; from another host's rank, slot 0 holds zeros, and the root's come back.
+  int64_t root = op.root;
+  if (root >= 0 && std::find(ranks().begin(), ranks().end(), static_cast<uint32_t>(root)) != ranks().end()) {
+    root = ranks()[0];
+  }
+  auto result = std::make_shared<std::promise<absl::StatusOr<RoundStats>>>();
+  std::future<absl::StatusOr<RoundStats>> done = result->get_future();
+  network_(spec.key, absl::MakeSpan(sum, spec.elems), op.options, root,
+           [result](absl::StatusOr<RoundStats> r) { result->set_value(std::move(r)); });
+  while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    // The engine ends the op by its deadline. A closing client stops the engine after the stage
+    // and unmaps the stage's memory only then, so the op may go on writing into slot 0 until.
+    if (absl::Status stop = Interrupted(); !stop.ok()) return stop;
+    if (MonotonicNow() > deadline + kLegGrace) {
+      return absl::DeadlineExceededError(absl::StrCat("host stage: the network leg of key ", spec.key,
+                                                      " did not end by its deadline"));
+    }
+  }
+  absl::StatusOr<RoundStats> r = done.get();
+  if (!r.ok()) return r.status();
+  AddLegStats(*r, stats);
+  return absl::OkStatus();
+}
+
+}  // namespace dlcp

@@ -1,0 +1,77 @@
+// A worker's host stage (docs/host-stage.md): the workers of a job on one host sum their tensors
+// in shared memory, and only the stage's first worker sends the host's sum to the aggregators
+// and receives the job's; every worker then reads the result from the shared memory. A host with
+// L workers sends each tensor once instead of L times, and none of its bytes crosses a socket on
+// the way between its workers.
+//
+// Threading: Submit from any thread; ops run one at a time on the stage's own thread, in the
+// order they were submitted, which must be the same on every worker of the stage (as the order
+// of collective ops is). Their OpDone runs on that thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+#include "client/host/stage_steps.h"
+
+namespace dlcp {
+
+class HostStage {
+ public:
+  // The first worker's way to the aggregators: submits `sum` as an op of `key` whose pushes carry
+  // the whole stage (TransferEngine::Submit with the stage's size). Null for a stage that holds
+  // every rank of the job: its sum is the result.
+  using NetworkSubmit =
+      std::function<void(uint32_t key, absl::Span<float> sum, const AllReduceOptions& options, int64_t root, OpDone)>;
+
+  // `world`: the job's size, which every result of a reliable op sums.
+  HostStage(StageMembership membership, NetworkSubmit network, uint32_t world, absl::Duration op_timeout);
+  ~HostStage();
+  HostStage(const HostStage&) = delete;
+  HostStage& operator=(const HostStage&) = delete;
+
+  const std::vector<uint32_t>& ranks() const { return steps_.ranks(); }
+  // Sums `data` over the job, in place (root >= 0: replaces it with rank root's). `data` stays
+  // the caller's until `done`.
+  void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t root, OpDone done);
+  // Fails the queued ops and the running one with `why`, and joins the thread. Idempotent.
+  void Stop(const absl::Status& why);
+
+ private:
+  struct Op {
+    uint32_t key = 0;
+    absl::Span<float> data;
+    AllReduceOptions options;
+    int64_t root = -1;
+    OpDone done;
+  };
+  void Run();
+  absl::StatusOr<RoundStats> RunOp(const Op& op);
+  // The first worker's network leg of one step, adding what it cost to `stats`.
+  absl::Status Leg(float* sum, const StepSpec& spec, const Op& op, absl::Time deadline, RoundStats* stats);
+  absl::Status Interrupted() const;
+
+  StageSteps steps_;
+  NetworkSubmit network_;
+  uint32_t world_;
+  absl::Duration op_timeout_;
+  std::map<uint32_t, uint32_t> rounds_;  // the stage thread's: ops run per key
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  absl::Status stopped_;  // under mu_; not OK once Stop was called
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace dlcp

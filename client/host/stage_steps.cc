@@ -1,0 +1,182 @@
+#include "client/host/stage_steps.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/clock.h"
+#include "common/shm/futex_bell.h"
+#include "server/engine/reduce.h"
+
+namespace dlcp {
+namespace {
+
+constexpr absl::Duration kResultGrace = absl::Seconds(5);
+
+std::string Describe(const StageMember& m) {
+  const std::string what = m.kind == 0 ? "all-reduce" : absl::StrCat("broadcast from rank ", m.kind - 1);
+  return absl::StrCat(what, " of key ", m.key, " (", m.tensor_elems, " elements)");
+}
+
+// Member `i`'s share of `n` elements: whole cache lines, the last member taking the rest.
+std::pair<uint64_t, uint64_t> ShareOf(uint32_t i, uint32_t members, uint64_t n) {
+  auto edge = [&](uint32_t k) { return k == members ? n : (n * k / members) & ~uint64_t{15}; };
+  return {edge(i), edge(i + 1)};
+}
+
+}  // namespace
+
+float* StageSteps::slot(uint32_t member) const {
+  return reinterpret_cast<float*>(static_cast<char*>(m_.region.data()) + kStageSlotsOffset +
+                                  member * m_.welcome.slot_bytes);
+}
+
+void StageSteps::Publish(Counter counter, uint64_t step) {
+  std::atomic<uint64_t>& c = mine().*counter;
+  if (c.load(std::memory_order_relaxed) < step) c.store(step, std::memory_order_release);
+  RingBell(header().bell);
+}
+
+absl::Status StageSteps::AnyGone() const {
+  for (uint32_t i = 0; i < members(); ++i) {
+    if (header().gone[i].load(std::memory_order_acquire) != 0) {
+      return absl::AbortedError(absl::StrCat("worker rank ", rank_of(i),
+                                             " of this host's stage is gone (its process ended or closed its client)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageSteps::WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
+                                 const std::function<absl::Status()>& interrupted) {
+  for (;;) {
+    const uint32_t seen = header().bell.load(std::memory_order_seq_cst);
+    std::vector<uint32_t> missing;
+    for (uint32_t i = 0; i < members(); ++i) {
+      if ((header().member[i].*counter).load(std::memory_order_acquire) < step) missing.push_back(rank_of(i));
+    }
+    if (missing.empty()) return absl::OkStatus();
+    if (absl::Status gone = AnyGone(); !gone.ok()) return gone;
+    if (absl::Status stop = interrupted(); !stop.ok()) return stop;
+    if (!SleepOnBell(header().bell, seen, deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("host stage: ranks ", absl::StrJoin(missing, ","), " of this host did not ", what, " in time"));
+    }
+  }
+}
+
+absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline,
+                                    const std::function<absl::Status()>& interrupted) {
+  for (;;) {
+    const uint32_t seen = header().bell.load(std::memory_order_seq_cst);
+    if (header().result.step.load(std::memory_order_acquire) >= step) break;
+    if (absl::Status gone = AnyGone(); !gone.ok()) return gone;
+    if (absl::Status stop = interrupted(); !stop.ok()) return stop;
+    if (!SleepOnBell(header().bell, seen, deadline)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("host stage: no result from rank ", rank_of(0), ", which pushes this host's sum, in time"));
+    }
+  }
+  const StageResult& r = header().result;
+  if (r.code == 0) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(std::clamp(r.code, 1, 16));
+  return absl::Status(code, std::string(r.message, std::min(r.message_len, kStageMessageBytes)));
+}
+
+absl::Status StageSteps::Agree(const StepSpec& s) const {
+  for (uint32_t i = 0; i < members(); ++i) {
+    const StageMember& m = header().member[i];
+    if (m.key != s.key || m.kind != s.kind || m.offset != s.offset || m.elems != s.elems ||
+        m.tensor_elems != s.tensor_elems) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host stage: rank ", rank_of(i), " runs a ", Describe(m), " where rank ",
+                       rank_of(m_.welcome.member), " runs a ", Describe(mine()),
+                       ": every worker must run the same ops in the same order"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void StageSteps::Share(const StepSpec& s) {
+  const auto [begin, end] = ShareOf(m_.welcome.member, members(), s.elems);
+  if (begin >= end) return;
+  float* sum = slot(0) + begin;
+  if (s.kind != 0) {  // a broadcast: the root's values, exactly (a sum would turn -0 into +0)
+    const auto root = std::find(ranks().begin(), ranks().end(), s.kind - 1);
+    if (root == ranks().end()) return (void)std::memset(sum, 0, (end - begin) * sizeof(float));
+    const auto member = static_cast<uint32_t>(root - ranks().begin());
+    if (member != 0) std::memcpy(sum, slot(member) + begin, (end - begin) * sizeof(float));
+    return;
+  }
+  for (uint32_t i = 1; i < members(); ++i) engine::SumInto(sum, slot(i) + begin, end - begin);
+}
+
+void StageSteps::PostResult(uint64_t step, const absl::Status& status) {
+  StageResult& r = header().result;
+  if (r.step.load(std::memory_order_relaxed) >= step) return;
+  r.code = static_cast<int32_t>(status.code());
+  const absl::string_view message = status.message();
+  r.message_len = static_cast<uint32_t>(std::min<size_t>(message.size(), kStageMessageBytes));
+  std::memcpy(r.message, message.data(), r.message_len);
+  r.step.store(step, std::memory_order_release);
+  RingBell(header().bell);
+}
+
+absl::Status StageSteps::Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
+                              const std::function<absl::Status()>& interrupted) {
+  absl::Status status = WaitAll(&StageMember::summed, step, deadline, "sum their shares", interrupted);
+  for (uint32_t i = 0; status.ok() && i < members(); ++i) {
+    if (header().member[i].abandoned.load(std::memory_order_acquire) == step) {
+      status = absl::AbortedError(absl::StrCat("host stage: rank ", rank_of(i), " gave up on key ", spec.key,
+                                               " (its op failed before its part was in)"));
+    }
+  }
+  if (status.ok() && leg) status = leg(slot(0), spec);
+  PostResult(step, status);
+  return status;
+}
+
+absl::Status StageSteps::Finish(uint64_t step, const absl::Status& status) {
+  if (!status.ok()) mine().abandoned.store(step, std::memory_order_release);
+  Publish(&StageMember::arrived, step);
+  Publish(&StageMember::summed, step);
+  if (first()) PostResult(step, status);
+  Publish(&StageMember::consumed, step);
+  return status;
+}
+
+absl::Status StageSteps::Run(const StepSpec& spec, const float* in, float* out, const NetworkLeg& leg,
+                             absl::Time deadline, const std::function<absl::Status()>& interrupted) {
+  const uint64_t step = ++step_;
+  // Slot 0 and this member's slot are free once every member has read the last step's result.
+  absl::Status status = WaitAll(&StageMember::consumed, step - 1, deadline, "finish their last op", interrupted);
+  if (!status.ok()) return Finish(step, status);
+  StageMember& me = mine();
+  me.key = spec.key;
+  me.kind = spec.kind;
+  me.offset = spec.offset;
+  me.elems = spec.elems;
+  me.tensor_elems = spec.tensor_elems;
+  if (in != nullptr) std::memcpy(slot(m_.welcome.member), in, spec.elems * sizeof(float));
+  Publish(&StageMember::arrived, step);
+  status = WaitAll(&StageMember::arrived, step, deadline, "start the same op", interrupted);
+  if (status.ok()) status = Agree(spec);
+  if (status.ok()) Share(spec);
+  if (!status.ok()) me.abandoned.store(step, std::memory_order_release);
+  Publish(&StageMember::summed, step);
+  if (first() && status.ok()) {
+    status = Lead(step, spec, leg, deadline, interrupted);
+  } else if (first()) {
+    PostResult(step, status);
+  } else {
+    // The first member's network leg ends by the same deadline; its answer may come just after.
+    const absl::Status result = WaitResult(step, deadline + kResultGrace, interrupted);
+    if (status.ok()) status = result;
+  }
+  if (status.ok()) std::memcpy(out, slot(0), spec.elems * sizeof(float));
+  return Finish(step, status);
+}
+
+}  // namespace dlcp

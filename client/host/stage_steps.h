@@ -1,0 +1,77 @@
+// One worker's side of its host stage's steps (common/shm/stage_layout.h). A step moves one
+// slot's worth of one op: every member writes its part into its slot, each sums its share of the
+// elements from every slot into slot 0, the first member runs the network leg on slot 0 (the
+// host's sum goes to the aggregators and the job's sum comes back into it), and every member
+// copies slot 0 out. Members run the same steps in the same order, as they run the same ops.
+//
+// Every way out of a step publishes each of its counters, so no member ever waits on another for
+// a step that one has given up: it gives up too, or fails it, by its own deadline at the latest.
+// A member whose process ended (dlcpd marks it gone) fails every step from then on, naming it.
+//
+// Threading: one thread drives it (HostStage's); `interrupted` may be set from any.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "client/host/stage_join.h"
+#include "common/shm/stage_layout.h"
+
+namespace dlcp {
+
+struct StepSpec {
+  uint32_t key = 0;
+  uint32_t kind = 0;  // 0: all-reduce; 1 + root: broadcast from rank `root`
+  uint64_t offset = 0;  // of this step's part in the tensor, in elements
+  uint64_t elems = 0;
+  uint64_t tensor_elems = 0;
+};
+
+// The first member's network leg: sums slot 0 (`elems` values) over the job's hosts, in place,
+// blocking until done or failed.
+using NetworkLeg = std::function<absl::Status(float* sum, const StepSpec& spec)>;
+
+class StageSteps {
+ public:
+  explicit StageSteps(StageMembership membership) : m_(std::move(membership)) {}
+
+  uint64_t slot_elems() const { return m_.welcome.slot_bytes / sizeof(float); }
+  bool first() const { return m_.welcome.member == 0; }
+  const std::vector<uint32_t>& ranks() const { return m_.welcome.ranks; }
+  uint32_t rank_of(uint32_t member) const { return m_.welcome.ranks[member]; }
+
+  // Runs the next step: `in` (spec.elems values; nullptr where this member's part is not needed,
+  // a broadcast not from it) summed over the members into `out`. `interrupted` ends its waits
+  // early with the status it returns (the client is closing).
+  absl::Status Run(const StepSpec& spec, const float* in, float* out, const NetworkLeg& leg, absl::Time deadline,
+                   const std::function<absl::Status()>& interrupted);
+
+ private:
+  using Counter = std::atomic<uint64_t> StageMember::*;
+  StageHeader& header() const { return *static_cast<StageHeader*>(m_.region.data()); }
+  float* slot(uint32_t member) const;
+  uint32_t members() const { return static_cast<uint32_t>(m_.welcome.ranks.size()); }
+  StageMember& mine() const { return header().member[m_.welcome.member]; }
+  void Publish(Counter counter, uint64_t step);
+  // Until every member's `counter` reaches `step`; ABORTED when one is gone, DEADLINE_EXCEEDED
+  // naming the ranks still missing.
+  absl::Status WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
+                       const std::function<absl::Status()>& interrupted);
+  absl::Status WaitResult(uint64_t step, absl::Time deadline, const std::function<absl::Status()>& interrupted);
+  absl::Status AnyGone() const;
+  absl::Status Agree(const StepSpec& spec) const;  // every member's spec of this step is `spec`
+  void Share(const StepSpec& spec);  // this member's share of slot 0
+  absl::Status Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
+                    const std::function<absl::Status()>& interrupted);
+  void PostResult(uint64_t step, const absl::Status& status);
+  absl::Status Finish(uint64_t step, const absl::Status& status);  // publishes what is left; returns `status`
+
+  StageMembership m_;
+  uint64_t step_ = 0;
+};
+
+}  // namespace dlcp

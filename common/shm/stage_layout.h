@@ -1,0 +1,69 @@
+// The shared memory of a host stage (docs/host-stage.md): the workers of one job on one host sum
+// their tensors here before one of them pushes the host's sum to the aggregators. dlcpd creates
+// the region and hands it to each member over its host socket (host_hello.h); the members then
+// coordinate through this header alone.
+//
+// Layout: StageHeader at offset 0, then `members` slots of slot_bytes each, starting at
+// kStageSlotsOffset. Slot i is member i's input; slot 0 also takes the sum and then the result.
+//
+// Every field a member writes is its own (StageMember[i]) or, for the result, the first member's;
+// dlcpd writes only `gone`. A member checks what it reads against what the broker told it (the
+// geometry is the Welcome's, never the header's), so a corrupt header fails an op, not a process.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace dlcp {
+
+inline constexpr uint32_t kStageMagic = 0x47545344;  // "DSTG"
+inline constexpr uint32_t kStageVersion = 1;
+inline constexpr uint32_t kMaxStageMembers = 64;
+inline constexpr uint32_t kStageMessageBytes = 480;
+
+// What each member says about the step it is on. A step is one slot's worth of one op.
+struct alignas(64) StageMember {
+  std::atomic<uint64_t> arrived;    // the step whose input (and `step`) it has written
+  std::atomic<uint64_t> summed;     // the step whose share of the sum it has added
+  std::atomic<uint64_t> consumed;   // the step whose result it has read (its slot is free again)
+  std::atomic<uint64_t> abandoned;  // the latest step it gave up (its op failed): no sum for it
+  // The op of step `arrived`, which every member must agree on.
+  uint32_t key;
+  uint32_t kind;  // 0: all-reduce; 1 + root: broadcast from rank `root`
+  uint64_t offset;  // elements of the tensor before this step's part
+  uint64_t elems;   // elements in this step's part
+  uint64_t tensor_elems;
+};
+static_assert(sizeof(StageMember) == 64);
+
+struct StageResult {
+  std::atomic<uint64_t> step;  // the step whose result slot 0 now holds (or whose error this is)
+  int32_t code;                // absl::StatusCode of the step; 0: slot 0 holds the result
+  uint32_t message_len;
+  char message[kStageMessageBytes];
+};
+static_assert(sizeof(StageResult) == 496);
+
+struct alignas(64) StageHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t members;
+  uint32_t reserved;
+  uint64_t slot_bytes;
+  // Bumped (and woken) by every publication: the one futex word every wait sleeps on.
+  alignas(64) std::atomic<uint32_t> bell;
+  // dlcpd: member i's process is gone (its host socket closed); 0: alive.
+  std::atomic<uint32_t> gone[kMaxStageMembers];
+  alignas(64) StageResult result;
+  StageMember member[kMaxStageMembers];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+static_assert(sizeof(StageHeader) <= 8192);
+
+inline constexpr size_t kStageSlotsOffset = 8192;
+inline size_t StageRegionBytes(uint32_t members, uint64_t slot_bytes) {
+  return kStageSlotsOffset + static_cast<size_t>(members) * slot_bytes;
+}
+
+}  // namespace dlcp
