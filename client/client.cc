@@ -265,7 +265,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   if (stage) {
     HostStage::NetworkSubmit network = StageNetwork(c->engine_.get(), *stage, options.world_size);
     c->stage_ = std::make_unique<HostStage>(std::move(*stage), std::move(network), options.world_size,
-                                            options.op_timeout);
+                                            options.op_timeout,
+                                            [session = c->session_.get()](const absl::Status& s) { session->Fatal(s); });
   }
   c->ListenToSession(/*regroup=*/eo.retain_inputs && eo.endpoints.size() > 1);
   return c;

@@ -79,6 +79,10 @@ class Session {
   // the heartbeat thread has stopped. Unreachable aggregators, and those that no longer hold
   // the worker, are logged, not an error. Idempotent.
   absl::Status Leave();
+  // This worker can make no more progress (`status` says why: a lost aggregator, a worker of its
+  // host stage gone): the fatal handler runs, and Leave tells the aggregators the reason, which
+  // they give the job's other workers. The first call counts. Any thread.
+  void Fatal(const absl::Status& status);
   // Called (on the heartbeat thread) when an aggregator says this worker is no longer a member,
   // e.g. after it was silent past the heartbeat deadline. Set before heartbeats matter.
   void set_fatal_handler(std::function<void(const absl::Status&)> handler);
@@ -158,7 +162,6 @@ class Session {
   void NoteRejoin(const std::vector<bool>& lost);
   // A heartbeat answer from aggregator i: takes its keys if they moved on.
   void NoteKeys(size_t i, const v1::HeartbeatResponse& resp);
-  void Fatal(const absl::Status& status);
 
   SessionOptions options_;
   uint32_t job_id_ = 0;

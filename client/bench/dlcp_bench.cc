@@ -133,6 +133,9 @@ bool StartWorkers(int argc, char** argv, const ConfigRegistry& c, const std::str
       std::vector<char*> cargs;
       for (auto& a : args) cargs.push_back(a.data());
       cargs.push_back(nullptr);
+      // Every rank runs on this host, as a local launcher (torchrun) would say: a host stage where
+      // this host's dlcpd serves one (docs/host-stage.md).
+      setenv("LOCAL_WORLD_SIZE", std::to_string(workers).c_str(), /*overwrite=*/0);
       execv("/proc/self/exe", cargs.data());
       std::perror("execv");
       _exit(127);

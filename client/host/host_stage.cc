@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <future>
+#include <utility>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -31,8 +32,13 @@ void AddLegStats(const RoundStats& leg, RoundStats* total) {
 
 }  // namespace
 
-HostStage::HostStage(StageMembership membership, NetworkSubmit network, uint32_t world, absl::Duration op_timeout)
-    : steps_(std::move(membership)), network_(std::move(network)), world_(world), op_timeout_(op_timeout) {
+HostStage::HostStage(StageMembership membership, NetworkSubmit network, uint32_t world, absl::Duration op_timeout,
+                     std::function<void(const absl::Status&)> broken)
+    : steps_(std::move(membership)),
+      network_(std::move(network)),
+      world_(world),
+      op_timeout_(op_timeout),
+      broken_(std::move(broken)) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -101,6 +107,7 @@ absl::StatusOr<RoundStats> HostStage::RunOp(const Op& op) {
     if (network_) leg = [&](float* sum, const StepSpec& s) { return Leg(sum, s, op, deadline, &stats); };
     absl::Status status = steps_.Run(spec, op.data.data() + offset, op.data.data() + offset, leg, deadline,
                                      [this] { return Interrupted(); });
+    if (!status.ok() && broken_ && !steps_.Gone().ok()) std::exchange(broken_, nullptr)(steps_.Gone());
     if (!status.ok()) return status;
   }
   stats.time = MonotonicNow() - start;

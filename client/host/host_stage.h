@@ -35,7 +35,10 @@ class HostStage {
       std::function<void(uint32_t key, absl::Span<float> sum, const AllReduceOptions& options, int64_t root, OpDone)>;
 
   // `world`: the job's size, which every result of a reliable op sums.
-  HostStage(StageMembership membership, NetworkSubmit network, uint32_t world, absl::Duration op_timeout);
+  // `broken`: runs once, on the stage's thread, when a worker of the stage is found gone: no op
+  // can go through the stage any more.
+  HostStage(StageMembership membership, NetworkSubmit network, uint32_t world, absl::Duration op_timeout,
+            std::function<void(const absl::Status&)> broken);
   ~HostStage();
   HostStage(const HostStage&) = delete;
   HostStage& operator=(const HostStage&) = delete;
@@ -65,6 +68,7 @@ class HostStage {
   NetworkSubmit network_;
   uint32_t world_;
   absl::Duration op_timeout_;
+  std::function<void(const absl::Status&)> broken_;  // null once it ran
   std::map<uint32_t, uint32_t> rounds_;  // the stage thread's: ops run per key
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -39,7 +39,7 @@ void StageSteps::Publish(Counter counter, uint64_t step) {
   RingBell(header().bell);
 }
 
-absl::Status StageSteps::AnyGone() const {
+absl::Status StageSteps::Gone() const {
   for (uint32_t i = 0; i < members(); ++i) {
     if (header().gone[i].load(std::memory_order_acquire) != 0) {
       return absl::AbortedError(absl::StrCat("worker rank ", rank_of(i),
@@ -58,7 +58,7 @@ absl::Status StageSteps::WaitAll(Counter counter, uint64_t step, absl::Time dead
       if ((header().member[i].*counter).load(std::memory_order_acquire) < step) missing.push_back(rank_of(i));
     }
     if (missing.empty()) return absl::OkStatus();
-    if (absl::Status gone = AnyGone(); !gone.ok()) return gone;
+    if (absl::Status gone = Gone(); !gone.ok()) return gone;
     if (absl::Status stop = interrupted(); !stop.ok()) return stop;
     if (!SleepOnBell(header().bell, seen, deadline)) {
       return absl::DeadlineExceededError(
@@ -72,7 +72,7 @@ absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline,
   for (;;) {
     const uint32_t seen = header().bell.load(std::memory_order_seq_cst);
     if (header().result.step.load(std::memory_order_acquire) >= step) break;
-    if (absl::Status gone = AnyGone(); !gone.ok()) return gone;
+    if (absl::Status gone = Gone(); !gone.ok()) return gone;
     if (absl::Status stop = interrupted(); !stop.ok()) return stop;
     if (!SleepOnBell(header().bell, seen, deadline)) {
       return absl::DeadlineExceededError(

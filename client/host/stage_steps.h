@@ -43,6 +43,8 @@ class StageSteps {
   bool first() const { return m_.welcome.member == 0; }
   const std::vector<uint32_t>& ranks() const { return m_.welcome.ranks; }
   uint32_t rank_of(uint32_t member) const { return m_.welcome.ranks[member]; }
+  // ABORTED naming a member whose process is gone (dlcpd said so); OK while every one is there.
+  absl::Status Gone() const;
 
   // Runs the next step: `in` (spec.elems values; nullptr where this member's part is not needed,
   // a broadcast not from it) summed over the members into `out`. `interrupted` ends its waits
@@ -62,7 +64,6 @@ class StageSteps {
   absl::Status WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
                        const std::function<absl::Status()>& interrupted);
   absl::Status WaitResult(uint64_t step, absl::Time deadline, const std::function<absl::Status()>& interrupted);
-  absl::Status AnyGone() const;
   absl::Status Agree(const StepSpec& spec) const;  // every member's spec of this step is `spec`
   void Share(const StepSpec& spec);  // this member's share of slot 0
   absl::Status Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,

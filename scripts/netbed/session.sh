@@ -58,7 +58,7 @@ netbed_aggregators() {
     h=${spec%%:*}
     rm -f "$work/$h.ready"
     ip netns exec "$PREFIX-$h" "$build/server/dlcpd" --host="${spec#*:}" --port=7400 --data-port=7500 --plaintext \
-      --log-level=warning --ready-file="$work/$h.ready" "$@" 2>"$work/$h.log" &
+      --log-level=warning --ready-file="$work/$h.ready" --host-socket="$work/$h.sock" "$@" 2>"$work/$h.log" &
     agg_pids+=($!)
     if [[ ${spec#*:} == *:* ]]; then list+=("[${spec#*:}]:7400"); else list+=("${spec#*:}:7400"); fi
   done

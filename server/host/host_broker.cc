@@ -335,6 +335,8 @@ absl::StatusOr<std::unique_ptr<HostBroker>> HostBroker::Start(const HostBrokerOp
   if (!listener.ok()) return listener.status();
   std::unique_ptr<HostBroker> broker(new HostBroker());
   broker->path_ = options.socket_path;
+  struct stat st{};
+  if (::stat(options.socket_path.c_str(), &st) == 0) broker->inode_ = st.st_ino;
   broker->loop_ = std::make_unique<HostBrokerLoop>(options, std::move(*listener), metrics);
   broker->thread_ = std::thread([loop = broker->loop_.get()] { loop->Run(); });
   DLCP_LOG(Info) << "host stages served on " << options.socket_path;
@@ -344,7 +346,8 @@ absl::StatusOr<std::unique_ptr<HostBroker>> HostBroker::Start(const HostBrokerOp
 HostBroker::~HostBroker() {
   loop_->Stop();
   thread_.join();
-  ::unlink(path_.c_str());
+  struct stat st{};
+  if (::stat(path_.c_str(), &st) == 0 && st.st_ino == inode_) ::unlink(path_.c_str());
 }
 
 }  // namespace dlcp::server

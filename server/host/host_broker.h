@@ -11,6 +11,8 @@
 // Threading: one thread of its own serves the socket; Start and the destructor from one thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -48,6 +50,7 @@ class HostBroker {
   std::unique_ptr<HostBrokerLoop> loop_;
   std::thread thread_;
   std::string path_;
+  ino_t inode_ = 0;  // of the socket file it bound: a successor's file at the same path is left alone
 };
 
 }  // namespace dlcp::server

@@ -79,6 +79,14 @@ absl::Status Job::SetHostGroup(const std::vector<uint32_t>& group) {
   return absl::OkStatus();
 }
 
+bool Job::Carried(uint32_t rank) const {
+  std::lock_guard<std::mutex> lock(groups_mu);
+  for (const auto& g : host_groups) {
+    if (g != nullptr && g->front() != rank && std::find(g->begin(), g->end(), rank) != g->end()) return true;
+  }
+  return false;
+}
+
 std::shared_ptr<const std::vector<uint32_t>> Job::HostGroupLedBy(uint32_t rank) const {
   std::lock_guard<std::mutex> lock(groups_mu);
   return rank < host_groups.size() ? host_groups[rank] : nullptr;
@@ -234,6 +242,7 @@ absl::Status JobRegistry::Regroup(uint32_t job_id, RegroupArrival arrival, Regro
   if (job->failed.load()) {
     return absl::AbortedError(absl::StrCat("job '", job->name, "' failed: ", job->failure_reason()));
   }
+  arrival.carried = job->Carried(arrival.rank);
   Job* raw = job.get();
   std::optional<std::string> failure = job->regroup.Arrive(
       std::move(arrival),

@@ -151,6 +151,8 @@ struct Job {
   absl::Status SetHostGroup(const std::vector<uint32_t>& group);
   // The group `rank` pushes for, itself first; null when it pushes only its own data.
   std::shared_ptr<const std::vector<uint32_t>> HostGroupLedBy(uint32_t rank) const;
+  // `rank` is in a host group it does not lead: its data goes through that group's first rank.
+  bool Carried(uint32_t rank) const;
 
  private:
   mutable std::mutex groups_mu;

@@ -61,7 +61,7 @@ std::optional<std::string> RegroupBarrier::Arrive(RegroupArrival a, const std::f
       } else if (outcome_.has_value()) {
         replies.emplace_back(std::move(reply), *outcome_);
       } else {
-        waiting_[a.rank] = Waiting{std::move(a.done), a.deadline, std::move(reply)};
+        waiting_[a.rank] = Waiting{std::move(a.done), a.deadline, a.carried, std::move(reply)};
         if (waiting_.size() == world_) {
           std::map<uint32_t, KeySpan> spans;
           for (const auto& [rank, w] : waiting_) {
@@ -70,6 +70,7 @@ std::optional<std::string> RegroupBarrier::Arrive(RegroupArrival a, const std::f
           // A key a worker did not report, it has not finished a round of.
           for (auto& [key, span] : spans) {
             for (const auto& [rank, w] : waiting_) {
+              if (w.carried) continue;
               uint32_t d = 0;
               for (const auto& [k, n] : w.done) {
                 if (k == key) d = n;

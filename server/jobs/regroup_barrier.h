@@ -30,6 +30,9 @@ struct RegroupArrival {
   bool coordinate = false;
   std::vector<std::pair<uint32_t, uint32_t>> done;  // (key, rounds finished)
   absl::Time deadline;
+  // Its data goes through its host stage's first rank (docs/host-stage.md), whose rounds count
+  // for it: it runs none of its own for the keys of the stage.
+  bool carried = false;
 };
 
 struct RegroupOutcome {
@@ -63,6 +66,7 @@ class RegroupBarrier {
   struct Waiting {
     std::vector<std::pair<uint32_t, uint32_t>> done;
     absl::Time deadline;
+    bool carried;
     Reply reply;
   };
   // With mu_ held: every waiting reply, paired with what it gets; clears the waiting set.

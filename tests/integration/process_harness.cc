@@ -140,12 +140,15 @@ std::unique_ptr<Daemon> Daemon::Start(const std::string& binary, const std::vect
   d->dir_ = tmpl;
   std::vector<std::string> argv = {binary, "--host=127.0.0.1", "--port=0", "--data-port=0", "--log-level=warning",
                                    absl::StrCat("--ready-file=", d->dir_, "/ready")};
-  bool tls = false;
+  bool tls = false, host_socket = false;
   for (const std::string& f : flags) {
     tls = tls || f.rfind("--tls-cert", 0) == 0;
+    host_socket = host_socket || f.rfind("--host-socket", 0) == 0;
     if (f.rfind("--host=", 0) == 0) d->host_ = f.substr(7);  // the last one counts, as for dlcpd
   }
   if (!tls) argv.push_back("--plaintext");
+  // Its own host socket, never the host's default one, which another test's dlcpd may serve.
+  if (!host_socket) argv.push_back(absl::StrCat("--host-socket=", d->host_socket()));
   argv.insert(argv.end(), flags.begin(), flags.end());
   argv = WithEnvironment(env, std::move(argv));
   int log = open((d->dir_ + "/log").c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);

@@ -63,6 +63,8 @@ class Daemon {
   int metrics_port() const { return metrics_port_; }  // -1 unless started with --metrics-port
   int health_port() const { return health_port_; }    // -1 unless started with --health-port
   int pid() const { return pid_; }
+  // Its --host-socket, unless the flags chose another.
+  std::string host_socket() const { return dir_ + "/host.sock"; }
   // Its log so far (stdout and stderr).
   std::string Log() const;
   // Sends SIGTERM and waits up to `timeout`; returns the exit code, or -1 if it had to be killed.

@@ -31,7 +31,8 @@ def start_aggregators(workdir, count, extra=(), host="127.0.0.1"):
         ready = workdir / f"agg{i}.ready"
         log = open(workdir / f"agg{i}.log", "w")
         procs.append(subprocess.Popen([str(dlcpd), f"--host={host}", "--port=0", "--data-port=0", "--plaintext",
-                                       "--log-level=warning", f"--ready-file={ready}", *extra],
+                                       "--log-level=warning", f"--ready-file={ready}",
+                                       f"--host-socket={workdir / f'agg{i}.sock'}", *extra],
                                       stdout=log, stderr=subprocess.STDOUT))
         deadline = time.monotonic() + 10
         while not (ready.exists() and ready.stat().st_size > 0):

@@ -1,0 +1,178 @@
+// Host stages (docs/host-stage.md) with the real binaries: dlcp-bench workers that share a host
+// sum in the shared memory their dlcpd hands out, and one of them per host pushes. Results must
+// be exact, hosts must push once, and a worker that dies or a stage that cannot be had must be
+// named or fallen back from, never waited on.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/clock.h"
+#include "tests/integration/process_harness.h"
+
+namespace dlcp::testing {
+namespace {
+
+std::vector<std::string> Bench(const std::string& aggregators, int workers, const std::string& job,
+                               const std::string& host_socket, int tensor_bytes, int rounds) {
+  return {DLCP_BENCH_PATH,
+          "--plaintext",
+          "--aggregators=" + aggregators,
+          absl::StrCat("--workers=", workers),
+          "--job=" + job,
+          "--host-socket=" + host_socket,
+          absl::StrCat("--tensor-bytes=", tensor_bytes),
+          absl::StrCat("--rounds=", rounds),
+          "--timeout-s=100"};
+}
+
+double Metric(const Daemon& d, const std::string& name) {
+  return Scraped(HttpGet(d.metrics_port(), "/metrics", absl::Seconds(5)), name);
+}
+
+struct Shape {
+  int workers;
+  int tensor_bytes;
+};
+
+class OneHost : public ::testing::TestWithParam<Shape> {};
+
+// The stage holds the whole job: its sum is the result, and nothing crosses the network.
+// 64 KiB slots make the larger tensors go through in several steps.
+TEST_P(OneHost, WorkersSumInTheirHostStageExactly) {
+  const Shape s = GetParam();
+  auto d = Daemon::Start(DLCPD_PATH, {"--metrics-port=0", "--host-slot-bytes=65536"});
+  ASSERT_NE(d, nullptr);
+  ProcessResult r = RunProcess(Bench(d->control(), s.workers, "one-host", d->host_socket(), s.tensor_bytes, 6),
+                               absl::Seconds(110));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("results exact: yes"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("no host stage"), std::string::npos) << r.out;
+  EXPECT_EQ(Metric(*d, "dlcp_host_stages_formed_total"), 1);
+  EXPECT_EQ(Metric(*d, "dlcp_rx_bytes_total"), 0) << "a stage of the whole job pushed data";
+}
+
+INSTANTIATE_TEST_SUITE_P(WorkersAndSizes, OneHost,
+                         ::testing::Values(Shape{2, 1000}, Shape{3, 300000}, Shape{4, 4000000}),
+                         [](const auto& info) {
+                           return absl::StrCat(info.param.workers, "Workers", info.param.tensor_bytes, "Bytes");
+                         });
+
+// Ranks 0 and 1 share host A's stage, ranks 2 and 3 host B's (a dlcpd each, both aggregators).
+std::vector<std::unique_ptr<BackgroundProcess>> StartTwoHosts(const Daemon& a, const Daemon& b, const std::string& job,
+                                                              const std::vector<std::string>& extra, int rounds) {
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int rank = 0; rank < 4; ++rank) {
+    const Daemon& host = rank < 2 ? a : b;
+    std::vector<std::string> argv = Bench(a.control() + "," + b.control(), 4, job, host.host_socket(), 2000000, rounds);
+    argv.push_back(absl::StrCat("--rank=", rank));
+    argv.push_back("--local-size=2");
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    workers.push_back(BackgroundProcess::Start(argv));
+  }
+  return workers;
+}
+
+double ReceivedBytes(const Daemon& a, const Daemon& b) {
+  return Metric(a, "dlcp_rx_bytes_total") + Metric(b, "dlcp_rx_bytes_total");
+}
+
+TEST(HostStage, EachHostPushesOnceAndEveryWorkerGetsTheExactSum) {
+  auto a = Daemon::Start(DLCPD_PATH, {"--metrics-port=0"});
+  auto b = Daemon::Start(DLCPD_PATH, {"--metrics-port=0"});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  double received[2];
+  for (bool stage : {true, false}) {
+    const double before = ReceivedBytes(*a, *b);
+    auto workers = StartTwoHosts(*a, *b, stage ? "two-hosts" : "two-hosts-no-stage",
+                                 {absl::StrCat("--host-stage=", stage)}, 8);
+    for (int rank = 0; rank < 4; ++rank) {
+      ProcessResult r = workers[rank]->Wait(absl::Seconds(60));
+      EXPECT_EQ(r.exit_code, 0) << "rank " << rank << ":\n" << r.out;
+      EXPECT_NE(r.out.find("\"exact\":true"), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find("\"min_contributors\":4"), std::string::npos) << r.out;
+    }
+    received[stage] = ReceivedBytes(*a, *b) - before;
+  }
+  // Two pushes of each chunk instead of four; repairs and requests add a little.
+  EXPECT_LT(received[true], 0.6 * received[false]) << received[true] << " against " << received[false];
+  EXPECT_EQ(Metric(*a, "dlcp_rejects_total") + Metric(*b, "dlcp_rejects_total"), 0);
+}
+
+// The stage of ranks 2 and 3 loses rank 3: rank 2 learns it from its dlcpd at once, ranks 0 and
+// 1 from the aggregators, which miss its heartbeats (1.5 s here) or hear rank 2 leave over it.
+TEST(HostStage, KilledWorkerIsNamedOnItsHostAtOnceAndByTheOthersWithinTheDeadline) {
+  auto a = Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=1500", "--metrics-port=0"});
+  auto b = Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=1500", "--metrics-port=0"});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto workers = StartTwoHosts(*a, *b, "kill-in-stage", {"--on-aggregator-loss=fail"}, 1000000);
+  const absl::Time give_up = MonotonicNow() + absl::Seconds(30);
+  while (Metric(*a, "dlcp_rounds_total") < 20 && MonotonicNow() < give_up) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_GE(Metric(*a, "dlcp_rounds_total"), 20) << workers[0]->Output();
+  workers[3]->Signal(SIGKILL);
+  const absl::Time killed = MonotonicNow();
+  for (int rank = 0; rank < 3; ++rank) {
+    ProcessResult r = workers[rank]->Wait(absl::Seconds(15));
+    const absl::Duration took = MonotonicNow() - killed;
+    EXPECT_NE(r.exit_code, 0) << "rank " << rank << " did not fail:\n" << r.out;
+    EXPECT_NE(r.exit_code, -1) << "rank " << rank << " hung:\n" << r.out;
+    EXPECT_NE(r.out.find("worker rank 3"), std::string::npos) << "rank " << rank << ":\n" << r.out;
+    EXPECT_LT(took, absl::Seconds(rank == 2 ? 1 : 3)) << "rank " << rank << ":\n" << r.out;
+  }
+}
+
+// Host B's dlcpd, its stage's broker and one of the job's two aggregators, is killed: the stage
+// needs it no more (its workers hold the region), and its share of the job moves to A's dlcpd.
+TEST(HostStage, KilledDlcpdOfAHostMovesItsShareToTheOtherAndTheStagesRunOn) {
+  auto a = Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=1500", "--metrics-port=0"});
+  auto b = Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=1500", "--metrics-port=0"});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto workers = StartTwoHosts(*a, *b, "kill-dlcpd", {}, 400);
+  const absl::Time give_up = MonotonicNow() + absl::Seconds(30);
+  while (Metric(*b, "dlcp_rounds_total") < 20 && MonotonicNow() < give_up) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_GE(Metric(*b, "dlcp_rounds_total"), 20) << workers[0]->Output();
+  ASSERT_EQ(::kill(b->pid(), SIGKILL), 0);
+  for (int rank = 0; rank < 4; ++rank) {
+    ProcessResult r = workers[rank]->Wait(absl::Seconds(60));
+    EXPECT_EQ(r.exit_code, 0) << "rank " << rank << ":\n" << r.out;
+    EXPECT_NE(r.out.find("\"exact\":true"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("regrouped on 1 aggregator"), std::string::npos) << r.out;
+  }
+}
+
+TEST(HostStage, WithoutAStageEveryWorkerPushesItsOwnAndSaysWhyOnce) {
+  auto d = Daemon::Start(DLCPD_PATH, {"--metrics-port=0"});
+  ASSERT_NE(d, nullptr);
+  ProcessResult r = RunProcess(Bench(d->control(), 2, "no-dlcpd-socket", "/nonexistent/dlcpd.sock", 100000, 5),
+                               absl::Seconds(110));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("results exact: yes"), std::string::npos) << r.out;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string line = absl::StrCat("rank ", rank, " of job 'no-dlcpd-socket': no host stage");
+    const size_t at = r.out.find(line);
+    EXPECT_NE(at, std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(line, at + 1), std::string::npos) << "said more than once:\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("no dlcpd serves host_socket /nonexistent/dlcpd.sock"), std::string::npos) << r.out;
+  EXPECT_GT(Metric(*d, "dlcp_rx_bytes_total"), 0);
+}
+
+TEST(HostStage, AStageOverTheHostsSharedMemoryBoundIsRefusedNamingTheSetting) {
+  auto d = Daemon::Start(DLCPD_PATH, {"--host-shm-bytes=3145728", "--host-slot-bytes=1048576"});
+  ASSERT_NE(d, nullptr);
+  ProcessResult r = RunProcess(Bench(d->control(), 4, "over-budget", d->host_socket(), 100000, 5), absl::Seconds(110));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("results exact: yes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("no host stage"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dlcpd --host-shm-bytes=3145728"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace dlcp::testing
