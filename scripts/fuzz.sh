@@ -6,6 +6,7 @@
 #                 Regroup)
 #   ring_fuzz     a shared-memory ring's header, indices and record lengths, as another process
 #                 left them
+#   host_fuzz     the messages of dlcpd's host socket (a worker's hello, dlcpd's welcome)
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [OUT_DIR] [BUILD_DIR]
 # BUILD_DIR is a configured and built tree (for the generated protobuf code). Exits non-zero on any
 # crash or sanitizer report; prints the inputs each target ran.
@@ -52,6 +53,8 @@ wire=$!
 clang++ "${FLAGS[@]}" tests/fuzz/ring_fuzz.cc common/shm/spsc_ring.cc common/base/syscall.cc common/transport/waker.cc \
   $LIBS -o "$OUT/ring_fuzz" &
 ring=$!
+clang++ "${FLAGS[@]}" tests/fuzz/host_fuzz.cc common/shm/host_hello.cc $LIBS -o "$OUT/host_fuzz" &
+host=$!
 clang++ "${FLAGS[@]}" -c "$OUT/control_unity.cc" -o "$OUT/control_unity.o" &
 unity=$!
 clang++ "${FLAGS[@]}" -c "$BUILD/proto/gen/dlcp/v1/control.pb.cc" -o "$OUT/control.pb.o" &
@@ -60,12 +63,13 @@ clang++ "${FLAGS[@]}" -c "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" -o "$OUT/
 grpcpb=$!
 wait $wire || { echo "fuzz: building wire_fuzz failed"; exit 1; }
 wait $ring || { echo "fuzz: building ring_fuzz failed"; exit 1; }
+wait $host || { echo "fuzz: building host_fuzz failed"; exit 1; }
 wait $unity && wait $pb && wait $grpcpb || { echo "fuzz: compiling control_fuzz failed"; exit 1; }
 clang++ "${FLAGS[@]}" "$OUT/control_unity.o" "$OUT/control.pb.o" "$OUT/control.grpc.pb.o" $LIBS -lhighwayhash \
   -lpthread -ldl -o "$OUT/control_fuzz" || { echo "fuzz: linking control_fuzz failed"; exit 1; }
 
 status=0
-for target in wire control ring; do
+for target in wire control ring host; do
   work="$OUT/${target}_corpus"
   mkdir -p "$work"
   "$OUT/${target}_fuzz" -max_total_time="$SECONDS_PER_TARGET" -max_len=4096 -print_final_stats=1 \

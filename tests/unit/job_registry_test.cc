@@ -165,3 +165,35 @@ TEST(JobRegistry, ASilentMemberFailsItsJobUntilItRejoinsOrEveryoneLeaves) {
 
 }  // namespace
 }  // namespace dlcp::server
+
+namespace dlcp::server {
+namespace {
+
+JoinSpec StageJoin(uint32_t rank, std::vector<uint32_t> group) {
+  JoinSpec s{"staged", 4, rank, 1024, Address{0x7f000001, static_cast<uint16_t>(5000 + rank)}};
+  s.host_group = std::move(group);
+  return s;
+}
+
+TEST(JobRegistry, HostGroupsAreCheckedAndEveryRankOfOneMustGiveTheSame) {
+  JobRegistry jobs(JobLimits{});
+  EXPECT_EQ(jobs.Join(StageJoin(0, {0})).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join(StageJoin(0, {1, 0})).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join(StageJoin(0, {1, 2})).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs.Join(StageJoin(0, {0, 4})).status().code(), absl::StatusCode::kInvalidArgument);
+  auto job = jobs.Join(StageJoin(0, {0, 1}));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(jobs.Join(StageJoin(1, {0, 1})).ok());
+  absl::Status other = jobs.Join(StageJoin(1, {0, 1, 2})).status();
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(other.message().find("[0,1,2] differs from [0,1]"), std::string::npos) << other;
+  ASSERT_NE((*job)->HostGroupLedBy(0), nullptr);
+  EXPECT_EQ(*(*job)->HostGroupLedBy(0), (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ((*job)->HostGroupLedBy(1), nullptr);
+  EXPECT_TRUE((*job)->Carried(1));
+  EXPECT_FALSE((*job)->Carried(0));
+  EXPECT_FALSE((*job)->Carried(2));
+}
+
+}  // namespace
+}  // namespace dlcp::server

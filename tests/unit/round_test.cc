@@ -109,3 +109,36 @@ TEST(Round, HandlesWorldsWiderThanOneBitmapWord) {
 
 }  // namespace
 }  // namespace dlcp::server
+
+namespace dlcp::server {
+namespace {
+
+// A host stage's first rank pushes for its whole stage (docs/host-stage.md): its one push counts
+// for each rank of the group, which get their results and say DONE through it.
+TEST(Round, AHostStagesPushCountsForEachOfItsRanks) {
+  BlockPool pool(1 << 20);
+  auto job = MakeJob(5);
+  auto group = std::make_shared<const std::vector<uint32_t>>(std::vector<uint32_t>{1, 2, 4});
+  Round r(job, 5, 0, wire::ChunkGeometry{16, 16}, &pool, MonotonicNow());
+  std::vector<float> host(16, 3.0f), other(16, 1.0f);
+  EXPECT_EQ(r.Add(1, 0, host.data(), MonotonicNow(), group), Round::AddResult::kAdded);
+  EXPECT_EQ(r.contributors(0), 3);
+  EXPECT_TRUE(r.Carried(2) && r.Carried(4));
+  EXPECT_FALSE(r.Carried(1) || r.Carried(0) || r.Carried(3));
+  EXPECT_EQ(r.MissingFrom(0), std::vector<uint32_t>{0});
+  EXPECT_TRUE(r.MissingFrom(4).empty());
+  EXPECT_EQ(r.Add(1, 0, host.data(), MonotonicNow(), group), Round::AddResult::kDuplicate);
+  EXPECT_EQ(r.Add(4, 0, other.data(), MonotonicNow()), Round::AddResult::kDuplicate);  // carried already
+  EXPECT_EQ(r.Add(0, 0, other.data(), MonotonicNow()), Round::AddResult::kAdded);
+  EXPECT_EQ(r.Add(3, 0, other.data(), MonotonicNow()), Round::AddResult::kCompleted);
+  EXPECT_EQ(r.contributors(0), 5);
+  EXPECT_EQ(r.Result(0)[0], 5.0f);
+  r.MarkDone(0);
+  r.MarkDone(3);
+  EXPECT_FALSE(r.AllDone());
+  r.MarkDone(1);
+  EXPECT_TRUE(r.AllDone());
+}
+
+}  // namespace
+}  // namespace dlcp::server
