@@ -29,6 +29,15 @@ for want in "kind: PyTorchJob" "completionMode: Indexed" "dlcp.io/trainer: \"tru
             "DLCP_AGGREGATORS_SERVICE: dlcpd.dlcp.svc"; do
   grep -qF "$want" "$WORK/trainer.yaml" || { echo "trainer examples lack: $want"; exit 1; }
 done
+# Host stages (docs/host-stage.md): dlcpd serves its default host socket in the node's /run/dlcp,
+# and every trainer pod mounts that same directory.
+for f in udp rdma trainer; do
+  grep -qF "path: /run/dlcp" "$WORK/$f.yaml" && grep -qF "mountPath: /run/dlcp" "$WORK/$f.yaml" || {
+    echo "$f: no hostPath /run/dlcp mounted at /run/dlcp, where the host socket is"; exit 1; }
+done
+defaults=$("$DLCPD" --dump-config 2>/dev/null || true)  # it may refuse the rest of an empty configuration
+grep -q "host-socket=/run/dlcp/dlcpd.sock" <<<"$defaults" || {
+  echo "dlcpd's default host socket is not in /run/dlcp, which the manifests share"; exit 1; }
 # Every setting the trainer ConfigMap gives must be one the digits example reads.
 for key in $(sed -n 's/^  \(DLCP_[A-Z_]*\):.*/\1/p' "$ROOT/deploy/k8s/examples/trainer/configmap.yaml"); do
   grep -q "env(\"$key\"" "$ROOT/client/python/dlcp/examples/digits.py" || {
