@@ -23,7 +23,7 @@ netbed_cleanup() {
   jobs -p | xargs -r kill 2>/dev/null || true
   wait 2>/dev/null || true
   "$CLUSTER" down >/dev/null 2>&1 || true
-  rm -rf "$work"
+  [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
 }
 
 # netbed_start NAME: sets $work, brings the cluster up (its state in /tmp/NAME unless STATE_DIR
@@ -97,6 +97,27 @@ netbed_workers() {
     pids+=($!)
   done
   for i in "${pids[@]}"; do wait "$i" || true; done
+}
+
+# netbed_host_workers BUILD OUT PER_HOST "HOST:ADDRESS ..." [dlcp-bench flags...]: PER_HOST
+# dlcp-bench ranks on each host, in order, sharing the host stage of the dlcpd netbed_aggregators
+# started there (docs/host-stage.md); started in the background, their pids in worker_pids. Rank
+# R's output is OUT.R.
+netbed_host_workers() {
+  local build=$1 out=$2 per=$3 spec j rank=0
+  local -a specs
+  read -r -a specs <<< "$4"
+  shift 4
+  worker_pids=()
+  for spec in "${specs[@]}"; do
+    for ((j = 0; j < per; j++)); do
+      ip netns exec "$PREFIX-${spec%%:*}" "$build/client/dlcp-bench" --plaintext --aggregators="$agg_list" \
+        --workers=$((${#specs[@]} * per)) --rank=$rank --local-size="$per" --host-socket="$work/${spec%%:*}.sock" \
+        --data-host="${spec#*:}" --json "$@" >"$out.$rank" 2>&1 &
+      worker_pids+=($!)
+      rank=$((rank + 1))
+    done
+  done
 }
 
 # The worker hosts w1..w4 of the single-switch cluster, as netbed_aggregators and netbed_workers
