@@ -9,6 +9,9 @@ echo
 echo "== dlcp vs Gloo ring all-reduce"
 bash bench/compare_gloo/compare_gloo.sh "$BUILD"
 echo
+echo "== workers of one host through its host stage, against Gloo and against pushing each its own"
+bash bench/host_stage.sh "$BUILD"
+echo
 echo "== float32 against float16 / bfloat16 payloads"
 bash bench/encoding.sh "$BUILD"
 echo
@@ -35,6 +38,9 @@ bash bench/failover.sh "$BUILD"
 echo
 echo "== under congestion on the emulated cluster (root only)"
 if [ "$(id -u)" = 0 ]; then bash bench/netbed_compare.sh "$BUILD"; else echo "skipped: needs root"; fi
+echo
+echo "== host stages on the emulated cluster: 2 hosts x 4 workers against Gloo (root only)"
+if [ "$(id -u)" = 0 ]; then bash bench/netbed_host_stage.sh "$BUILD"; else echo "skipped: needs root"; fi
 echo
 echo "== time to accuracy under congestion, PyTorch on the emulated cluster (root only)"
 if [ "$(id -u)" = 0 ]; then bash bench/netbed_tta.sh "$BUILD"; else echo "skipped: needs root"; fi
