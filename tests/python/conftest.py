@@ -70,3 +70,13 @@ def aggregators(tmp_path_factory):
     procs, addrs = start_aggregators(tmp_path_factory.mktemp("dlcpd"), 2)
     yield addrs
     stop(procs)
+
+
+@pytest.fixture(scope="session")
+def two_hosts(tmp_path_factory):
+    """Two aggregators, each its host's dlcpd: their addresses, and each one's host socket
+    (docs/host-stage.md)."""
+    work = tmp_path_factory.mktemp("dlcpd-hosts")
+    procs, addrs = start_aggregators(work, 2)
+    yield addrs, [str(work / "agg0.sock"), str(work / "agg1.sock")]
+    stop(procs)

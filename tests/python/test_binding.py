@@ -591,3 +591,43 @@ def test_an_op_waiting_for_its_tensors_stream_is_submitted_once_it_is_ready(aggr
     finally:
         client.close()
     assert client._deferred is None  # close() ended the submit thread
+
+
+def test_workers_of_a_host_sum_through_its_host_stage(two_hosts):
+    """Ranks 0-1 share host A's stage and ranks 2-3 host B's (docs/host-stage.md): sums and a
+    broadcast from another host are exact, ops under a loss bound take the network path, and every worker
+    counts all four contributors."""
+    aggregators, sockets = two_hosts
+    clients = [None] * 4
+
+    def connect(rank):
+        clients[rank] = dlcp.Client(aggregators=aggregators, job="host-stage", world_size=4, rank=rank,
+                                    plaintext=True, local_size=2, host_socket=sockets[rank // 2])
+
+    threads = [threading.Thread(target=connect, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(clients), "a worker did not connect"
+    try:
+        inputs = [np.arange(50_000, dtype=np.float32) * (r + 1) for r in range(4)]
+        bufs = [x.copy() for x in inputs]
+        stats = [h.wait(30) for h in [c.allreduce_async(1, b) for c, b in zip(clients, bufs)]]
+        for b in bufs:
+            assert np.array_equal(b, np.arange(50_000, dtype=np.float32) * 10)
+        assert all(s["min_contributors"] == 4 for s in stats)
+        root = np.array([1.5, -2.25, 7e-30, 3.5], dtype=np.float32)
+        bufs = [root.copy() if r == 3 else np.ones(4, dtype=np.float32) for r in range(4)]
+        for h in [c.broadcast_async(2, b, root=3) for c, b in zip(clients, bufs)]:
+            h.wait(30)
+        for b in bufs:
+            assert b.tobytes() == root.tobytes()
+        bufs = [np.full(1000, 1.0, dtype=np.float32) for _ in range(4)]
+        for h in [c.allreduce_async(3, b, loss_bound=0.01) for c, b in zip(clients, bufs)]:
+            h.wait(30)
+        for b in bufs:
+            assert np.all(b == 4.0)
+    finally:
+        for c in clients:
+            c.close()
