@@ -16,7 +16,7 @@ namespace {
 constexpr absl::Duration kResultGrace = absl::Seconds(5);
 
 std::string Describe(const StageMember& m) {
-  const std::string what = m.kind == 0 ? "all-reduce" : absl::StrCat("broadcast from rank ", m.kind - 1);
+  const std::string what = m.kind == 0 ? "an all-reduce" : absl::StrCat("a broadcast from rank ", m.kind - 1);
   return absl::StrCat(what, " of key ", m.key, " (", m.tensor_elems, " elements)");
 }
 
@@ -85,14 +85,18 @@ absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline,
   return absl::Status(code, std::string(r.message, std::min(r.message_len, kStageMessageBytes)));
 }
 
-absl::Status StageSteps::Agree(const StepSpec& s) const {
+absl::Status StageSteps::Agree(const StepSpec& s, uint64_t step) const {
   for (uint32_t i = 0; i < members(); ++i) {
     const StageMember& m = header().member[i];
+    if (m.step != step) {
+      return absl::AbortedError(
+          absl::StrCat("host stage: rank ", rank_of(i), " gave up on this op (it failed before its part was in)"));
+    }
     if (m.key != s.key || m.kind != s.kind || m.offset != s.offset || m.elems != s.elems ||
         m.tensor_elems != s.tensor_elems) {
       return absl::InvalidArgumentError(
-          absl::StrCat("host stage: rank ", rank_of(i), " runs a ", Describe(m), " where rank ",
-                       rank_of(m_.welcome.member), " runs a ", Describe(mine()),
+          absl::StrCat("host stage: rank ", rank_of(i), " runs ", Describe(m), " where rank ",
+                       rank_of(m_.welcome.member), " runs ", Describe(mine()),
                        ": every worker must run the same ops in the same order"));
     }
   }
@@ -154,6 +158,7 @@ absl::Status StageSteps::Run(const StepSpec& spec, const float* in, float* out, 
   absl::Status status = WaitAll(&StageMember::consumed, step - 1, deadline, "finish their last op", interrupted);
   if (!status.ok()) return Finish(step, status);
   StageMember& me = mine();
+  me.step = step;
   me.key = spec.key;
   me.kind = spec.kind;
   me.offset = spec.offset;
@@ -162,7 +167,7 @@ absl::Status StageSteps::Run(const StepSpec& spec, const float* in, float* out, 
   if (in != nullptr) std::memcpy(slot(m_.welcome.member), in, spec.elems * sizeof(float));
   Publish(&StageMember::arrived, step);
   status = WaitAll(&StageMember::arrived, step, deadline, "start the same op", interrupted);
-  if (status.ok()) status = Agree(spec);
+  if (status.ok()) status = Agree(spec, step);
   if (status.ok()) Share(spec);
   if (!status.ok()) me.abandoned.store(step, std::memory_order_release);
   Publish(&StageMember::summed, step);

@@ -64,7 +64,8 @@ class StageSteps {
   absl::Status WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
                        const std::function<absl::Status()>& interrupted);
   absl::Status WaitResult(uint64_t step, absl::Time deadline, const std::function<absl::Status()>& interrupted);
-  absl::Status Agree(const StepSpec& spec) const;  // every member's spec of this step is `spec`
+  // Every member's spec of this step is `spec`, and none gave the step up.
+  absl::Status Agree(const StepSpec& spec, uint64_t step) const;
   void Share(const StepSpec& spec);  // this member's share of slot 0
   absl::Status Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
                     const std::function<absl::Status()>& interrupted);

@@ -28,14 +28,16 @@ struct alignas(64) StageMember {
   std::atomic<uint64_t> summed;     // the step whose share of the sum it has added
   std::atomic<uint64_t> consumed;   // the step whose result it has read (its slot is free again)
   std::atomic<uint64_t> abandoned;  // the latest step it gave up (its op failed): no sum for it
-  // The op of step `arrived`, which every member must agree on.
+  // The op of step `arrived`, which every member must agree on, and that step (a member that gave
+  // the step up before it came leaves an older one here).
+  uint64_t step;
   uint32_t key;
   uint32_t kind;  // 0: all-reduce; 1 + root: broadcast from rank `root`
   uint64_t offset;  // elements of the tensor before this step's part
   uint64_t elems;   // elements in this step's part
   uint64_t tensor_elems;
 };
-static_assert(sizeof(StageMember) == 64);
+static_assert(sizeof(StageMember) == 128);
 
 struct StageResult {
   std::atomic<uint64_t> step;  // the step whose result slot 0 now holds (or whose error this is)
@@ -59,9 +61,9 @@ struct alignas(64) StageHeader {
   StageMember member[kMaxStageMembers];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
-static_assert(sizeof(StageHeader) <= 8192);
+static_assert(sizeof(StageHeader) <= 16384);
 
-inline constexpr size_t kStageSlotsOffset = 8192;
+inline constexpr size_t kStageSlotsOffset = 16384;
 inline size_t StageRegionBytes(uint32_t members, uint64_t slot_bytes) {
   return kStageSlotsOffset + static_cast<size_t>(members) * slot_bytes;
 }

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/security/tls_flags.h"
+#include "common/shm/stage_layout.h"
 #include "common/transport/transport_flags.h"
 #include "common/transport/transport_options.h"
 
@@ -182,7 +183,7 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   if (o.host_stage.slot_bytes % 4096 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--host-slot-bytes ", o.host_stage.slot_bytes, " is not a multiple of 4096"));
   }
-  if (o.host_stage.slot_bytes * 2 + 8192 > o.host_stage.shm_bytes) {
+  if (StageRegionBytes(2, o.host_stage.slot_bytes) > o.host_stage.shm_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("--host-shm-bytes ", o.host_stage.shm_bytes,
                                                    " cannot hold one stage of two --host-slot-bytes ", o.host_stage.slot_bytes,
                                                    " slots"));

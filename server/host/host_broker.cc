@@ -28,6 +28,9 @@ namespace dlcp::server {
 namespace {
 
 constexpr absl::Duration kHelloTimeout = absl::Seconds(5);
+// Connections at once: a local process that opens more is not served past this (each costs a
+// descriptor and a poll entry until its hello, or its 5 s, is up).
+constexpr size_t kMaxConnections = 4096;
 // After a stage failed to gather, its job's late workers take the network path too, like the rest.
 constexpr absl::Duration kRememberRefusal = absl::Minutes(5);
 
@@ -140,6 +143,11 @@ void HostBrokerLoop::Accept() {
   for (;;) {
     OwnedFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (fd.get() < 0) return;  // EAGAIN, or a connection reset before it was taken
+    if (connections_.size() >= kMaxConnections) {
+      Refuse(fd.get(), absl::StatusCode::kResourceExhausted,
+             absl::StrCat("dlcpd's host socket serves ", kMaxConnections, " connections at most"));
+      continue;
+    }
     absl::StatusOr<PeerCredentials> peer = PeerOf(fd.get());
     if (!peer.ok()) continue;
     const int raw = fd.get();
