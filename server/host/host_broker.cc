@@ -34,26 +34,6 @@ constexpr size_t kMaxConnections = 4096;
 // After a stage failed to gather, its job's late workers take the network path too, like the rest.
 constexpr absl::Duration kRememberRefusal = absl::Minutes(5);
 
-struct Connection {
-  OwnedFd fd;
-  PeerCredentials peer;
-  absl::Time hello_deadline;
-  std::string job;  // empty until its hello
-  uint32_t rank = 0;
-};
-
-// The workers of one job on this host: gathering until local_size have come, then formed.
-struct Stage {
-  uint32_t world = 0;
-  uint32_t local_size = 0;
-  uid_t uid = 0;
-  absl::Time deadline;
-  std::map<uint32_t, int> members;  // rank -> connection; a formed stage keeps the gone ones as -1
-  std::optional<SharedRegion> region;  // set once formed
-  bool formed() const { return region.has_value(); }
-  StageHeader* header() const { return static_cast<StageHeader*>(region->data()); }
-};
-
 absl::StatusOr<OwnedFd> Listen(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
@@ -98,6 +78,26 @@ class HostBrokerLoop {
   }
 
  private:
+  struct Connection {
+    OwnedFd fd;
+    PeerCredentials peer;
+    absl::Time hello_deadline;
+    std::string job;  // empty until its hello
+    uint32_t rank = 0;
+  };
+
+  // The workers of one job on this host: gathering until local_size have come, then formed.
+  struct Stage {
+    uint32_t world = 0;
+    uint32_t local_size = 0;
+    uid_t uid = 0;
+    absl::Time deadline;
+    std::map<uint32_t, int> members;  // rank -> connection; a formed stage keeps the gone ones as -1
+    std::optional<SharedRegion> region;  // set once formed
+    bool formed() const { return region.has_value(); }
+    StageHeader* header() const { return static_cast<StageHeader*>(region->data()); }
+  };
+
   void Accept();
   void Serve(int fd, absl::Time now);
   void OnHello(Connection& c, const HostHello& hello, absl::Time now);
