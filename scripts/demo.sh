@@ -30,9 +30,11 @@ trap cleanup EXIT
 aggregators=()
 for i in 0 1; do
   # UDP on both sides, chosen rather than probed: the demo runs on loopback, and each worker's
-  # probe would log why it fell back to UDP.
+  # probe would log why it fell back to UDP. The two stand for two nodes' dlcpd, each with a host
+  # socket of its own; the workers push their own (--host-stage=false below), so that the demo
+  # shows the aggregators at work rather than one host stage of the whole job.
   "$DLCPD" --host=127.0.0.1 --port=0 --data-port=0 --log-level=warning --plaintext --transport=udp \
-    --ready-file="$work/agg$i.ready" 2>"$work/agg$i.log" &
+    --host-socket="$work/agg$i.sock" --ready-file="$work/agg$i.ready" 2>"$work/agg$i.log" &
   pids+=($!)
 done
 for i in 0 1; do
@@ -53,8 +55,8 @@ else
   echo "dlcp demo: PyTorch or scikit-learn is missing for $PYTHON (or the Python binding was not built),"
   echo "so no training; running the C++ benchmark instead."
   echo "dlcp demo: 2 aggregators (${list}), ${WORKERS} workers, ${ROUNDS} rounds of 4 x 1 MiB float32 gradients"
-  "$BENCH" --plaintext --transport=udp --aggregators="$list" --workers="$WORKERS" --tensors=4 --tensor-bytes=1048576 \
-    --rounds="$ROUNDS" --warmup=2 --progress --timeout-s=600
+  "$BENCH" --plaintext --transport=udp --host-stage=false --aggregators="$list" --workers="$WORKERS" --tensors=4 \
+    --tensor-bytes=1048576 --rounds="$ROUNDS" --warmup=2 --progress --timeout-s=600
 fi
 echo
 echo "aggregator view (dlcpctl status):"

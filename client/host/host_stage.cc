@@ -64,6 +64,7 @@ void HostStage::Stop(const absl::Status& why) {
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
+  steps_.Leave();  // a closed client is gone for the others, though its process may live on
 }
 
 absl::Status HostStage::Interrupted() const {

@@ -47,7 +47,8 @@ class HostStage {
   // Sums `data` over the job, in place (root >= 0: replaces it with rank root's). `data` stays
   // the caller's until `done`.
   void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t root, OpDone done);
-  // Fails the queued ops and the running one with `why`, and joins the thread. Idempotent.
+  // Fails the queued ops and the running one with `why`, joins the thread, and leaves the stage:
+  // the other workers' ops fail from then on, naming this rank. Idempotent.
   void Stop(const absl::Status& why);
 
  private:

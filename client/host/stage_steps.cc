@@ -123,7 +123,7 @@ void StageSteps::PostResult(uint64_t step, const absl::Status& status) {
   r.code = static_cast<int32_t>(status.code());
   const absl::string_view message = status.message();
   r.message_len = static_cast<uint32_t>(std::min<size_t>(message.size(), kStageMessageBytes));
-  std::memcpy(r.message, message.data(), r.message_len);
+  if (r.message_len > 0) std::memcpy(r.message, message.data(), r.message_len);
   r.step.store(step, std::memory_order_release);
   RingBell(header().bell);
 }

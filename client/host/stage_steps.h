@@ -45,6 +45,9 @@ class StageSteps {
   uint32_t rank_of(uint32_t member) const { return m_.welcome.ranks[member]; }
   // ABORTED naming a member whose process is gone (dlcpd said so); OK while every one is there.
   absl::Status Gone() const;
+  // Closes this member's host socket: dlcpd then marks it gone, so the others stop waiting for
+  // it. The region stays mapped (an engine op may still write into it).
+  void Leave() { m_.socket = OwnedFd(); }
 
   // Runs the next step: `in` (spec.elems values; nullptr where this member's part is not needed,
   // a broadcast not from it) summed over the members into `out`. `interrupted` ends its waits

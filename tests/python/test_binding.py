@@ -3,6 +3,7 @@ import inspect
 import os
 import pathlib
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -628,6 +629,36 @@ def test_workers_of_a_host_sum_through_its_host_stage(two_hosts):
             h.wait(30)
         for b in bufs:
             assert np.all(b == 4.0)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_a_worker_that_closes_leaves_its_host_stage_and_the_others_say_so(two_hosts):
+    """A stage of the whole job (docs/host-stage.md): once rank 1 closes its client, rank 0's
+    next op fails at once, naming it, rather than at its deadline."""
+    aggregators, sockets = two_hosts
+    clients = [None] * 2
+
+    def connect(rank):
+        clients[rank] = dlcp.Client(aggregators=aggregators, job="host-stage-close", world_size=2, rank=rank,
+                                    plaintext=True, local_size=2, host_socket=sockets[0], op_timeout_ms=30_000)
+
+    threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        bufs = [np.ones(100, dtype=np.float32) for _ in range(2)]
+        for h in [c.allreduce_async(1, b) for c, b in zip(clients, bufs)]:
+            h.wait(30)
+        assert np.all(bufs[0] == 2.0)
+        clients[1].close()
+        started = time.monotonic()
+        with pytest.raises(dlcp.AbortedError, match="worker rank 1 of this host's stage is gone"):
+            clients[0].allreduce(1, np.ones(100, dtype=np.float32))
+        assert time.monotonic() - started < 5
     finally:
         for c in clients:
             c.close()
