@@ -184,7 +184,6 @@ EngineOptions EngineOptionsOf(const ClientOptions& options, const Session& sessi
   for (const AggregatorInfo& a : aggregators) eo.max_inflight = std::min(eo.max_inflight, a.max_rounds_in_flight);
   return eo;
 }
-}  // namespace
 
 // The job's workers on this host: local_size, else the launcher's LOCAL_WORLD_SIZE, else 1.
 absl::StatusOr<uint32_t> ResolveLocalSize(const ClientOptions& o) {
@@ -225,6 +224,8 @@ HostStage::NetworkSubmit StageNetwork(TransferEngine* engine, const StageMembers
   return [engine, carries](uint32_t key, absl::Span<float> sum, const AllReduceOptions& options, int64_t root,
                            OpDone done) { engine->Submit(key, sum, options, root, std::move(done), carries); };
 }
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& given) {
   if (absl::Status s = ValidateOptions(given); !s.ok()) return s;
