@@ -4,6 +4,8 @@
 // named or fallen back from, never waited on.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <memory>
 #include <string>
@@ -162,6 +164,40 @@ TEST(HostStage, WithoutAStageEveryWorkerPushesItsOwnAndSaysWhyOnce) {
   }
   EXPECT_NE(r.out.find("no dlcpd serves host_socket /nonexistent/dlcpd.sock"), std::string::npos) << r.out;
   EXPECT_GT(Metric(*d, "dlcp_rx_bytes_total"), 0);
+}
+
+// Only the job's own processes reach its stage: the first worker's uid is the job's, and a worker
+// of another uid is refused (SO_PEERCRED), naming both. Both then push their own.
+TEST(HostStage, AWorkerOfAnotherUserIsRefusedItsJobsStage) {
+  if (::geteuid() != 0 || ::access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "needs root and setpriv";
+  const std::vector<std::string> as_nobody = {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+  std::vector<std::string> probe = as_nobody;
+  probe.insert(probe.end(), {DLCP_BENCH_PATH, "--version"});
+  if (RunProcess(probe, absl::Seconds(10)).exit_code != 0) {
+    GTEST_SKIP() << "uid 65534 cannot run " << DLCP_BENCH_PATH << " (a build tree it cannot reach)";
+  }
+  auto d = Daemon::Start(DLCPD_PATH, {"--host-gather-timeout-ms=1000"});
+  ASSERT_NE(d, nullptr);
+  const std::string dir = d->host_socket().substr(0, d->host_socket().rfind('/'));
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);  // the other user may reach the socket; dlcpd decides
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<std::string> argv = Bench(d->control(), 2, "two-users", d->host_socket(), 100000, 5);
+    argv.push_back(absl::StrCat("--rank=", rank));
+    argv.push_back("--local-size=2");
+    if (rank == 1) argv.insert(argv.begin(), as_nobody.begin(), as_nobody.end());
+    workers.push_back(BackgroundProcess::Start(argv));
+  }
+  std::string both;
+  for (auto& w : workers) {
+    ProcessResult r = w->Wait(absl::Seconds(60));
+    EXPECT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_NE(r.out.find("\"exact\":true"), std::string::npos) << r.out;
+    both += r.out;
+  }
+  EXPECT_TRUE(both.find("' on this host runs as uid 0, not uid 65534 of rank 1") != std::string::npos ||
+              both.find("' on this host runs as uid 65534, not uid 0 of rank 0") != std::string::npos)
+      << both;
 }
 
 TEST(HostStage, AStageOverTheHostsSharedMemoryBoundIsRefusedNamingTheSetting) {
