@@ -288,7 +288,10 @@ void Client::ListenToSession(bool regroup) {
     DLCP_LOG(Warning) << "rank " << options_.rank << ": every rank of job '" << options_.job_name
                       << "' is back; it goes on from round 0";
     engine_->Rejoin(std::move(layout));
+    if (stage_) stage_->RejoinJob();
   });
+  // The network path's ops learn of a failed job from their rounds; a host stage's from this.
+  if (stage_) session_->set_job_failure_handler([stage = stage_.get()](const absl::Status& why) { stage->FailJob(why); });
   if (regroup) {
     session_->set_layout_handler([this](const std::vector<size_t>& lost, const std::vector<size_t>& back,
                                         const absl::Status& why, bool planned) {
@@ -448,6 +451,7 @@ absl::Status Client::Close() {
     session_->set_fatal_handler(nullptr);  // the engine is going away
     session_->set_layout_handler(nullptr);
     session_->set_rejoin_handler(nullptr);
+    session_->set_job_failure_handler(nullptr);
     session_->set_key_handler(nullptr);
   }
   // The stage first: its first worker's network leg is an op of the engine, which may write into

@@ -342,6 +342,7 @@ void Session::ReadHeartbeat(size_t i, HeartbeatCall& call, const LayoutHandler& 
   } else if (st.ok()) {
     last_ok_[i] = MonotonicNow();
     waiting_->Update(aggregators_[i].control, resp);
+    if (!resp.job_failure().empty()) NoteJobFailure(i, resp.job_failure());
     if (resp.rejoins() > rejoins_) rejoined_epochs_[i] = resp.epoch();
     NoteKeys(i, resp);
   } else if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
@@ -455,6 +456,23 @@ void Session::NoteRejoin(const std::vector<bool>& lost) {
     handler = rejoin_handler_;
   }
   if (handler) handler(epochs);
+}
+
+void Session::NoteJobFailure(size_t i, const std::string& reason) {
+  JobFailureHandler handler;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    handler = job_failure_handler_;
+  }
+  if (handler) {
+    handler(absl::AbortedError(absl::StrCat("aggregator ", aggregators_[i].control, ": job '", options_.job_name,
+                                            "' failed: ", reason)));
+  }
+}
+
+void Session::set_job_failure_handler(JobFailureHandler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_failure_handler_ = std::move(handler);
 }
 
 void Session::set_rejoin_handler(RejoinHandler handler) {

@@ -100,6 +100,10 @@ class Session {
   // after losing a worker (its rejoin count grew): with each one's new epoch (0 for lost ones).
   using RejoinHandler = std::function<void(const std::vector<uint32_t>& epochs)>;
   void set_rejoin_handler(RejoinHandler handler);
+  // Called on the heartbeat thread (it must not block) at each heartbeat answer that says the job
+  // failed (HeartbeatResponse.job_failure): ABORTED naming the aggregator and its reason.
+  using JobFailureHandler = std::function<void(const absl::Status& why)>;
+  void set_job_failure_handler(JobFailureHandler handler);
   // Called on the heartbeat thread (it must not block) when an aggregator's heartbeat answer
   // moves its data keys on: sign with `info.data_key`, accept it and `info.previous_data_key`.
   // The next heartbeat there says this worker holds the new key, so the handler must have made
@@ -162,6 +166,8 @@ class Session {
   void NoteRejoin(const std::vector<bool>& lost);
   // A heartbeat answer from aggregator i: takes its keys if they moved on.
   void NoteKeys(size_t i, const v1::HeartbeatResponse& resp);
+  // A heartbeat answer from aggregator i said the job failed: tells the job failure handler.
+  void NoteJobFailure(size_t i, const std::string& reason);
 
   SessionOptions options_;
   uint32_t job_id_ = 0;
@@ -171,6 +177,7 @@ class Session {
   std::function<void(const absl::Status&)> fatal_;  // under mu_
   LayoutHandler layout_handler_;  // under mu_
   RejoinHandler rejoin_handler_;  // under mu_
+  JobFailureHandler job_failure_handler_;  // under mu_
   KeyHandler key_handler_;        // under mu_
   uint32_t rejoins_ = 0;          // the count this worker works under (heartbeat thread)
   std::vector<uint32_t> rejoined_epochs_;  // per aggregator: its epoch once its count grew, else 0

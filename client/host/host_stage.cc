@@ -67,10 +67,24 @@ void HostStage::Stop(const absl::Status& why) {
   steps_.Leave();  // a closed client is gone for the others, though its process may live on
 }
 
-absl::Status HostStage::Interrupted() const {
-  if (!stopping_.load(std::memory_order_relaxed)) return absl::OkStatus();
+void HostStage::FailJob(const absl::Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
-  return stopped_;
+  if (job_failure_.ok()) job_failure_ = why;
+  job_failed_.store(true);
+}
+
+void HostStage::RejoinJob() {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_failure_ = absl::OkStatus();
+  job_failed_.store(false);
+}
+
+absl::Status HostStage::Interrupted() const {
+  if (!stopping_.load(std::memory_order_relaxed) && !job_failed_.load(std::memory_order_relaxed)) {
+    return absl::OkStatus();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopped_.ok() ? job_failure_ : stopped_;
 }
 
 void HostStage::Run() {
@@ -101,16 +115,22 @@ absl::StatusOr<RoundStats> HostStage::RunOp(const Op& op) {
   stats.round = rounds_[op.key]++;
   stats.min_contributors = world_;  // the first worker's network legs may say otherwise
   const uint32_t kind = op.root >= 0 ? static_cast<uint32_t>(op.root) + 1 : 0;
+  // A failed job fails the op at once, as on the network path; its steps are still gone through.
+  absl::Status status = Interrupted();
   for (uint64_t offset = 0; offset < op.data.size(); offset += steps_.slot_elems()) {
     StepSpec spec{op.key, kind, offset, std::min<uint64_t>(steps_.slot_elems(), op.data.size() - offset),
                   op.data.size()};
+    if (!status.ok()) {  // the op failed: the rest of its steps are given up, so every worker stays in step
+      steps_.Skip(spec, status).IgnoreError();  // it is `status` again
+      continue;
+    }
     NetworkLeg leg;
     if (network_) leg = [&](float* sum, const StepSpec& s) { return Leg(sum, s, op, deadline, &stats); };
-    absl::Status status = steps_.Run(spec, op.data.data() + offset, op.data.data() + offset, leg, deadline,
-                                     [this] { return Interrupted(); });
+    status = steps_.Run(spec, op.data.data() + offset, op.data.data() + offset, leg, deadline,
+                        [this] { return Interrupted(); });
     if (!status.ok() && broken_ && !steps_.Gone().ok()) std::exchange(broken_, nullptr)(steps_.Gone());
-    if (!status.ok()) return status;
   }
+  if (!status.ok()) return status;
   stats.time = MonotonicNow() - start;
   return stats;
 }

@@ -47,6 +47,11 @@ class HostStage {
   // Sums `data` over the job, in place (root >= 0: replaces it with rank root's). `data` stays
   // the caller's until `done`.
   void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t root, OpDone done);
+  // The job failed (an aggregator said so at a heartbeat): the running op and later ones fail
+  // with `why` until RejoinJob, as the job's ops on the network path do. Any thread.
+  void FailJob(const absl::Status& why);
+  // Every rank is back and the job goes on. Any thread.
+  void RejoinJob();
   // Fails the queued ops and the running one with `why`, joins the thread, and leaves the stage:
   // the other workers' ops fail from then on, naming this rank. Idempotent.
   void Stop(const absl::Status& why);
@@ -75,7 +80,9 @@ class HostStage {
   std::condition_variable cv_;
   std::deque<Op> queue_;
   absl::Status stopped_;  // under mu_; not OK once Stop was called
+  absl::Status job_failure_;  // under mu_; not OK while the job has failed
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> job_failed_{false};
   std::thread thread_;
 };
 

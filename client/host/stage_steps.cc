@@ -151,6 +151,18 @@ absl::Status StageSteps::Finish(uint64_t step, const absl::Status& status) {
   return status;
 }
 
+absl::Status StageSteps::Skip(const StepSpec& spec, const absl::Status& why) {
+  const uint64_t step = ++step_;
+  StageMember& me = mine();
+  me.step = step;
+  me.key = spec.key;
+  me.kind = spec.kind;
+  me.offset = spec.offset;
+  me.elems = spec.elems;
+  me.tensor_elems = spec.tensor_elems;
+  return Finish(step, why);
+}
+
 absl::Status StageSteps::Run(const StepSpec& spec, const float* in, float* out, const NetworkLeg& leg,
                              absl::Time deadline, const std::function<absl::Status()>& interrupted) {
   const uint64_t step = ++step_;

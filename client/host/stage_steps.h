@@ -54,6 +54,9 @@ class StageSteps {
   // early with the status it returns (the client is closing).
   absl::Status Run(const StepSpec& spec, const float* in, float* out, const NetworkLeg& leg, absl::Time deadline,
                    const std::function<absl::Status()>& interrupted);
+  // Gives the next step up at once with `why` (the rest of an op that failed), publishing all of
+  // it, so that every member goes through the same steps for each op and stays in step.
+  absl::Status Skip(const StepSpec& spec, const absl::Status& why);
 
  private:
   using Counter = std::atomic<uint64_t> StageMember::*;

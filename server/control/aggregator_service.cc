@@ -326,6 +326,7 @@ absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req,
                resp->mutable_worker_key());
       resp->set_data_key_generation(keys->generation);
     }
+    if (s.ok() && job->failed.load()) resp->set_job_failure(job->failure_reason());
     if (s.ok()) {
       FillWaiting(*job, resp);
       const std::vector<RankLateness> slowest = job->stragglers.Ranks(MonotonicNanos(), 1);

@@ -129,6 +129,37 @@ TEST(HostStage, KilledWorkerIsNamedOnItsHostAtOnceAndByTheOthersWithinTheDeadlin
   }
 }
 
+// A frozen worker's process lives on, so dlcpd does not see it go: the aggregator misses its
+// heartbeats and fails the job, and the others' stage ops, which wait on no aggregator round (the
+// stage holds the whole job), end at the next heartbeat answer, naming it, not at their deadline.
+TEST(HostStage, AFrozenWorkerOfAWholeJobStageIsNamedWithinTheHeartbeatDeadline) {
+  auto d = Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=1500", "--metrics-port=0"});
+  ASSERT_NE(d, nullptr);
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int rank = 0; rank < 3; ++rank) {
+    std::vector<std::string> argv = Bench(d->control(), 3, "frozen", d->host_socket(), 400000, 1000000);
+    argv.push_back(absl::StrCat("--rank=", rank));
+    argv.push_back("--local-size=3");
+    argv.push_back("--op-timeout-ms=60000");
+    workers.push_back(BackgroundProcess::Start(argv));
+  }
+  const absl::Time give_up = MonotonicNow() + absl::Seconds(30);
+  while (Metric(*d, "dlcp_host_stages_formed_total") < 1 && MonotonicNow() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(Metric(*d, "dlcp_host_stages_formed_total"), 1) << workers[0]->Output();
+  workers[2]->Signal(SIGSTOP);
+  const absl::Time stopped = MonotonicNow();
+  for (int rank = 0; rank < 2; ++rank) {
+    ProcessResult r = workers[rank]->Wait(absl::Seconds(15));
+    EXPECT_NE(r.exit_code, 0) << "rank " << rank << " did not fail:\n" << r.out;
+    EXPECT_NE(r.exit_code, -1) << "rank " << rank << " hung:\n" << r.out;
+    EXPECT_NE(r.out.find("worker rank 2"), std::string::npos) << "rank " << rank << ":\n" << r.out;
+    EXPECT_LT(MonotonicNow() - stopped, absl::Milliseconds(1500) + absl::Seconds(3)) << "rank " << rank;
+  }
+  workers[2]->Signal(SIGCONT);
+}
+
 // Host B's dlcpd, its stage's broker and one of the job's two aggregators, is killed: the stage
 // needs it no more (its workers hold the region), and its share of the job moves to A's dlcpd.
 TEST(HostStage, KilledDlcpdOfAHostMovesItsShareToTheOtherAndTheStagesRunOn) {
