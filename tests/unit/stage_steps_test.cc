@@ -118,6 +118,31 @@ TEST(StageSteps, MembersThatRunDifferentOpsAllFailNamingThemAndTheNextStepWorks)
   for (auto& t : threads) t.join();
 }
 
+// A member whose op already failed gives the step up at once (Skip): the others fail that step
+// too, naming it, and every member is in step for the next.
+TEST(StageSteps, AStepOneMemberGivesUpFailsForAllAndTheNextOneWorks) {
+  Stage stage({3, 4, 5});
+  std::vector<std::thread> threads;
+  for (uint32_t m = 0; m < 3; ++m) {
+    threads.emplace_back([&, m] {
+      std::unique_ptr<StageSteps> steps = stage.Member(m);
+      std::vector<float> data(16, 1.0f);
+      const StepSpec spec{4, 0, 0, 16, 16};
+      absl::Status s = m == 1 ? steps->Skip(spec, absl::AbortedError("its job failed"))
+                              : steps->Run(spec, data.data(), data.data(), nullptr,
+                                           MonotonicNow() + absl::Seconds(30), NotInterrupted);
+      EXPECT_FALSE(s.ok()) << m;
+      if (m != 1) {
+        EXPECT_NE(s.message().find("rank 4"), std::string::npos) << m << ": " << s;
+      }
+      s = steps->Run(spec, data.data(), data.data(), nullptr, MonotonicNow() + absl::Seconds(30), NotInterrupted);
+      EXPECT_TRUE(s.ok()) << m << ": " << s;
+      EXPECT_EQ(data[0], 3.0f);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
 TEST(StageSteps, AGoneMemberFailsTheOthersAtOnceNamingItsRank) {
   Stage stage({10, 11, 12});
   std::thread broker([&] {
