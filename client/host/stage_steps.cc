@@ -49,6 +49,34 @@ absl::Status StageSteps::Gone() const {
   return absl::OkStatus();
 }
 
+void StageSteps::Notify(uint64_t step, const absl::Status& why) {
+  StageNotice& n = header().notice;
+  uint64_t claimed = n.claimed.load(std::memory_order_acquire);
+  while (claimed < step && !n.claimed.compare_exchange_weak(claimed, step, std::memory_order_acq_rel)) {
+  }
+  if (claimed >= step) return;  // another member said it first (or a later step is under way)
+  n.code = static_cast<int32_t>(why.code());
+  const absl::string_view message = why.message();
+  n.message_len = static_cast<uint32_t>(std::min<size_t>(message.size(), kStageMessageBytes));
+  if (n.message_len > 0) std::memcpy(n.message, message.data(), n.message_len);
+  n.step.store(step, std::memory_order_release);
+  RingBell(header().bell);
+}
+
+absl::Status StageSteps::Noticed(uint64_t step) const {
+  const StageNotice& n = header().notice;
+  if (n.step.load(std::memory_order_acquire) != step || n.code == 0) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(std::clamp(n.code, 1, 16));
+  return absl::Status(code, std::string(n.message, std::min(n.message_len, kStageMessageBytes)));
+}
+
+absl::Status StageSteps::GoneOrNoticed() const {
+  absl::Status gone = Gone();
+  if (gone.ok()) return gone;
+  absl::Status noticed = Noticed(step_);
+  return noticed.ok() ? gone : noticed;
+}
+
 absl::Status StageSteps::WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
                                  const std::function<absl::Status()>& interrupted) {
   for (;;) {
@@ -58,7 +86,7 @@ absl::Status StageSteps::WaitAll(Counter counter, uint64_t step, absl::Time dead
       if ((header().member[i].*counter).load(std::memory_order_acquire) < step) missing.push_back(rank_of(i));
     }
     if (missing.empty()) return absl::OkStatus();
-    if (absl::Status gone = Gone(); !gone.ok()) return gone;
+    if (absl::Status gone = GoneOrNoticed(); !gone.ok()) return gone;
     if (absl::Status stop = interrupted(); !stop.ok()) return stop;
     if (!SleepOnBell(header().bell, seen, deadline)) {
       return absl::DeadlineExceededError(
@@ -72,7 +100,7 @@ absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline,
   for (;;) {
     const uint32_t seen = header().bell.load(std::memory_order_seq_cst);
     if (header().result.step.load(std::memory_order_acquire) >= step) break;
-    if (absl::Status gone = Gone(); !gone.ok()) return gone;
+    if (absl::Status gone = GoneOrNoticed(); !gone.ok()) return gone;
     if (absl::Status stop = interrupted(); !stop.ok()) return stop;
     if (!SleepOnBell(header().bell, seen, deadline)) {
       return absl::DeadlineExceededError(
@@ -89,6 +117,7 @@ absl::Status StageSteps::Agree(const StepSpec& s, uint64_t step) const {
   for (uint32_t i = 0; i < members(); ++i) {
     const StageMember& m = header().member[i];
     if (m.step != step) {
+      if (absl::Status noticed = Noticed(step); !noticed.ok()) return noticed;
       return absl::AbortedError(
           absl::StrCat("host stage: rank ", rank_of(i), " gave up on this op (it failed before its part was in)"));
     }
@@ -133,6 +162,8 @@ absl::Status StageSteps::Lead(uint64_t step, const StepSpec& spec, const Network
   absl::Status status = WaitAll(&StageMember::summed, step, deadline, "sum their shares", interrupted);
   for (uint32_t i = 0; status.ok() && i < members(); ++i) {
     if (header().member[i].abandoned.load(std::memory_order_acquire) == step) {
+      status = Noticed(step);
+      if (!status.ok()) break;
       status = absl::AbortedError(absl::StrCat("host stage: rank ", rank_of(i), " gave up on key ", spec.key,
                                                " (its op failed before its part was in)"));
     }
@@ -143,6 +174,7 @@ absl::Status StageSteps::Lead(uint64_t step, const StepSpec& spec, const Network
 }
 
 absl::Status StageSteps::Finish(uint64_t step, const absl::Status& status) {
+  if (!status.ok()) Notify(step, status);
   if (!status.ok()) mine().abandoned.store(step, std::memory_order_release);
   Publish(&StageMember::arrived, step);
   Publish(&StageMember::summed, step);
@@ -181,7 +213,10 @@ absl::Status StageSteps::Run(const StepSpec& spec, const float* in, float* out, 
   status = WaitAll(&StageMember::arrived, step, deadline, "start the same op", interrupted);
   if (status.ok()) status = Agree(spec, step);
   if (status.ok()) Share(spec);
-  if (!status.ok()) me.abandoned.store(step, std::memory_order_release);
+  if (!status.ok()) {
+    Notify(step, status);
+    me.abandoned.store(step, std::memory_order_release);
+  }
   Publish(&StageMember::summed, step);
   if (first() && status.ok()) {
     status = Lead(step, spec, leg, deadline, interrupted);

@@ -76,6 +76,11 @@ class StageSteps {
   absl::Status Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
                     const std::function<absl::Status()>& interrupted);
   void PostResult(uint64_t step, const absl::Status& status);
+  // The first member to give up `step` says why (StageNotice); Noticed is what it said, if any.
+  void Notify(uint64_t step, const absl::Status& why);
+  absl::Status Noticed(uint64_t step) const;
+  // Gone(), unless a member said why it gave this step up: then that.
+  absl::Status GoneOrNoticed() const;
   absl::Status Finish(uint64_t step, const absl::Status& status);  // publishes what is left; returns `status`
 
   StageMembership m_;

@@ -47,6 +47,17 @@ struct StageResult {
 };
 static_assert(sizeof(StageResult) == 496);
 
+// Why a step was given up, from the first member that gave it up: a worker whose op failed (its
+// job failed, say) may leave at once, and the others then name that cause, not its leaving. A
+// member claims the notice for a step, writes it, then publishes the step.
+struct StageNotice {
+  std::atomic<uint64_t> claimed;
+  std::atomic<uint64_t> step;
+  int32_t code;
+  uint32_t message_len;
+  char message[kStageMessageBytes];
+};
+
 struct alignas(64) StageHeader {
   uint32_t magic;
   uint32_t version;
@@ -58,6 +69,7 @@ struct alignas(64) StageHeader {
   // dlcpd: member i's process is gone (its host socket closed); 0: alive.
   std::atomic<uint32_t> gone[kMaxStageMembers];
   alignas(64) StageResult result;
+  alignas(64) StageNotice notice;
   StageMember member[kMaxStageMembers];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
