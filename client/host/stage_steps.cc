@@ -174,8 +174,10 @@ absl::Status StageSteps::Lead(uint64_t step, const StepSpec& spec, const Network
 }
 
 absl::Status StageSteps::Finish(uint64_t step, const absl::Status& status) {
-  if (!status.ok()) Notify(step, status);
-  if (!status.ok()) mine().abandoned.store(step, std::memory_order_release);
+  if (!status.ok()) {
+    Notify(step, status);
+    mine().abandoned.store(step, std::memory_order_release);
+  }
   Publish(&StageMember::arrived, step);
   Publish(&StageMember::summed, step);
   if (first()) PostResult(step, status);
@@ -183,8 +185,7 @@ absl::Status StageSteps::Finish(uint64_t step, const absl::Status& status) {
   return status;
 }
 
-absl::Status StageSteps::Skip(const StepSpec& spec, const absl::Status& why) {
-  const uint64_t step = ++step_;
+void StageSteps::WriteSpec(uint64_t step, const StepSpec& spec) {
   StageMember& me = mine();
   me.step = step;
   me.key = spec.key;
@@ -192,6 +193,11 @@ absl::Status StageSteps::Skip(const StepSpec& spec, const absl::Status& why) {
   me.offset = spec.offset;
   me.elems = spec.elems;
   me.tensor_elems = spec.tensor_elems;
+}
+
+absl::Status StageSteps::Skip(const StepSpec& spec, const absl::Status& why) {
+  const uint64_t step = ++step_;
+  WriteSpec(step, spec);
   return Finish(step, why);
 }
 
@@ -201,13 +207,7 @@ absl::Status StageSteps::Run(const StepSpec& spec, const float* in, float* out, 
   // Slot 0 and this member's slot are free once every member has read the last step's result.
   absl::Status status = WaitAll(&StageMember::consumed, step - 1, deadline, "finish their last op", interrupted);
   if (!status.ok()) return Finish(step, status);
-  StageMember& me = mine();
-  me.step = step;
-  me.key = spec.key;
-  me.kind = spec.kind;
-  me.offset = spec.offset;
-  me.elems = spec.elems;
-  me.tensor_elems = spec.tensor_elems;
+  WriteSpec(step, spec);
   if (in != nullptr) std::memcpy(slot(m_.welcome.member), in, spec.elems * sizeof(float));
   Publish(&StageMember::arrived, step);
   status = WaitAll(&StageMember::arrived, step, deadline, "start the same op", interrupted);
@@ -215,7 +215,7 @@ absl::Status StageSteps::Run(const StepSpec& spec, const float* in, float* out, 
   if (status.ok()) Share(spec);
   if (!status.ok()) {
     Notify(step, status);
-    me.abandoned.store(step, std::memory_order_release);
+    mine().abandoned.store(step, std::memory_order_release);
   }
   Publish(&StageMember::summed, step);
   if (first() && status.ok()) {

@@ -65,6 +65,7 @@ class StageSteps {
   uint32_t members() const { return static_cast<uint32_t>(m_.welcome.ranks.size()); }
   StageMember& mine() const { return header().member[m_.welcome.member]; }
   void Publish(Counter counter, uint64_t step);
+  void WriteSpec(uint64_t step, const StepSpec& spec);  // this member's descriptor of `step`
   // Until every member's `counter` reaches `step`; ABORTED when one is gone, DEADLINE_EXCEEDED
   // naming the ranks still missing.
   absl::Status WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
