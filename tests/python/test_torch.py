@@ -128,6 +128,22 @@ def test_lossless_training_matches_ddp_with_gloo(aggregators, optimizer):
         assert relative_error(out[0][way], torch_workers._flat(torch_workers.digits.Net())) > 1e-3  # it trained
 
 
+def test_lossless_training_through_host_stages_matches_ddp_with_gloo(two_hosts):
+    """Ranks 0-1 and 2-3 share a host stage each (docs/host-stage.md): the comm hook's buckets and
+    the optimizer's fusion groups, submitted from backward hooks, go through the stages in the same
+    order on every rank, and train as DDP over Gloo does."""
+    aggregators, sockets = two_hosts
+    world = 4
+    out = run_ranks(torch_workers.parity, world, aggregators, f"tcp://127.0.0.1:{free_port()}", "sgd",
+                    "parity-host-stages", sockets)
+    assert out[0]["groups"] > 1
+    for way in ("hook", "dear"):
+        for r in range(world):
+            err = relative_error(out[r][way], out[r]["gloo"])
+            assert err <= 1e-5, f"{way} on rank {r}: {err:.3g} from DDP with Gloo"
+            assert np.array_equal(out[r][way], out[0][way]), f"{way}: rank {r} differs from rank 0"
+
+
 def test_bounded_loss_keeps_accuracy_within_a_point(aggregators):
     world, epochs = 4, 8
     lossless = run_ranks(torch_workers.accuracy, world, aggregators, 0.0, "", epochs)

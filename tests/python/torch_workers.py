@@ -26,22 +26,24 @@ def _batches(rank, world):
         yield xtr[idx], ytr[idx]
 
 
-def _beside_gloo(rank, world, aggregators, gloo_init, job, make_model):
+def _beside_gloo(rank, world, aggregators, gloo_init, job, make_model, host_sockets=None):
     """A worker of a job that trains both over Gloo and through dlcp: the Gloo process group, the
-    model every way starts from (the same on every rank), and an exact dlcp client."""
+    model every way starts from (the same on every rank), and an exact dlcp client. With
+    `host_sockets`, ranks share host stages two by two, each pair through its own dlcpd's socket."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=gloo_init, rank=rank, world_size=world)
     base = make_model()
+    stage = {"local_size": 2, "host_socket": host_sockets[rank // 2]} if host_sockets else {}
     client = dlcp.Client(aggregators=aggregators, job=job, world_size=world, rank=rank, plaintext=True,
-                         loss_bound=0, num_layers=dlcp.torch.num_layers(base))
+                         loss_bound=0, num_layers=dlcp.torch.num_layers(base), **stage)
     return base, client
 
 
-def parity(rank, world, aggregators, gloo_init, optimizer, job):
+def parity(rank, world, aggregators, gloo_init, optimizer, job, host_sockets=None):
     """Trains the same model three ways for STEPS steps on this rank's batches: DDP with Gloo,
     DDP with dlcp's comm hook, and dlcp's DistributedOptimizer. Returns the three parameter vectors."""
-    base, client = _beside_gloo(rank, world, aggregators, gloo_init, job, digits.Net)
+    base, client = _beside_gloo(rank, world, aggregators, gloo_init, job, digits.Net, host_sockets)
     out = {}
     try:
         for way in ("gloo", "hook", "dear"):
