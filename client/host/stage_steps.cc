@@ -26,6 +26,21 @@ std::pair<uint64_t, uint64_t> ShareOf(uint32_t i, uint32_t members, uint64_t n) 
   return {edge(i), edge(i + 1)};
 }
 
+// What the other members read: the code, and as much of the message as fits.
+void WriteStatus(const absl::Status& status, StageStatus* out) {
+  out->code = static_cast<int32_t>(status.code());
+  const absl::string_view message = status.message();
+  out->message_len = static_cast<uint32_t>(std::min<size_t>(message.size(), kStageMessageBytes));
+  if (out->message_len > 0) std::memcpy(out->message, message.data(), out->message_len);
+}
+
+// A status another member wrote, which may hold anything: an unknown code reads as UNKNOWN.
+absl::Status ReadStatus(const StageStatus& in) {
+  if (in.code == 0) return absl::OkStatus();
+  const auto code = static_cast<absl::StatusCode>(std::clamp(in.code, 1, 16));
+  return absl::Status(code, std::string(in.message, std::min(in.message_len, kStageMessageBytes)));
+}
+
 }  // namespace
 
 float* StageSteps::slot(uint32_t member) const {
@@ -55,19 +70,15 @@ void StageSteps::Notify(uint64_t step, const absl::Status& why) {
   while (claimed < step && !n.claimed.compare_exchange_weak(claimed, step, std::memory_order_acq_rel)) {
   }
   if (claimed >= step) return;  // another member said it first (or a later step is under way)
-  n.code = static_cast<int32_t>(why.code());
-  const absl::string_view message = why.message();
-  n.message_len = static_cast<uint32_t>(std::min<size_t>(message.size(), kStageMessageBytes));
-  if (n.message_len > 0) std::memcpy(n.message, message.data(), n.message_len);
+  WriteStatus(why, &n.status);
   n.step.store(step, std::memory_order_release);
   RingBell(header().bell);
 }
 
 absl::Status StageSteps::Noticed(uint64_t step) const {
   const StageNotice& n = header().notice;
-  if (n.step.load(std::memory_order_acquire) != step || n.code == 0) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(std::clamp(n.code, 1, 16));
-  return absl::Status(code, std::string(n.message, std::min(n.message_len, kStageMessageBytes)));
+  if (n.step.load(std::memory_order_acquire) != step) return absl::OkStatus();
+  return ReadStatus(n.status);
 }
 
 absl::Status StageSteps::GoneOrNoticed() const {
@@ -77,40 +88,44 @@ absl::Status StageSteps::GoneOrNoticed() const {
   return noticed.ok() ? gone : noticed;
 }
 
-absl::Status StageSteps::WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
-                                 const std::function<absl::Status()>& interrupted) {
+absl::Status StageSteps::WaitUntil(const std::function<bool()>& ready, absl::Time deadline,
+                                   const std::function<absl::Status()>& interrupted,
+                                   const std::function<absl::Status()>& late) const {
   for (;;) {
-    const uint32_t seen = header().bell.load(std::memory_order_seq_cst);
-    std::vector<uint32_t> missing;
-    for (uint32_t i = 0; i < members(); ++i) {
-      if ((header().member[i].*counter).load(std::memory_order_acquire) < step) missing.push_back(rank_of(i));
-    }
-    if (missing.empty()) return absl::OkStatus();
+    const uint32_t seen = header().bell.load(std::memory_order_seq_cst);  // before the check: no lost wake-up
+    if (ready()) return absl::OkStatus();
     if (absl::Status gone = GoneOrNoticed(); !gone.ok()) return gone;
     if (absl::Status stop = interrupted(); !stop.ok()) return stop;
-    if (!SleepOnBell(header().bell, seen, deadline)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("host stage: ranks ", absl::StrJoin(missing, ","), " of this host did not ", what, " in time"));
-    }
+    if (!SleepOnBell(header().bell, seen, deadline)) return late();
   }
 }
 
-absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline,
-                                    const std::function<absl::Status()>& interrupted) {
-  for (;;) {
-    const uint32_t seen = header().bell.load(std::memory_order_seq_cst);
-    if (header().result.step.load(std::memory_order_acquire) >= step) break;
-    if (absl::Status gone = GoneOrNoticed(); !gone.ok()) return gone;
-    if (absl::Status stop = interrupted(); !stop.ok()) return stop;
-    if (!SleepOnBell(header().bell, seen, deadline)) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("host stage: no result from rank ", rank_of(0), ", which pushes this host's sum, in time"));
+absl::Status StageSteps::WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
+                                 const std::function<absl::Status()>& interrupted) const {
+  std::vector<uint32_t> missing;
+  const auto ready = [&] {
+    missing.clear();
+    for (uint32_t i = 0; i < members(); ++i) {
+      if ((header().member[i].*counter).load(std::memory_order_acquire) < step) missing.push_back(rank_of(i));
     }
-  }
+    return missing.empty();
+  };
+  return WaitUntil(ready, deadline, interrupted, [&] {
+    return absl::DeadlineExceededError(
+        absl::StrCat("host stage: ranks ", absl::StrJoin(missing, ","), " of this host did not ", what, " in time"));
+  });
+}
+
+absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline,
+                                    const std::function<absl::Status()>& interrupted) const {
   const StageResult& r = header().result;
-  if (r.code == 0) return absl::OkStatus();
-  const auto code = static_cast<absl::StatusCode>(std::clamp(r.code, 1, 16));
-  return absl::Status(code, std::string(r.message, std::min(r.message_len, kStageMessageBytes)));
+  absl::Status waited = WaitUntil([&] { return r.step.load(std::memory_order_acquire) >= step; }, deadline,
+                                  interrupted, [&] {
+                                    return absl::DeadlineExceededError(absl::StrCat(
+                                        "host stage: no result from rank ", rank_of(0),
+                                        ", which pushes this host's sum, in time"));
+                                  });
+  return waited.ok() ? ReadStatus(r.status) : waited;
 }
 
 absl::Status StageSteps::Agree(const StepSpec& s, uint64_t step) const {
@@ -149,10 +164,7 @@ void StageSteps::Share(const StepSpec& s) {
 void StageSteps::PostResult(uint64_t step, const absl::Status& status) {
   StageResult& r = header().result;
   if (r.step.load(std::memory_order_relaxed) >= step) return;
-  r.code = static_cast<int32_t>(status.code());
-  const absl::string_view message = status.message();
-  r.message_len = static_cast<uint32_t>(std::min<size_t>(message.size(), kStageMessageBytes));
-  if (r.message_len > 0) std::memcpy(r.message, message.data(), r.message_len);
+  WriteStatus(status, &r.status);
   r.step.store(step, std::memory_order_release);
   RingBell(header().bell);
 }

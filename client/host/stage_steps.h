@@ -66,11 +66,16 @@ class StageSteps {
   StageMember& mine() const { return header().member[m_.welcome.member]; }
   void Publish(Counter counter, uint64_t step);
   void WriteSpec(uint64_t step, const StepSpec& spec);  // this member's descriptor of `step`
-  // Until every member's `counter` reaches `step`; ABORTED when one is gone, DEADLINE_EXCEEDED
-  // naming the ranks still missing.
+  // Sleeps on the bell until `ready()`; a gone member (or what one noticed), `interrupted()`, or
+  // `late()` once `deadline` passes end it sooner.
+  absl::Status WaitUntil(const std::function<bool()>& ready, absl::Time deadline,
+                         const std::function<absl::Status()>& interrupted,
+                         const std::function<absl::Status()>& late) const;
+  // Until every member's `counter` reaches `step`; DEADLINE_EXCEEDED names the ranks still missing.
   absl::Status WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
-                       const std::function<absl::Status()>& interrupted);
-  absl::Status WaitResult(uint64_t step, absl::Time deadline, const std::function<absl::Status()>& interrupted);
+                       const std::function<absl::Status()>& interrupted) const;
+  // Until the first member posts `step`'s result; what it posted.
+  absl::Status WaitResult(uint64_t step, absl::Time deadline, const std::function<absl::Status()>& interrupted) const;
   // Every member's spec of this step is `spec`, and none gave the step up.
   absl::Status Agree(const StepSpec& spec, uint64_t step) const;
   void Share(const StepSpec& spec);  // this member's share of slot 0

@@ -39,11 +39,16 @@ struct alignas(64) StageMember {
 };
 static_assert(sizeof(StageMember) == 128);
 
-struct StageResult {
-  std::atomic<uint64_t> step;  // the step whose result slot 0 now holds (or whose error this is)
-  int32_t code;                // absl::StatusCode of the step; 0: slot 0 holds the result
+// An absl::Status as one member leaves it for the others (StageSteps::WriteStatus, ReadStatus).
+struct StageStatus {
+  int32_t code;  // absl::StatusCode; 0: OK
   uint32_t message_len;
   char message[kStageMessageBytes];
+};
+
+struct StageResult {
+  std::atomic<uint64_t> step;  // the step whose result slot 0 now holds (or whose error this is)
+  StageStatus status;          // OK: slot 0 holds the result
 };
 static_assert(sizeof(StageResult) == 496);
 
@@ -53,9 +58,7 @@ static_assert(sizeof(StageResult) == 496);
 struct StageNotice {
   std::atomic<uint64_t> claimed;
   std::atomic<uint64_t> step;
-  int32_t code;
-  uint32_t message_len;
-  char message[kStageMessageBytes];
+  StageStatus status;
 };
 
 struct alignas(64) StageHeader {
