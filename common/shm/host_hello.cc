@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/shm/stage_layout.h"
+#include "common/wire/endian.h"
 
 namespace dlcp {
 namespace {
@@ -13,11 +14,12 @@ constexpr uint32_t kWelcomeMagic = 0x434C5744;  // "DWLC"
 constexpr size_t kMaxReason = 1024;
 
 void Put32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  out.resize(out.size() + 4);
+  wire::PutLE32(out.data() + out.size() - 4, v);
 }
 void Put64(std::vector<uint8_t>& out, uint64_t v) {
-  Put32(out, static_cast<uint32_t>(v));
-  Put32(out, static_cast<uint32_t>(v >> 32));
+  out.resize(out.size() + 8);
+  wire::PutLE64(out.data() + out.size() - 8, v);
 }
 
 // Reads fields in order; any read past the end makes ok() false.
@@ -26,14 +28,13 @@ class Reader {
   explicit Reader(absl::Span<const uint8_t> b) : b_(b) {}
   uint32_t U32() {
     if (!Need(4)) return 0;
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(b_[pos_ + i]) << (8 * i);
     pos_ += 4;
-    return v;
+    return wire::GetLE32(b_.data() + pos_ - 4);
   }
   uint64_t U64() {
-    const uint64_t lo = U32();
-    return lo | static_cast<uint64_t>(U32()) << 32;
+    if (!Need(8)) return 0;
+    pos_ += 8;
+    return wire::GetLE64(b_.data() + pos_ - 8);
   }
   std::string Bytes(size_t n) {
     if (!Need(n)) return {};
