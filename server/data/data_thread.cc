@@ -212,7 +212,8 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
   }
   std::shared_ptr<const std::vector<uint32_t>> host_group;
   if (h.contributors > 1) {  // a host stage's sum (docs/host-stage.md)
-    host_group = round->job()->HostGroupLedBy(h.rank);
+    host_group = round->HostGroupLedBy(h.rank);
+    if (host_group == nullptr) host_group = round->job()->HostGroupLedBy(h.rank);
     if (host_group == nullptr || host_group->size() != h.contributors || round->bounded) {
       return Reject(wire::Reject::kBadHostGroup);
     }

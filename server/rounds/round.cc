@@ -98,9 +98,9 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
   return AddResult::kAdded;
 }
 
-const std::vector<uint32_t>* Round::HostGroupLedBy(uint32_t rank) const {
+std::shared_ptr<const std::vector<uint32_t>> Round::HostGroupLedBy(uint32_t rank) const {
   for (const auto& g : host_groups_) {
-    if (g->front() == rank) return g.get();
+    if (g->front() == rank) return g;
   }
   return nullptr;
 }
@@ -145,7 +145,7 @@ bool Round::MarkDone(uint32_t rank) {
   if (done_[rank]) return false;
   done_[rank] = true;
   ++done_count_;
-  if (const std::vector<uint32_t>* group = HostGroupLedBy(rank)) {
+  if (const std::shared_ptr<const std::vector<uint32_t>> group = HostGroupLedBy(rank)) {
     for (size_t i = 1; i < group->size(); ++i) {
       if (!done_[(*group)[i]]) {
         done_[(*group)[i]] = true;

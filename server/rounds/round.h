@@ -41,6 +41,9 @@ class Round {
   // its results, asks for repairs and says DONE for it.
   bool Carried(uint32_t rank) const { return !carried_.empty() && carried_[rank]; }
   bool HasHostGroups() const { return !host_groups_.empty(); }
+  // The host group `rank` pushed for in this round, itself first; null before its first such push.
+  // The data path asks here first, so a round takes the job's lock once per group, not per push.
+  std::shared_ptr<const std::vector<uint32_t>> HostGroupLedBy(uint32_t rank) const;
 
   bool Has(uint32_t rank, uint32_t chunk) const;
   bool IsComplete(uint32_t chunk) const { return contributors_[chunk] == job_->world; }
@@ -196,7 +199,6 @@ class Round {
   // Host groups whose first rank pushed here, and who is carried by one (allocated on use).
   std::vector<std::shared_ptr<const std::vector<uint32_t>>> host_groups_;
   std::vector<bool> carried_;
-  const std::vector<uint32_t>* HostGroupLedBy(uint32_t rank) const;
   // The bits and counts of a push carrying `group`; returns how many ranks it added.
   uint32_t MarkCarried(const std::vector<uint32_t>& group, uint32_t chunk, absl::Time now);
   absl::Time created_;
