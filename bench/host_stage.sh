@@ -10,19 +10,12 @@ set -euo pipefail
 BUILD=${1:-build}
 WORKERS_LIST=${WORKERS_LIST:-"2 4"}
 SIZES=${SIZES:-"4194304 104857600"}
-work=$(mktemp -d /tmp/dlcp-host-stage.XXXXXX)
-pid=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+source "$(dirname "$0")/loopback_lib.sh"
 
 # The host's dlcpd, its host socket in the work directory rather than the system's /run/dlcp.
-"$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --plaintext --log-level=warning \
-  --host-socket="$work/dlcpd.sock" --ready-file="$work/ready" 2>"$work/dlcpd.log" &
-pid=$!
-for _ in $(seq 1 100); do [ -s "$work/ready" ] && break; sleep 0.05; done
-agg="127.0.0.1:$(sed -E 's/.*"control_port":([0-9]+).*/\1/' "$work/ready")"
+start_dlcpd host --host-socket="$BENCH_WORK/dlcpd.sock"
 
-python3 - "$BUILD" "$agg" "$pid" "$work/dlcpd.sock" "$WORKERS_LIST" "$SIZES" <<'PY'
+python3 - "$BUILD" "${AGG[host]}" "${PID[host]}" "$BENCH_WORK/dlcpd.sock" "$WORKERS_LIST" "$SIZES" <<'PY'
 import json, os, resource, subprocess, sys
 build, agg, dlcpd, sock, workers_list, sizes = sys.argv[1:]
 tick = os.sysconf("SC_CLK_TCK")

@@ -4,7 +4,8 @@
 # it started and removes its files.
 #   start_dlcpd NAME [DLCPD_FLAG...]      starts one and waits until it is ready: AGG[NAME] is its
 #                                         control address, METRICS[NAME] its metrics port (empty
-#                                         unless the flags ask for one, e.g. --metrics-port=0);
+#                                         unless the flags ask for one, e.g. --metrics-port=0),
+#                                         PID[NAME] its process;
 #                                         on 127.0.0.1 unless the flags give --host (::1: IPv6)
 #   run_job NAME TAGS [DLCP_BENCH_FLAG...] one dlcp-bench job against AGG[NAME] (NAME may list
 #                                         several, a1,a2): prints its JSON, with TAGS
@@ -14,7 +15,7 @@
 #                                         TAG) and loopback_groups' helpers in scope
 BENCH_WORK=$(mktemp -d /tmp/dlcp-bench.XXXXXX)
 BENCH_OUT=$BENCH_WORK/out.jsonl
-declare -A AGG METRICS
+declare -A AGG METRICS PID
 _dlcpd_pids=()
 _stop_dlcpds() {
   for p in "${_dlcpd_pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -32,6 +33,7 @@ start_dlcpd() {
   "$BUILD/server/dlcpd" --host=127.0.0.1 --port=0 --data-port=0 --plaintext --log-level=warning "$@" \
     --ready-file="$ready" 2>"$BENCH_WORK/$name.log" &
   _dlcpd_pids+=($!)
+  PID[$name]=$!
   for _ in $(seq 1 200); do [ -s "$ready" ] && break; sleep 0.05; done
   if [ ! -s "$ready" ]; then
     echo "dlcpd '$name' ($*) did not become ready in 10 s:" >&2

@@ -19,12 +19,7 @@ TENSOR=${TENSOR:-$((20 << 20))}
 ROUNDS=${ROUNDS:-20}
 PER_HOST=4
 HOSTS="w1:$(netbed_ip_of 1) w2:$(netbed_ip_of 2)"
-counters() {
-  local h
-  for h in w1 w2; do
-    ip netns exec "$PREFIX-$h" cat /sys/class/net/eth0/statistics/tx_bytes /sys/class/net/eth0/statistics/rx_bytes
-  done | paste -sd' '
-}
+counters() { netbed_port_bytes w1 w2; }
 
 # measure NAME COMMAND...: runs it; prints its JSON line with the bytes per round of each port.
 measure() {

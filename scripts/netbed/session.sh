@@ -42,6 +42,15 @@ netbed_wait_ready() {
   return 1
 }
 
+# netbed_port_bytes HOST...: the bytes each host's eth0 has sent and received so far, "tx rx"
+# for each host in turn, on one line.
+netbed_port_bytes() {
+  local h
+  for h in "$@"; do
+    ip netns exec "$PREFIX-$h" cat /sys/class/net/eth0/statistics/tx_bytes /sys/class/net/eth0/statistics/rx_bytes
+  done | paste -sd' '
+}
+
 # The address of worker host wN in the emulated cluster.
 netbed_ip_of() { echo "198.18.0.$((10 + $1))"; }
 

@@ -25,7 +25,6 @@ HOSTS="w1:$(netbed_ip_of 1) w2:$(netbed_ip_of 2)"
 TENSOR=$((4 << 20))
 fail=0
 check() { if [[ $1 == 1 ]]; then echo "PASS: $2"; else echo "FAIL: $2"; fail=1; fi; }
-counters() { ip netns exec "$PREFIX-$1" cat /sys/class/net/eth0/statistics/tx_bytes /sys/class/net/eth0/statistics/rx_bytes | paste -sd' '; }
 # rounds_done: rounds w1's dlcpd has completed, over all jobs (dlcpctl stats).
 rounds_done() {
   ip netns exec "$PREFIX-w1" "$BUILD/client/dlcpctl" stats --plaintext --aggregators="$(netbed_ip_of 1):7400" 2>/dev/null |
@@ -46,11 +45,11 @@ netbed_aggregators "$BUILD" "$HOSTS" --heartbeat-timeout-ms=1500 || exit 1
 per_round() {  # NAME ROUNDS [flags...] -> "w1_tx w1_rx w2_tx w2_rx" in tensors per round
   local name=$1 rounds=$2 b1 b2 a1 a2
   shift 2
-  b1=$(counters w1) b2=$(counters w2)
+  b1=$(netbed_port_bytes w1) b2=$(netbed_port_bytes w2)
   netbed_host_workers "$BUILD" "$work/$name" 3 "$HOSTS" --job="$name" --tensor-bytes=$TENSOR --rounds="$rounds" \
     --warmup=0 --timeout-s=120 "$@"
   wait_all || echo "host_stage: a worker of $name failed"
-  a1=$(counters w1) a2=$(counters w2)
+  a1=$(netbed_port_bytes w1) a2=$(netbed_port_bytes w2)
   python3 -c "import sys; b=[int(x) for x in sys.argv[1].split()]; a=[int(x) for x in sys.argv[2].split()]; \
 print(' '.join(f'{(y - x) / $rounds / $TENSOR:.3f}' for x, y in zip(b, a)))" "$b1 $b2" "$a1 $a2"
 }
