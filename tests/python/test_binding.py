@@ -11,14 +11,15 @@ import pytest
 import dlcp
 
 
-def connect_all(aggregators, job, world, **options):
+def connect_all(aggregators, job, world, rank_options=lambda rank: {}, **options):
+    """Connects every rank at once, each with `options` and its own `rank_options(rank)`."""
     clients = [None] * world
     errors = []
 
     def connect(rank):
         try:
             clients[rank] = dlcp.Client(aggregators=aggregators, job=job, world_size=world, rank=rank, plaintext=True,
-                                        **options)
+                                        **options, **rank_options(rank))
         except Exception as e:  # reported below
             errors.append(e)
 
@@ -599,18 +600,8 @@ def test_workers_of_a_host_sum_through_its_host_stage(two_hosts):
     broadcast from another host are exact, ops under a loss bound take the network path, and every worker
     counts all four contributors."""
     aggregators, sockets = two_hosts
-    clients = [None] * 4
-
-    def connect(rank):
-        clients[rank] = dlcp.Client(aggregators=aggregators, job="host-stage", world_size=4, rank=rank,
-                                    plaintext=True, local_size=2, host_socket=sockets[rank // 2])
-
-    threads = [threading.Thread(target=connect, args=(r,)) for r in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert all(clients), "a worker did not connect"
+    clients = connect_all(aggregators, "host-stage", 4, local_size=2,
+                          rank_options=lambda rank: {"host_socket": sockets[rank // 2]})
     try:
         inputs = [np.arange(50_000, dtype=np.float32) * (r + 1) for r in range(4)]
         bufs = [x.copy() for x in inputs]
@@ -638,17 +629,8 @@ def test_a_worker_that_closes_leaves_its_host_stage_and_the_others_say_so(two_ho
     """A stage of the whole job (docs/host-stage.md): once rank 1 closes its client, rank 0's
     next op fails at once, naming it, rather than at its deadline."""
     aggregators, sockets = two_hosts
-    clients = [None] * 2
-
-    def connect(rank):
-        clients[rank] = dlcp.Client(aggregators=aggregators, job="host-stage-close", world_size=2, rank=rank,
-                                    plaintext=True, local_size=2, host_socket=sockets[0], op_timeout_ms=30_000)
-
-    threads = [threading.Thread(target=connect, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    clients = connect_all(aggregators, "host-stage-close", 2, local_size=2, host_socket=sockets[0],
+                          op_timeout_ms=30_000)
     try:
         bufs = [np.ones(100, dtype=np.float32) for _ in range(2)]
         for h in [c.allreduce_async(1, b) for c, b in zip(clients, bufs)]:

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -32,6 +33,14 @@ struct Stage {
     h->slot_bytes = kSlotBytes;
   }
   uint32_t members() const { return static_cast<uint32_t>(ranks.size()); }
+  // Runs body(m, member m's steps) for each of `members` on a thread of its own, and joins them.
+  void Each(const std::vector<uint32_t>& members, const std::function<void(uint32_t, StageSteps&)>& body) {
+    std::vector<std::thread> threads;
+    for (uint32_t m : members) {
+      threads.emplace_back([&, m] { body(m, *Member(m)); });
+    }
+    for (auto& t : threads) t.join();
+  }
   StageHeader& header() { return *static_cast<StageHeader*>(region->data()); }
   std::unique_ptr<StageSteps> Member(uint32_t i) {
     auto mapped = SharedRegion::Map(::dup(region->fd()), StageRegionBytes(members(), kSlotBytes));
@@ -48,35 +57,35 @@ struct Stage {
 
 absl::Status NotInterrupted() { return absl::OkStatus(); }
 
+// One step of `data` (spec.elems values, summed in place) that may take up to `timeout`.
+absl::Status RunStep(StageSteps& steps, const StepSpec& spec, std::vector<float>& data,
+                     absl::Duration timeout = absl::Seconds(30), const NetworkLeg& leg = nullptr) {
+  return steps.Run(spec, data.data(), data.data(), leg, MonotonicNow() + timeout, NotInterrupted);
+}
+
 TEST(StageSteps, MembersSumExactlyOverManyStepsWithTheFirstOnesNetworkLeg) {
   Stage stage({4, 5, 9});
   const uint64_t slot_elems = kSlotBytes / 4;
-  std::vector<std::thread> threads;
   std::vector<int> failures(3, 0);
-  for (uint32_t m = 0; m < 3; ++m) {
-    threads.emplace_back([&, m] {
-      std::unique_ptr<StageSteps> steps = stage.Member(m);
-      // The other hosts' part, as the aggregators would add it.
-      NetworkLeg leg = [](float* sum, const StepSpec& s) {
-        for (uint64_t i = 0; i < s.elems; ++i) sum[i] += 1000.0f;
-        return absl::OkStatus();
-      };
-      for (uint32_t step = 0; step < 300; ++step) {
-        const uint64_t elems = 1 + (step * 7919) % slot_elems;
-        std::vector<float> data(elems);
-        for (uint64_t i = 0; i < elems; ++i) data[i] = static_cast<float>((m + 1) * (i % 97) + step);
-        const StepSpec spec{step % 5, 0, 0, elems, elems};
-        absl::Status s = steps->Run(spec, data.data(), data.data(), m == 0 ? leg : nullptr,
-                                    MonotonicNow() + absl::Seconds(30), NotInterrupted);
-        if (!s.ok()) ADD_FAILURE() << "member " << m << " step " << step << ": " << s;
-        for (uint64_t i = 0; i < elems; ++i) {
-          const float want = static_cast<float>(6 * (i % 97) + 3 * step) + 1000.0f;
-          if (data[i] != want && failures[m]++ < 3) ADD_FAILURE() << "member " << m << " step " << step << " [" << i << "]";
-        }
+  // The other hosts' part, as the aggregators would add it.
+  const NetworkLeg leg = [](float* sum, const StepSpec& s) {
+    for (uint64_t i = 0; i < s.elems; ++i) sum[i] += 1000.0f;
+    return absl::OkStatus();
+  };
+  stage.Each({0, 1, 2}, [&](uint32_t m, StageSteps& steps) {
+    for (uint32_t step = 0; step < 300; ++step) {
+      const uint64_t elems = 1 + (step * 7919) % slot_elems;
+      std::vector<float> data(elems);
+      for (uint64_t i = 0; i < elems; ++i) data[i] = static_cast<float>((m + 1) * (i % 97) + step);
+      absl::Status s = RunStep(steps, StepSpec{step % 5, 0, 0, elems, elems}, data, absl::Seconds(30),
+                               m == 0 ? leg : nullptr);
+      if (!s.ok()) ADD_FAILURE() << "member " << m << " step " << step << ": " << s;
+      for (uint64_t i = 0; i < elems; ++i) {
+        const float want = static_cast<float>(6 * (i % 97) + 3 * step) + 1000.0f;
+        if (data[i] != want && failures[m]++ < 3) ADD_FAILURE() << "member " << m << " step " << step << " [" << i << "]";
       }
-    });
-  }
-  for (auto& t : threads) t.join();
+    }
+  });
 }
 
 TEST(StageSteps, ABroadcastCarriesTheRootsBitsExactly) {
@@ -84,63 +93,42 @@ TEST(StageSteps, ABroadcastCarriesTheRootsBitsExactly) {
   const std::vector<float> root_values = {-0.0f, std::nanf("0x123"), 1e-45f, -3.5f};
   std::vector<std::vector<float>> out(2, std::vector<float>(4, 7.0f));
   out[1] = root_values;
-  std::vector<std::thread> threads;
-  for (uint32_t m = 0; m < 2; ++m) {
-    threads.emplace_back([&, m] {
-      const StepSpec spec{3, 1 + 1 /* from rank 1 */, 0, 4, 4};
-      absl::Status s = stage.Member(m)->Run(spec, out[m].data(), out[m].data(), nullptr,
-                                            MonotonicNow() + absl::Seconds(30), NotInterrupted);
-      EXPECT_TRUE(s.ok()) << s;
-    });
-  }
-  for (auto& t : threads) t.join();
+  stage.Each({0, 1}, [&](uint32_t m, StageSteps& steps) {
+    absl::Status s = RunStep(steps, StepSpec{3, 1 + 1 /* from rank 1 */, 0, 4, 4}, out[m]);
+    EXPECT_TRUE(s.ok()) << s;
+  });
   for (uint32_t m = 0; m < 2; ++m) EXPECT_EQ(std::memcmp(out[m].data(), root_values.data(), 16), 0) << m;
 }
 
 TEST(StageSteps, MembersThatRunDifferentOpsAllFailNamingThemAndTheNextStepWorks) {
   Stage stage({0, 1, 2});
-  std::vector<std::thread> threads;
-  for (uint32_t m = 0; m < 3; ++m) {
-    threads.emplace_back([&, m] {
-      std::unique_ptr<StageSteps> steps = stage.Member(m);
-      std::vector<float> data(16, 1.0f);
-      const StepSpec wrong{m == 2 ? 9u : 7u, 0, 0, 16, 16};
-      absl::Status s = steps->Run(wrong, data.data(), data.data(), nullptr, MonotonicNow() + absl::Seconds(30),
-                                  NotInterrupted);
-      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << m << ": " << s;
-      EXPECT_NE(s.message().find("key 9"), std::string::npos) << s;
-      const StepSpec right{8, 0, 0, 16, 16};
-      s = steps->Run(right, data.data(), data.data(), nullptr, MonotonicNow() + absl::Seconds(30), NotInterrupted);
-      EXPECT_TRUE(s.ok()) << m << ": " << s;
-      EXPECT_EQ(data[15], 3.0f);
-    });
-  }
-  for (auto& t : threads) t.join();
+  stage.Each({0, 1, 2}, [&](uint32_t m, StageSteps& steps) {
+    std::vector<float> data(16, 1.0f);
+    absl::Status s = RunStep(steps, StepSpec{m == 2 ? 9u : 7u, 0, 0, 16, 16}, data);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << m << ": " << s;
+    EXPECT_NE(s.message().find("key 9"), std::string::npos) << s;
+    s = RunStep(steps, StepSpec{8, 0, 0, 16, 16}, data);
+    EXPECT_TRUE(s.ok()) << m << ": " << s;
+    EXPECT_EQ(data[15], 3.0f);
+  });
 }
 
 // A member whose op already failed gives the step up at once (Skip): the others fail that step
 // too, giving its reason (StageNotice), and every member is in step for the next.
 TEST(StageSteps, AStepOneMemberGivesUpFailsForAllAndTheNextOneWorks) {
   Stage stage({3, 4, 5});
-  std::vector<std::thread> threads;
-  for (uint32_t m = 0; m < 3; ++m) {
-    threads.emplace_back([&, m] {
-      std::unique_ptr<StageSteps> steps = stage.Member(m);
-      std::vector<float> data(16, 1.0f);
-      const StepSpec spec{4, 0, 0, 16, 16};
-      absl::Status s = m == 1 ? steps->Skip(spec, absl::AbortedError("its job failed"))
-                              : steps->Run(spec, data.data(), data.data(), nullptr,
-                                           MonotonicNow() + absl::Seconds(30), NotInterrupted);
-      EXPECT_FALSE(s.ok()) << m;
-      if (m != 1) {
-        EXPECT_EQ(s, absl::AbortedError("its job failed")) << m;
-      }
-      s = steps->Run(spec, data.data(), data.data(), nullptr, MonotonicNow() + absl::Seconds(30), NotInterrupted);
-      EXPECT_TRUE(s.ok()) << m << ": " << s;
-      EXPECT_EQ(data[0], 3.0f);
-    });
-  }
-  for (auto& t : threads) t.join();
+  stage.Each({0, 1, 2}, [&](uint32_t m, StageSteps& steps) {
+    std::vector<float> data(16, 1.0f);
+    const StepSpec spec{4, 0, 0, 16, 16};
+    absl::Status s = m == 1 ? steps.Skip(spec, absl::AbortedError("its job failed")) : RunStep(steps, spec, data);
+    EXPECT_FALSE(s.ok()) << m;
+    if (m != 1) {
+      EXPECT_EQ(s, absl::AbortedError("its job failed")) << m;
+    }
+    s = RunStep(steps, spec, data);
+    EXPECT_TRUE(s.ok()) << m << ": " << s;
+    EXPECT_EQ(data[0], 3.0f);
+  });
 }
 
 TEST(StageSteps, AGoneMemberFailsTheOthersAtOnceNamingItsRank) {
@@ -150,35 +138,25 @@ TEST(StageSteps, AGoneMemberFailsTheOthersAtOnceNamingItsRank) {
     stage.header().gone[1].store(1);
     RingBell(stage.header().bell);
   });
-  std::vector<std::thread> threads;
-  for (uint32_t m : {0u, 2u}) {
-    threads.emplace_back([&, m] {
-      std::vector<float> data(16, 1.0f);
-      const absl::Time start = MonotonicNow();
-      absl::Status s = stage.Member(m)->Run(StepSpec{1, 0, 0, 16, 16}, data.data(), data.data(), nullptr,
-                                            start + absl::Seconds(30), NotInterrupted);
-      EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
-      EXPECT_NE(s.message().find("worker rank 11"), std::string::npos) << s;
-      EXPECT_LT(MonotonicNow() - start, absl::Seconds(5));
-    });
-  }
-  for (auto& t : threads) t.join();
+  stage.Each({0, 2}, [&](uint32_t m, StageSteps& steps) {
+    std::vector<float> data(16, 1.0f);
+    const absl::Time start = MonotonicNow();
+    absl::Status s = RunStep(steps, StepSpec{1, 0, 0, 16, 16}, data);
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_NE(s.message().find("worker rank 11"), std::string::npos) << s;
+    EXPECT_LT(MonotonicNow() - start, absl::Seconds(5));
+  });
   broker.join();
 }
 
 TEST(StageSteps, AMemberThatNeverComesIsNamedAtTheDeadline) {
   Stage stage({10, 11, 12});
-  std::vector<std::thread> threads;
-  for (uint32_t m : {0u, 1u}) {
-    threads.emplace_back([&, m] {
-      std::vector<float> data(16, 1.0f);
-      absl::Status s = stage.Member(m)->Run(StepSpec{1, 0, 0, 16, 16}, data.data(), data.data(), nullptr,
-                                            MonotonicNow() + absl::Milliseconds(300), NotInterrupted);
-      EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-      EXPECT_NE(s.message().find("ranks 12 of this host"), std::string::npos) << s;
-    });
-  }
-  for (auto& t : threads) t.join();
+  stage.Each({0, 1}, [&](uint32_t m, StageSteps& steps) {
+    std::vector<float> data(16, 1.0f);
+    absl::Status s = RunStep(steps, StepSpec{1, 0, 0, 16, 16}, data, absl::Milliseconds(300));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_NE(s.message().find("ranks 12 of this host"), std::string::npos) << s;
+  });
 }
 
 TEST(HostHello, MessagesRoundTripAndBadOnesAreRefusedByName) {
