@@ -25,7 +25,7 @@ MEMCHECK_S=${MEMCHECK_S:-200}
 VENV=/tmp/dlcp-gpu-check-venv
 rm -rf "$VENV"
 if [ "${1:-}" = "--bundle" ]; then
-  BIN=${2:?usage: gpu-check.sh --bundle DIR}
+  BIN=$(cd "${2:?usage: gpu-check.sh --bundle DIR}" && pwd)  # absolute: the PyTorch part runs from /tmp
   TESTS=$BIN/dlcp_cuda_tests
   BENCH=$BIN/pack_bench
   DLCPD=$BIN/dlcpd
@@ -80,9 +80,20 @@ packer_part() {
   done
 }
 
+# A venv that sees PYTHON's packages (torch). Where PYTHON is itself a venv's (as on images that
+# keep PyTorch in one), --system-site-packages would reach only its base installation's, so a .pth
+# file names PYTHON's own site-packages too.
+make_venv() {
+  "$PYTHON" -m venv --system-site-packages "$VENV" || return 1
+  local site
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))') || return 1
+  "$PYTHON" -c 'import site, sys; print("\n".join(site.getsitepackages()) if sys.prefix != sys.base_prefix else "")' \
+    >"$site/dlcp-gpu-check-parent.pth"
+}
+
 torch_part() {
   echo "== PyTorch on CUDA: DistributedOptimizer and the comm hook against DDP over Gloo"
-  "$PYTHON" -m venv --system-site-packages "$VENV" && install_package >/tmp/gpu-check-pip.log 2>&1 ||
+  make_venv && install_package >/tmp/gpu-check-pip.log 2>&1 ||
     { tail -20 /tmp/gpu-check-pip.log; echo "gpu-check: installing the package failed"; return 1; }
   local work pids=() addrs=() i
   work=$(mktemp -d)
