@@ -326,6 +326,17 @@ OpDone Client::WithHeartbeatNews(uint32_t key, OpDone done) const {
   };
 }
 
+absl::Status DeviceTensorStatus(const DeviceTensor& tensor) {
+  if (absl::Status cuda = CudaPackerAvailable(); !cuda.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("AllReduce of a device tensor: ", cuda.message()));
+  }
+  if (tensor.data == nullptr || tensor.elems == 0) return absl::InvalidArgumentError("AllReduce of an empty device tensor");
+  if (static_cast<uint8_t>(tensor.type) > static_cast<uint8_t>(ElemType::kBF16)) {
+    return absl::InvalidArgumentError("device tensor of an unknown element type");
+  }
+  return absl::OkStatus();
+}
+
 std::future<absl::StatusOr<RoundStats>> Client::AllReduceDevice(uint32_t key, const DeviceTensor& tensor,
                                                                 const AllReduceOptions& options) {
   auto [done, f] = PromiseDone();
@@ -335,6 +346,10 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduceDevice(uint32_t key, co
 
 void Client::AllReduceDeviceAsync(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options,
                                   OpDone done) {
+  if (ThroughHostStage(options)) {
+    if (absl::Status s = DeviceTensorStatus(tensor); !s.ok()) return done(s);
+    return stage_->SubmitDevice(key, tensor, options, WithHeartbeatNews(key, std::move(done)));
+  }
   engine_->SubmitDevice(key, tensor, options, WithHeartbeatNews(key, std::move(done)));
 }
 

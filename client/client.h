@@ -166,6 +166,9 @@ struct DeviceTensor {
   uint64_t elems = 0;
   int device = 0;  // the CUDA device it lives on
 };
+// OK when `tensor` can be summed here: this process has a CUDA device, and the tensor is not
+// empty and of a known type. Otherwise says why.
+absl::Status DeviceTensorStatus(const DeviceTensor& tensor);
 
 struct RoundStats {
   uint32_t key = 0;

@@ -116,15 +116,7 @@ void TransferEngine::SubmitDevice(uint32_t key, const DeviceTensor& tensor, cons
                                   OpDone done) {
   auto op = std::make_unique<Op>();
   op->done = std::move(done);
-  if (absl::Status cuda = CudaPackerAvailable(); !cuda.ok()) {
-    return op->done(absl::FailedPreconditionError(absl::StrCat("AllReduce of a device tensor: ", cuda.message())));
-  }
-  if (tensor.data == nullptr || tensor.elems == 0) {
-    return op->done(absl::InvalidArgumentError("AllReduce of an empty device tensor"));
-  }
-  if (static_cast<uint8_t>(tensor.type) > static_cast<uint8_t>(ElemType::kBF16)) {
-    return op->done(absl::InvalidArgumentError("device tensor of an unknown element type"));
-  }
+  if (absl::Status s = DeviceTensorStatus(tensor); !s.ok()) return op->done(s);
   if (tensor.elems <= std::numeric_limits<uint32_t>::max()) {
     op->device = tensor;
     op->staging.resize(tensor.elems);

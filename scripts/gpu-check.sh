@@ -8,7 +8,9 @@
 #     of the machine's Python and torch; 2 dlcpd on loopback; 4 workers sharing the GPU train a
 #     CNN with DistributedOptimizer and with DDP plus the comm hook, against DDP over Gloo on the
 #     same CUDA tensors (float32, two backward passes per step, AMP; parameters within 1e-5 after
-#     20 steps), and a bfloat16 model; step times against DDP over Gloo.
+#     20 steps), and a bfloat16 model; the same job again with its workers in two host stages of
+#     two (each dlcpd serving one host's socket), their CUDA gradients copied into the stages'
+#     pinned shared memory; step times against DDP over Gloo.
 #
 #   scripts/gpu-check.sh [BUILD_DIR]       build here (needs the project's dependencies), then run
 #   scripts/gpu-check.sh --bundle DIR      run what scripts/gpu-bundle.sh packed elsewhere (a bare
@@ -99,7 +101,7 @@ torch_part() {
   work=$(mktemp -d)
   for i in 0 1; do
     "$DLCPD" --host=127.0.0.1 --port=0 --data-port=0 --plaintext --log-level=warning --ready-file="$work/ready$i" \
-      >"$work/dlcpd$i.log" 2>&1 &
+      --host-socket="$work/host$i.sock" >"$work/dlcpd$i.log" 2>&1 &
     pids+=($!)
   done
   for i in 0 1; do
@@ -107,7 +109,8 @@ torch_part() {
     [ -s "$work/ready$i" ] || { cat "$work/dlcpd$i.log"; kill "${pids[@]}"; echo "gpu-check: dlcpd did not start"; return 1; }
     addrs+=("127.0.0.1:$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["control_port"])' "$work/ready$i")")
   done
-  (cd /tmp && timeout 480 "$VENV/bin/python" "$OLDPWD/scripts/gpu_torch_check.py" --aggregators="${addrs[0]},${addrs[1]}")
+  (cd /tmp && timeout 480 "$VENV/bin/python" "$OLDPWD/scripts/gpu_torch_check.py" --aggregators="${addrs[0]},${addrs[1]}" \
+    --host-sockets="$work/host0.sock,$work/host1.sock")
   local rc=$?
   kill "${pids[@]}" 2>/dev/null
   wait "${pids[@]}" 2>/dev/null

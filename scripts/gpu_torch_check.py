@@ -9,10 +9,14 @@ batches, and reports its parameters and its median step time:
   gloo, dear, hook          float32: DDP over Gloo, DistributedOptimizer, DDP with dlcp's comm hook;
   gloo_accum, dear_accum    two backward passes per step (DDP's no_sync; backward_passes_per_step=2);
   gloo_amp, dear_amp        autocast to float16 with a GradScaler (CUDA only);
-  dear_bf16                 a bfloat16 model: its gradients are packed from bfloat16 (CUDA only).
-Checks (exit 1 when one fails): dear, hook, dear_accum and dear_amp within --tolerance (1e-5)
-relative of their Gloo way; every way's replicas bit-identical; the bfloat16 model trained. Prints
-one JSON line per worker and way, then the checks and the step times against DDP over Gloo.
+  dear_bf16                 a bfloat16 model: its gradients are packed from bfloat16 (CUDA only);
+  dear_stage, hook_stage    with --host-sockets: ranks 0 and 1 share the first dlcpd's host stage,
+                            ranks 2 and 3 the second's, and their CUDA gradients go through it.
+Checks (exit 1 when one fails): dear, hook, dear_accum, dear_amp and the stage ways within
+--tolerance (1e-5) relative of their Gloo way; every way's replicas bit-identical; the bfloat16
+model trained; with host stages, a float32 and a bfloat16 CUDA tensor summed exactly, pushed by
+one worker per stage. Prints one JSON line per worker and way, then the checks and the step times
+against DDP over Gloo.
 --device=cpu runs the ways that need no GPU, to try the script where there is none.
 """
 import argparse
@@ -53,9 +57,9 @@ def _train(way, model, client, rank, world, args, device):
     """One way's training; returns (parameters, median step time in ms)."""
     accumulate = way.endswith("_accum")
     amp = way.endswith("_amp")
-    if way.startswith("gloo") or way == "hook":
+    if way.startswith("gloo") or way.startswith("hook"):
         net = torch.nn.parallel.DistributedDataParallel(model)
-        if way == "hook":
+        if way.startswith("hook"):
             net.register_comm_hook(None, dlcp.torch.comm_hook(client, model))
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         sync_off = net.no_sync
@@ -95,26 +99,66 @@ def _train(way, model, client, rank, world, args, device):
     return _flat(model), times[len(times) // 2], float(loss.detach())
 
 
+def _ways(args):
+    ways = ["gloo", "dear", "hook", "gloo_accum", "dear_accum"]
+    if args.device == "cuda":
+        ways += ["gloo_amp", "dear_amp", "dear_bf16"]
+    if args.host_sockets:
+        ways += ["dear_stage", "hook_stage"]
+    return ways
+
+
+def _stage_client(rank, world, args, port, num_layers):
+    """A client of a job whose ranks share host stages two by two (--host-sockets)."""
+    sockets = args.host_sockets.split(",")
+    return dlcp.Client(aggregators=args.aggregators, job=f"gpu-check-stage-{port}", world_size=world, rank=rank,
+                       plaintext=True, loss_bound=0, num_layers=num_layers, local_size=2,
+                       host_socket=sockets[rank // 2])
+
+
+_STAGE_DTYPES = {"cuda": (torch.float32, torch.bfloat16), "cpu": (torch.float32,)}
+
+
+def _check_stage_sums(client, rank, world, device):
+    """Device tensors through the host stage: exact sums, and only each stage's first worker pushes.
+    Returns what went wrong, or None."""
+    for i, dtype in enumerate(_STAGE_DTYPES[device.type]):
+        n = 5_000_001  # over 16 MiB of float32: more than one slot, so several steps
+        t = ((torch.arange(n, device=device) * 7 + rank * 5) % 31 - 15).to(dtype)
+        want = sum(((torch.arange(n, device=device) * 7 + r * 5) % 31 - 15) for r in range(world)).to(dtype)
+        stats = client.allreduce(9000 + i, t, timeout=60)
+        if not torch.equal(t, want):
+            return f"rank {rank}: a {dtype} device tensor through the host stage is not the exact sum"
+        if (stats["bytes_sent"] > 0) != (rank % 2 == 0):
+            return f"rank {rank}: sent {stats['bytes_sent']} bytes for a {dtype} tensor; only a stage's first pushes"
+    return None
+
+
 def worker(rank, world, args, port, out_queue):
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
     base = digits.Net(hidden=args.hidden).to(device)
+    layers = dlcp.torch.num_layers(base)
     client = dlcp.Client(aggregators=args.aggregators, job=f"gpu-check-{port}", world_size=world, rank=rank,
-                         plaintext=True, loss_bound=0, num_layers=dlcp.torch.num_layers(base))
-    ways = ["gloo", "dear", "hook", "gloo_accum", "dear_accum"]
-    if device.type == "cuda":
-        ways += ["gloo_amp", "dear_amp", "dear_bf16"]
+                         plaintext=True, loss_bound=0, num_layers=layers)
+    staged = _stage_client(rank, world, args, port, layers) if args.host_sockets else None
     try:
-        for way in ways:
+        if staged is not None:
+            out_queue.put({"rank": rank, "way": "stage_sums", "error": _check_stage_sums(staged, rank, world, device),
+                           "what": " and ".join(f"{t} {device.type}" for t in _STAGE_DTYPES[device.type])})
+        for way in _ways(args):
             model = copy.deepcopy(base)
             if way == "dear_bf16":
                 model = model.to(torch.bfloat16)
-            params, step_ms, loss = _train(way, model, client, rank, world, args, device)
+            params, step_ms, loss = _train(way, model, staged if way.endswith("_stage") else client, rank, world,
+                                           args, device)
             out_queue.put({"rank": rank, "way": way, "step_ms": step_ms, "loss": loss, "params": params.tolist()})
     finally:
         client.close()
+        if staged is not None:
+            staged.close()
         torch.distributed.destroy_process_group()
 
 
@@ -130,14 +174,19 @@ def _relative(a, b):
 
 def check(results, world, tolerance):
     """The checks over every worker's results; returns the failures."""
-    failures = []
+    failures = [r["error"] for r in results if r.get("error")]
+    sums = [r for r in results if r["way"] == "stage_sums"]
+    if sums and not failures:
+        print(f"gpu-check: host stages: {sums[0]['what']} tensors summed exactly, one push per stage")
+    results = [r for r in results if "params" in r]
     by = {(r["way"], r["rank"]): torch.tensor(r["params"]) for r in results}
     ways = sorted({r["way"] for r in results})
     for way in ways:
         for rank in range(1, world):
             if not torch.equal(by[(way, rank)], by[(way, 0)]):
                 failures.append(f"{way}: rank {rank}'s parameters differ from rank 0's")
-    for way, reference in (("dear", "gloo"), ("hook", "gloo"), ("dear_accum", "gloo_accum"), ("dear_amp", "gloo_amp")):
+    for way, reference in (("dear", "gloo"), ("hook", "gloo"), ("dear_accum", "gloo_accum"), ("dear_amp", "gloo_amp"),
+                           ("dear_stage", "gloo"), ("hook_stage", "gloo")):
         if way in ways:
             err = max(_relative(by[(way, r)], by[(reference, r)]) for r in range(world))
             print(f"gpu-check: {way} against {reference}: {err:.3g} relative")
@@ -161,6 +210,8 @@ def main():
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--fusion-bytes", type=int, default=0, help="0: DistributedOptimizer's default")
     parser.add_argument("--tolerance", type=float, default=1e-5)
+    parser.add_argument("--host-sockets", default="",
+                        help="two dlcpd host sockets: adds the ways through host stages of two workers each")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu-check: torch sees no CUDA device")
@@ -174,7 +225,9 @@ def main():
     for p in procs:
         p.start()
     results = []
-    ways = 5 + (3 if args.device == "cuda" else 0)
+    if args.host_sockets and (args.workers != 4 or len(args.host_sockets.split(",")) != 2):
+        parser.error("--host-sockets needs two sockets and 4 workers")
+    ways = len(_ways(args)) + (1 if args.host_sockets else 0)
     deadline = time.monotonic() + 420
     while len(results) < args.workers * ways and time.monotonic() < deadline:
         try:
@@ -192,7 +245,7 @@ def main():
     for r in results:
         print(json.dumps({k: v for k, v in r.items() if k != "params"}))
     failures = check(results, args.workers, args.tolerance)
-    step = {w: sorted(r["step_ms"] for r in results if r["way"] == w) for w in {r["way"] for r in results}}
+    step = {w: sorted(r["step_ms"] for r in results if r["way"] == w) for w in {r["way"] for r in results if "step_ms" in r}}
     print("| way | median step ms (worst worker) | / DDP over Gloo |\n|---|---|---|")
     for way in sorted(step):
         ref = "gloo_accum" if way.endswith("_accum") else "gloo_amp" if way.endswith("_amp") else "gloo"

@@ -6,7 +6,9 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "client/packer/packer.h"
 #include "common/base/clock.h"
+#include "common/base/log.h"
 
 namespace dlcp {
 namespace {
@@ -42,17 +44,28 @@ HostStage::HostStage(StageMembership membership, NetworkSubmit network, uint32_t
   thread_ = std::thread([this] { Run(); });
 }
 
-HostStage::~HostStage() { Stop(absl::CancelledError("dlcp client closed")); }
+HostStage::~HostStage() {
+  Stop(absl::CancelledError("dlcp client closed"));
+  if (pinned_) UnpinHostMemory(steps_.region()).IgnoreError();  // the region is unmapped next
+}
 
 void HostStage::Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t root,
                        OpDone done) {
+  Enqueue(Op{key, data, std::nullopt, options, root, std::move(done)});
+}
+
+void HostStage::SubmitDevice(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options, OpDone done) {
+  Enqueue(Op{key, {}, tensor, options, -1, std::move(done)});
+}
+
+void HostStage::Enqueue(Op op) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!stopped_.ok()) {
     const absl::Status why = stopped_;
     lock.unlock();
-    return done(why);
+    return op.done(why);
   }
-  queue_.push_back(Op{key, data, options, root, std::move(done)});
+  queue_.push_back(std::move(op));
   cv_.notify_one();
 }
 
@@ -117,22 +130,47 @@ absl::StatusOr<RoundStats> HostStage::RunOp(const Op& op) {
   const uint32_t kind = op.root >= 0 ? static_cast<uint32_t>(op.root) + 1 : 0;
   // A failed job fails the op at once, as on the network path; its steps are still gone through.
   absl::Status status = Interrupted();
-  for (uint64_t offset = 0; offset < op.data.size(); offset += steps_.slot_elems()) {
-    StepSpec spec{op.key, kind, offset, std::min<uint64_t>(steps_.slot_elems(), op.data.size() - offset),
-                  op.data.size()};
+  if (op.device) PinForDevice(op.device->device);
+  for (uint64_t offset = 0; offset < op.elems(); offset += steps_.slot_elems()) {
+    StepSpec spec{op.key, kind, offset, std::min<uint64_t>(steps_.slot_elems(), op.elems() - offset), op.elems()};
     if (!status.ok()) {  // the op failed: the rest of its steps are given up, so every worker stays in step
       steps_.Skip(spec, status).IgnoreError();  // it is `status` again
       continue;
     }
     NetworkLeg leg;
     if (network_) leg = [&](float* sum, const StepSpec& s) { return Leg(sum, s, op, deadline, &stats); };
-    status = steps_.Run(spec, op.data.data() + offset, op.data.data() + offset, leg, deadline,
-                        [this] { return Interrupted(); });
+    status = steps_.Run(spec, IoOf(op, spec), leg, deadline, [this] { return Interrupted(); });
     if (!status.ok() && broken_ && !steps_.Gone().ok()) std::exchange(broken_, nullptr)(steps_.Gone());
   }
   if (!status.ok()) return status;
   stats.time = MonotonicNow() - start;
   return stats;
+}
+
+StepIo HostStage::IoOf(const Op& op, const StepSpec& spec) const {
+  if (!op.device) return HostStepIo(op.data.data() + spec.offset, op.data.data() + spec.offset, spec.elems);
+  const DeviceTensor t = *op.device;
+  char* part = static_cast<char*>(t.data) + spec.offset * ElemWidth(t.type);
+  auto named = [key = op.key](const char* what, const absl::Status& s) {
+    return s.ok() ? s : absl::Status(s.code(), absl::StrCat("host stage: ", what, " key ", key, "'s device tensor: ",
+                                                             s.message()));
+  };
+  StepIo io;
+  io.in = [=](float* slot) { return named("reading", LoadFromDevice(part, spec.elems, t.type, slot, t.device)); };
+  io.out = [=](const float* result) {
+    return named("writing the result into", StoreToDevice(result, spec.elems, t.type, part, t.device));
+  };
+  return io;
+}
+
+void HostStage::PinForDevice(int device) {
+  if (std::exchange(pin_tried_, true)) return;
+  const absl::Status pinned = PinHostMemory(steps_.region(), steps_.region_bytes(), device);
+  pinned_ = pinned.ok();
+  if (!pinned_) {
+    DLCP_LOG(Warning) << "host stage: could not pin the shared region for device copies (" << pinned
+                      << "); they go through the CUDA runtime's staging buffers instead";
+  }
 }
 
 absl::Status HostStage::Leg(float* sum, const StepSpec& spec, const Op& op, absl::Time deadline, RoundStats* stats) {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -47,6 +48,11 @@ class HostStage {
   // Sums `data` over the job, in place (root >= 0: replaces it with rank root's). `data` stays
   // the caller's until `done`.
   void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t root, OpDone done);
+  // Sums a tensor in CUDA device memory over the job, in place. Each step copies its part from
+  // the device straight into this worker's slot, and the result from slot 0 straight back: the
+  // region is pinned at the first such op. The tensor's values must be ready (the caller waited
+  // for the work that produces them), and it stays the caller's until `done`.
+  void SubmitDevice(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options, OpDone done);
   // The job failed (an aggregator said so at a heartbeat): the running op and later ones fail
   // with `why` until RejoinJob, as the job's ops on the network path do. Any thread.
   void FailJob(const absl::Status& why);
@@ -60,12 +66,20 @@ class HostStage {
   struct Op {
     uint32_t key = 0;
     absl::Span<float> data;
+    std::optional<DeviceTensor> device;  // set: the tensor is there, and `data` is empty
     AllReduceOptions options;
     int64_t root = -1;
     OpDone done;
+    uint64_t elems() const { return device ? device->elems : data.size(); }
   };
+  void Enqueue(Op op);
   void Run();
   absl::StatusOr<RoundStats> RunOp(const Op& op);
+  // How step `spec` of `op` reads its part and writes its result.
+  StepIo IoOf(const Op& op, const StepSpec& spec) const;
+  // Pins the region for copies from and to `device`, once; where that fails, copies go through
+  // the CUDA runtime's staging, slower but the same.
+  void PinForDevice(int device);
   // The first worker's network leg of one step, adding what it cost to `stats`.
   absl::Status Leg(float* sum, const StepSpec& spec, const Op& op, absl::Time deadline, RoundStats* stats);
   absl::Status Interrupted() const;
@@ -76,6 +90,8 @@ class HostStage {
   absl::Duration op_timeout_;
   std::function<void(const absl::Status&)> broken_;  // null once it ran
   std::map<uint32_t, uint32_t> rounds_;  // the stage thread's: ops run per key
+  bool pin_tried_ = false;  // the stage thread's
+  bool pinned_ = false;     // the stage thread's until it is joined
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;

@@ -213,16 +213,31 @@ absl::Status StageSteps::Skip(const StepSpec& spec, const absl::Status& why) {
   return Finish(step, why);
 }
 
-absl::Status StageSteps::Run(const StepSpec& spec, const float* in, float* out, const NetworkLeg& leg,
-                             absl::Time deadline, const std::function<absl::Status()>& interrupted) {
+StepIo HostStepIo(const float* in, float* out, uint64_t elems) {
+  StepIo io;
+  if (in != nullptr) {
+    io.in = [in, elems](float* slot) {
+      std::memcpy(slot, in, elems * sizeof(float));
+      return absl::OkStatus();
+    };
+  }
+  io.out = [out, elems](const float* result) {
+    std::memcpy(out, result, elems * sizeof(float));
+    return absl::OkStatus();
+  };
+  return io;
+}
+
+absl::Status StageSteps::Run(const StepSpec& spec, const StepIo& io, const NetworkLeg& leg, absl::Time deadline,
+                             const std::function<absl::Status()>& interrupted) {
   const uint64_t step = ++step_;
   // Slot 0 and this member's slot are free once every member has read the last step's result.
   absl::Status status = WaitAll(&StageMember::consumed, step - 1, deadline, "finish their last op", interrupted);
   if (!status.ok()) return Finish(step, status);
   WriteSpec(step, spec);
-  if (in != nullptr) std::memcpy(slot(m_.welcome.member), in, spec.elems * sizeof(float));
+  if (io.in) status = io.in(slot(m_.welcome.member));
   Publish(&StageMember::arrived, step);
-  status = WaitAll(&StageMember::arrived, step, deadline, "start the same op", interrupted);
+  if (status.ok()) status = WaitAll(&StageMember::arrived, step, deadline, "start the same op", interrupted);
   if (status.ok()) status = Agree(spec, step);
   if (status.ok()) Share(spec);
   if (!status.ok()) {
@@ -239,7 +254,7 @@ absl::Status StageSteps::Run(const StepSpec& spec, const float* in, float* out, 
     const absl::Status result = WaitResult(step, deadline + kResultGrace, interrupted);
     if (status.ok()) status = result;
   }
-  if (status.ok()) std::memcpy(out, slot(0), spec.elems * sizeof(float));
+  if (status.ok()) status = io.out(slot(0));
   return Finish(step, status);
 }
 

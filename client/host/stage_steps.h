@@ -31,6 +31,16 @@ struct StepSpec {
   uint64_t tensor_elems = 0;
 };
 
+// Where a step's part comes from and where its result goes. `in` writes this member's part
+// (spec.elems values) into its slot, and is null where its part is not needed (a broadcast not
+// from it); `out` reads the step's result from slot 0. Host memory is copied; a device tensor goes
+// through the CUDA runtime. A failed copy fails the step on every member.
+struct StepIo {
+  std::function<absl::Status(float* slot)> in;
+  std::function<absl::Status(const float* result)> out;
+};
+StepIo HostStepIo(const float* in, float* out, uint64_t elems);
+
 // The first member's network leg: sums slot 0 (`elems` values) over the job's hosts, in place,
 // blocking until done or failed.
 using NetworkLeg = std::function<absl::Status(float* sum, const StepSpec& spec)>;
@@ -49,11 +59,19 @@ class StageSteps {
   // it. The region stays mapped (an engine op may still write into it).
   void Leave() { m_.socket = OwnedFd(); }
 
-  // Runs the next step: `in` (spec.elems values; nullptr where this member's part is not needed,
-  // a broadcast not from it) summed over the members into `out`. `interrupted` ends its waits
-  // early with the status it returns (the client is closing).
-  absl::Status Run(const StepSpec& spec, const float* in, float* out, const NetworkLeg& leg, absl::Time deadline,
+  // Runs the next step: every member's part, from `io.in`, summed over the members and handed to
+  // `io.out`. `interrupted` ends its waits early with the status it returns (the client is
+  // closing).
+  absl::Status Run(const StepSpec& spec, const StepIo& io, const NetworkLeg& leg, absl::Time deadline,
                    const std::function<absl::Status()>& interrupted);
+  // The same for host memory: `in` (nullptr where this member's part is not needed) into `out`.
+  absl::Status Run(const StepSpec& spec, const float* in, float* out, const NetworkLeg& leg, absl::Time deadline,
+                   const std::function<absl::Status()>& interrupted) {
+    return Run(spec, HostStepIo(in, out, spec.elems), leg, deadline, interrupted);
+  }
+  // The shared region, for pinning it (device tensors copy straight into it).
+  void* region() const { return m_.region.data(); }
+  size_t region_bytes() const { return m_.region.size(); }
   // Gives the next step up at once with `why` (the rest of an op that failed), publishing all of
   // it, so that every member goes through the same steps for each op and stays in step.
   absl::Status Skip(const StepSpec& spec, const absl::Status& why);

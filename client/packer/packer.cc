@@ -56,6 +56,9 @@ absl::Status CudaPackerAvailable() {
 
 #if !DLCP_WITH_CUDA
 absl::Status StoreToDevice(const float*, uint64_t, ElemType, void*, int) { return CudaPackerAvailable(); }
+absl::Status LoadFromDevice(const void*, uint64_t, ElemType, float*, int) { return CudaPackerAvailable(); }
+absl::Status PinHostMemory(void*, uint64_t, int) { return CudaPackerAvailable(); }
+absl::Status UnpinHostMemory(void*) { return CudaPackerAvailable(); }
 #endif
 
 absl::StatusOr<std::unique_ptr<Packer>> CreatePacker(const PackerOptions& options) {

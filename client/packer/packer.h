@@ -96,9 +96,20 @@ absl::StatusOr<std::unique_ptr<Packer>> CreatePacker(const PackerOptions& option
 // answers error 35, "driver version is insufficient").
 absl::Status CudaPackerAvailable();
 
-// Writes `n` float32 values into CUDA device memory `device` (on CUDA device `device_index`) as
-// `type`, rounding to nearest even for the 16-bit types. Blocks until the copy is done.
-// UNAVAILABLE without CUDA.
+// Copies between CUDA device memory and float32 host memory. They run on a stream that waits for
+// no other, and block until the copy is done: whatever produces `device`'s values must be done
+// first. UNAVAILABLE without CUDA.
+//
+// StoreToDevice writes `n` float32 values into `device` (on CUDA device `device_index`) as `type`,
+// rounding to nearest even for the 16-bit types.
 absl::Status StoreToDevice(const float* values, uint64_t n, ElemType type, void* device, int device_index);
+// LoadFromDevice reads `n` values of `type` from `device` into `values`, exactly.
+absl::Status LoadFromDevice(const void* device, uint64_t n, ElemType type, float* values, int device_index);
+
+// Pins `bytes` of host memory at `p` (page-locked, for every device), so that a copy between it
+// and a device is one DMA rather than one through the runtime's own staging buffers. Unpin it
+// before it is unmapped.
+absl::Status PinHostMemory(void* p, uint64_t bytes, int device_index);
+absl::Status UnpinHostMemory(void* p);
 
 }  // namespace dlcp

@@ -131,6 +131,34 @@ TEST(StageSteps, AStepOneMemberGivesUpFailsForAllAndTheNextOneWorks) {
   });
 }
 
+// A member whose copy into its slot fails (a device tensor it could not read) fails the step for
+// every member with its reason; one whose copy out fails fails alone, the others having their
+// result. Both go on in step.
+TEST(StageSteps, AFailedCopyInFailsTheStepForAllAndACopyOutOnlyItsMember) {
+  Stage stage({6, 7});
+  stage.Each({0, 1}, [&](uint32_t m, StageSteps& steps) {
+    std::vector<float> data(16, 1.0f);
+    const StepSpec spec{5, 0, 0, 16, 16};
+    StepIo io = HostStepIo(data.data(), data.data(), 16);
+    if (m == 1) io.in = [](float*) { return absl::InternalError("reading key 5's device tensor: CUDA error 700"); };
+    absl::Status s = steps.Run(spec, io, nullptr, MonotonicNow() + absl::Seconds(30), NotInterrupted);
+    EXPECT_EQ(s, absl::InternalError("reading key 5's device tensor: CUDA error 700")) << m;
+
+    io = HostStepIo(data.data(), data.data(), 16);
+    if (m == 0) io.out = [](const float*) { return absl::InternalError("writing key 5's result: CUDA error 700"); };
+    s = steps.Run(spec, io, nullptr, MonotonicNow() + absl::Seconds(30), NotInterrupted);
+    EXPECT_EQ(s.ok(), m == 1) << m << ": " << s;
+    if (m == 1) {
+      EXPECT_EQ(data[0], 2.0f);
+    }
+
+    data.assign(16, 1.0f);
+    s = RunStep(steps, spec, data);
+    EXPECT_TRUE(s.ok()) << m << ": " << s;
+    EXPECT_EQ(data[15], 2.0f);
+  });
+}
+
 TEST(StageSteps, AGoneMemberFailsTheOthersAtOnceNamingItsRank) {
   Stage stage({10, 11, 12});
   std::thread broker([&] {

@@ -1,4 +1,5 @@
 #include "client/packer/cuda/cuda_packer.h"
+#include "client/packer/cuda/cuda_error.h"
 
 #include <cuda_runtime.h>
 
@@ -279,14 +280,6 @@ cudaError_t LaunchPackChunks(const Args& a, uint32_t chunks, cudaStream_t stream
   }
 }
 
-absl::Status CudaError(const char* what, cudaError_t e) {
-  return absl::InternalError(absl::StrCat(what, ": CUDA error ", static_cast<int>(e), " (", cudaGetErrorString(e), ")"));
-}
-#define DLCP_CUDA_RETURN(call)                                    \
-  do {                                                            \
-    const cudaError_t dlcp_e_ = (call);                           \
-    if (dlcp_e_ != cudaSuccess) return CudaError(#call, dlcp_e_); \
-  } while (0)
 
 // A buffer in device memory, or in pinned host memory, that only grows.
 template <typename T, bool kPinned = false>
@@ -466,23 +459,6 @@ absl::Status CudaDeviceStatus() {
                                                static_cast<int>(e), " (", cudaGetErrorString(e), ")"));
   }
   if (count <= 0) return absl::UnavailableError("no CUDA device");
-  return absl::OkStatus();
-}
-
-absl::Status StoreToDevice(const float* values, uint64_t n, ElemType type, void* device, int device_index) {
-  DLCP_CUDA_RETURN(cudaSetDevice(device_index));
-  if (type == ElemType::kF32) {
-    DLCP_CUDA_RETURN(cudaMemcpy(device, values, n * sizeof(float), cudaMemcpyHostToDevice));
-    return absl::OkStatus();
-  }
-  // float16 / bfloat16 tensors hold exactly what those payload encodings hold.
-  const wire::Encoding e = type == ElemType::kF16 ? wire::Encoding::kF16 : wire::Encoding::kBF16;
-  std::vector<uint8_t> narrow(n * 2);
-  for (uint64_t off = 0; off < n; off += 1u << 30) {
-    const uint32_t count = static_cast<uint32_t>(n - off < (1u << 30) ? n - off : (1u << 30));
-    wire::EncodeValues(values + off, count, e, narrow.data() + 2 * off);
-  }
-  DLCP_CUDA_RETURN(cudaMemcpy(device, narrow.data(), narrow.size(), cudaMemcpyHostToDevice));
   return absl::OkStatus();
 }
 
