@@ -134,6 +134,21 @@ def _check_stage_sums(client, rank, world, device):
     return None
 
 
+def _time_allreduce(staged, client, device, reps=5):
+    """Median ms of an all-reduce of 64 MiB of float32 through the host stages and through the
+    network path (every worker pushing its own), side by side."""
+    t = torch.ones(16 << 20, device=device)
+    times = {}
+    for name, c, key in (("stage_ms", staged, 9100), ("network_ms", client, 9101)):
+        runs = []
+        for _ in range(reps + 1):
+            start = time.perf_counter()
+            c.allreduce(key, t, timeout=60)
+            runs.append((time.perf_counter() - start) * 1e3)
+        times[name] = sorted(runs[1:])[reps // 2]
+    return times
+
+
 def worker(rank, world, args, port, out_queue):
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     torch.set_num_threads(1)
@@ -147,7 +162,8 @@ def worker(rank, world, args, port, out_queue):
     try:
         if staged is not None:
             out_queue.put({"rank": rank, "way": "stage_sums", "error": _check_stage_sums(staged, rank, world, device),
-                           "what": " and ".join(f"{t} {device.type}" for t in _STAGE_DTYPES[device.type])})
+                           "what": " and ".join(f"{t} {device.type}" for t in _STAGE_DTYPES[device.type]),
+                           **_time_allreduce(staged, client, device)})
         for way in _ways(args):
             model = copy.deepcopy(base)
             if way == "dear_bf16":
@@ -178,6 +194,9 @@ def check(results, world, tolerance):
     sums = [r for r in results if r["way"] == "stage_sums"]
     if sums and not failures:
         print(f"gpu-check: host stages: {sums[0]['what']} tensors summed exactly, one push per stage")
+        print(f"gpu-check: 64 MiB of float32, median of 5, worst worker: through host stages "
+              f"{max(r['stage_ms'] for r in sums):.1f} ms, every worker pushing its own "
+              f"{max(r['network_ms'] for r in sums):.1f} ms")
     results = [r for r in results if "params" in r]
     by = {(r["way"], r["rank"]): torch.tensor(r["params"]) for r in results}
     ways = sorted({r["way"] for r in results})
