@@ -228,6 +228,8 @@ class Client {
   uint32_t chunk_bytes() const { return options_.chunk_bytes; }
   // The job's name (ClientOptions::job_name): what every worker of the job joined with.
   const std::string& job_name() const { return options_.job_name; }
+  // How long an op may take (ClientOptions::op_timeout).
+  absl::Duration op_timeout() const { return options_.op_timeout; }
   // The data plane it chose (kUdp or kRdma when ClientOptions asked for kAuto).
   TransportOptions::Kind transport_kind() const { return transport_kind_; }
   Client(const Client&) = delete;

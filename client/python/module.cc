@@ -303,6 +303,7 @@ class PyClient {
   uint32_t world_size() const { return Get().world_size(); }
   uint32_t job_id() const { return Get().job_id(); }
   std::string job() const { return Get().job_name(); }
+  double op_timeout_s() const { return absl::ToDoubleSeconds(Get().op_timeout()); }
   std::map<std::string, uint64_t> rejects() const { return Get().Rejects(); }
   uint64_t rx_overflows() const { return Get().ReceiveOverflows(); }
   uint64_t rx_queue_ran_dry() const { return Get().ReceiveQueueRanDry(); }
@@ -557,6 +558,7 @@ PYBIND11_MODULE(_dlcp, m) {
       .def_property_readonly("world_size", &PyClient::world_size)
       .def_property_readonly("job_id", &PyClient::job_id)
       .def_property_readonly("job", &PyClient::job)
+      .def_property_readonly("op_timeout_s", &PyClient::op_timeout_s)
       .def("rejects", &PyClient::rejects)
       .def("rx_overflows", &PyClient::rx_overflows)
       .def("rx_queue_ran_dry", &PyClient::rx_queue_ran_dry)

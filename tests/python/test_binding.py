@@ -595,6 +595,38 @@ def test_an_op_waiting_for_its_tensors_stream_is_submitted_once_it_is_ready(aggr
     assert client._deferred is None  # close() ended the submit thread
 
 
+def test_a_cuda_tensor_whose_stream_never_finishes_fails_at_the_op_timeout(aggregators):
+    """The submitter's wait for a CUDA tensor's event has the op's deadline (events played by
+    objects with a query(); no GPU here): an event that never completes fails the op at the
+    client's op timeout, naming the key, and one that completes after a while lets it through."""
+    (client,) = connect_all(aggregators, "never-ready", 1, loss_bound=0, op_timeout_ms=500)
+
+    class Event:
+        def __init__(self, ready_after):
+            self.looks, self.ready_after = 0, ready_after
+
+        def query(self):
+            self.looks += 1
+            return self.looks > self.ready_after
+
+    try:
+        assert client._inner.op_timeout_s == 0.5
+        x = np.full(10, 1.0, dtype=np.float32)
+        start = time.monotonic()
+        never = dlcp.Handle(client._submitter().submit(dlcp._ready_within(Event(10 ** 9), 0.5, 7),
+                                                      lambda: client._inner.submit(7, x)))
+        with pytest.raises(dlcp.DeadlineExceededError,
+                           match=r"key 7's CUDA tensor was not ready within the op timeout \(0.5 s\)"):
+            never.wait()
+        assert 0.45 < time.monotonic() - start < 10
+        soon = Event(20)
+        stats = dlcp.Handle(client._submitter().submit(dlcp._ready_within(soon, 0.5, 8),
+                                                       lambda: client._inner.submit(8, x))).wait()
+        assert stats["key"] == 8 and soon.looks == 21
+    finally:
+        client.close()
+
+
 def test_workers_of_a_host_sum_through_its_host_stage(two_hosts):
     """Ranks 0-1 share host A's stage and ranks 2-3 host B's (docs/host-stage.md): sums and a
     broadcast from another host are exact, ops under a loss bound take the network path, and every worker

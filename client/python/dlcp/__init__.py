@@ -64,6 +64,22 @@ def _as_device_tensor(tensor):
     return t, finish, ready
 
 
+def _ready_within(event, timeout_s, key):
+    """A wait for `event` (a CUDA event) of at most timeout_s seconds, for the submitter. It looks
+    at the event and sleeps between looks, a little longer each time up to half a millisecond:
+    torch's Event.synchronize has no deadline, and spins a core while it waits."""
+    def wait():
+        deadline = time.monotonic() + timeout_s
+        pause = 20e-6
+        while not event.query():
+            if time.monotonic() > deadline:
+                raise DeadlineExceededError(f"DEADLINE_EXCEEDED: key {key}'s CUDA tensor was not ready within the "
+                                            f"op timeout ({timeout_s:g} s): the work on its stream never finished")
+            time.sleep(pause)
+            pause = min(2 * pause, 5e-4)
+    return wait
+
+
 class _DeferredOp:
     """An op the submitter has not handed to the client yet; a Handle's inner op until it has."""
 
@@ -385,7 +401,8 @@ class Client:
                                                  encoding=encoding, report_classes=report_classes, callback=cb,
                                                  name=name)
 
-            inner = submit() if ready.query() else self._submitter().submit(ready.synchronize, submit, cb)
+            inner = submit() if ready.query() else self._submitter().submit(
+                _ready_within(ready, self._inner.op_timeout_s, key), submit, cb)
             return Handle(inner, None if cb is not None else finish)
         buf, finish = _as_buffer(tensor)
         cb = _wrap_callback(callback, finish)
