@@ -16,13 +16,24 @@ void DataThread::HandleManifest(const wire::Header& h, const uint8_t* payload, R
     metrics_.stops_resent->Add();
     return SendStop(*round, h.rank);
   }
-  if (round->HasHostGroups()) return Reject(wire::Reject::kBadHostGroup);  // host stages run reliable rounds
+  // A manifest whose `contributors` is 2 or more declares the classes of a host stage's sum, for
+  // every rank of the stage's group (docs/host-stage.md), as its pushes carry them all.
+  const Job& job = *round->job();
+  std::shared_ptr<const std::vector<uint32_t>> group;
+  if (h.contributors > 1) {
+    group = job.HostGroupLedBy(h.rank);
+    if (group == nullptr || group->size() != h.contributors) return Reject(wire::Reject::kBadHostGroup);
+  }
+  if (round->Carried(h.rank)) return Reject(wire::Reject::kBadHostGroup);  // its stage declared for it
   absl::StatusOr<wire::ManifestPart> part =
       wire::DecodeManifest(absl::MakeConstSpan(payload, h.payload_len), round->geometry().chunk_count());
   if (!part.ok()) return Reject(wire::Reject::kBadPayload);
-  if (absl::Status s = round->EnableBounded().AddManifest(h.rank, *part); !s.ok()) {
-    DLCP_LOG(Warning) << "job " << round->job()->name << " rank " << h.rank << " key " << h.key << ": " << s;
-    return Reject(wire::Reject::kBadPayload);
+  if (group != nullptr) round->CarryGroup(group);
+  for (uint32_t rank : group ? *group : std::vector<uint32_t>{h.rank}) {
+    if (absl::Status s = round->EnableBounded().AddManifest(rank, *part); !s.ok()) {
+      DLCP_LOG(Warning) << "job " << job.name << " rank " << rank << " key " << h.key << ": " << s;
+      return Reject(wire::Reject::kBadPayload);
+    }
   }
   CheckBound(round, now);
 }
@@ -96,7 +107,7 @@ void DataThread::Seal(Round* round, absl::Time now) {
 void DataThread::SendStop(const Round& r, uint32_t rank) {
   const LossTracker& t = *r.bounded;
   const Member& m = r.job()->members[rank];
-  if (!m.joined()) return;
+  if (!m.joined() || r.Carried(rank)) return;  // a carried rank hears through its stage
   std::vector<uint32_t> left_out;
   for (uint32_t c = 0; c < t.chunk_count(); ++c) {
     if (t.class_of(rank, c) != wire::kNotHere && !t.got(rank, c)) left_out.push_back(c);
@@ -116,7 +127,18 @@ void DataThread::RepairBounded(const Round& r, int64_t only_rank, bool ask_manif
   // While the transfer runs, chunks asked for once are not asked again: their resend may be
   // on its way. Quiet (or a worker's own request) asks again for everything still needed.
   std::vector<std::vector<uint32_t>> plan = t.RepairPlan(r.round(), /*fresh_only=*/!ask_manifests);
+  // A host stage's contributions are repaired by its first rank, which pushes them all at once.
   for (uint32_t w = 0; w < t.world(); ++w) {
+    const uint32_t carrier = r.CarrierOf(w);
+    if (carrier == w || plan[w].empty()) continue;
+    std::vector<uint32_t>& to = plan[carrier];
+    to.insert(to.end(), plan[w].begin(), plan[w].end());
+    std::sort(to.begin(), to.end());
+    to.erase(std::unique(to.begin(), to.end()), to.end());
+    plan[w].clear();
+  }
+  for (uint32_t w = 0; w < t.world(); ++w) {
+    if (r.Carried(w)) continue;
     if (only_rank >= 0 && w != only_rank) continue;
     // An empty NACK asks a worker whose manifest is incomplete to send it again.
     if ((ask_manifests && !t.has_manifest(w)) || !plan[w].empty()) SendRanges(wire::MsgType::kPushNack, r, w, plan[w]);

@@ -214,7 +214,7 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
   if (h.contributors > 1) {  // a host stage's sum (docs/host-stage.md)
     host_group = round->HostGroupLedBy(h.rank);
     if (host_group == nullptr) host_group = round->job()->HostGroupLedBy(h.rank);
-    if (host_group == nullptr || host_group->size() != h.contributors || round->bounded) {
+    if (host_group == nullptr || host_group->size() != h.contributors) {
       return Reject(wire::Reject::kBadHostGroup);
     }
   }
@@ -308,7 +308,13 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
       metrics_.stops_resent->Add();
       return SendStop(*round, h.rank);
     }
-    if (h.chunk > 0) round->bounded->MarkSentThrough(h.rank, std::min(h.chunk, h.chunk_count) - 1);
+    if (h.chunk > 0) {
+      // A host stage's first rank has pushed for every rank of its group.
+      const auto group = round->HostGroupLedBy(h.rank);
+      for (uint32_t rank : group ? *group : std::vector<uint32_t>{h.rank}) {
+        round->bounded->MarkSentThrough(rank, std::min(h.chunk, h.chunk_count) - 1);
+      }
+    }
     // Planning walks the whole round: once per half repair interval, however many ask.
     if (now - round->last_plan < options_.repair_timeout / 2) return;
     round->last_plan = now;

@@ -1,5 +1,7 @@
 #include "server/rounds/round.h"
 
+#include <algorithm>
+
 #include <cstring>
 
 #include "common/topology/topology.h"
@@ -87,7 +89,7 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
   if (bounded) bounded->OnContribution(rank, chunk);
   uint32_t added = 1;
   if (host_group != nullptr) {
-    if (HostGroupLedBy(rank) == nullptr) host_groups_.push_back(host_group);
+    CarryGroup(host_group);
     added += MarkCarried(*host_group, chunk, now);
   }
   contributors_[chunk] = static_cast<uint16_t>(contributors_[chunk] + added);
@@ -106,19 +108,32 @@ std::shared_ptr<const std::vector<uint32_t>> Round::HostGroupLedBy(uint32_t rank
 }
 
 uint32_t Round::MarkCarried(const std::vector<uint32_t>& group, uint32_t chunk, absl::Time now) {
-  if (carried_.empty()) carried_.assign(job_->world, false);
   uint32_t added = 0;
   for (size_t i = 1; i < group.size(); ++i) {
     const uint32_t member = group[i];
-    carried_[member] = true;
     uint64_t& word = got_[static_cast<size_t>(chunk) * words_ + member / 64];
     const uint64_t bit = uint64_t{1} << (member % 64);
     if (word & bit) continue;  // it pushed this chunk itself: never counted twice
     word |= bit;
     delivered_us_[member] = MicrosSinceCreated(now);
+    if (bounded) bounded->OnContribution(member, chunk);
     ++added;
   }
   return added;
+}
+
+void Round::CarryGroup(std::shared_ptr<const std::vector<uint32_t>> group) {
+  if (HostGroupLedBy(group->front()) != nullptr) return;
+  if (carried_.empty()) carried_.assign(job_->world, false);
+  for (size_t i = 1; i < group->size(); ++i) carried_[(*group)[i]] = true;
+  host_groups_.push_back(std::move(group));
+}
+
+uint32_t Round::CarrierOf(uint32_t rank) const {
+  for (const auto& g : host_groups_) {
+    if (std::find(g->begin() + 1, g->end(), rank) != g->end()) return g->front();
+  }
+  return rank;
 }
 
 LossTracker& Round::EnableBounded() {

@@ -44,6 +44,12 @@ class Round {
   // The host group `rank` pushed for in this round, itself first; null before its first such push.
   // The data path asks here first, so a round takes the job's lock once per group, not per push.
   std::shared_ptr<const std::vector<uint32_t>> HostGroupLedBy(uint32_t rank) const;
+  // From now on, `group`'s ranks after its first are carried by the first (a host stage's
+  // manifest or first push). Idempotent.
+  void CarryGroup(std::shared_ptr<const std::vector<uint32_t>> group);
+  // The rank whose pushes carry `rank`'s contributions in this round: its host group's first, or
+  // itself.
+  uint32_t CarrierOf(uint32_t rank) const;
 
   bool Has(uint32_t rank, uint32_t chunk) const;
   bool IsComplete(uint32_t chunk) const { return contributors_[chunk] == job_->world; }

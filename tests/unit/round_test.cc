@@ -140,5 +140,32 @@ TEST(Round, AHostStagesPushCountsForEachOfItsRanks) {
   EXPECT_TRUE(r.AllDone());
 }
 
+// Under a loss bound the stage's push is each of its ranks' contribution to the tracker too,
+// whether the round turned bounded before or after it; its ranks are carried from the stage's
+// manifest on (CarryGroup), and their repairs go to its first rank.
+TEST(Round, AHostStagesPushCountsForEachOfItsRanksUnderALossBound) {
+  BlockPool pool(1 << 20);
+  auto job = MakeJob(4);
+  auto group = std::make_shared<const std::vector<uint32_t>>(std::vector<uint32_t>{0, 1});
+  Round r(job, 5, 0, wire::ChunkGeometry{32, 16}, &pool, MonotonicNow());  // two chunks
+  std::vector<float> host(16, 3.0f);
+  EXPECT_EQ(r.Add(0, 0, host.data(), MonotonicNow(), group), Round::AddResult::kAdded);
+  LossTracker& t = r.EnableBounded();  // the manifest after the first push
+  EXPECT_TRUE(t.got(0, 0) && t.got(1, 0));
+  EXPECT_EQ(r.Add(0, 1, host.data(), MonotonicNow(), group), Round::AddResult::kAdded);  // after it
+  EXPECT_TRUE(t.got(0, 1) && t.got(1, 1));
+  EXPECT_FALSE(t.got(2, 1));
+  EXPECT_EQ(r.CarrierOf(1), 0u);
+  EXPECT_EQ(r.CarrierOf(2), 2u);
+
+  Round fresh(job, 6, 0, wire::ChunkGeometry{32, 16}, &pool, MonotonicNow());
+  EXPECT_FALSE(fresh.Carried(1));
+  fresh.CarryGroup(group);  // the stage's manifest, before any push
+  fresh.CarryGroup(group);
+  EXPECT_TRUE(fresh.Carried(1));
+  EXPECT_FALSE(fresh.Carried(0) || fresh.Carried(2));
+  EXPECT_EQ(fresh.CarrierOf(1), 0u);
+}
+
 }  // namespace
 }  // namespace dlcp::server
