@@ -265,8 +265,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
   if (stage) {
     HostStage::NetworkSubmit network = StageNetwork(c->engine_.get(), *stage, options.world_size);
-    c->stage_ = std::make_unique<HostStage>(std::move(*stage), std::move(network), options.world_size,
-                                            options.op_timeout,
+    HostStage::RoundsElsewhere elsewhere;
+    if (network == nullptr && stage->welcome.ranks.size() < options.world_size) {
+      elsewhere = [engine = c->engine_.get()](uint32_t key, uint32_t rounds) { engine->SkipRounds(key, rounds); };
+    }
+    c->stage_ = std::make_unique<HostStage>(std::move(*stage), std::move(network), std::move(elsewhere),
+                                            options.world_size, options.op_timeout,
                                             [session = c->session_.get()](const absl::Status& s) { session->Fatal(s); });
   }
   c->ListenToSession(/*regroup=*/eo.retain_inputs && eo.endpoints.size() > 1);
@@ -346,9 +350,9 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduceDevice(uint32_t key, co
 
 void Client::AllReduceDeviceAsync(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options,
                                   OpDone done) {
-  if (ThroughHostStage(options)) {
+  if (std::optional<AllReduceOptions> staged = ThroughHostStage(options, tensor.elems)) {
     if (absl::Status s = DeviceTensorStatus(tensor); !s.ok()) return done(s);
-    return stage_->SubmitDevice(key, tensor, options, WithHeartbeatNews(key, std::move(done)));
+    return stage_->SubmitDevice(key, tensor, *staged, WithHeartbeatNews(key, std::move(done)));
   }
   engine_->SubmitDevice(key, tensor, options, WithHeartbeatNews(key, std::move(done)));
 }
@@ -360,15 +364,22 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Sp
   return std::move(f);
 }
 
-bool Client::ThroughHostStage(const AllReduceOptions& options) const {
-  if (!stage_) return false;
-  const double epsilon = options.loss_bound >= 0 ? options.loss_bound : options_.loss_bound;
-  return epsilon == 0 && !options_.phase_aware.enabled;
+std::optional<AllReduceOptions> Client::ThroughHostStage(const AllReduceOptions& options, uint64_t elems) const {
+  if (!stage_ || options_.phase_aware.enabled) return std::nullopt;
+  AllReduceOptions resolved = options;
+  resolved.loss_bound = options.loss_bound >= 0 ? options.loss_bound : options_.loss_bound;
+  // A bounded op's manifest and error feedback are per tensor, and the stage's network leg runs
+  // one op per slot: such an op goes through the stage when it fits one slot (and its chunks'
+  // classes the stage's header).
+  const uint64_t bounded_elems =
+      std::min<uint64_t>(stage_->slot_elems(), uint64_t{kStageMaxClasses} * (options_.chunk_bytes / sizeof(float)));
+  if (!(resolved.loss_bound <= 1) || (resolved.loss_bound > 0 && elems > bounded_elems)) return std::nullopt;
+  return resolved;
 }
 
 void Client::AllReduceAsync(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, OpDone done) {
-  if (ThroughHostStage(options) && data.data() != nullptr) {
-    return stage_->Submit(key, data, options, -1, WithHeartbeatNews(key, std::move(done)));
+  if (std::optional<AllReduceOptions> staged = ThroughHostStage(options, data.size()); staged && data.data() != nullptr) {
+    return stage_->Submit(key, data, *staged, -1, WithHeartbeatNews(key, std::move(done)));
   }
   engine_->Submit(key, data, options, -1, WithHeartbeatNews(key, std::move(done)));
 }

@@ -312,8 +312,9 @@ class Client {
                       bool planned);
   // Pause the data path, regroup with the survivors, resume in the new layout (or fail).
   void Regroup(uint32_t generation, std::vector<bool> lost, absl::Status why);
-  // Whether an op with these options goes through the host stage.
-  bool ThroughHostStage(const AllReduceOptions& options) const;
+  // The options an op of `elems` elements goes through the host stage with (its ε resolved), or
+  // nullopt where it takes the network path.
+  std::optional<AllReduceOptions> ThroughHostStage(const AllReduceOptions& options, uint64_t elems) const;
 
   ClientOptions options_;
   TransportOptions::Kind transport_kind_ = TransportOptions::Kind::kUdp;

@@ -196,6 +196,7 @@ void TransferEngine::SendManifest(const Op& op, uint32_t dest) {
   const size_t max_payload = wire::ControlPayloadLimit(transport_->max_datagram(), options_.chunk_bytes);
   wire::Header h = BaseHeader(wire::MsgType::kManifest, dest, op.key, op.round, op.geometry.tensor_elems,
                               op.geometry.chunk_count());
+  h.contributors = op.carries > 1 ? op.carries : 0;  // a host stage's sum: it declares for the stage
   for (std::vector<uint8_t>& p : wire::EncodeManifest(op.loss_bound_ppm, classes, max_payload)) {
     if (injector_.Drop(0)) continue;
     h.payload_len = static_cast<uint32_t>(p.size());

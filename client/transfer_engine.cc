@@ -125,6 +125,11 @@ void TransferEngine::SubmitDevice(uint32_t key, const DeviceTensor& tensor, cons
   Enqueue(std::move(op), key, tensor.elems, options);
 }
 
+void TransferEngine::SkipRounds(uint32_t key, uint32_t rounds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  shared_.next_round[key] += rounds;
+}
+
 void TransferEngine::Enqueue(std::unique_ptr<Op> op, uint32_t key, uint64_t elems, const AllReduceOptions& options) {
   auto fail = [&](absl::Status s) { op->done(std::move(s)); };
   const int64_t broadcast_root = op->broadcast_root;

@@ -130,6 +130,11 @@ class TransferEngine {
   // and later op fails with `reason`.
   void FailFatal(const absl::Status& reason);
 
+  // Any thread: `rounds` rounds of `key` ran without this worker's engine (its host stage's first
+  // worker pushed them for it). Its next op of `key` numbers its round after them, as that
+  // worker's does, whichever path it takes.
+  void SkipRounds(uint32_t key, uint32_t rounds);
+
   // Any thread: the job lost a worker (an aggregator said so). Every pending op, and every op
   // submitted until Rejoin, fails with `reason`.
   void FailJob(const absl::Status& reason);

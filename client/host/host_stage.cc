@@ -1,6 +1,7 @@
 #include "client/host/host_stage.h"
 
 #include <algorithm>
+#include <cmath>
 #include <future>
 #include <utility>
 #include <memory>
@@ -30,14 +31,53 @@ void AddLegStats(const RoundStats& leg, RoundStats* total) {
   total->min_contributors = std::min(total->min_contributors, leg.min_contributors);
   total->slowest_rank = leg.slowest_rank;
   total->slowest_lateness = leg.slowest_lateness;
+  for (size_t c = 0; c < leg.chunks_by_class.size(); ++c) {
+    total->chunks_by_class[c] += leg.chunks_by_class[c];
+    total->left_out_by_class[c] += leg.left_out_by_class[c];
+  }
+  total->droppable_total += leg.droppable_total;
+  total->droppable_missing += leg.droppable_missing;
+  total->bound_violations += leg.bound_violations;
+  total->pull_missing += leg.pull_missing;
+  total->time_to_stop = std::max(total->time_to_stop, leg.time_to_stop);
+  total->tail_wait = std::max(total->tail_wait, leg.tail_wait);
+  total->classes.insert(total->classes.end(), leg.classes.begin(), leg.classes.end());
+}
+
+StageLoss LossOf(const RoundStats& s) {
+  StageLoss l{};
+  for (size_t c = 0; c < 4; ++c) {
+    l.chunks_by_class[c] = s.chunks_by_class[c];
+    l.left_out_by_class[c] = s.left_out_by_class[c];
+  }
+  l.droppable_total = s.droppable_total;
+  l.droppable_missing = s.droppable_missing;
+  l.pull_missing = s.pull_missing;
+  l.bound_violations = s.bound_violations;
+  l.min_contributors = s.min_contributors;
+  return l;
+}
+
+// A stage member's view of the first member's network leg: the round's losses are the stage's.
+void ApplyLoss(const StageLoss& l, RoundStats* s) {
+  for (size_t c = 0; c < 4; ++c) {
+    s->chunks_by_class[c] = l.chunks_by_class[c];
+    s->left_out_by_class[c] = l.left_out_by_class[c];
+  }
+  s->droppable_total = l.droppable_total;
+  s->droppable_missing = l.droppable_missing;
+  s->pull_missing = l.pull_missing;
+  s->bound_violations = l.bound_violations;
+  s->min_contributors = l.min_contributors;
 }
 
 }  // namespace
 
-HostStage::HostStage(StageMembership membership, NetworkSubmit network, uint32_t world, absl::Duration op_timeout,
-                     std::function<void(const absl::Status&)> broken)
+HostStage::HostStage(StageMembership membership, NetworkSubmit network, RoundsElsewhere elsewhere, uint32_t world,
+                     absl::Duration op_timeout, std::function<void(const absl::Status&)> broken)
     : steps_(std::move(membership)),
       network_(std::move(network)),
+      elsewhere_(std::move(elsewhere)),
       world_(world),
       op_timeout_(op_timeout),
       broken_(std::move(broken)) {
@@ -127,22 +167,38 @@ absl::StatusOr<RoundStats> HostStage::RunOp(const Op& op) {
   stats.key = op.key;
   stats.round = rounds_[op.key]++;
   stats.min_contributors = world_;  // the first worker's network legs may say otherwise
+  stats.loss_bound = std::max(0.0, op.options.loss_bound);
+  const auto bound_ppm = static_cast<uint32_t>(std::lround(stats.loss_bound * 1e6));
   const uint32_t kind = op.root >= 0 ? static_cast<uint32_t>(op.root) + 1 : 0;
+  std::optional<StageLoss> heard;  // a bounded op's losses, from the first worker's leg
+  std::vector<uint8_t> classes;    // ... and its chunks' classes
   // A failed job fails the op at once, as on the network path; its steps are still gone through.
   absl::Status status = Interrupted();
   if (op.device) PinForDevice(op.device->device);
   for (uint64_t offset = 0; offset < op.elems(); offset += steps_.slot_elems()) {
-    StepSpec spec{op.key, kind, offset, std::min<uint64_t>(steps_.slot_elems(), op.elems() - offset), op.elems()};
+    StepSpec spec{op.key, kind, offset, std::min<uint64_t>(steps_.slot_elems(), op.elems() - offset), op.elems(),
+                  bound_ppm};
     if (!status.ok()) {  // the op failed: the rest of its steps are given up, so every worker stays in step
       steps_.Skip(spec, status).IgnoreError();  // it is `status` again
       continue;
     }
     NetworkLeg leg;
     if (network_) leg = [&](float* sum, const StepSpec& s) { return Leg(sum, s, op, deadline, &stats); };
-    status = steps_.Run(spec, IoOf(op, spec), leg, deadline, [this] { return Interrupted(); });
+    StepIo io = IoOf(op, spec);
+    if (bound_ppm > 0 && !steps_.first() && ranks().size() < world_) {
+      io.out = [&, out = std::move(io.out)](const float* result) {
+        heard = steps_.loss();
+        if (op.options.report_classes) classes = steps_.classes();
+        return out(result);
+      };
+    }
+    status = steps_.Run(spec, io, leg, deadline, [this] { return Interrupted(); });
     if (!status.ok() && broken_ && !steps_.Gone().ok()) std::exchange(broken_, nullptr)(steps_.Gone());
   }
   if (!status.ok()) return status;
+  if (elsewhere_) elsewhere_(op.key, static_cast<uint32_t>((op.elems() + steps_.slot_elems() - 1) / steps_.slot_elems()));
+  if (heard) ApplyLoss(*heard, &stats);
+  if (heard && op.options.report_classes) stats.classes = std::move(classes);
   stats.time = MonotonicNow() - start;
   return stats;
 }
@@ -196,6 +252,7 @@ absl::Status HostStage::Leg(float* sum, const StepSpec& spec, const Op& op, absl
   absl::StatusOr<RoundStats> r = done.get();
   if (!r.ok()) return r.status();
   AddLegStats(*r, stats);
+  if (spec.loss_bound_ppm > 0) steps_.PostLoss(LossOf(*r), r->classes);  // the others report it as theirs
   return absl::OkStatus();
 }
 

@@ -35,18 +35,25 @@ class HostStage {
   using NetworkSubmit =
       std::function<void(uint32_t key, absl::Span<float> sum, const AllReduceOptions& options, int64_t root, OpDone)>;
 
+  // Rounds of a key that the first worker's network legs ran for this one (TransferEngine::
+  // SkipRounds): every worker's engine then numbers the key's rounds alike, should a later op of
+  // it take the network path. Null for the first worker, and where the stage holds the job.
+  using RoundsElsewhere = std::function<void(uint32_t key, uint32_t rounds)>;
+
   // `world`: the job's size, which every result of a reliable op sums.
   // `broken`: runs once, on the stage's thread, when a worker of the stage is found gone: no op
   // can go through the stage any more.
-  HostStage(StageMembership membership, NetworkSubmit network, uint32_t world, absl::Duration op_timeout,
-            std::function<void(const absl::Status&)> broken);
+  HostStage(StageMembership membership, NetworkSubmit network, RoundsElsewhere elsewhere, uint32_t world,
+            absl::Duration op_timeout, std::function<void(const absl::Status&)> broken);
   ~HostStage();
   HostStage(const HostStage&) = delete;
   HostStage& operator=(const HostStage&) = delete;
 
   const std::vector<uint32_t>& ranks() const { return steps_.ranks(); }
+  uint64_t slot_elems() const { return steps_.slot_elems(); }
   // Sums `data` over the job, in place (root >= 0: replaces it with rank root's). `data` stays
-  // the caller's until `done`.
+  // the caller's until `done`. options.loss_bound is the op's ε, resolved (not negative); an op
+  // under a loss bound must fit one slot, as its manifest and error feedback cover one tensor.
   void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t root, OpDone done);
   // Sums a tensor in CUDA device memory over the job, in place. Each step copies its part from
   // the device straight into this worker's slot, and the result from slot 0 straight back: the
@@ -86,6 +93,7 @@ class HostStage {
 
   StageSteps steps_;
   NetworkSubmit network_;
+  RoundsElsewhere elsewhere_;
   uint32_t world_;
   absl::Duration op_timeout_;
   std::function<void(const absl::Status&)> broken_;  // null once it ran

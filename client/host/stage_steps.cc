@@ -17,7 +17,9 @@ constexpr absl::Duration kResultGrace = absl::Seconds(5);
 
 std::string Describe(const StageMember& m) {
   const std::string what = m.kind == 0 ? "an all-reduce" : absl::StrCat("a broadcast from rank ", m.kind - 1);
-  return absl::StrCat(what, " of key ", m.key, " (", m.tensor_elems, " elements)");
+  const std::string bound =
+      m.loss_bound_ppm == 0 ? "" : absl::StrCat(", loss bound ", static_cast<double>(m.loss_bound_ppm) / 1e6);
+  return absl::StrCat(what, " of key ", m.key, " (", m.tensor_elems, " elements", bound, ")");
 }
 
 // Member `i`'s share of `n` elements: whole cache lines, the last member taking the rest.
@@ -137,7 +139,7 @@ absl::Status StageSteps::Agree(const StepSpec& s, uint64_t step) const {
           absl::StrCat("host stage: rank ", rank_of(i), " gave up on this op (it failed before its part was in)"));
     }
     if (m.key != s.key || m.kind != s.kind || m.offset != s.offset || m.elems != s.elems ||
-        m.tensor_elems != s.tensor_elems) {
+        m.tensor_elems != s.tensor_elems || m.loss_bound_ppm != s.loss_bound_ppm) {
       return absl::InvalidArgumentError(
           absl::StrCat("host stage: rank ", rank_of(i), " runs ", Describe(m), " where rank ",
                        rank_of(m_.welcome.member), " runs ", Describe(mine()),
@@ -159,6 +161,20 @@ void StageSteps::Share(const StepSpec& s) {
     return;
   }
   for (uint32_t i = 1; i < members(); ++i) engine::SumInto(sum, slot(i) + begin, end - begin);
+}
+
+void StageSteps::PostLoss(const StageLoss& loss, const std::vector<uint8_t>& classes) {
+  StageResult& r = header().result;
+  r.loss = loss;
+  r.class_count = static_cast<uint32_t>(std::min<size_t>(classes.size(), kStageMaxClasses));
+  std::memcpy(r.classes, classes.data(), r.class_count);
+}
+
+StageLoss StageSteps::loss() const { return header().result.loss; }
+
+std::vector<uint8_t> StageSteps::classes() const {
+  const StageResult& r = header().result;
+  return std::vector<uint8_t>(r.classes, r.classes + std::min(r.class_count, kStageMaxClasses));
 }
 
 void StageSteps::PostResult(uint64_t step, const absl::Status& status) {
@@ -202,6 +218,7 @@ void StageSteps::WriteSpec(uint64_t step, const StepSpec& spec) {
   me.step = step;
   me.key = spec.key;
   me.kind = spec.kind;
+  me.loss_bound_ppm = spec.loss_bound_ppm;
   me.offset = spec.offset;
   me.elems = spec.elems;
   me.tensor_elems = spec.tensor_elems;

@@ -29,6 +29,7 @@ struct StepSpec {
   uint64_t offset = 0;  // of this step's part in the tensor, in elements
   uint64_t elems = 0;
   uint64_t tensor_elems = 0;
+  uint32_t loss_bound_ppm = 0;  // the op's ε: members must agree on it too
 };
 
 // Where a step's part comes from and where its result goes. `in` writes this member's part
@@ -69,6 +70,11 @@ class StageSteps {
                    const std::function<absl::Status()>& interrupted) {
     return Run(spec, HostStepIo(in, out, spec.elems), leg, deadline, interrupted);
   }
+  // A bounded-loss step's losses: the first member posts them from its network leg (before the
+  // step's result); the others read them while they read the result (in StepIo::out).
+  void PostLoss(const StageLoss& loss, const std::vector<uint8_t>& classes);
+  StageLoss loss() const;
+  std::vector<uint8_t> classes() const;
   // The shared region, for pinning it (device tensors copy straight into it).
   void* region() const { return m_.region.data(); }
   size_t region_bytes() const { return m_.region.size(); }

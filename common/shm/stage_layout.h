@@ -18,7 +18,7 @@
 namespace dlcp {
 
 inline constexpr uint32_t kStageMagic = 0x47545344;  // "DSTG"
-inline constexpr uint32_t kStageVersion = 1;
+inline constexpr uint32_t kStageVersion = 2;
 inline constexpr uint32_t kMaxStageMembers = 64;
 inline constexpr uint32_t kStageMessageBytes = 480;
 
@@ -36,6 +36,7 @@ struct alignas(64) StageMember {
   uint64_t offset;  // elements of the tensor before this step's part
   uint64_t elems;   // elements in this step's part
   uint64_t tensor_elems;
+  uint32_t loss_bound_ppm;  // the op's ε, in millionths
 };
 static_assert(sizeof(StageMember) == 128);
 
@@ -46,11 +47,31 @@ struct StageStatus {
   char message[kStageMessageBytes];
 };
 
+// What the first member's network leg of a bounded-loss step said of the round's losses, which
+// the other members report as theirs (the stage's contributions are theirs too).
+struct StageLoss {
+  uint64_t chunks_by_class[4];
+  uint64_t left_out_by_class[4];
+  uint64_t droppable_total;
+  uint64_t droppable_missing;
+  uint64_t pull_missing;
+  uint32_t bound_violations;
+  uint32_t min_contributors;
+};
+static_assert(sizeof(StageLoss) == 96);
+
+// The most chunks a bounded-loss step through a stage may have: their classes travel in the
+// header.
+inline constexpr uint32_t kStageMaxClasses = 4096;
+
 struct StageResult {
   std::atomic<uint64_t> step;  // the step whose result slot 0 now holds (or whose error this is)
   StageStatus status;          // OK: slot 0 holds the result
+  StageLoss loss;              // written before `step`, as are the two below
+  uint32_t class_count;        // the bounded step's chunks, whose classes follow
+  uint8_t classes[kStageMaxClasses];
 };
-static_assert(sizeof(StageResult) == 496);
+static_assert(sizeof(StageResult) == 4696);
 
 // Why a step was given up, from the first member that gave it up: a worker whose op failed (its
 // job failed, say) may leave at once, and the others then name that cause, not its leaving. A

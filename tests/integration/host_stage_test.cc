@@ -7,6 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,27 +85,66 @@ double ReceivedBytes(const Daemon& a, const Daemon& b) {
   return Metric(a, "dlcp_rx_bytes_total") + Metric(b, "dlcp_rx_bytes_total");
 }
 
-TEST(HostStage, EachHostPushesOnceAndEveryWorkerGetsTheExactSum) {
+// The same job of two hosts of two on two dlcpd, with host stages and without (`extra` flags for
+// dlcp-bench; `check` reads each rank's output and returns what it counts). Expects each host
+// to push about half the bytes with stages, and no rejects. Returns the counts added up per way.
+std::array<double, 2> WithAndWithoutStages(const std::string& job, const std::vector<std::string>& extra,
+                                           const std::function<double(int rank, const std::string& out)>& check) {
   auto a = Daemon::Start(DLCPD_PATH, {"--metrics-port=0"});
   auto b = Daemon::Start(DLCPD_PATH, {"--metrics-port=0"});
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
+  if (a == nullptr || b == nullptr) {
+    ADD_FAILURE() << "dlcpd did not start";
+    return {};
+  }
   double received[2];
+  std::array<double, 2> counted = {0, 0};
   for (bool stage : {true, false}) {
     const double before = ReceivedBytes(*a, *b);
-    auto workers = StartTwoHosts(*a, *b, stage ? "two-hosts" : "two-hosts-no-stage",
-                                 {absl::StrCat("--host-stage=", stage)}, 8);
+    std::vector<std::string> flags = extra;
+    flags.push_back(absl::StrCat("--host-stage=", stage));
+    auto workers = StartTwoHosts(*a, *b, absl::StrCat(job, stage ? "" : "-no-stages"), flags, 8);
     for (int rank = 0; rank < 4; ++rank) {
       ProcessResult r = workers[rank]->Wait(absl::Seconds(60));
       EXPECT_EQ(r.exit_code, 0) << "rank " << rank << ":\n" << r.out;
-      EXPECT_NE(r.out.find("\"exact\":true"), std::string::npos) << r.out;
-      EXPECT_NE(r.out.find("\"min_contributors\":4"), std::string::npos) << r.out;
+      counted[stage] += check(rank, r.out);
     }
     received[stage] = ReceivedBytes(*a, *b) - before;
   }
   // Two pushes of each chunk instead of four; repairs and requests add a little.
   EXPECT_LT(received[true], 0.6 * received[false]) << received[true] << " against " << received[false];
   EXPECT_EQ(Metric(*a, "dlcp_rejects_total") + Metric(*b, "dlcp_rejects_total"), 0);
+  return counted;
+}
+
+TEST(HostStage, EachHostPushesOnceAndEveryWorkerGetsTheExactSum) {
+  WithAndWithoutStages("two-hosts", {}, [](int rank, const std::string& out) {
+    EXPECT_NE(out.find("\"exact\":true"), std::string::npos) << out;
+    EXPECT_NE(out.find("\"min_contributors\":4"), std::string::npos) << out;
+    return 0.0;
+  });
+}
+
+// Under a loss bound, with drops injected, each host's stage still pushes its sum once: its
+// first worker declares the sum's classes for the whole stage, a lost push is that many
+// (worker, chunk) contributions, and the bound holds on them. Every worker's results are exact
+// sums over the contributions they hold (dlcp-bench reads each chunk's contributors off its
+// digits), and every worker reports the round's losses.
+TEST(HostStage, BoundedLossGoesThroughTheStagesAndTheBoundHolds) {
+  const std::array<double, 2> left_out = WithAndWithoutStages(
+      "bounded", {"--loss-bound=0.05", "--json", "--inject-drop-class=1:0.05,2:0.05,3:0.05"},
+      [](int rank, const std::string& out) {
+        const size_t at = out.rfind("{\"rank\"");
+        if (at == std::string::npos) {
+          ADD_FAILURE() << "rank " << rank << " printed no JSON:\n" << out;
+          return 0.0;
+        }
+        const std::string json = out.substr(at);
+        EXPECT_NE(json.find("\"exact\":true,\"checked\":true"), std::string::npos) << json;
+        EXPECT_EQ(NumberAfter(json, "bound_violations"), 0) << json;
+        EXPECT_LE(NumberAfter(json, "max_round_loss"), 0.05) << json;
+        return NumberAfter(json, "left_out_c1") + NumberAfter(json, "left_out_c2") + NumberAfter(json, "left_out_c3");
+      });
+  EXPECT_GT(left_out[true], 0) << "nothing was left out through the stages: the injected drops were all repaired";
 }
 
 // The stage of ranks 2 and 3 loses rank 3: rank 2 learns it from its dlcpd at once, ranks 0 and

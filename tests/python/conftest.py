@@ -72,11 +72,24 @@ def aggregators(tmp_path_factory):
     stop(procs)
 
 
+def _hosts(tmp_path_factory, name, extra=()):
+    work = tmp_path_factory.mktemp(name)
+    procs, addrs = start_aggregators(work, 2, extra)
+    return procs, (addrs, [str(work / "agg0.sock"), str(work / "agg1.sock")])
+
+
 @pytest.fixture(scope="session")
 def two_hosts(tmp_path_factory):
     """Two aggregators, each its host's dlcpd: their addresses, and each one's host socket
     (docs/host-stage.md)."""
-    work = tmp_path_factory.mktemp("dlcpd-hosts")
-    procs, addrs = start_aggregators(work, 2)
-    yield addrs, [str(work / "agg0.sock"), str(work / "agg1.sock")]
+    procs, hosts = _hosts(tmp_path_factory, "dlcpd-hosts")
+    yield hosts
+    stop(procs)
+
+
+@pytest.fixture(scope="session")
+def two_hosts_small_slots(tmp_path_factory):
+    """two_hosts with 64 KiB slots: a tensor of over 16384 float32 values takes several steps."""
+    procs, hosts = _hosts(tmp_path_factory, "dlcpd-small-slots", ["--host-slot-bytes=65536"])
+    yield hosts
     stop(procs)

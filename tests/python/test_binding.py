@@ -629,8 +629,9 @@ def test_a_cuda_tensor_whose_stream_never_finishes_fails_at_the_op_timeout(aggre
 
 def test_workers_of_a_host_sum_through_its_host_stage(two_hosts):
     """Ranks 0-1 share host A's stage and ranks 2-3 host B's (docs/host-stage.md): sums and a
-    broadcast from another host are exact, ops under a loss bound take the network path, and every worker
-    counts all four contributors."""
+    broadcast from another host are exact, every worker counts all four contributors, and an op
+    under a loss bound goes through the stages too, pushed by each stage's first worker, with
+    every worker reporting the bound it ran under."""
     aggregators, sockets = two_hosts
     clients = connect_all(aggregators, "host-stage", 4, local_size=2,
                           rank_options=lambda rank: {"host_socket": sockets[rank // 2]})
@@ -648,10 +649,32 @@ def test_workers_of_a_host_sum_through_its_host_stage(two_hosts):
         for b in bufs:
             assert b.tobytes() == root.tobytes()
         bufs = [np.full(1000, 1.0, dtype=np.float32) for _ in range(4)]
-        for h in [c.allreduce_async(3, b, loss_bound=0.01) for c, b in zip(clients, bufs)]:
-            h.wait(30)
+        stats = [h.wait(30) for h in [c.allreduce_async(3, b, loss_bound=0.01) for c, b in zip(clients, bufs)]]
         for b in bufs:
             assert np.all(b == 4.0)
+        assert [s["bytes_sent"] > 0 for s in stats] == [True, False, True, False]
+        assert all(s["loss_bound"] == 0.01 and s["bound_violations"] == 0 for s in stats)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_a_key_may_take_either_path_from_op_to_op(two_hosts_small_slots):
+    """An op under a loss bound too large for one slot takes the network path, as do the stage's
+    members' pushes; one that fits, or a reliable one, takes the stage. The members' engines count
+    the rounds their stage's first worker pushed for them, so one key can change paths from op to
+    op and its rounds still meet at the aggregators."""
+    aggregators, sockets = two_hosts_small_slots
+    clients = connect_all(aggregators, "either-path", 4, local_size=2, op_timeout_ms=20_000,
+                          rank_options=lambda rank: {"host_socket": sockets[rank // 2]})
+    try:
+        for n, bound, staged in ((40_000, 0.0, True), (40_000, 0.01, False), (1_000, 0.01, True),
+                                 (40_000, 0.0, True), (40_000, 0.01, False)):
+            bufs = [np.full(n, float(r + 1), dtype=np.float32) for r in range(4)]
+            stats = [h.wait(30) for h in [c.allreduce_async(4, b, loss_bound=bound) for c, b in zip(clients, bufs)]]
+            for b in bufs:
+                assert np.all(b == 10.0), (n, bound)
+            assert (stats[1]["bytes_sent"] == 0) == staged, (n, bound, stats[1]["bytes_sent"])
     finally:
         for c in clients:
             c.close()

@@ -113,6 +113,22 @@ TEST(StageSteps, MembersThatRunDifferentOpsAllFailNamingThemAndTheNextStepWorks)
   });
 }
 
+// Members that run an op under different loss bounds cannot share its manifest: every member
+// fails naming both, and the next step works.
+TEST(StageSteps, MembersThatDisagreeOnTheLossBoundAllFailNamingIt) {
+  Stage stage({0, 1});
+  stage.Each({0, 1}, [&](uint32_t m, StageSteps& steps) {
+    std::vector<float> data(16, 1.0f);
+    absl::Status s = RunStep(steps, StepSpec{7, 0, 0, 16, 16, m == 1 ? 50000u : 10000u}, data);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << m << ": " << s;
+    EXPECT_NE(s.message().find("loss bound 0.05"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("loss bound 0.01"), std::string::npos) << s;
+    s = RunStep(steps, StepSpec{7, 0, 0, 16, 16, 10000}, data);
+    EXPECT_TRUE(s.ok()) << m << ": " << s;
+    EXPECT_EQ(data[0], 2.0f);
+  });
+}
+
 // A member whose op already failed gives the step up at once (Skip): the others fail that step
 // too, giving its reason (StageNotice), and every member is in step for the next.
 TEST(StageSteps, AStepOneMemberGivesUpFailsForAllAndTheNextOneWorks) {
