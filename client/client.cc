@@ -271,7 +271,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
     }
     c->stage_ = std::make_unique<HostStage>(std::move(*stage), std::move(network), std::move(elsewhere),
                                             options.world_size, options.op_timeout,
-                                            [session = c->session_.get()](const absl::Status& s) { session->Fatal(s); });
+                                            [client = c.get()](const absl::Status& s) { client->LoseStage(s); });
   }
   c->ListenToSession(/*regroup=*/eo.retain_inputs && eo.endpoints.size() > 1);
   return c;
@@ -292,6 +292,7 @@ void Client::ListenToSession(bool regroup) {
     DLCP_LOG(Warning) << "rank " << options_.rank << ": every rank of job '" << options_.job_name
                       << "' is back; it goes on from round 0";
     engine_->Rejoin(std::move(layout));
+    session_->SetLeaveReason(absl::OkStatus());
     if (stage_) stage_->RejoinJob();
   });
   // The network path's ops learn of a failed job from their rounds; a host stage's from this.
@@ -364,8 +365,19 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Sp
   return std::move(f);
 }
 
+void Client::LoseStage(const absl::Status& why) {
+  // Its ops fail now, naming the gone worker, and so do the job's until the aggregators see that
+  // rank back (its heartbeats stop, as for any worker that dies). The rest of this worker's ops
+  // push its own data: the gone rank, restarted, cannot join this stage, and takes the network
+  // path too, so the job goes on without the stage's savings on this host.
+  stage_lost_.store(true);
+  session_->SetLeaveReason(why);  // should this worker leave over it, the other hosts hear the cause
+  DLCP_LOG(Warning) << "rank " << options_.rank << " of job '" << options_.job_name << "': its host stage lost a worker ("
+                    << why << "); this worker pushes its own data from now on";
+}
+
 std::optional<AllReduceOptions> Client::ThroughHostStage(const AllReduceOptions& options, uint64_t elems) const {
-  if (!stage_ || options_.phase_aware.enabled) return std::nullopt;
+  if (!stage_ || stage_lost_.load() || options_.phase_aware.enabled) return std::nullopt;
   AllReduceOptions resolved = options;
   resolved.loss_bound = options.loss_bound >= 0 ? options.loss_bound : options_.loss_bound;
   // A bounded op's manifest and error feedback are per tensor, and the stage's network leg runs
@@ -397,7 +409,7 @@ void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root,
   }
   AllReduceOptions o;
   o.loss_bound = 0;
-  if (stage_ && data.data() != nullptr) {
+  if (stage_ && !stage_lost_.load() && data.data() != nullptr) {
     return stage_->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
   }
   engine_->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -321,6 +322,9 @@ class Client {
   std::unique_ptr<Session> session_;
   std::unique_ptr<TransferEngine> engine_;
   std::unique_ptr<HostStage> stage_;  // null: every op takes the network path
+  // A worker of the stage is gone: ops take the network path from then on (LoseStage).
+  std::atomic<bool> stage_lost_{false};
+  void LoseStage(const absl::Status& why);
   std::shared_ptr<Timeline> timeline_;  // the engine's too; closed with the client
   std::mutex regroup_mu_;
   std::thread regroup_;

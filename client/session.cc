@@ -581,6 +581,11 @@ void Session::Fatal(const absl::Status& status) {
   if (handler) handler(status);
 }
 
+void Session::SetLeaveReason(const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  leave_reason_ = why;
+}
+
 void Session::set_fatal_handler(std::function<void(const absl::Status&)> handler) {
   std::lock_guard<std::mutex> lock(mu_);
   fatal_ = std::move(handler);
@@ -600,6 +605,7 @@ absl::Status Session::Leave() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!fatal_status_.ok()) reason = fatal_status_.ToString();
+    if (reason.empty() && !leave_reason_.ok()) reason = leave_reason_.ToString();
   }
   TruncateUtf8(&reason, 512);
   const std::vector<bool> lost = this->lost();

@@ -79,10 +79,14 @@ class Session {
   // the heartbeat thread has stopped. Unreachable aggregators, and those that no longer hold
   // the worker, are logged, not an error. Idempotent.
   absl::Status Leave();
-  // This worker can make no more progress (`status` says why: a lost aggregator, a worker of its
-  // host stage gone): the fatal handler runs, and Leave tells the aggregators the reason, which
-  // they give the job's other workers. The first call counts. Any thread.
+  // This worker can make no more progress (`status` says why, e.g. a lost aggregator): the fatal
+  // handler runs, and Leave tells the aggregators the reason, which they give the job's other
+  // workers. The first call counts. Any thread.
   void Fatal(const absl::Status& status);
+  // What Leave tells the aggregators, short of a Fatal: why this worker's ops failed while the
+  // job stays (its host stage lost a worker), so that, should it leave over them, the others
+  // learn the cause rather than only that it left. OK clears it (the job went on). Any thread.
+  void SetLeaveReason(const absl::Status& why);
   // Called (on the heartbeat thread) when an aggregator says this worker is no longer a member,
   // e.g. after it was silent past the heartbeat deadline. Set before heartbeats matter.
   void set_fatal_handler(std::function<void(const absl::Status&)> handler);
@@ -183,6 +187,7 @@ class Session {
   std::vector<uint32_t> rejoined_epochs_;  // per aggregator: its epoch once its count grew, else 0
   std::vector<bool> lost_;    // per aggregator, under mu_
   absl::Status fatal_status_;  // the first Fatal, under mu_: told to the aggregators at Leave
+  absl::Status leave_reason_;  // SetLeaveReason's, under mu_: told at Leave when no Fatal was
   // Written by the heartbeat thread under mu_ (a returning aggregator), read elsewhere under it.
   std::vector<AggregatorInfo> aggregators_;
   std::vector<std::unique_ptr<v1::Aggregator::Stub>> stubs_;

@@ -67,17 +67,20 @@ INSTANTIATE_TEST_SUITE_P(WorkersAndSizes, OneHost,
                          });
 
 // Ranks 0 and 1 share host A's stage, ranks 2 and 3 host B's (a dlcpd each, both aggregators).
+std::unique_ptr<BackgroundProcess> StartOnTwoHosts(const Daemon& a, const Daemon& b, const std::string& job,
+                                                   const std::vector<std::string>& extra, int rounds, int rank) {
+  const Daemon& host = rank < 2 ? a : b;
+  std::vector<std::string> argv = Bench(a.control() + "," + b.control(), 4, job, host.host_socket(), 2000000, rounds);
+  argv.push_back(absl::StrCat("--rank=", rank));
+  argv.push_back("--local-size=2");
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return BackgroundProcess::Start(argv);
+}
+
 std::vector<std::unique_ptr<BackgroundProcess>> StartTwoHosts(const Daemon& a, const Daemon& b, const std::string& job,
                                                               const std::vector<std::string>& extra, int rounds) {
   std::vector<std::unique_ptr<BackgroundProcess>> workers;
-  for (int rank = 0; rank < 4; ++rank) {
-    const Daemon& host = rank < 2 ? a : b;
-    std::vector<std::string> argv = Bench(a.control() + "," + b.control(), 4, job, host.host_socket(), 2000000, rounds);
-    argv.push_back(absl::StrCat("--rank=", rank));
-    argv.push_back("--local-size=2");
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    workers.push_back(BackgroundProcess::Start(argv));
-  }
+  for (int rank = 0; rank < 4; ++rank) workers.push_back(StartOnTwoHosts(a, b, job, extra, rounds, rank));
   return workers;
 }
 
@@ -167,6 +170,41 @@ TEST(HostStage, KilledWorkerIsNamedOnItsHostAtOnceAndByTheOthersWithinTheDeadlin
     EXPECT_NE(r.exit_code, -1) << "rank " << rank << " hung:\n" << r.out;
     EXPECT_NE(r.out.find("worker rank 3"), std::string::npos) << "rank " << rank << ":\n" << r.out;
     EXPECT_LT(took, absl::Seconds(rank == 2 ? 1 : 3)) << "rank " << rank << ":\n" << r.out;
+  }
+}
+
+// A worker of a stage that dies and is restarted alone (its pod, say): its stage-mate fails its
+// op naming it and pushes its own data from then on; the restarted worker cannot join the stage
+// the mate still holds, and pushes its own too; and the job goes on from round 0 once every rank
+// is back, exact, without anyone else restarting.
+TEST(HostStage, AWorkerRestartedAloneRejoinsTheJobAndItsHostPushesPerWorker) {
+  auto a = Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=1500", "--metrics-port=0"});
+  auto b = Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=1500", "--metrics-port=0"});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<std::string> retry = {"--retry-aborted", "--loss-bound=0"};  // a trainer that runs a step again
+  auto workers = StartTwoHosts(*a, *b, "restart-one", retry, 1000000);
+  const absl::Time give_up = MonotonicNow() + absl::Seconds(30);
+  while (Metric(*a, "dlcp_rounds_total") < 20 && MonotonicNow() < give_up) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_GE(Metric(*a, "dlcp_rounds_total"), 20) << workers[0]->Output();
+  workers[3]->Signal(SIGKILL);
+  workers[3]->Wait(absl::Seconds(5));
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(workers[rank]->WaitForOutput("running it again", absl::Seconds(15))) << workers[rank]->Output();
+    EXPECT_TRUE(workers[rank]->WaitForOutput("worker rank 3", absl::Seconds(5))) << workers[rank]->Output();
+  }
+  EXPECT_NE(workers[2]->Output().find("its host stage lost a worker"), std::string::npos) << workers[2]->Output();
+  auto restarted = StartOnTwoHosts(*a, *b, "restart-one", retry, 30, 3);
+  ProcessResult res = restarted->Wait(absl::Seconds(60));
+  EXPECT_EQ(res.exit_code, 0) << res.out;
+  EXPECT_NE(res.out.find("\"exact\":true"), std::string::npos) << res.out;
+  EXPECT_NE(res.out.find("no host stage"), std::string::npos) << res.out;
+  for (int rank = 0; rank < 3; ++rank) {
+    EXPECT_TRUE(workers[rank]->WaitForOutput("is back; it goes on from round 0", absl::Seconds(5)))
+        << workers[rank]->Output();
+    ProcessResult s = workers[rank]->Wait(absl::ZeroDuration());
+    EXPECT_EQ(s.exit_code, -1) << "rank " << rank << " stopped:\n" << s.out;  // it retries, never gives up
+    EXPECT_EQ(s.out.find(", expected "), std::string::npos) << s.out;
   }
 }
 
