@@ -167,7 +167,7 @@ void StageSteps::PostLoss(const StageLoss& loss, const std::vector<uint8_t>& cla
   StageResult& r = header().result;
   r.loss = loss;
   r.class_count = static_cast<uint32_t>(std::min<size_t>(classes.size(), kStageMaxClasses));
-  std::memcpy(r.classes, classes.data(), r.class_count);
+  if (r.class_count > 0) std::memcpy(r.classes, classes.data(), r.class_count);
 }
 
 StageLoss StageSteps::loss() const { return header().result.loss; }
