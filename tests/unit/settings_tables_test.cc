@@ -63,7 +63,8 @@ TEST(SettingsTables, EveryOptionHasHelpAndItsDefaultParses) {
 }
 
 // Every option through the C settings string, each set to its default: the connect gets as far as
-// dialling (UNAVAILABLE from a closed port), never INVALID_ARGUMENT.
+// dialling (UNAVAILABLE from a closed port, or DEADLINE_EXCEEDED where a loaded machine, under a
+// sanitizer say, takes longer than rpc_timeout_ms to be refused), never INVALID_ARGUMENT.
 TEST(SettingsTables, TheCSettingsStringTakesEveryOption) {
   for (const ClientOption& o : ClientOptionTable()) {
     if (o.name == "aggregators" || o.name == "job" || o.name == "world_size" || o.name == "rank") continue;
@@ -79,7 +80,9 @@ TEST(SettingsTables, TheCSettingsStringTakesEveryOption) {
     dlcp_client* client = nullptr;
     std::array<char, 512> err{};
     const int rc = dlcp_connect_with(&opts, settings.c_str(), &client, err.data(), err.size());
-    EXPECT_EQ(rc, static_cast<int>(absl::StatusCode::kUnavailable)) << settings << ": " << err.data();
+    EXPECT_TRUE(rc == static_cast<int>(absl::StatusCode::kUnavailable) ||
+                rc == static_cast<int>(absl::StatusCode::kDeadlineExceeded))
+        << "code " << rc << " for " << settings << ": " << err.data();
   }
 }
 
