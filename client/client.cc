@@ -265,10 +265,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
   if (stage) {
     HostStage::NetworkSubmit network = StageNetwork(c->engine_.get(), *stage, options.world_size);
-    HostStage::RoundsElsewhere elsewhere;
-    if (network == nullptr && stage->welcome.ranks.size() < options.world_size) {
-      elsewhere = [engine = c->engine_.get()](uint32_t key, uint32_t rounds) { engine->SkipRounds(key, rounds); };
-    }
+    HostStage::RoundsElsewhere elsewhere = [engine = c->engine_.get()](uint32_t key, uint32_t rounds) {
+      engine->SkipRounds(key, rounds);
+    };
     c->stage_ = std::make_unique<HostStage>(std::move(*stage), std::move(network), std::move(elsewhere),
                                             options.world_size, options.op_timeout,
                                             [client = c.get()](const absl::Status& s) { client->LoseStage(s); });
@@ -377,7 +376,7 @@ void Client::LoseStage(const absl::Status& why) {
 }
 
 std::optional<AllReduceOptions> Client::ThroughHostStage(const AllReduceOptions& options, uint64_t elems) const {
-  if (!stage_ || stage_lost_.load() || options_.phase_aware.enabled) return std::nullopt;
+  if (!StageUsable() || options_.phase_aware.enabled) return std::nullopt;
   AllReduceOptions resolved = options;
   resolved.loss_bound = options.loss_bound >= 0 ? options.loss_bound : options_.loss_bound;
   // A bounded op's manifest and error feedback are per tensor, and the stage's network leg runs
@@ -409,7 +408,7 @@ void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root,
   }
   AllReduceOptions o;
   o.loss_bound = 0;
-  if (stage_ && !stage_lost_.load() && data.data() != nullptr) {
+  if (StageUsable() && data.data() != nullptr) {
     return stage_->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
   }
   engine_->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));

@@ -325,6 +325,7 @@ class Client {
   // A worker of the stage is gone: ops take the network path from then on (LoseStage).
   std::atomic<bool> stage_lost_{false};
   void LoseStage(const absl::Status& why);
+  bool StageUsable() const { return stage_ != nullptr && !stage_lost_.load(); }
   std::shared_ptr<Timeline> timeline_;  // the engine's too; closed with the client
   std::mutex regroup_mu_;
   std::thread regroup_;

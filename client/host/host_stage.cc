@@ -10,6 +10,7 @@
 #include "client/packer/packer.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
+#include "common/wire/bounded.h"
 
 namespace dlcp {
 namespace {
@@ -44,31 +45,19 @@ void AddLegStats(const RoundStats& leg, RoundStats* total) {
   total->classes.insert(total->classes.end(), leg.classes.begin(), leg.classes.end());
 }
 
-StageLoss LossOf(const RoundStats& s) {
-  StageLoss l{};
+// The round's losses between RoundStats and the region's StageLoss, which name them alike: the
+// first member posts its network leg's, and the others report them as theirs.
+template <typename From, typename To>
+void CopyLoss(const From& from, To* to) {
   for (size_t c = 0; c < 4; ++c) {
-    l.chunks_by_class[c] = s.chunks_by_class[c];
-    l.left_out_by_class[c] = s.left_out_by_class[c];
+    to->chunks_by_class[c] = from.chunks_by_class[c];
+    to->left_out_by_class[c] = from.left_out_by_class[c];
   }
-  l.droppable_total = s.droppable_total;
-  l.droppable_missing = s.droppable_missing;
-  l.pull_missing = s.pull_missing;
-  l.bound_violations = s.bound_violations;
-  l.min_contributors = s.min_contributors;
-  return l;
-}
-
-// A stage member's view of the first member's network leg: the round's losses are the stage's.
-void ApplyLoss(const StageLoss& l, RoundStats* s) {
-  for (size_t c = 0; c < 4; ++c) {
-    s->chunks_by_class[c] = l.chunks_by_class[c];
-    s->left_out_by_class[c] = l.left_out_by_class[c];
-  }
-  s->droppable_total = l.droppable_total;
-  s->droppable_missing = l.droppable_missing;
-  s->pull_missing = l.pull_missing;
-  s->bound_violations = l.bound_violations;
-  s->min_contributors = l.min_contributors;
+  to->droppable_total = from.droppable_total;
+  to->droppable_missing = from.droppable_missing;
+  to->pull_missing = from.pull_missing;
+  to->bound_violations = from.bound_violations;
+  to->min_contributors = from.min_contributors;
 }
 
 }  // namespace
@@ -168,7 +157,7 @@ absl::StatusOr<RoundStats> HostStage::RunOp(const Op& op) {
   stats.round = rounds_[op.key]++;
   stats.min_contributors = world_;  // the first worker's network legs may say otherwise
   stats.loss_bound = std::max(0.0, op.options.loss_bound);
-  const auto bound_ppm = static_cast<uint32_t>(std::lround(stats.loss_bound * 1e6));
+  const auto bound_ppm = static_cast<uint32_t>(std::lround(stats.loss_bound * wire::kPpm));
   const uint32_t kind = op.root >= 0 ? static_cast<uint32_t>(op.root) + 1 : 0;
   std::optional<StageLoss> heard;  // a bounded op's losses, from the first worker's leg
   std::vector<uint8_t> classes;    // ... and its chunks' classes
@@ -185,7 +174,7 @@ absl::StatusOr<RoundStats> HostStage::RunOp(const Op& op) {
     NetworkLeg leg;
     if (network_) leg = [&](float* sum, const StepSpec& s) { return Leg(sum, s, op, deadline, &stats); };
     StepIo io = IoOf(op, spec);
-    if (bound_ppm > 0 && !steps_.first() && ranks().size() < world_) {
+    if (bound_ppm > 0 && LegElsewhere()) {
       io.out = [&, out = std::move(io.out)](const float* result) {
         heard = steps_.loss();
         if (op.options.report_classes) classes = steps_.classes();
@@ -196,8 +185,8 @@ absl::StatusOr<RoundStats> HostStage::RunOp(const Op& op) {
     if (!status.ok() && broken_ && !steps_.Gone().ok()) std::exchange(broken_, nullptr)(steps_.Gone());
   }
   if (!status.ok()) return status;
-  if (elsewhere_) elsewhere_(op.key, static_cast<uint32_t>((op.elems() + steps_.slot_elems() - 1) / steps_.slot_elems()));
-  if (heard) ApplyLoss(*heard, &stats);
+  if (LegElsewhere()) elsewhere_(op.key, static_cast<uint32_t>((op.elems() + steps_.slot_elems() - 1) / steps_.slot_elems()));
+  if (heard) CopyLoss(*heard, &stats);
   if (heard && op.options.report_classes) stats.classes = std::move(classes);
   stats.time = MonotonicNow() - start;
   return stats;
@@ -252,7 +241,11 @@ absl::Status HostStage::Leg(float* sum, const StepSpec& spec, const Op& op, absl
   absl::StatusOr<RoundStats> r = done.get();
   if (!r.ok()) return r.status();
   AddLegStats(*r, stats);
-  if (spec.loss_bound_ppm > 0) steps_.PostLoss(LossOf(*r), r->classes);  // the others report it as theirs
+  if (spec.loss_bound_ppm > 0) {  // the others report it as theirs
+    StageLoss loss{};
+    CopyLoss(*r, &loss);
+    steps_.PostLoss(loss, r->classes);
+  }
   return absl::OkStatus();
 }
 

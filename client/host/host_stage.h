@@ -37,7 +37,7 @@ class HostStage {
 
   // Rounds of a key that the first worker's network legs ran for this one (TransferEngine::
   // SkipRounds): every worker's engine then numbers the key's rounds alike, should a later op of
-  // it take the network path. Null for the first worker, and where the stage holds the job.
+  // it take the network path. Called on the other workers of a stage that has network legs.
   using RoundsElsewhere = std::function<void(uint32_t key, uint32_t rounds)>;
 
   // `world`: the job's size, which every result of a reliable op sums.
@@ -90,6 +90,8 @@ class HostStage {
   // The first worker's network leg of one step, adding what it cost to `stats`.
   absl::Status Leg(float* sum, const StepSpec& spec, const Op& op, absl::Time deadline, RoundStats* stats);
   absl::Status Interrupted() const;
+  // This worker's stage has network legs, and its first worker, not this one, runs them.
+  bool LegElsewhere() const { return !steps_.first() && ranks().size() < world_; }
 
   StageSteps steps_;
   NetworkSubmit network_;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/clock.h"
 #include "common/shm/futex_bell.h"
+#include "common/wire/bounded.h"
 #include "server/engine/reduce.h"
 
 namespace dlcp {
@@ -18,7 +19,7 @@ constexpr absl::Duration kResultGrace = absl::Seconds(5);
 std::string Describe(const StageMember& m) {
   const std::string what = m.kind == 0 ? "an all-reduce" : absl::StrCat("a broadcast from rank ", m.kind - 1);
   const std::string bound =
-      m.loss_bound_ppm == 0 ? "" : absl::StrCat(", loss bound ", static_cast<double>(m.loss_bound_ppm) / 1e6);
+      m.loss_bound_ppm == 0 ? "" : absl::StrCat(", loss bound ", static_cast<double>(m.loss_bound_ppm) / wire::kPpm);
   return absl::StrCat(what, " of key ", m.key, " (", m.tensor_elems, " elements", bound, ")");
 }
 

@@ -40,7 +40,6 @@ class Round {
   // Its contributions come in another rank's pushes (its host group's first rank): that rank gets
   // its results, asks for repairs and says DONE for it.
   bool Carried(uint32_t rank) const { return !carried_.empty() && carried_[rank]; }
-  bool HasHostGroups() const { return !host_groups_.empty(); }
   // The host group `rank` pushed for in this round, itself first; null before its first such push.
   // The data path asks here first, so a round takes the job's lock once per group, not per push.
   std::shared_ptr<const std::vector<uint32_t>> HostGroupLedBy(uint32_t rank) const;

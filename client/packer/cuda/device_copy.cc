@@ -18,7 +18,8 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-// The copy stream of `device`, made at its first copy; it lives as long as the process.
+// The copy stream of `device`, made at its first copy; it lives as long as the process. Makes
+// `device` the calling thread's current one, for the copy that follows.
 absl::StatusOr<cudaStream_t> CopyStream(int device) {
   if (device < 0 || device >= kMaxDevices) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA device ", device, " is out of range"));
@@ -36,7 +37,6 @@ absl::StatusOr<cudaStream_t> CopyStream(int device) {
 absl::Status Copy(void* to, const void* from, uint64_t bytes, cudaMemcpyKind kind, int device) {
   absl::StatusOr<cudaStream_t> stream = CopyStream(device);
   if (!stream.ok()) return stream.status();
-  DLCP_CUDA_RETURN(cudaSetDevice(device));  // this thread's, for the calls below
   DLCP_CUDA_RETURN(cudaMemcpyAsync(to, from, bytes, kind, *stream));
   DLCP_CUDA_RETURN(cudaStreamSynchronize(*stream));
   return absl::OkStatus();
