@@ -1,5 +1,5 @@
 // The client's transfer engine against an aggregator driven by hand over the loopback transport:
-// what a worker asks for when its results stop coming.
+// what a worker asks for when its results stop coming, and what it pushes again after a regroup.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -84,6 +84,14 @@ class HandAggregator {
   // Per result request with ranges: how many results it asked for, and how many were missing
   // (pushed, never answered) when it came.
   std::vector<std::pair<size_t, size_t>> requests;
+  // Pushes taken in, by the ranks each said it carries (its header's `contributors`).
+  std::map<uint16_t, size_t> pushes_by_contributors;
+  // Forgets what was pushed and answered, for a round pushed again.
+  void Forget() {
+    pushes_.clear();
+    answered_.clear();
+    pushes_by_contributors.clear();
+  }
 
  private:
   void Handle(const InMessage& m, Mode mode) {
@@ -94,6 +102,7 @@ class HandAggregator {
     if (h.type == wire::MsgType::kPush) {
       ASSERT_EQ(h.payload_len, kChunkBytes);
       pushes_[h.chunk] = Pushed{m.from, std::vector<uint8_t>(payload, payload + h.payload_len)};
+      ++pushes_by_contributors[h.contributors];
       if (mode == Mode::kAnswer || (mode == Mode::kLossy && h.chunk % 20 != 7)) Answer(m.from, h.chunk);
     } else if (h.type == wire::MsgType::kResultReq && !(h.flags & wire::kFlagDone)) {
       auto ranges = wire::DecodeRanges(absl::MakeConstSpan(payload, h.payload_len), kChunks);
@@ -152,8 +161,11 @@ struct OneOp {
 
   bool Finished() { return result.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
 };
-// `window_chunks` and `repair_timeout` as given; the rest as a one-worker job of kJob needs.
-void StartOneOp(HandAggregator& agg, uint32_t window_chunks, absl::Duration repair_timeout, OneOp* op) {
+// `window_chunks` and `repair_timeout` as given; the rest as a one-worker job of kJob needs. With
+// `carries` > 1 the op is a host stage's sum; with `retain_inputs`, the engine keeps what a
+// regroup pushes again.
+void StartOneOp(HandAggregator& agg, uint32_t window_chunks, absl::Duration repair_timeout, OneOp* op,
+                uint16_t carries = 1, bool retain_inputs = false) {
   EngineOptions o;
   o.epochs = {kEpoch};
   o.keys = {std::nullopt};
@@ -168,6 +180,7 @@ void StartOneOp(HandAggregator& agg, uint32_t window_chunks, absl::Duration repa
   // Every loss cuts: these tests shrink the window by losing results, with a round trip that does
   // not rise (which would otherwise read as random loss, and keep the window).
   o.congestion_delay = absl::ZeroDuration();
+  o.retain_inputs = retain_inputs;
   op->data.resize(kElems);
   std::iota(op->data.begin(), op->data.end(), 0.0f);
   op->input = op->data;
@@ -177,7 +190,7 @@ void StartOneOp(HandAggregator& agg, uint32_t window_chunks, absl::Duration repa
   ASSERT_TRUE(tx.ok()) << tx.status();
   op->engine = std::make_unique<TransferEngine>(o, std::move(*tx));
   op->engine->Submit(kKey, absl::MakeSpan(op->data), AllReduceOptions{}, -1,
-                     [op](absl::StatusOr<RoundStats> r) { op->done.set_value(std::move(r)); });
+                     [op](absl::StatusOr<RoundStats> r) { op->done.set_value(std::move(r)); }, carries);
 }
 
 // A worker whose results stop coming asks for them again, once per quiet spell, and each request
@@ -238,6 +251,37 @@ TEST(ResultRequests, AWorkerOnASlowPathWaitsOutItsOwnGapsBeforeAskingAgain) {
   absl::StatusOr<RoundStats> stats = op.result.get();
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(op.data, op.input);
+}
+
+// A host stage's first worker finished a round that another worker had not when an aggregator
+// died: after the regroup it pushes that round again, and the pushes still say they carry its
+// stage's ranks. Pushed as its own rank alone, the round would wait for the stage's other ranks,
+// which never push, until the job's deadline.
+TEST(RegroupReplay, AHostStagesRoundPushedAgainStillCarriesItsRanks) {
+  HandAggregator agg;
+  ASSERT_NE(agg.transport(), nullptr);
+  OneOp op;
+  ASSERT_NO_FATAL_FAILURE(StartOneOp(agg, 512, absl::Milliseconds(5), &op, /*carries=*/3, /*retain_inputs=*/true));
+  agg.Serve(absl::Seconds(20), HandAggregator::Mode::kAnswer, [&] { return op.Finished(); });
+  ASSERT_TRUE(op.Finished());
+  ASSERT_TRUE(op.result.get().ok());
+  EXPECT_EQ(agg.pushes_by_contributors, (std::map<uint16_t, size_t>{{3, kChunks}}));
+
+  absl::StatusOr<std::vector<KeyProgress>> progress = op.engine->PauseForRegroup(absl::Seconds(5));
+  ASSERT_TRUE(progress.ok()) << progress.status();
+  ASSERT_EQ(progress->size(), 1u);
+  EXPECT_EQ((*progress)[0].done, 1u);
+  agg.Forget();
+  EngineLayout layout;
+  layout.epochs = {kEpoch};
+  layout.keys = {std::nullopt};
+  layout.endpoints = {{agg.transport()->local_address()}};
+  layout.sources = {{{}}};
+  layout.aggregator_ids = {"hand"};
+  // The slowest worker finished no round of the key, this one 1: it pushes round 0 again.
+  op.engine->Resume(layout, {KeyProgress{kKey, 0, 1}});
+  agg.Serve(absl::Seconds(20), HandAggregator::Mode::kAnswer, [&] { return agg.answered() == kChunks; });
+  EXPECT_EQ(agg.pushes_by_contributors, (std::map<uint16_t, size_t>{{3, kChunks}}));
 }
 
 }  // namespace
