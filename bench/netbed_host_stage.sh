@@ -6,7 +6,9 @@
 # host_stage=false. Reports each round's time (the slowest worker's p50 and p99) and the bytes
 # each host's port carries per round each way, from the interface counters, in tensors. Prints one
 # JSON line per system, then a ratio table. Needs root.
-#   bench/netbed_host_stage.sh [BUILD_DIR]
+#   [TENSORS=N] bench/netbed_host_stage.sh [BUILD_DIR]
+# TENSORS=N: dlcp all-reduces the round's bytes as N tensors at once (fusion groups, as DeAR
+# submits them), Gloo as one.
 set -Eeuo pipefail
 BUILD=$(cd "${1:-build}" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -17,6 +19,7 @@ netbed_skip_unless_able netbed_host_stage ip tc
 netbed_start dlcp-bench-host-stage
 TENSOR=${TENSOR:-$((20 << 20))}
 ROUNDS=${ROUNDS:-20}
+TENSORS=${TENSORS:-1}
 PER_HOST=4
 HOSTS="w1:$(netbed_ip_of 1) w2:$(netbed_ip_of 2)"
 counters() { netbed_port_bytes w1 w2; }
@@ -41,8 +44,8 @@ PY
 dlcp() {  # NAME [flags...]: the 8 ranks; the slowest rank's row into $work/NAME.json
   local name=$1 p
   shift
-  netbed_host_workers "$BUILD" "$work/$name" $PER_HOST "$HOSTS" --job="$name" --tensor-bytes="$TENSOR" \
-    --rounds="$ROUNDS" --warmup=1 --timeout-s=300 "$@"
+  netbed_host_workers "$BUILD" "$work/$name" $PER_HOST "$HOSTS" --job="$name" --tensors="$TENSORS" \
+    --tensor-bytes=$((TENSOR / TENSORS)) --rounds="$ROUNDS" --warmup=1 --timeout-s=300 "$@"
   for p in "${worker_pids[@]}"; do wait "$p"; done
   python3 - "$work/$name" <<'PY' > "$work/$name.json"
 import glob, json, sys
@@ -77,12 +80,13 @@ netbed_aggregators "$BUILD" "$HOSTS" || exit 1
   measure dlcp_per_worker dlcp dlcp_per_worker --host-stage=false
 } | tee "$work/rows.jsonl"
 
-python3 - "$work/rows.jsonl" "$TENSOR" <<'PY'
+python3 - "$work/rows.jsonl" "$TENSOR" "$TENSORS" <<'PY'
 import json, sys
 rows = {r["system"]: r for r in map(json.loads, open(sys.argv[1]))}
 g = rows["gloo_ring_tcp"]
 print()
-print(f"2 hosts x 4 workers, {int(sys.argv[2]) >> 20} MiB per round, 1 Gbit/s ports")
+split = f" (dlcp: {sys.argv[3]} tensors at once)" if sys.argv[3] != "1" else ""
+print(f"2 hosts x 4 workers, {int(sys.argv[2]) >> 20} MiB per round{split}, 1 Gbit/s ports")
 print("| system | p50 ms | p99 ms | p50 / gloo p50 | port bytes per round, in tensors (w1 out, w1 in, w2 out, w2 in) | exact |")
 print("|---|---|---|---|---|---|")
 for name in ("dlcp_host_stage", "dlcp_per_worker", "gloo_ring_tcp"):

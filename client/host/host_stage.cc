@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <future>
 #include <utility>
 #include <memory>
 
@@ -14,9 +13,6 @@
 
 namespace dlcp {
 namespace {
-
-// The engine completes its op by the op deadline; its completion may come just after.
-constexpr absl::Duration kLegGrace = absl::Seconds(5);
 
 void AddLegStats(const RoundStats& leg, RoundStats* total) {
   total->chunks += leg.chunks;
@@ -105,14 +101,18 @@ void HostStage::Stop(const absl::Status& why) {
     stopping_.store(true);
     cv_.notify_all();
   }
+  steps_.Wake();  // its waits look at Interrupted() again
   if (thread_.joinable()) thread_.join();
   steps_.Leave();  // a closed client is gone for the others, though its process may live on
 }
 
 void HostStage::FailJob(const absl::Status& why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (job_failure_.ok()) job_failure_ = why;
-  job_failed_.store(true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job_failure_.ok()) job_failure_ = why;
+    job_failed_.store(true);
+  }
+  steps_.Wake();
 }
 
 void HostStage::RejoinJob() {
@@ -130,66 +130,113 @@ absl::Status HostStage::Interrupted() const {
 }
 
 void HostStage::Run() {
+  std::optional<Pending> pending;  // the last step begun: the next one begins before it ends
   for (;;) {
-    Op op;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return !queue_.empty() || !stopped_.ok(); });
-      if (!stopped_.ok()) {
-        std::deque<Op> left = std::move(queue_);
-        const absl::Status why = stopped_;
-        lock.unlock();
-        for (Op& o : left) o.done(why);
-        return;
+    std::optional<Op> op = Take(/*wait_for_one=*/!pending);
+    if (op) {
+      StartOp(std::move(*op), &pending);
+    } else if (pending) {
+      EndStep(*std::exchange(pending, std::nullopt));
+    } else {
+      std::deque<Op> left;
+      absl::Status why;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        left.swap(queue_);
+        why = stopped_;
       }
-      op = std::move(queue_.front());
-      queue_.pop_front();
+      for (Op& o : left) o.done(why);
+      return;
     }
-    op.done(RunOp(op));
   }
 }
 
-absl::StatusOr<RoundStats> HostStage::RunOp(const Op& op) {
-  const absl::Time start = MonotonicNow();
-  const absl::Time deadline = start + op_timeout_;
-  RoundStats stats;
-  stats.key = op.key;
-  stats.round = rounds_[op.key]++;
-  stats.min_contributors = world_;  // the first worker's network legs may say otherwise
-  stats.loss_bound = std::max(0.0, op.options.loss_bound);
-  const auto bound_ppm = static_cast<uint32_t>(std::lround(stats.loss_bound * wire::kPpm));
-  const uint32_t kind = op.root >= 0 ? static_cast<uint32_t>(op.root) + 1 : 0;
-  std::optional<StageLoss> heard;  // a bounded op's losses, from the first worker's leg
-  std::vector<uint8_t> classes;    // ... and its chunks' classes
+std::optional<HostStage::Op> HostStage::Take(bool wait_for_one) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (wait_for_one) cv_.wait(lock, [&] { return !queue_.empty() || !stopped_.ok(); });
+  if (!stopped_.ok() || queue_.empty()) return std::nullopt;
+  Op op = std::move(queue_.front());
+  queue_.pop_front();
+  return op;
+}
+
+void HostStage::StartOp(Op op, std::optional<Pending>* pending) {
+  auto run = std::make_shared<Running>();
+  run->start = MonotonicNow();
+  run->deadline = run->start + op_timeout_;
+  run->stats.key = op.key;
+  run->stats.round = rounds_[op.key]++;
+  run->stats.min_contributors = world_;  // the first worker's network legs may say otherwise
+  run->stats.loss_bound = std::max(0.0, op.options.loss_bound);
+  run->op = std::move(op);
+  const Op& o = run->op;
+  run->steps_left = StepsOf(o);
+  const auto bound_ppm = static_cast<uint32_t>(std::lround(run->stats.loss_bound * wire::kPpm));
+  const uint32_t kind = o.root >= 0 ? static_cast<uint32_t>(o.root) + 1 : 0;
   // A failed job fails the op at once, as on the network path; its steps are still gone through.
-  absl::Status status = Interrupted();
-  if (op.device) PinForDevice(op.device->device);
-  for (uint64_t offset = 0; offset < op.elems(); offset += steps_.slot_elems()) {
-    StepSpec spec{op.key, kind, offset, std::min<uint64_t>(steps_.slot_elems(), op.elems() - offset), op.elems(),
-                  bound_ppm};
-    if (!status.ok()) {  // the op failed: the rest of its steps are given up, so every worker stays in step
-      steps_.Skip(spec, status).IgnoreError();  // it is `status` again
+  run->status = Interrupted();
+  if (o.elems() == 0) return Complete(*run);
+  if (o.device) PinForDevice(o.device->device);
+  for (uint64_t offset = 0; offset < o.elems(); offset += steps_.slot_elems()) {
+    const StepSpec spec{o.key, kind, offset, std::min<uint64_t>(steps_.slot_elems(), o.elems() - offset), o.elems(),
+                        bound_ppm};
+    if (!run->status.ok()) {  // the op failed: the rest of its steps are given up, so every worker stays in step
+      if (*pending) EndStep(*std::exchange(*pending, std::nullopt));
+      steps_.Skip(spec, run->status, run->deadline, [this] { return Interrupted(); }).IgnoreError();
+      StepGone(*run);
       continue;
     }
-    NetworkLeg leg;
-    if (network_) leg = [&](float* sum, const StepSpec& s) { return Leg(sum, s, op, deadline, &stats); };
-    StepIo io = IoOf(op, spec);
-    if (bound_ppm > 0 && LegElsewhere()) {
-      io.out = [&, out = std::move(io.out)](const float* result) {
-        heard = steps_.loss();
-        if (op.options.report_classes) classes = steps_.classes();
-        return out(result);
-      };
-    }
-    status = steps_.Run(spec, io, leg, deadline, [this] { return Interrupted(); });
-    if (!status.ok() && broken_ && !steps_.Gone().ok()) std::exchange(broken_, nullptr)(steps_.Gone());
+    Pending next = BeginStep(run, spec);
+    if (*pending) EndStep(*std::exchange(*pending, std::nullopt));
+    *pending = std::move(next);
   }
-  if (!status.ok()) return status;
-  if (LegElsewhere()) elsewhere_(op.key, static_cast<uint32_t>((op.elems() + steps_.slot_elems() - 1) / steps_.slot_elems()));
-  if (heard) CopyLoss(*heard, &stats);
-  if (heard && op.options.report_classes) stats.classes = std::move(classes);
-  stats.time = MonotonicNow() - start;
-  return stats;
+}
+
+HostStage::Pending HostStage::BeginStep(const std::shared_ptr<Running>& run, const StepSpec& spec) {
+  Pending p{run, {}, IoOf(run->op, spec), std::make_shared<absl::StatusOr<RoundStats>>()};
+  NetworkLeg leg;
+  if (network_) {
+    leg = [this, run, out = p.leg](float* sum, const StepSpec& s, uint64_t step, LegDone done) {
+      StartLeg(sum, s, step, run->op, out, std::move(done));
+    };
+  }
+  p.begun = steps_.Begin(spec, p.io, leg, run->deadline, [this] { return Interrupted(); });
+  if (!p.begun.status.ok()) StepFailed(*run, p.begun.status);
+  return p;
+}
+
+void HostStage::EndStep(Pending p) {
+  Running& run = *p.run;
+  auto out = [&](const float* result) {
+    if (run.stats.loss_bound > 0 && LegElsewhere()) {  // the first worker's leg posted the round's losses
+      run.heard = steps_.loss(p.begun.step);
+      if (run.op.options.report_classes) run.classes = steps_.classes(p.begun.step);
+    }
+    return p.io.out(result);
+  };
+  const absl::Status status = steps_.End(p.begun, out, run.deadline, [this] { return Interrupted(); });
+  if (status.ok() && p.leg->ok()) AddLegStats(**p.leg, &run.stats);
+  if (!status.ok()) StepFailed(run, status);
+  StepGone(run);
+}
+
+void HostStage::StepFailed(Running& run, const absl::Status& status) {
+  if (run.status.ok()) run.status = status;
+  if (broken_ && !steps_.Gone().ok()) std::exchange(broken_, nullptr)(steps_.Gone());
+}
+
+void HostStage::StepGone(Running& run) {
+  if (--run.steps_left == 0) Complete(run);
+}
+
+void HostStage::Complete(Running& run) {
+  if (!run.status.ok()) return run.op.done(run.status);
+  const Op& op = run.op;
+  if (LegElsewhere()) elsewhere_(op.key, static_cast<uint32_t>(StepsOf(op)));
+  if (run.heard) CopyLoss(*run.heard, &run.stats);
+  if (run.heard && op.options.report_classes) run.stats.classes = std::move(run.classes);
+  run.stats.time = MonotonicNow() - run.start;
+  run.op.done(std::move(run.stats));
 }
 
 StepIo HostStage::IoOf(const Op& op, const StepSpec& spec) const {
@@ -218,35 +265,28 @@ void HostStage::PinForDevice(int device) {
   }
 }
 
-absl::Status HostStage::Leg(float* sum, const StepSpec& spec, const Op& op, absl::Time deadline, RoundStats* stats) {
-  // A broadcast from a rank of this stage: slot 0 holds its values, which this worker pushes as
-  // the root; from another host's rank, slot 0 holds zeros, and the root's come back.
+void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Op& op,
+                         std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done) {
+  // A broadcast from a rank of this stage: the bank holds its values, which this worker pushes as
+  // the root; from another host's rank, the bank holds zeros, and the root's come back.
   int64_t root = op.root;
   if (root >= 0 && std::find(ranks().begin(), ranks().end(), static_cast<uint32_t>(root)) != ranks().end()) {
     root = ranks()[0];
   }
-  auto result = std::make_shared<std::promise<absl::StatusOr<RoundStats>>>();
-  std::future<absl::StatusOr<RoundStats>> done = result->get_future();
+  // The engine ends its op by the op's deadline (or at Stop, which a closing client calls after the
+  // stage's and before the stage's memory is unmapped), and runs this on its own thread.
   network_(spec.key, absl::MakeSpan(sum, spec.elems), op.options, root,
-           [result](absl::StatusOr<RoundStats> r) { result->set_value(std::move(r)); });
-  while (done.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
-    // The engine ends the op by its deadline. A closing client stops the engine after the stage
-    // and unmaps the stage's memory only then, so the op may go on writing into slot 0 until.
-    if (absl::Status stop = Interrupted(); !stop.ok()) return stop;
-    if (MonotonicNow() > deadline + kLegGrace) {
-      return absl::DeadlineExceededError(absl::StrCat("host stage: the network leg of key ", spec.key,
-                                                      " did not end by its deadline"));
-    }
-  }
-  absl::StatusOr<RoundStats> r = done.get();
-  if (!r.ok()) return r.status();
-  AddLegStats(*r, stats);
-  if (spec.loss_bound_ppm > 0) {  // the others report it as theirs
-    StageLoss loss{};
-    CopyLoss(*r, &loss);
-    steps_.PostLoss(loss, r->classes);
-  }
-  return absl::OkStatus();
+           [this, step, bounded = spec.loss_bound_ppm > 0, out = std::move(out),
+            done = std::move(done)](absl::StatusOr<RoundStats> r) {
+             if (r.ok() && bounded) {  // the others report it as theirs
+               StageLoss loss{};
+               CopyLoss(*r, &loss);
+               steps_.PostLoss(step, loss, r->classes);
+             }
+             const absl::Status status = r.status();
+             *out = std::move(r);
+             done(status);
+           });
 }
 
 }  // namespace dlcp

@@ -4,9 +4,10 @@
 // L workers sends each tensor once instead of L times, and none of its bytes crosses a socket on
 // the way between its workers.
 //
-// Threading: Submit from any thread; ops run one at a time on the stage's own thread, in the
-// order they were submitted, which must be the same on every worker of the stage (as the order
-// of collective ops is). Their OpDone runs on that thread.
+// Threading: Submit from any thread; ops run on the stage's own thread, in the order they were
+// submitted, which must be the same on every worker of the stage (as the order of collective ops
+// is). An op's first step begins before the last one's ends (StageSteps), so the network legs of
+// consecutive ops overlap as on the network path. Their OpDone runs on that thread.
 #pragma once
 
 #include <atomic>
@@ -15,9 +16,11 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -56,7 +59,7 @@ class HostStage {
   // under a loss bound must fit one slot, as its manifest and error feedback cover one tensor.
   void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t root, OpDone done);
   // Sums a tensor in CUDA device memory over the job, in place. Each step copies its part from
-  // the device straight into this worker's slot, and the result from slot 0 straight back: the
+  // the device straight into this worker's slot, and the result from the step's sum slot straight back: the
   // region is pinned at the first such op. The tensor's values must be ready (the caller waited
   // for the work that produces them), and it stays the caller's until `done`.
   void SubmitDevice(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options, OpDone done);
@@ -79,17 +82,48 @@ class HostStage {
     OpDone done;
     uint64_t elems() const { return device ? device->elems : data.size(); }
   };
+  // An op whose steps are under way, and what they said so far.
+  struct Running {
+    Op op;
+    absl::Time start;
+    absl::Time deadline;
+    absl::Status status;  // the first failure of a step
+    RoundStats stats;
+    std::optional<StageLoss> heard;  // a bounded op's losses, from the first worker's leg
+    std::vector<uint8_t> classes;    // ... and its chunks' classes
+    uint64_t steps_left = 0;  // not yet ended or skipped
+  };
+  // A step begun and not yet ended. `leg` is the first worker's network leg's outcome, written
+  // before the step's result is posted (and read only after), and kept alive for a leg that ends
+  // late.
+  struct Pending {
+    std::shared_ptr<Running> run;
+    BegunStep begun;
+    StepIo io;
+    std::shared_ptr<absl::StatusOr<RoundStats>> leg;
+  };
   void Enqueue(Op op);
   void Run();
-  absl::StatusOr<RoundStats> RunOp(const Op& op);
+  // The next op; none when stopping, or when `wait_for_one` is false and none is queued.
+  std::optional<Op> Take(bool wait_for_one);
+  // Begins the op's steps; ends the one before each (pending) once the next has begun, and keeps
+  // its last one pending.
+  void StartOp(Op op, std::optional<Pending>* pending);
+  Pending BeginStep(const std::shared_ptr<Running>& run, const StepSpec& spec);
+  void EndStep(Pending p);
+  void StepFailed(Running& run, const absl::Status& status);
+  void StepGone(Running& run);  // a step of it ended or was skipped: done when it was the last
+  void Complete(Running& run);  // runs its OpDone
   // How step `spec` of `op` reads its part and writes its result.
   StepIo IoOf(const Op& op, const StepSpec& spec) const;
   // Pins the region for copies from and to `device`, once; where that fails, copies go through
   // the CUDA runtime's staging, slower but the same.
   void PinForDevice(int device);
-  // The first worker's network leg of one step, adding what it cost to `stats`.
-  absl::Status Leg(float* sum, const StepSpec& spec, const Op& op, absl::Time deadline, RoundStats* stats);
+  // The first worker's network leg of step `step` of `op`; writes its outcome into `out`.
+  void StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Op& op,
+                std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done);
   absl::Status Interrupted() const;
+  uint64_t StepsOf(const Op& op) const { return (op.elems() + steps_.slot_elems() - 1) / steps_.slot_elems(); }
   // This worker's stage has network legs, and its first worker, not this one, runs them.
   bool LegElsewhere() const { return !steps_.first() && ranks().size() < world_; }
 

@@ -57,6 +57,8 @@ void StageSteps::Publish(Counter counter, uint64_t step) {
   RingBell(header().bell);
 }
 
+void StageSteps::Wake() const { RingBell(header().bell); }
+
 absl::Status StageSteps::Gone() const {
   for (uint32_t i = 0; i < members(); ++i) {
     if (header().gone[i].load(std::memory_order_acquire) != 0) {
@@ -67,68 +69,76 @@ absl::Status StageSteps::Gone() const {
   return absl::OkStatus();
 }
 
-void StageSteps::Notify(uint64_t step, const absl::Status& why) {
-  StageNotice& n = header().notice;
+void StageSteps::GiveUp(uint64_t step, const absl::Status& why) {
+  StageNotice& n = header().notice[step % kStageBanks];
   uint64_t claimed = n.claimed.load(std::memory_order_acquire);
   while (claimed < step && !n.claimed.compare_exchange_weak(claimed, step, std::memory_order_acq_rel)) {
   }
-  if (claimed >= step) return;  // another member said it first (or a later step is under way)
-  WriteStatus(why, &n.status);
-  n.step.store(step, std::memory_order_release);
+  if (claimed < step) {  // else another member said it first
+    WriteStatus(why, &n.status);
+    n.step.store(step, std::memory_order_release);
+  }
+  mine().abandoned[step % kStageBanks].store(step, std::memory_order_release);
   RingBell(header().bell);
 }
 
 absl::Status StageSteps::Noticed(uint64_t step) const {
-  const StageNotice& n = header().notice;
+  const StageNotice& n = header().notice[step % kStageBanks];
   if (n.step.load(std::memory_order_acquire) != step) return absl::OkStatus();
   return ReadStatus(n.status);
 }
 
-absl::Status StageSteps::GoneOrNoticed() const {
+absl::Status StageSteps::GoneOrNoticed(uint64_t step) const {
   absl::Status gone = Gone();
   if (gone.ok()) return gone;
-  absl::Status noticed = Noticed(step_);
+  absl::Status noticed = Noticed(step);
   return noticed.ok() ? gone : noticed;
 }
 
-absl::Status StageSteps::WaitUntil(const std::function<bool()>& ready, absl::Time deadline,
-                                   const std::function<absl::Status()>& interrupted,
-                                   const std::function<absl::Status()>& late) const {
+absl::Status StageSteps::WaitUntil(uint64_t step, const std::function<bool()>& ready, absl::Time deadline,
+                                   const Interrupted& interrupted, const std::function<absl::Status()>& late) const {
   for (;;) {
     const uint32_t seen = header().bell.load(std::memory_order_seq_cst);  // before the check: no lost wake-up
     if (ready()) return absl::OkStatus();
-    if (absl::Status gone = GoneOrNoticed(); !gone.ok()) return gone;
+    if (absl::Status gone = GoneOrNoticed(step); !gone.ok()) return gone;
     if (absl::Status stop = interrupted(); !stop.ok()) return stop;
     if (!SleepOnBell(header().bell, seen, deadline)) return late();
   }
 }
 
-absl::Status StageSteps::WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
-                                 const std::function<absl::Status()>& interrupted) const {
+absl::Status StageSteps::WaitAll(uint64_t step, Counter counter, uint64_t at, absl::Time deadline, const char* what,
+                                 const Interrupted& interrupted) const {
   std::vector<uint32_t> missing;
   const auto ready = [&] {
     missing.clear();
     for (uint32_t i = 0; i < members(); ++i) {
-      if ((header().member[i].*counter).load(std::memory_order_acquire) < step) missing.push_back(rank_of(i));
+      if ((header().member[i].*counter).load(std::memory_order_acquire) < at) missing.push_back(rank_of(i));
     }
     return missing.empty();
   };
-  return WaitUntil(ready, deadline, interrupted, [&] {
+  return WaitUntil(step, ready, deadline, interrupted, [&] {
     return absl::DeadlineExceededError(
         absl::StrCat("host stage: ranks ", absl::StrJoin(missing, ","), " of this host did not ", what, " in time"));
   });
 }
 
-absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline,
-                                    const std::function<absl::Status()>& interrupted) const {
-  const StageResult& r = header().result;
-  absl::Status waited = WaitUntil([&] { return r.step.load(std::memory_order_acquire) >= step; }, deadline,
+absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline, const Interrupted& interrupted) const {
+  const StageResult& r = result(step);
+  absl::Status waited = WaitUntil(step, [&] { return r.step.load(std::memory_order_acquire) >= step; }, deadline,
                                   interrupted, [&] {
-                                    return absl::DeadlineExceededError(absl::StrCat(
-                                        "host stage: no result from rank ", rank_of(0),
-                                        ", which pushes this host's sum, in time"));
+                                    return absl::DeadlineExceededError(
+                                        first() ? std::string("host stage: this worker's network leg of the host's "
+                                                              "sum did not end by its deadline")
+                                                : absl::StrCat("host stage: no result from rank ", rank_of(0),
+                                                               ", which pushes this host's sum, in time"));
                                   });
-  return waited.ok() ? ReadStatus(r.status) : waited;
+  if (!waited.ok()) return waited;
+  // The bank's next step waits for this member to read this one's, unless a deadline let it past.
+  if (r.step.load(std::memory_order_acquire) != step) {
+    return absl::AbortedError(
+        "host stage: a later step's result took this one's place (a member ran past its deadline)");
+  }
+  return ReadStatus(r.status);
 }
 
 absl::Status StageSteps::Agree(const StepSpec& s, uint64_t step) const {
@@ -150,68 +160,67 @@ absl::Status StageSteps::Agree(const StepSpec& s, uint64_t step) const {
   return absl::OkStatus();
 }
 
-void StageSteps::Share(const StepSpec& s) {
+void StageSteps::Share(const StepSpec& s, uint64_t step) {
   const auto [begin, end] = ShareOf(m_.welcome.member, members(), s.elems);
   if (begin >= end) return;
-  float* sum = slot(0) + begin;
+  float* sum = bank(step) + begin;
+  const size_t n = end - begin;
   if (s.kind != 0) {  // a broadcast: the root's values, exactly (a sum would turn -0 into +0)
     const auto root = std::find(ranks().begin(), ranks().end(), s.kind - 1);
-    if (root == ranks().end()) return (void)std::memset(sum, 0, (end - begin) * sizeof(float));
-    const auto member = static_cast<uint32_t>(root - ranks().begin());
-    if (member != 0) std::memcpy(sum, slot(member) + begin, (end - begin) * sizeof(float));
-    return;
+    if (root == ranks().end()) return (void)std::memset(sum, 0, n * sizeof(float));
+    return (void)std::memcpy(sum, slot(static_cast<uint32_t>(root - ranks().begin())) + begin, n * sizeof(float));
   }
-  for (uint32_t i = 1; i < members(); ++i) engine::SumInto(sum, slot(i) + begin, end - begin);
+  engine::SumOf(sum, slot(0) + begin, slot(1) + begin, n);  // a stage has two members at least
+  for (uint32_t i = 2; i < members(); ++i) engine::SumInto(sum, slot(i) + begin, n);
 }
 
-void StageSteps::PostLoss(const StageLoss& loss, const std::vector<uint8_t>& classes) {
-  StageResult& r = header().result;
+void StageSteps::PostLoss(uint64_t step, const StageLoss& loss, const std::vector<uint8_t>& classes) {
+  StageResult& r = result(step);
   r.loss = loss;
   r.class_count = static_cast<uint32_t>(std::min<size_t>(classes.size(), kStageMaxClasses));
   if (r.class_count > 0) std::memcpy(r.classes, classes.data(), r.class_count);
 }
 
-StageLoss StageSteps::loss() const { return header().result.loss; }
+StageLoss StageSteps::loss(uint64_t step) const { return result(step).loss; }
 
-std::vector<uint8_t> StageSteps::classes() const {
-  const StageResult& r = header().result;
+std::vector<uint8_t> StageSteps::classes(uint64_t step) const {
+  const StageResult& r = result(step);
   return std::vector<uint8_t>(r.classes, r.classes + std::min(r.class_count, kStageMaxClasses));
 }
 
 void StageSteps::PostResult(uint64_t step, const absl::Status& status) {
-  StageResult& r = header().result;
+  StageResult& r = result(step);
   if (r.step.load(std::memory_order_relaxed) >= step) return;
   WriteStatus(status, &r.status);
   r.step.store(step, std::memory_order_release);
   RingBell(header().bell);
 }
 
-absl::Status StageSteps::Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
-                              const std::function<absl::Status()>& interrupted) {
-  absl::Status status = WaitAll(&StageMember::summed, step, deadline, "sum their shares", interrupted);
+void StageSteps::Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
+                      const Interrupted& interrupted) {
+  absl::Status status = WaitAll(step, &StageMember::summed, step, deadline, "sum their shares", interrupted);
   for (uint32_t i = 0; status.ok() && i < members(); ++i) {
-    if (header().member[i].abandoned.load(std::memory_order_acquire) == step) {
+    // Later than `step`: that member is two steps on, which only a deadline can have let it be;
+    // its share of this one is not to be trusted either.
+    if (header().member[i].abandoned[step % kStageBanks].load(std::memory_order_acquire) >= step) {
       status = Noticed(step);
       if (!status.ok()) break;
       status = absl::AbortedError(absl::StrCat("host stage: rank ", rank_of(i), " gave up on key ", spec.key,
                                                " (its op failed before its part was in)"));
     }
   }
-  if (status.ok() && leg) status = leg(slot(0), spec);
-  PostResult(step, status);
-  return status;
-}
-
-absl::Status StageSteps::Finish(uint64_t step, const absl::Status& status) {
-  if (!status.ok()) {
-    Notify(step, status);
-    mine().abandoned.store(step, std::memory_order_release);
+  if (status.ok() && leg && leg_step_ != 0 && leg_key_ == spec.key) {
+    // The engine runs one op of a key at a time: the last leg of this key must have ended.
+    status = WaitUntil(step, [&] { return result(leg_step_).step.load(std::memory_order_acquire) >= leg_step_; },
+                       deadline, interrupted, [&] {
+                         return absl::DeadlineExceededError(absl::StrCat(
+                             "host stage: the network leg of key ", spec.key, " did not end by its deadline"));
+                       });
   }
-  Publish(&StageMember::arrived, step);
-  Publish(&StageMember::summed, step);
-  if (first()) PostResult(step, status);
-  Publish(&StageMember::consumed, step);
-  return status;
+  if (!status.ok() || !leg) return PostResult(step, status);
+  leg_key_ = spec.key;
+  leg_step_ = step;
+  leg(bank(step), spec, step, [this, step](const absl::Status& s) { PostResult(step, s); });
 }
 
 void StageSteps::WriteSpec(uint64_t step, const StepSpec& spec) {
@@ -225,10 +234,61 @@ void StageSteps::WriteSpec(uint64_t step, const StepSpec& spec) {
   me.tensor_elems = spec.tensor_elems;
 }
 
-absl::Status StageSteps::Skip(const StepSpec& spec, const absl::Status& why) {
+BegunStep StageSteps::Begin(const StepSpec& spec, const StepIo& io, const NetworkLeg& leg, absl::Time deadline,
+                            const Interrupted& interrupted) {
   const uint64_t step = ++step_;
+  // This member's slot is free once every member has summed the step before, and the step's bank
+  // once every member has read the result of the step two before, which used it.
+  absl::Status status = WaitAll(step, &StageMember::summed, step - 1, deadline, "finish their last op", interrupted);
+  if (status.ok() && step > kStageBanks) {
+    status = WaitAll(step, &StageMember::consumed, step - kStageBanks, deadline, "finish their last op", interrupted);
+  }
+  if (status.ok()) {
+    WriteSpec(step, spec);
+    if (io.in) status = io.in(slot(m_.welcome.member));
+  }
+  Publish(&StageMember::arrived, step);
+  if (status.ok()) status = WaitAll(step, &StageMember::arrived, step, deadline, "start the same op", interrupted);
+  if (status.ok()) status = Agree(spec, step);
+  if (status.ok()) Share(spec, step);
+  if (!status.ok()) GiveUp(step, status);
+  Publish(&StageMember::summed, step);
+  if (first()) {
+    if (status.ok()) {
+      Lead(step, spec, leg, deadline, interrupted);
+    } else {
+      PostResult(step, status);
+    }
+  }
+  return BegunStep{step, status};
+}
+
+absl::Status StageSteps::End(const BegunStep& begun, const std::function<absl::Status(const float*)>& out,
+                             absl::Time deadline, const Interrupted& interrupted) {
+  // Even a step given up waits for its result, which the first member posts only once it looked at
+  // every member's part: so no member gives up the bank's next step before that look.
+  // The first member's network leg ends by the same deadline; its answer may come just after.
+  const absl::Status result = WaitResult(begun.step, deadline + kResultGrace, interrupted);
+  absl::Status status = begun.status.ok() ? result : begun.status;
+  if (status.ok()) status = out(bank(begun.step));
+  Publish(&StageMember::consumed, begun.step);
+  return status;
+}
+
+absl::Status StageSteps::Skip(const StepSpec& spec, const absl::Status& why, absl::Time deadline,
+                              const Interrupted& interrupted) {
+  const uint64_t step = ++step_;
+  // Marking the bank's step given up must wait, as Begin does, for the step two before to end.
+  if (step > kStageBanks) {
+    WaitAll(step, &StageMember::consumed, step - kStageBanks, deadline, "finish their last op", interrupted)
+        .IgnoreError();  // it fails as `why` in any case
+  }
   WriteSpec(step, spec);
-  return Finish(step, why);
+  GiveUp(step, why);
+  Publish(&StageMember::arrived, step);
+  Publish(&StageMember::summed, step);
+  if (first()) PostResult(step, why);
+  return End(BegunStep{step, why}, nullptr, deadline, interrupted);
 }
 
 StepIo HostStepIo(const float* in, float* out, uint64_t elems) {
@@ -244,36 +304,6 @@ StepIo HostStepIo(const float* in, float* out, uint64_t elems) {
     return absl::OkStatus();
   };
   return io;
-}
-
-absl::Status StageSteps::Run(const StepSpec& spec, const StepIo& io, const NetworkLeg& leg, absl::Time deadline,
-                             const std::function<absl::Status()>& interrupted) {
-  const uint64_t step = ++step_;
-  // Slot 0 and this member's slot are free once every member has read the last step's result.
-  absl::Status status = WaitAll(&StageMember::consumed, step - 1, deadline, "finish their last op", interrupted);
-  if (!status.ok()) return Finish(step, status);
-  WriteSpec(step, spec);
-  if (io.in) status = io.in(slot(m_.welcome.member));
-  Publish(&StageMember::arrived, step);
-  if (status.ok()) status = WaitAll(&StageMember::arrived, step, deadline, "start the same op", interrupted);
-  if (status.ok()) status = Agree(spec, step);
-  if (status.ok()) Share(spec);
-  if (!status.ok()) {
-    Notify(step, status);
-    mine().abandoned.store(step, std::memory_order_release);
-  }
-  Publish(&StageMember::summed, step);
-  if (first() && status.ok()) {
-    status = Lead(step, spec, leg, deadline, interrupted);
-  } else if (first()) {
-    PostResult(step, status);
-  } else {
-    // The first member's network leg ends by the same deadline; its answer may come just after.
-    const absl::Status result = WaitResult(step, deadline + kResultGrace, interrupted);
-    if (status.ok()) status = result;
-  }
-  if (status.ok()) status = io.out(slot(0));
-  return Finish(step, status);
 }
 
 }  // namespace dlcp

@@ -1,14 +1,21 @@
 // One worker's side of its host stage's steps (common/shm/stage_layout.h). A step moves one
 // slot's worth of one op: every member writes its part into its slot, each sums its share of the
-// elements from every slot into slot 0, the first member runs the network leg on slot 0 (the
-// host's sum goes to the aggregators and the job's sum comes back into it), and every member
-// copies slot 0 out. Members run the same steps in the same order, as they run the same ops.
+// elements from every slot into the step's bank (a sum slot), the first member runs the network
+// leg on that bank (the host's sum goes to the aggregators and the job's sum comes back into it),
+// and every member copies the bank out. Members run the same steps in the same order, as they run
+// the same ops.
+//
+// A step is begun (Begin) and later ended (End), and the next one may begin in between: the
+// members then copy in and sum step s + 1 into the other bank while the first member's network
+// leg of step s still runs, and legs of different keys run side by side. So at most two steps are
+// under way: Begin(s + 1) before End(s), and End(s) before Begin(s + 2).
 //
 // Every way out of a step publishes each of its counters, so no member ever waits on another for
 // a step that one has given up: it gives up too, or fails it, by its own deadline at the latest.
 // A member whose process ended (dlcpd marks it gone) fails every step from then on, naming it.
 //
-// Threading: one thread drives it (HostStage's); `interrupted` may be set from any.
+// Threading: one thread drives it (HostStage's); `interrupted` may be set from any, and a network
+// leg ends (LegDone) on any.
 #pragma once
 
 #include <atomic>
@@ -34,7 +41,7 @@ struct StepSpec {
 
 // Where a step's part comes from and where its result goes. `in` writes this member's part
 // (spec.elems values) into its slot, and is null where its part is not needed (a broadcast not
-// from it); `out` reads the step's result from slot 0. Host memory is copied; a device tensor goes
+// from it); `out` reads the step's result from its sum slot. Host memory is copied; a device tensor goes
 // through the CUDA runtime. A failed copy fails the step on every member.
 struct StepIo {
   std::function<absl::Status(float* slot)> in;
@@ -42,9 +49,18 @@ struct StepIo {
 };
 StepIo HostStepIo(const float* in, float* out, uint64_t elems);
 
-// The first member's network leg: sums slot 0 (`elems` values) over the job's hosts, in place,
-// blocking until done or failed.
-using NetworkLeg = std::function<absl::Status(float* sum, const StepSpec& spec)>;
+// Ends a network leg: runs once, on any thread.
+using LegDone = std::function<void(const absl::Status&)>;
+// The first member's network leg of step `step`: sums `sum` (spec.elems values) over the job's
+// hosts, in place, then calls `done`. `sum` is the leg's until then. It may call `done` before it
+// returns.
+using NetworkLeg = std::function<void(float* sum, const StepSpec& spec, uint64_t step, LegDone done)>;
+
+// A step begun: its number, and how it went so far (not OK: it is given up, and End only frees it).
+struct BegunStep {
+  uint64_t step = 0;
+  absl::Status status;
+};
 
 class StageSteps {
  public:
@@ -60,61 +76,80 @@ class StageSteps {
   // it. The region stays mapped (an engine op may still write into it).
   void Leave() { m_.socket = OwnedFd(); }
 
-  // Runs the next step: every member's part, from `io.in`, summed over the members and handed to
-  // `io.out`. `interrupted` ends its waits early with the status it returns (the client is
-  // closing).
+  // Begins the next step: once its bank and this member's slot are free, writes this member's part
+  // (`io.in`) and sums its share of the members' parts into the bank; the first member then starts
+  // `leg` on the bank (after the last leg of the same key ended: a key has one op in flight).
+  // `interrupted` ends its waits early with the status it returns (the client is closing).
+  BegunStep Begin(const StepSpec& spec, const StepIo& io, const NetworkLeg& leg, absl::Time deadline,
+                  const std::function<absl::Status()>& interrupted);
+  // Ends step `begun`, the oldest not ended: waits for its result and hands it to `out`, unless it
+  // was given up, then frees its bank. Returns how it went.
+  absl::Status End(const BegunStep& begun, const std::function<absl::Status(const float* result)>& out,
+                   absl::Time deadline, const std::function<absl::Status()>& interrupted);
+  // Begin, then End: every member's part, from `io.in`, summed over the members and handed to
+  // `io.out`.
   absl::Status Run(const StepSpec& spec, const StepIo& io, const NetworkLeg& leg, absl::Time deadline,
-                   const std::function<absl::Status()>& interrupted);
+                   const std::function<absl::Status()>& interrupted) {
+    return End(Begin(spec, io, leg, deadline, interrupted), io.out, deadline, interrupted);
+  }
   // The same for host memory: `in` (nullptr where this member's part is not needed) into `out`.
   absl::Status Run(const StepSpec& spec, const float* in, float* out, const NetworkLeg& leg, absl::Time deadline,
                    const std::function<absl::Status()>& interrupted) {
     return Run(spec, HostStepIo(in, out, spec.elems), leg, deadline, interrupted);
   }
-  // A bounded-loss step's losses: the first member posts them from its network leg (before the
-  // step's result); the others read them while they read the result (in StepIo::out).
-  void PostLoss(const StageLoss& loss, const std::vector<uint8_t>& classes);
-  StageLoss loss() const;
-  std::vector<uint8_t> classes() const;
+  // A bounded-loss step's losses: the first member posts them from its network leg (before it
+  // ends); the others read them while they read the result (in End's `out`). Any thread.
+  void PostLoss(uint64_t step, const StageLoss& loss, const std::vector<uint8_t>& classes);
+  StageLoss loss(uint64_t step) const;
+  std::vector<uint8_t> classes(uint64_t step) const;
+  // Wakes every member's wait, to look at `interrupted` again. Any thread.
+  void Wake() const;
   // The shared region, for pinning it (device tensors copy straight into it).
   void* region() const { return m_.region.data(); }
   size_t region_bytes() const { return m_.region.size(); }
   // Gives the next step up at once with `why` (the rest of an op that failed), publishing all of
-  // it, so that every member goes through the same steps for each op and stays in step.
-  absl::Status Skip(const StepSpec& spec, const absl::Status& why);
+  // it, so that every member goes through the same steps for each op and stays in step. No step
+  // may be under way (End them first). Returns `why`.
+  absl::Status Skip(const StepSpec& spec, const absl::Status& why, absl::Time deadline,
+                    const std::function<absl::Status()>& interrupted);
 
  private:
   using Counter = std::atomic<uint64_t> StageMember::*;
+  using Interrupted = std::function<absl::Status()>;
   StageHeader& header() const { return *static_cast<StageHeader*>(m_.region.data()); }
   float* slot(uint32_t member) const;
+  float* bank(uint64_t step) const { return slot(members() + step % kStageBanks); }
+  StageResult& result(uint64_t step) const { return header().result[step % kStageBanks]; }
   uint32_t members() const { return static_cast<uint32_t>(m_.welcome.ranks.size()); }
   StageMember& mine() const { return header().member[m_.welcome.member]; }
   void Publish(Counter counter, uint64_t step);
   void WriteSpec(uint64_t step, const StepSpec& spec);  // this member's descriptor of `step`
-  // Sleeps on the bell until `ready()`; a gone member (or what one noticed), `interrupted()`, or
-  // `late()` once `deadline` passes end it sooner.
-  absl::Status WaitUntil(const std::function<bool()>& ready, absl::Time deadline,
-                         const std::function<absl::Status()>& interrupted,
-                         const std::function<absl::Status()>& late) const;
-  // Until every member's `counter` reaches `step`; DEADLINE_EXCEEDED names the ranks still missing.
-  absl::Status WaitAll(Counter counter, uint64_t step, absl::Time deadline, const char* what,
-                       const std::function<absl::Status()>& interrupted) const;
+  // Sleeps on the bell until `ready()`; a gone member (or what one noticed of `step`),
+  // `interrupted()`, or `late()` once `deadline` passes end it sooner.
+  absl::Status WaitUntil(uint64_t step, const std::function<bool()>& ready, absl::Time deadline,
+                         const Interrupted& interrupted, const std::function<absl::Status()>& late) const;
+  // Until every member's `counter` reaches `at`; DEADLINE_EXCEEDED names the ranks still missing.
+  absl::Status WaitAll(uint64_t step, Counter counter, uint64_t at, absl::Time deadline, const char* what,
+                       const Interrupted& interrupted) const;
   // Until the first member posts `step`'s result; what it posted.
-  absl::Status WaitResult(uint64_t step, absl::Time deadline, const std::function<absl::Status()>& interrupted) const;
+  absl::Status WaitResult(uint64_t step, absl::Time deadline, const Interrupted& interrupted) const;
   // Every member's spec of this step is `spec`, and none gave the step up.
   absl::Status Agree(const StepSpec& spec, uint64_t step) const;
-  void Share(const StepSpec& spec);  // this member's share of slot 0
-  absl::Status Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
-                    const std::function<absl::Status()>& interrupted);
+  void Share(const StepSpec& spec, uint64_t step);  // this member's share of the step's bank
+  // The first member: once every share is in, starts the leg (or posts why not).
+  void Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
+            const Interrupted& interrupted);
   void PostResult(uint64_t step, const absl::Status& status);
-  // The first member to give up `step` says why (StageNotice); Noticed is what it said, if any.
-  void Notify(uint64_t step, const absl::Status& why);
+  // This member gives `step` up: says why if it is the first to (StageNotice), and marks it.
+  void GiveUp(uint64_t step, const absl::Status& why);
   absl::Status Noticed(uint64_t step) const;
-  // Gone(), unless a member said why it gave this step up: then that.
-  absl::Status GoneOrNoticed() const;
-  absl::Status Finish(uint64_t step, const absl::Status& status);  // publishes what is left; returns `status`
+  // Gone(), unless a member said why it gave `step` up: then that.
+  absl::Status GoneOrNoticed(uint64_t step) const;
 
   StageMembership m_;
-  uint64_t step_ = 0;
+  uint64_t step_ = 0;      // the last step begun
+  uint32_t leg_key_ = 0;   // the first member's last network leg: its key and step (0: none yet)
+  uint64_t leg_step_ = 0;
 };
 
 }  // namespace dlcp

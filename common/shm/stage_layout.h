@@ -3,10 +3,13 @@
 // the region and hands it to each member over its host socket (host_hello.h); the members then
 // coordinate through this header alone.
 //
-// Layout: StageHeader at offset 0, then `members` slots of slot_bytes each, starting at
-// kStageSlotsOffset. Slot i is member i's input; slot 0 also takes the sum and then the result.
+// Layout: StageHeader at offset 0, then `members` + kStageBanks slots of slot_bytes each, starting
+// at kStageSlotsOffset. Slot i < members is member i's input; the last kStageBanks slots are the
+// sum slots, which take a step's sum and then its result. Step s sums into bank s % kStageBanks,
+// so the members copy and sum the next step while the first member's network leg still runs on
+// this one's sum (StageSteps::Begin, End).
 //
-// Every field a member writes is its own (StageMember[i]) or, for the result, the first member's;
+// Every field a member writes is its own (StageMember[i]) or, for the results, the first member's;
 // dlcpd writes only `gone`. A member checks what it reads against what the broker told it (the
 // geometry is the Welcome's, never the header's), so a corrupt header fails an op, not a process.
 #pragma once
@@ -18,7 +21,8 @@
 namespace dlcp {
 
 inline constexpr uint32_t kStageMagic = 0x47545344;  // "DSTG"
-inline constexpr uint32_t kStageVersion = 2;
+inline constexpr uint32_t kStageVersion = 3;
+inline constexpr uint32_t kStageBanks = 2;
 inline constexpr uint32_t kMaxStageMembers = 64;
 inline constexpr uint32_t kStageMessageBytes = 480;
 
@@ -26,8 +30,9 @@ inline constexpr uint32_t kStageMessageBytes = 480;
 struct alignas(64) StageMember {
   std::atomic<uint64_t> arrived;    // the step whose input (and `step`) it has written
   std::atomic<uint64_t> summed;     // the step whose share of the sum it has added
-  std::atomic<uint64_t> consumed;   // the step whose result it has read (its slot is free again)
-  std::atomic<uint64_t> abandoned;  // the latest step it gave up (its op failed): no sum for it
+  std::atomic<uint64_t> consumed;   // the step whose result it has read (its bank is free again)
+  // Per bank, the latest step of it that this member gave up (its op failed): no sum for it.
+  std::atomic<uint64_t> abandoned[kStageBanks];
   // The op of step `arrived`, which every member must agree on, and that step (a member that gave
   // the step up before it came leaves an older one here).
   uint64_t step;
@@ -65,8 +70,8 @@ static_assert(sizeof(StageLoss) == 96);
 inline constexpr uint32_t kStageMaxClasses = 4096;
 
 struct StageResult {
-  std::atomic<uint64_t> step;  // the step whose result slot 0 now holds (or whose error this is)
-  StageStatus status;          // OK: slot 0 holds the result
+  std::atomic<uint64_t> step;  // the step whose result its bank now holds (or whose error this is)
+  StageStatus status;          // OK: the bank holds the result
   StageLoss loss;              // written before `step`, as are the two below
   uint32_t class_count;        // the bounded step's chunks, whose classes follow
   uint8_t classes[kStageMaxClasses];
@@ -92,16 +97,17 @@ struct alignas(64) StageHeader {
   alignas(64) std::atomic<uint32_t> bell;
   // dlcpd: member i's process is gone (its host socket closed); 0: alive.
   std::atomic<uint32_t> gone[kMaxStageMembers];
-  alignas(64) StageResult result;
-  alignas(64) StageNotice notice;
+  // Per bank: the result of its latest step, and why that step was given up.
+  alignas(64) StageResult result[kStageBanks];
+  alignas(64) StageNotice notice[kStageBanks];
   StageMember member[kMaxStageMembers];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
-static_assert(sizeof(StageHeader) <= 16384);
+inline constexpr size_t kStageSlotsOffset = 32768;
+static_assert(sizeof(StageHeader) <= kStageSlotsOffset);
 
-inline constexpr size_t kStageSlotsOffset = 16384;
 inline size_t StageRegionBytes(uint32_t members, uint64_t slot_bytes) {
-  return kStageSlotsOffset + static_cast<size_t>(members) * slot_bytes;
+  return kStageSlotsOffset + static_cast<size_t>(members + kStageBanks) * slot_bytes;
 }
 
 }  // namespace dlcp

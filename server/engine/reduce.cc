@@ -19,6 +19,11 @@ DLCP_ISA_CLONES void SumInto(float* __restrict dst,
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+DLCP_ISA_CLONES void SumOf(float* __restrict dst, const float* __restrict a, const float* __restrict b, size_t n) {
+#pragma GCC ivdep
+  for (size_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+}
+
 __attribute__((optimize("no-tree-vectorize"))) void SumIntoScalar(float* dst, const float* src, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     volatile float a = dst[i];

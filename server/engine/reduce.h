@@ -10,7 +10,10 @@ namespace dlcp::engine {
 // dst[i] += src[i] for i < n. dst and src must not overlap.
 void SumInto(float* __restrict dst, const float* __restrict src, size_t n);
 
-// The same sum, one element at a time, with no vectorization: the reference for tests.
+// dst[i] = a[i] + b[i] for i < n. dst overlaps neither.
+void SumOf(float* __restrict dst, const float* __restrict a, const float* __restrict b, size_t n);
+
+// The same sum as SumInto, one element at a time, with no vectorization: the reference for tests.
 void SumIntoScalar(float* dst, const float* src, size_t n);
 
 }  // namespace dlcp::engine

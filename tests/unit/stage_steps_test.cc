@@ -8,7 +8,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <atomic>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -68,9 +71,9 @@ TEST(StageSteps, MembersSumExactlyOverManyStepsWithTheFirstOnesNetworkLeg) {
   const uint64_t slot_elems = kSlotBytes / 4;
   std::vector<int> failures(3, 0);
   // The other hosts' part, as the aggregators would add it.
-  const NetworkLeg leg = [](float* sum, const StepSpec& s) {
+  const NetworkLeg leg = [](float* sum, const StepSpec& s, uint64_t, const LegDone& done) {
     for (uint64_t i = 0; i < s.elems; ++i) sum[i] += 1000.0f;
-    return absl::OkStatus();
+    done(absl::OkStatus());
   };
   stage.Each({0, 1, 2}, [&](uint32_t m, StageSteps& steps) {
     for (uint32_t step = 0; step < 300; ++step) {
@@ -86,6 +89,63 @@ TEST(StageSteps, MembersSumExactlyOverManyStepsWithTheFirstOnesNetworkLeg) {
       }
     }
   });
+}
+
+// A leg that ends later, on a thread of its own, as the engine's does: the members begin step s + 1
+// before they end step s, so legs of different keys run side by side, and a key's next leg waits
+// for its last one (the engine runs one op of a key at a time). Sums stay exact.
+TEST(StageSteps, StepsOverlapTheNetworkLegBeforeThemAndAKeysLegsDoNot) {
+  Stage stage({0, 1, 2});
+  constexpr uint32_t kSteps = 120;
+  std::mutex mu;
+  std::vector<std::thread> legs;
+  std::atomic<int> running{0}, most_running{0};
+  std::atomic<int> running_of_key[3] = {0, 0, 0};
+  std::atomic<int> same_key_overlaps{0};
+  const NetworkLeg leg = [&](float* sum, const StepSpec& s, uint64_t, LegDone done) {
+    std::lock_guard<std::mutex> lock(mu);
+    legs.emplace_back([&, sum, s, done = std::move(done)] {
+      if (running_of_key[s.key].fetch_add(1) > 0) same_key_overlaps.fetch_add(1);
+      const int now = running.fetch_add(1) + 1;
+      for (int seen = most_running.load(); now > seen && !most_running.compare_exchange_weak(seen, now);) {
+      }
+      absl::SleepFor(absl::Milliseconds(3));
+      for (uint64_t i = 0; i < s.elems; ++i) sum[i] += 1000.0f;
+      running.fetch_sub(1);
+      running_of_key[s.key].fetch_sub(1);
+      done(absl::OkStatus());
+    });
+  };
+  std::atomic<int> wrong{0};
+  stage.Each({0, 1, 2}, [&](uint32_t m, StageSteps& steps) {
+    const absl::Time deadline = MonotonicNow() + absl::Seconds(60);
+    std::vector<std::vector<float>> data(kSteps);
+    std::optional<std::pair<BegunStep, StepIo>> pending;
+    auto end = [&](uint32_t step) {
+      absl::Status s = steps.End(pending->first, pending->second.out, deadline, NotInterrupted);
+      EXPECT_TRUE(s.ok()) << "member " << m << " step " << step << ": " << s;
+      for (uint64_t i = 0; i < data[step].size(); ++i) {
+        if (data[step][i] != static_cast<float>(6 * (i % 97) + 3 * step) + 1000.0f) wrong.fetch_add(1);
+      }
+    };
+    for (uint32_t step = 0; step < kSteps; ++step) {
+      const uint64_t elems = 1 + (step * 7919) % (kSlotBytes / 4);
+      data[step].resize(elems);
+      for (uint64_t i = 0; i < elems; ++i) data[step][i] = static_cast<float>((m + 1) * (i % 97) + step);
+      StepIo io = HostStepIo(data[step].data(), data[step].data(), elems);
+      const uint32_t key = (step / 2) % 3;  // pairs of steps of one key, then another key
+      BegunStep begun = steps.Begin(StepSpec{key, 0, 0, elems, elems}, io, m == 0 ? leg : nullptr, deadline,
+                                    NotInterrupted);
+      EXPECT_TRUE(begun.status.ok()) << "member " << m << " step " << step << ": " << begun.status;
+      if (pending) end(step - 1);
+      pending.emplace(begun, std::move(io));
+    }
+    end(kSteps - 1);
+  });
+  for (std::thread& t : legs) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(same_key_overlaps.load(), 0);
+  EXPECT_EQ(most_running.load(), 2) << "no two legs ever ran side by side";
 }
 
 TEST(StageSteps, ABroadcastCarriesTheRootsBitsExactly) {
@@ -136,7 +196,9 @@ TEST(StageSteps, AStepOneMemberGivesUpFailsForAllAndTheNextOneWorks) {
   stage.Each({0, 1, 2}, [&](uint32_t m, StageSteps& steps) {
     std::vector<float> data(16, 1.0f);
     const StepSpec spec{4, 0, 0, 16, 16};
-    absl::Status s = m == 1 ? steps.Skip(spec, absl::AbortedError("its job failed")) : RunStep(steps, spec, data);
+    absl::Status s = m == 1 ? steps.Skip(spec, absl::AbortedError("its job failed"), MonotonicNow() + absl::Seconds(30),
+                                         NotInterrupted)
+                            : RunStep(steps, spec, data);
     EXPECT_FALSE(s.ok()) << m;
     if (m != 1) {
       EXPECT_EQ(s, absl::AbortedError("its job failed")) << m;
