@@ -221,8 +221,10 @@ std::optional<StageMembership> FindHostStage(const ClientOptions& o, uint32_t lo
 HostStage::NetworkSubmit StageNetwork(TransferEngine* engine, const StageMembership& m, uint32_t world) {
   if (m.welcome.member != 0 || m.welcome.ranks.size() == world) return nullptr;
   const auto carries = static_cast<uint16_t>(m.welcome.ranks.size());
-  return [engine, carries](uint32_t key, absl::Span<float> sum, const AllReduceOptions& options, int64_t root,
-                           OpDone done) { engine->Submit(key, sum, options, root, std::move(done), carries); };
+  return [engine, carries](uint32_t key, uint32_t part, absl::Span<float> sum, const AllReduceOptions& options,
+                           int64_t root, OpDone done) {
+    engine->Submit(key, sum, options, root, std::move(done), StageLeg{carries, part});
+  };
 }
 
 }  // namespace
@@ -268,8 +270,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
     HostStage::RoundsElsewhere elsewhere = [engine = c->engine_.get()](uint32_t key, uint32_t rounds) {
       engine->SkipRounds(key, rounds);
     };
-    c->stage_ = std::make_unique<HostStage>(std::move(*stage), std::move(network), std::move(elsewhere),
-                                            options.world_size, options.op_timeout,
+    HostStage::Limits limits;
+    limits.world = options.world_size;
+    limits.op_timeout = options.op_timeout;
+    limits.bounded_step_elems = uint64_t{kStageMaxClasses} * (options.chunk_bytes / sizeof(float));
+    c->stage_ = std::make_unique<HostStage>(std::move(*stage), std::move(network), std::move(elsewhere), limits,
                                             [client = c.get()](const absl::Status& s) { client->LoseStage(s); });
   }
   c->ListenToSession(/*regroup=*/eo.retain_inputs && eo.endpoints.size() > 1);
@@ -350,7 +355,7 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduceDevice(uint32_t key, co
 
 void Client::AllReduceDeviceAsync(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options,
                                   OpDone done) {
-  if (std::optional<AllReduceOptions> staged = ThroughHostStage(options, tensor.elems)) {
+  if (std::optional<AllReduceOptions> staged = ThroughHostStage(options)) {
     if (absl::Status s = DeviceTensorStatus(tensor); !s.ok()) return done(s);
     return stage_->SubmitDevice(key, tensor, *staged, WithHeartbeatNews(key, std::move(done)));
   }
@@ -375,21 +380,18 @@ void Client::LoseStage(const absl::Status& why) {
                     << why << "); this worker pushes its own data from now on";
 }
 
-std::optional<AllReduceOptions> Client::ThroughHostStage(const AllReduceOptions& options, uint64_t elems) const {
+std::optional<AllReduceOptions> Client::ThroughHostStage(const AllReduceOptions& options) const {
+  // Phase-aware tolerance sets each round's ε from the worker's own gradients' norm, which the
+  // workers of a stage would not agree on.
   if (!StageUsable() || options_.phase_aware.enabled) return std::nullopt;
   AllReduceOptions resolved = options;
   resolved.loss_bound = options.loss_bound >= 0 ? options.loss_bound : options_.loss_bound;
-  // A bounded op's manifest and error feedback are per tensor, and the stage's network leg runs
-  // one op per slot: such an op goes through the stage when it fits one slot (and its chunks'
-  // classes the stage's header).
-  const uint64_t bounded_elems =
-      std::min<uint64_t>(stage_->slot_elems(), uint64_t{kStageMaxClasses} * (options_.chunk_bytes / sizeof(float)));
-  if (!(resolved.loss_bound <= 1) || (resolved.loss_bound > 0 && elems > bounded_elems)) return std::nullopt;
+  if (!(resolved.loss_bound <= 1)) return std::nullopt;  // the network path names it
   return resolved;
 }
 
 void Client::AllReduceAsync(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, OpDone done) {
-  if (std::optional<AllReduceOptions> staged = ThroughHostStage(options, data.size()); staged && data.data() != nullptr) {
+  if (std::optional<AllReduceOptions> staged = ThroughHostStage(options); staged && data.data() != nullptr) {
     return stage_->Submit(key, data, *staged, -1, WithHeartbeatNews(key, std::move(done)));
   }
   engine_->Submit(key, data, options, -1, WithHeartbeatNews(key, std::move(done)));

@@ -313,9 +313,9 @@ class Client {
                       bool planned);
   // Pause the data path, regroup with the survivors, resume in the new layout (or fail).
   void Regroup(uint32_t generation, std::vector<bool> lost, absl::Status why);
-  // The options an op of `elems` elements goes through the host stage with (its ε resolved), or
-  // nullopt where it takes the network path.
-  std::optional<AllReduceOptions> ThroughHostStage(const AllReduceOptions& options, uint64_t elems) const;
+  // The options an op goes through the host stage with (its ε resolved), or nullopt where it takes
+  // the network path.
+  std::optional<AllReduceOptions> ThroughHostStage(const AllReduceOptions& options) const;
 
   ClientOptions options_;
   TransportOptions::Kind transport_kind_ = TransportOptions::Kind::kUdp;

@@ -13,7 +13,7 @@
 namespace dlcp {
 
 void TransferEngine::ApplyResidual(Op& op) {
-  auto it = residuals_.find(op.key);
+  auto it = residuals_.find(ResidualKey(op));
   if (it == residuals_.end() || it->second.values.size() != op.geometry.tensor_elems) return;
   for (uint32_t c : it->second.chunks) {
     float* keep = it->second.values.data() + op.geometry.offset(c);

@@ -102,13 +102,14 @@ uint32_t TransferEngine::WindowOf(uint32_t dest) const {
 TransferEngine::~TransferEngine() { Stop(absl::CancelledError("dlcp client closed")); }
 
 void TransferEngine::Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options,
-                            int64_t broadcast_root, OpDone done, uint16_t carries) {
+                            int64_t broadcast_root, OpDone done, StageLeg leg) {
   auto op = std::make_unique<Op>();
   op->done = std::move(done);
   if (data.data() == nullptr) return op->done(absl::InvalidArgumentError("AllReduce of an empty tensor"));
   op->data = data.data();
   op->broadcast_root = broadcast_root;
-  op->carries = carries;
+  op->carries = leg.carries;
+  op->part = leg.part;
   Enqueue(std::move(op), key, data.size(), options);
 }
 
@@ -639,7 +640,7 @@ void TransferEngine::HandleResult(Op& op, const wire::Header& h, const InMessage
   if (h.flags & wire::kFlagLeftOut) {
     ++op.stats.left_out_by_class[op.chunks.classes[c]];
     if (options_.error_feedback && !op.retained.replay) {  // the original round took care of its own
-      Residual& r = residuals_[op.key];
+      Residual& r = ResidualOf(op);
       if (r.values.size() != op.geometry.tensor_elems) r.values.assign(op.geometry.tensor_elems, 0.0f);
       float* keep = r.values.data() + op.geometry.offset(c);
       for (uint32_t i = 0; i < op.geometry.elems(c); ++i) keep[i] += out[i];

@@ -48,6 +48,14 @@ namespace dlcp {
 // at p99 and pushed a third as many chunks again; 0.7 was 6% slower (docs/congestion.md).
 inline constexpr double kWindowDecrease = 0.35;
 
+// A host stage's network leg (docs/host-stage.md), as its first worker submits it: the sum of
+// `carries` ranks (its pushes say so), and which step of the stage's op it is. An op larger than a
+// step goes in several rounds of one key, and each step keeps its own error feedback.
+struct StageLeg {
+  uint16_t carries = 1;
+  uint32_t part = 0;
+};
+
 // Where the job's aggregators are, one entry per aggregator, in the same order in every field.
 struct EngineLayout {
   std::vector<uint32_t> epochs;  // the job's epoch at each
@@ -117,10 +125,10 @@ class TransferEngine {
 
   // Any thread. Validates and enqueues; `done` runs once, on the I/O thread (or on the caller's
   // thread if the op is refused at once). With broadcast_root >= 0 the op is a broadcast from
-  // that rank: other ranks contribute zeros. `carries` > 1: `data` is the sum of a host stage of
-  // that many ranks, which this worker leads (its pushes say so; docs/host-stage.md).
+  // that rank: other ranks contribute zeros. `leg`: the op is a host stage's network leg, which
+  // this worker leads.
   void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t broadcast_root,
-              OpDone done, uint16_t carries = 1);
+              OpDone done, StageLeg leg = {});
   // The same for a tensor in CUDA device memory: the CUDA packer packs it, results gather in a
   // host buffer of the op and go back to the device when the op completes.
   void SubmitDevice(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options, OpDone done);
@@ -330,13 +338,15 @@ class TransferEngine {
   std::unordered_map<int, std::unique_ptr<Packer>> device_packers_;  // per CUDA device, made on first use
   DropInjector injector_;
   PhaseAwareBound phase_;
-  // Error feedback, per key: this worker's contributions left out of earlier rounds, added into
-  // the next one. `chunks` lists the chunks that hold something.
+  // Error feedback, per key and host stage step (ResidualOf): this worker's contributions left out
+  // of earlier rounds, added into the next one. `chunks` lists the chunks that hold something.
   struct Residual {
     std::vector<float> values;
     std::vector<uint32_t> chunks;
   };
-  std::unordered_map<uint32_t, Residual> residuals_;
+  std::unordered_map<uint64_t, Residual> residuals_;
+  static uint64_t ResidualKey(const Op& op) { return uint64_t{op.key} << 32 | op.part; }
+  Residual& ResidualOf(const Op& op) { return residuals_[ResidualKey(op)]; }
   // retain_inputs: the last op finished per key (its input kept), and ops waiting for their
   // key's replay to finish.
   std::unordered_map<uint32_t, std::unique_ptr<Op>> last_done_;

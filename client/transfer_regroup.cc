@@ -130,7 +130,7 @@ void TransferEngine::Restart(Op& op, absl::Time now) {
   }
   // Contributions the old layout left out went into the residual; this attempt decides afresh.
   if (!op.retained.left_out.empty()) {
-    Residual& r = residuals_[op.key];
+    Residual& r = ResidualOf(op);
     for (uint32_t c : op.retained.left_out) {
       float* keep = r.values.data() + op.geometry.offset(c);
       const float* in = op.retained.input.data() + op.geometry.offset(c);
@@ -160,6 +160,7 @@ std::unique_ptr<TransferEngine::Op> TransferEngine::ReplayOf(const Op& finished)
   op->loss_bound_ppm = finished.loss_bound_ppm;
   op->broadcast_root = finished.broadcast_root;
   op->carries = finished.carries;  // a host stage's sum counts for its ranks again, or the round waits on them
+  op->part = finished.part;
   op->bounded.pull_ppm = finished.bounded.pull_ppm;
   op->bounded.droppable_chunks = finished.bounded.droppable_chunks;
   op->stats.key = finished.key;

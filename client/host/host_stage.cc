@@ -56,15 +56,29 @@ void CopyLoss(const From& from, To* to) {
   to->min_contributors = from.min_contributors;
 }
 
+// A bounded op's losses over its steps: each step is a round of its own.
+void AddLoss(const StageLoss& step, std::optional<StageLoss>* total) {
+  if (!total->has_value()) return (void)(*total = step);
+  StageLoss& t = **total;
+  for (size_t c = 0; c < 4; ++c) {
+    t.chunks_by_class[c] += step.chunks_by_class[c];
+    t.left_out_by_class[c] += step.left_out_by_class[c];
+  }
+  t.droppable_total += step.droppable_total;
+  t.droppable_missing += step.droppable_missing;
+  t.pull_missing += step.pull_missing;
+  t.bound_violations += step.bound_violations;
+  t.min_contributors = std::min(t.min_contributors, step.min_contributors);
+}
+
 }  // namespace
 
-HostStage::HostStage(StageMembership membership, NetworkSubmit network, RoundsElsewhere elsewhere, uint32_t world,
-                     absl::Duration op_timeout, std::function<void(const absl::Status&)> broken)
+HostStage::HostStage(StageMembership membership, NetworkSubmit network, RoundsElsewhere elsewhere, Limits limits,
+                     std::function<void(const absl::Status&)> broken)
     : steps_(std::move(membership)),
       network_(std::move(network)),
       elsewhere_(std::move(elsewhere)),
-      world_(world),
-      op_timeout_(op_timeout),
+      limits_(limits),
       broken_(std::move(broken)) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -163,10 +177,10 @@ std::optional<HostStage::Op> HostStage::Take(bool wait_for_one) {
 void HostStage::StartOp(Op op, std::optional<Pending>* pending) {
   auto run = std::make_shared<Running>();
   run->start = MonotonicNow();
-  run->deadline = run->start + op_timeout_;
+  run->deadline = run->start + limits_.op_timeout;
   run->stats.key = op.key;
   run->stats.round = rounds_[op.key]++;
-  run->stats.min_contributors = world_;  // the first worker's network legs may say otherwise
+  run->stats.min_contributors = limits_.world;  // the first worker's network legs may say otherwise
   run->stats.loss_bound = std::max(0.0, op.options.loss_bound);
   run->op = std::move(op);
   const Op& o = run->op;
@@ -177,9 +191,9 @@ void HostStage::StartOp(Op op, std::optional<Pending>* pending) {
   run->status = Interrupted();
   if (o.elems() == 0) return Complete(*run);
   if (o.device) PinForDevice(o.device->device);
-  for (uint64_t offset = 0; offset < o.elems(); offset += steps_.slot_elems()) {
-    const StepSpec spec{o.key, kind, offset, std::min<uint64_t>(steps_.slot_elems(), o.elems() - offset), o.elems(),
-                        bound_ppm};
+  const uint64_t step_elems = StepElemsOf(o);
+  for (uint64_t offset = 0; offset < o.elems(); offset += step_elems) {
+    const StepSpec spec{o.key, kind, offset, std::min<uint64_t>(step_elems, o.elems() - offset), o.elems(), bound_ppm};
     if (!run->status.ok()) {  // the op failed: the rest of its steps are given up, so every worker stays in step
       if (*pending) EndStep(*std::exchange(*pending, std::nullopt));
       steps_.Skip(spec, run->status, run->deadline, [this] { return Interrupted(); }).IgnoreError();
@@ -209,8 +223,11 @@ void HostStage::EndStep(Pending p) {
   Running& run = *p.run;
   auto out = [&](const float* result) {
     if (run.stats.loss_bound > 0 && LegElsewhere()) {  // the first worker's leg posted the round's losses
-      run.heard = steps_.loss(p.begun.step);
-      if (run.op.options.report_classes) run.classes = steps_.classes(p.begun.step);
+      AddLoss(steps_.loss(p.begun.step), &run.heard);
+      if (run.op.options.report_classes) {
+        const std::vector<uint8_t> classes = steps_.classes(p.begun.step);
+        run.classes.insert(run.classes.end(), classes.begin(), classes.end());
+      }
     }
     return p.io.out(result);
   };
@@ -237,6 +254,10 @@ void HostStage::Complete(Running& run) {
   if (run.heard && op.options.report_classes) run.stats.classes = std::move(run.classes);
   run.stats.time = MonotonicNow() - run.start;
   run.op.done(std::move(run.stats));
+}
+
+uint64_t HostStage::StepElemsOf(const Op& op) const {
+  return op.options.loss_bound > 0 ? std::min(steps_.slot_elems(), limits_.bounded_step_elems) : steps_.slot_elems();
 }
 
 StepIo HostStage::IoOf(const Op& op, const StepSpec& spec) const {
@@ -273,9 +294,10 @@ void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const 
   if (root >= 0 && std::find(ranks().begin(), ranks().end(), static_cast<uint32_t>(root)) != ranks().end()) {
     root = ranks()[0];
   }
+  const auto part = static_cast<uint32_t>(spec.offset / StepElemsOf(op));  // error feedback is per step
   // The engine ends its op by the op's deadline (or at Stop, which a closing client calls after the
   // stage's and before the stage's memory is unmapped), and runs this on its own thread.
-  network_(spec.key, absl::MakeSpan(sum, spec.elems), op.options, root,
+  network_(spec.key, part, absl::MakeSpan(sum, spec.elems), op.options, root,
            [this, step, bounded = spec.loss_bound_ppm > 0, out = std::move(out),
             done = std::move(done)](absl::StatusOr<RoundStats> r) {
              if (r.ok() && bounded) {  // the others report it as theirs

@@ -32,22 +32,29 @@ namespace dlcp {
 
 class HostStage {
  public:
-  // The first worker's way to the aggregators: submits `sum` as an op of `key` whose pushes carry
-  // the whole stage (TransferEngine::Submit with the stage's size). Null for a stage that holds
-  // every rank of the job: its sum is the result.
-  using NetworkSubmit =
-      std::function<void(uint32_t key, absl::Span<float> sum, const AllReduceOptions& options, int64_t root, OpDone)>;
+  // The first worker's way to the aggregators: submits `sum`, step `part` of an op of `key`, as an
+  // op whose pushes carry the whole stage (TransferEngine::Submit with the stage's size). Null for
+  // a stage that holds every rank of the job: its sum is the result.
+  using NetworkSubmit = std::function<void(uint32_t key, uint32_t part, absl::Span<float> sum,
+                                           const AllReduceOptions& options, int64_t root, OpDone)>;
 
   // Rounds of a key that the first worker's network legs ran for this one (TransferEngine::
   // SkipRounds): every worker's engine then numbers the key's rounds alike, should a later op of
   // it take the network path. Called on the other workers of a stage that has network legs.
   using RoundsElsewhere = std::function<void(uint32_t key, uint32_t rounds)>;
 
-  // `world`: the job's size, which every result of a reliable op sums.
+  struct Limits {
+    uint32_t world = 1;  // the job's size, which every result of a reliable op sums
+    absl::Duration op_timeout;
+    // A bounded-loss op's steps, in elements, at most a slot: each step's chunks' classes travel in
+    // the region's header (kStageMaxClasses of them).
+    uint64_t bounded_step_elems = 0;
+  };
+
   // `broken`: runs once, on the stage's thread, when a worker of the stage is found gone: no op
   // can go through the stage any more.
-  HostStage(StageMembership membership, NetworkSubmit network, RoundsElsewhere elsewhere, uint32_t world,
-            absl::Duration op_timeout, std::function<void(const absl::Status&)> broken);
+  HostStage(StageMembership membership, NetworkSubmit network, RoundsElsewhere elsewhere, Limits limits,
+            std::function<void(const absl::Status&)> broken);
   ~HostStage();
   HostStage(const HostStage&) = delete;
   HostStage& operator=(const HostStage&) = delete;
@@ -55,8 +62,7 @@ class HostStage {
   const std::vector<uint32_t>& ranks() const { return steps_.ranks(); }
   uint64_t slot_elems() const { return steps_.slot_elems(); }
   // Sums `data` over the job, in place (root >= 0: replaces it with rank root's). `data` stays
-  // the caller's until `done`. options.loss_bound is the op's ε, resolved (not negative); an op
-  // under a loss bound must fit one slot, as its manifest and error feedback cover one tensor.
+  // the caller's until `done`. options.loss_bound is the op's ε, resolved (not negative).
   void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t root, OpDone done);
   // Sums a tensor in CUDA device memory over the job, in place. Each step copies its part from
   // the device straight into this worker's slot, and the result from the step's sum slot straight back: the
@@ -123,15 +129,16 @@ class HostStage {
   void StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Op& op,
                 std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done);
   absl::Status Interrupted() const;
-  uint64_t StepsOf(const Op& op) const { return (op.elems() + steps_.slot_elems() - 1) / steps_.slot_elems(); }
+  // Elements per step of `op`, and how many steps it takes.
+  uint64_t StepElemsOf(const Op& op) const;
+  uint64_t StepsOf(const Op& op) const { return (op.elems() + StepElemsOf(op) - 1) / StepElemsOf(op); }
   // This worker's stage has network legs, and its first worker, not this one, runs them.
-  bool LegElsewhere() const { return !steps_.first() && ranks().size() < world_; }
+  bool LegElsewhere() const { return !steps_.first() && ranks().size() < limits_.world; }
 
   StageSteps steps_;
   NetworkSubmit network_;
   RoundsElsewhere elsewhere_;
-  uint32_t world_;
-  absl::Duration op_timeout_;
+  Limits limits_;
   std::function<void(const absl::Status&)> broken_;  // null once it ran
   std::map<uint32_t, uint32_t> rounds_;  // the stage thread's: ops run per key
   bool pin_tried_ = false;  // the stage thread's

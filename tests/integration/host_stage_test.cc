@@ -92,12 +92,15 @@ double ReceivedBytes(const Daemon& a, const Daemon& b) {
 }
 
 // The same job of two hosts of two on two dlcpd, with host stages and without (`extra` flags for
-// dlcp-bench; `check` reads each rank's output and returns what it counts). Expects each host
-// to push about half the bytes with stages, and no rejects. Returns the counts added up per way.
+// dlcp-bench, `daemon` for dlcpd; `check` reads each rank's output and returns what it counts).
+// Expects each host to push about half the bytes with stages, and no rejects. Returns the counts
+// added up per way.
 std::array<double, 2> WithAndWithoutStages(const std::string& job, const std::vector<std::string>& extra,
-                                           const std::function<double(int rank, const std::string& out)>& check) {
-  auto a = Daemon::Start(DLCPD_PATH, {"--metrics-port=0"});
-  auto b = Daemon::Start(DLCPD_PATH, {"--metrics-port=0"});
+                                           const std::function<double(int rank, const std::string& out)>& check,
+                                           std::vector<std::string> daemon = {}) {
+  daemon.push_back("--metrics-port=0");
+  auto a = Daemon::Start(DLCPD_PATH, daemon);
+  auto b = Daemon::Start(DLCPD_PATH, daemon);
   if (a == nullptr || b == nullptr) {
     ADD_FAILURE() << "dlcpd did not start";
     return {};
@@ -135,7 +138,8 @@ TEST(HostStage, EachHostPushesOnceAndEveryWorkerGetsTheExactSum) {
 // first worker declares the sum's classes for the whole stage, a lost push is that many
 // (worker, chunk) contributions, and the bound holds on them. Every worker's results are exact
 // sums over the contributions they hold (dlcp-bench reads each chunk's contributors off its
-// digits), and every worker reports the round's losses.
+// digits), and every worker reports the round's losses. 256 KiB slots: each op goes through in 8
+// steps, each a bounded round of its own, with its own error feedback.
 TEST(HostStage, BoundedLossGoesThroughTheStagesAndTheBoundHolds) {
   const std::array<double, 2> left_out = WithAndWithoutStages(
       "bounded", {"--loss-bound=0.05", "--json", "--inject-drop-class=1:0.05,2:0.05,3:0.05"},
@@ -150,7 +154,8 @@ TEST(HostStage, BoundedLossGoesThroughTheStagesAndTheBoundHolds) {
         EXPECT_EQ(NumberAfter(json, "bound_violations"), 0) << json;
         EXPECT_LE(NumberAfter(json, "max_round_loss"), 0.05) << json;
         return NumberAfter(json, "left_out_c1") + NumberAfter(json, "left_out_c2") + NumberAfter(json, "left_out_c3");
-      });
+      },
+      {"--host-slot-bytes=262144"});
   EXPECT_GT(left_out[true], 0) << "nothing was left out through the stages: the injected drops were all repaired";
 }
 

@@ -1,8 +1,10 @@
 // The client's transfer engine against an aggregator driven by hand over the loopback transport:
-// what a worker asks for when its results stop coming, and what it pushes again after a regroup.
+// what a worker asks for when its results stop coming, what it pushes again after a regroup, and
+// what error feedback adds to a host stage's steps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <future>
 #include <map>
 #include <numeric>
@@ -13,6 +15,7 @@
 #include "common/base/clock.h"
 #include "common/transport/factory.h"
 #include "common/transport/transport.h"
+#include "common/wire/bounded.h"
 #include "common/wire/header.h"
 #include "common/wire/ranges.h"
 
@@ -190,7 +193,8 @@ void StartOneOp(HandAggregator& agg, uint32_t window_chunks, absl::Duration repa
   ASSERT_TRUE(tx.ok()) << tx.status();
   op->engine = std::make_unique<TransferEngine>(o, std::move(*tx));
   op->engine->Submit(kKey, absl::MakeSpan(op->data), AllReduceOptions{}, -1,
-                     [op](absl::StatusOr<RoundStats> r) { op->done.set_value(std::move(r)); }, carries);
+                     [op](absl::StatusOr<RoundStats> r) { op->done.set_value(std::move(r)); },
+                     StageLeg{carries, 0});
 }
 
 // A worker whose results stop coming asks for them again, once per quiet spell, and each request
@@ -282,6 +286,86 @@ TEST(RegroupReplay, AHostStagesRoundPushedAgainStillCarriesItsRanks) {
   op.engine->Resume(layout, {KeyProgress{kKey, 0, 1}});
   agg.Serve(absl::Seconds(20), HandAggregator::Mode::kAnswer, [&] { return agg.answered() == kChunks; });
   EXPECT_EQ(agg.pushes_by_contributors, (std::map<uint16_t, size_t>{{3, kChunks}}));
+}
+
+// A host stage's bounded op of one key goes in steps, each a round of its own (StageLeg::part):
+// what the aggregators left out of step 0 goes into step 0 of the key's next op, not into step 1,
+// whose values are another part of the tensor.
+TEST(ErrorFeedback, EachStepOfAHostStagesOpKeepsItsOwn) {
+  constexpr uint32_t kStepChunks = 4, kStepElems = kStepChunks * kChunkBytes / 4;
+  TransportOptions lo;
+  lo.kind = TransportOptions::Kind::kLoopback;
+  auto agg = CreateTransport(lo);
+  ASSERT_TRUE(agg.ok()) << agg.status();
+  EngineOptions o;
+  o.epochs = {kEpoch};
+  o.keys = {std::nullopt};
+  o.endpoints = {{(*agg)->local_address()}};
+  o.sources = {{{}}};
+  o.aggregator_ids = {"hand"};
+  o.job = kJob;
+  o.world = 2;
+  o.chunk_bytes = kChunkBytes;
+  o.rescale = false;
+  o.op_timeout = absl::Seconds(10);
+  auto tx = CreateTransport(lo);
+  ASSERT_TRUE(tx.ok()) << tx.status();
+  TransferEngine engine(o, std::move(*tx));
+  AllReduceOptions bounded;
+  bounded.loss_bound = 0.5;
+  // One step's op: answers each push with its own values, chunk 0 marked left out when `leave`.
+  // Returns what chunk 0's push carried.
+  auto step = [&](uint32_t part, float value, bool leave) -> float {
+    std::vector<float> data(kStepElems, value);
+    std::promise<absl::StatusOr<RoundStats>> done;
+    auto result = done.get_future();
+    engine.Submit(kKey, absl::MakeSpan(data), bounded, -1,
+                  [&](absl::StatusOr<RoundStats> r) { done.set_value(std::move(r)); }, StageLeg{2, part});
+    float pushed = -1;
+    std::set<uint32_t> answered;
+    std::vector<InMessage> batch;
+    for (const absl::Time end = MonotonicNow() + absl::Seconds(10);
+         result.wait_for(std::chrono::seconds(0)) != std::future_status::ready && MonotonicNow() < end;) {
+      EXPECT_TRUE((*agg)->Receive(&batch, absl::Milliseconds(5)).ok());
+      for (const InMessage& m : batch) {
+        wire::Header h;
+        EXPECT_EQ(wire::ParseHeader(absl::MakeConstSpan(m.data, m.len), &h), wire::Reject::kNone);
+        if (h.type != wire::MsgType::kPush) continue;
+        if (h.chunk == 0) std::memcpy(&pushed, m.data + wire::kHeaderSize, sizeof(float));
+        wire::Header r = h;
+        r.type = wire::MsgType::kResult;
+        r.contributors = 2;
+        r.flags = leave && h.chunk == 0 ? wire::kFlagLeftOut : 0;
+        uint8_t header[wire::kHeaderSize];
+        wire::EncodeHeader(r, header);
+        OutMessage out{m.from, 1, header, sizeof(header), m.data + wire::kHeaderSize, h.payload_len};
+        EXPECT_TRUE((*agg)->Send({&out, 1}, MonotonicNow() + absl::Seconds(1)).ok());
+        answered.insert(h.chunk);
+        if (answered.size() == kStepChunks) {  // the round is sealed: a bounded round ends at its STOP
+          std::vector<wire::ChunkRange> left;
+          if (leave) left.push_back({0, 1});
+          for (const std::vector<uint8_t>& p : wire::EncodeStop(kStepChunks, leave ? 1 : 0, left, 1000)) {
+            wire::Header stop = h;
+            stop.type = wire::MsgType::kStop;
+            stop.chunk = 0;
+            stop.payload_len = static_cast<uint32_t>(p.size());
+            wire::EncodeHeader(stop, header);
+            OutMessage sealed{m.from, 1, header, sizeof(header), p.data(), p.size()};
+            EXPECT_TRUE((*agg)->Send({&sealed, 1}, MonotonicNow() + absl::Seconds(1)).ok());
+          }
+        }
+      }
+    }
+    EXPECT_EQ(result.wait_for(std::chrono::seconds(0)), std::future_status::ready) << "step " << part;
+    if (result.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+      absl::StatusOr<RoundStats> stats = result.get();
+      EXPECT_TRUE(stats.ok()) << "step " << part << ": " << stats.status();
+    }
+    return pushed;
+  };
+  EXPECT_EQ(step(0, 1.0f, /*leave=*/true), 1.0f);
+  EXPECT_EQ(step(1, 2.0f, false), 2.0f) << "step 0's left-out values went into step 1";
+  EXPECT_EQ(step(0, 1.0f, false), 2.0f) << "step 0's left-out values did not come back in its next round";
 }
 
 }  // namespace
