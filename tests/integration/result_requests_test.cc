@@ -164,17 +164,24 @@ struct OneOp {
 
   bool Finished() { return result.wait_for(std::chrono::seconds(0)) == std::future_status::ready; }
 };
+// One aggregator at `endpoint`, in epoch kEpoch, without MACs.
+EngineLayout HandLayout(const Address& endpoint) {
+  EngineLayout layout;
+  layout.epochs = {kEpoch};
+  layout.keys = {std::nullopt};
+  layout.endpoints = {{endpoint}};
+  layout.sources = {{{}}};
+  layout.aggregator_ids = {"hand"};
+  return layout;
+}
+
 // `window_chunks` and `repair_timeout` as given; the rest as a one-worker job of kJob needs. With
 // `carries` > 1 the op is a host stage's sum; with `retain_inputs`, the engine keeps what a
 // regroup pushes again.
 void StartOneOp(HandAggregator& agg, uint32_t window_chunks, absl::Duration repair_timeout, OneOp* op,
                 uint16_t carries = 1, bool retain_inputs = false) {
   EngineOptions o;
-  o.epochs = {kEpoch};
-  o.keys = {std::nullopt};
-  o.endpoints = {{agg.transport()->local_address()}};
-  o.sources = {{{}}};
-  o.aggregator_ids = {"hand"};
+  static_cast<EngineLayout&>(o) = HandLayout(agg.transport()->local_address());
   o.job = kJob;
   o.chunk_bytes = kChunkBytes;
   o.window_chunks = window_chunks;
@@ -276,14 +283,8 @@ TEST(RegroupReplay, AHostStagesRoundPushedAgainStillCarriesItsRanks) {
   ASSERT_EQ(progress->size(), 1u);
   EXPECT_EQ((*progress)[0].done, 1u);
   agg.Forget();
-  EngineLayout layout;
-  layout.epochs = {kEpoch};
-  layout.keys = {std::nullopt};
-  layout.endpoints = {{agg.transport()->local_address()}};
-  layout.sources = {{{}}};
-  layout.aggregator_ids = {"hand"};
   // The slowest worker finished no round of the key, this one 1: it pushes round 0 again.
-  op.engine->Resume(layout, {KeyProgress{kKey, 0, 1}});
+  op.engine->Resume(HandLayout(agg.transport()->local_address()), {KeyProgress{kKey, 0, 1}});
   agg.Serve(absl::Seconds(20), HandAggregator::Mode::kAnswer, [&] { return agg.answered() == kChunks; });
   EXPECT_EQ(agg.pushes_by_contributors, (std::map<uint16_t, size_t>{{3, kChunks}}));
 }
@@ -298,11 +299,7 @@ TEST(ErrorFeedback, EachStepOfAHostStagesOpKeepsItsOwn) {
   auto agg = CreateTransport(lo);
   ASSERT_TRUE(agg.ok()) << agg.status();
   EngineOptions o;
-  o.epochs = {kEpoch};
-  o.keys = {std::nullopt};
-  o.endpoints = {{(*agg)->local_address()}};
-  o.sources = {{{}}};
-  o.aggregator_ids = {"hand"};
+  static_cast<EngineLayout&>(o) = HandLayout((*agg)->local_address());
   o.job = kJob;
   o.world = 2;
   o.chunk_bytes = kChunkBytes;
