@@ -381,9 +381,7 @@ void Client::LoseStage(const absl::Status& why) {
 }
 
 std::optional<AllReduceOptions> Client::ThroughHostStage(const AllReduceOptions& options) const {
-  // Phase-aware tolerance sets each round's ε from the worker's own gradients' norm, which the
-  // workers of a stage would not agree on.
-  if (!StageUsable() || options_.phase_aware.enabled) return std::nullopt;
+  if (!StageUsable()) return std::nullopt;
   AllReduceOptions resolved = options;
   resolved.loss_bound = options.loss_bound >= 0 ? options.loss_bound : options_.loss_bound;
   if (!(resolved.loss_bound <= 1)) return std::nullopt;  // the network path names it

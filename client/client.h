@@ -133,10 +133,10 @@ struct ClientOptions {
   wire::Encoding payload_encoding = wire::Encoding::kF32;
 
   // Host stage (docs/host-stage.md): the job's workers on one host sum in shared memory, handed
-  // out by the host's dlcpd at host_socket, and the first of them pushes the host's sum. Used by
-  // the reliable ops on host memory (ε = 0, no phase_aware); the others, and device tensors, take
-  // the network path. Where there is no stage (local_size under 2, no dlcpd at host_socket, a
-  // refusal), every op takes the network path and the worker logs why, once.
+  // out by the host's dlcpd at host_socket, and the first of them pushes the host's sum. Every op
+  // goes through it, on host memory or CUDA tensors, under a loss bound or not. Where there is no
+  // stage (local_size under 2, no dlcpd at host_socket, a refusal), every op takes the network
+  // path and the worker logs why, once.
   bool host_stage = true;
   std::string host_socket = "/run/dlcp/dlcpd.sock";
   // The job's workers on this host, this one included; 0: LOCAL_WORLD_SIZE, else 1. Every worker
@@ -188,7 +188,7 @@ struct RoundStats {
   uint64_t bytes_received = 0;
 
   // Bounded loss.
-  double loss_bound = 0;                          // ε this round ran under
+  double loss_bound = 0;  // ε this round ran under (through a host stage in steps: the loosest step's)
   std::array<uint64_t, 4> chunks_by_class = {};   // this worker's chunks, by the class it gave them
   std::array<uint64_t, 4> left_out_by_class = {}; // ... and those left out of the aggregate
   // Over every shard's STOP: droppable contributions of all workers declared, and missing.

@@ -338,15 +338,16 @@ class TransferEngine {
   std::unordered_map<int, std::unique_ptr<Packer>> device_packers_;  // per CUDA device, made on first use
   DropInjector injector_;
   PhaseAwareBound phase_;
-  // Error feedback, per key and host stage step (ResidualOf): this worker's contributions left out
+  // A tensor from round to round: its key, and the step of a host stage's op it is (StageLeg).
+  static uint64_t TensorOf(const Op& op) { return uint64_t{op.key} << 32 | op.part; }
+  // Error feedback, per tensor (TensorOf): this worker's contributions left out
   // of earlier rounds, added into the next one. `chunks` lists the chunks that hold something.
   struct Residual {
     std::vector<float> values;
     std::vector<uint32_t> chunks;
   };
   std::unordered_map<uint64_t, Residual> residuals_;
-  static uint64_t ResidualKey(const Op& op) { return uint64_t{op.key} << 32 | op.part; }
-  Residual& ResidualOf(const Op& op) { return residuals_[ResidualKey(op)]; }
+  Residual& ResidualOf(const Op& op) { return residuals_[TensorOf(op)]; }
   // retain_inputs: the last op finished per key (its input kept), and ops waiting for their
   // key's replay to finish.
   std::unordered_map<uint32_t, std::unique_ptr<Op>> last_done_;

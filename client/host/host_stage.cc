@@ -26,6 +26,7 @@ void AddLegStats(const RoundStats& leg, RoundStats* total) {
   total->bytes_received += leg.bytes_received;
   total->injected_drops += leg.injected_drops;
   total->min_contributors = std::min(total->min_contributors, leg.min_contributors);
+  total->loss_bound = std::max(total->loss_bound, leg.loss_bound);  // the loosest step's
   total->slowest_rank = leg.slowest_rank;
   total->slowest_lateness = leg.slowest_lateness;
   for (size_t c = 0; c < leg.chunks_by_class.size(); ++c) {
@@ -69,6 +70,7 @@ void AddLoss(const StageLoss& step, std::optional<StageLoss>* total) {
   t.pull_missing += step.pull_missing;
   t.bound_violations += step.bound_violations;
   t.min_contributors = std::min(t.min_contributors, step.min_contributors);
+  t.loss_bound_ppm = std::max(t.loss_bound_ppm, step.loss_bound_ppm);
 }
 
 }  // namespace
@@ -250,7 +252,10 @@ void HostStage::Complete(Running& run) {
   if (!run.status.ok()) return run.op.done(run.status);
   const Op& op = run.op;
   if (LegElsewhere()) elsewhere_(op.key, static_cast<uint32_t>(StepsOf(op)));
-  if (run.heard) CopyLoss(*run.heard, &run.stats);
+  if (run.heard) {
+    CopyLoss(*run.heard, &run.stats);
+    run.stats.loss_bound = std::max(run.stats.loss_bound, static_cast<double>(run.heard->loss_bound_ppm) / wire::kPpm);
+  }
   if (run.heard && op.options.report_classes) run.stats.classes = std::move(run.classes);
   run.stats.time = MonotonicNow() - run.start;
   run.op.done(std::move(run.stats));
@@ -303,6 +308,7 @@ void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const 
              if (r.ok() && bounded) {  // the others report it as theirs
                StageLoss loss{};
                CopyLoss(*r, &loss);
+               loss.loss_bound_ppm = static_cast<uint32_t>(std::lround(r->loss_bound * wire::kPpm));
                steps_.PostLoss(step, loss, r->classes);
              }
              const absl::Status status = r.status();

@@ -21,7 +21,7 @@
 namespace dlcp {
 
 inline constexpr uint32_t kStageMagic = 0x47545344;  // "DSTG"
-inline constexpr uint32_t kStageVersion = 3;
+inline constexpr uint32_t kStageVersion = 4;
 inline constexpr uint32_t kStageBanks = 2;
 inline constexpr uint32_t kMaxStageMembers = 64;
 inline constexpr uint32_t kStageMessageBytes = 480;
@@ -62,8 +62,9 @@ struct StageLoss {
   uint64_t pull_missing;
   uint32_t bound_violations;
   uint32_t min_contributors;
+  uint32_t loss_bound_ppm;  // the ε the round ran under (phase_aware may raise the op's)
 };
-static_assert(sizeof(StageLoss) == 96);
+static_assert(sizeof(StageLoss) == 104);
 
 // The most chunks a bounded-loss step through a stage may have: their classes travel in the
 // header.
@@ -76,7 +77,7 @@ struct StageResult {
   uint32_t class_count;        // the bounded step's chunks, whose classes follow
   uint8_t classes[kStageMaxClasses];
 };
-static_assert(sizeof(StageResult) == 4696);
+static_assert(sizeof(StageResult) == 4704);
 
 // Why a step was given up, from the first member that gave it up: a worker whose op failed (its
 // job failed, say) may leave at once, and the others then name that cause, not its leaving. A

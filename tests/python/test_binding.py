@@ -685,6 +685,29 @@ def test_bounded_ops_larger_than_a_slot_go_through_the_stage_in_steps(two_hosts_
             c.close()
 
 
+def test_phase_aware_bounds_go_through_the_stage_and_every_worker_reports_them(two_hosts_small_slots):
+    """With phase_aware, the stage's first worker sets each step's ε from the norm of the host's
+    sum: critical for the first rounds (the configured ε), raised once the norm holds still. Every
+    worker of the stage reports the ε its rounds ran under (the loosest step's)."""
+    aggregators, sockets = two_hosts_small_slots
+    clients = connect_all(aggregators, "phase-aware-stage", 4, local_size=2, op_timeout_ms=20_000, phase_aware=True,
+                          rank_options=lambda rank: {"host_socket": sockets[rank // 2]})
+    try:
+        seen = []
+        for _ in range(8):  # critical for 5 rounds after the first, then relaxed to 2 x ε
+            bufs = [np.full(40_000, float(r + 1), dtype=np.float32) for r in range(4)]
+            stats = [h.wait(30) for h in [c.allreduce_async(6, b, loss_bound=0.01) for c, b in zip(clients, bufs)]]
+            for b in bufs:
+                assert np.all(b == 10.0)
+            assert stats[1]["bytes_sent"] == 0 and stats[3]["bytes_sent"] == 0
+            assert {s["loss_bound"] for s in stats} == {stats[0]["loss_bound"]}, [s["loss_bound"] for s in stats]
+            seen.append(stats[0]["loss_bound"])
+        assert seen[0] == pytest.approx(0.01) and seen[-1] == pytest.approx(0.02), seen
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_a_worker_that_closes_leaves_its_host_stage_and_the_others_say_so(two_hosts):
     """A stage of the whole job (docs/host-stage.md): once rank 1 closes its client, rank 0's
     next op fails at once, naming it, rather than at its deadline."""
