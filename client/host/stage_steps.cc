@@ -69,15 +69,19 @@ absl::Status StageSteps::Gone() const {
   return absl::OkStatus();
 }
 
-void StageSteps::GiveUp(uint64_t step, const absl::Status& why) {
+void StageSteps::Notify(uint64_t step, const absl::Status& why) {
   StageNotice& n = header().notice[step % kStageBanks];
   uint64_t claimed = n.claimed.load(std::memory_order_acquire);
   while (claimed < step && !n.claimed.compare_exchange_weak(claimed, step, std::memory_order_acq_rel)) {
   }
-  if (claimed < step) {  // else another member said it first
-    WriteStatus(why, &n.status);
-    n.step.store(step, std::memory_order_release);
-  }
+  if (claimed >= step) return;  // another member said it first
+  WriteStatus(why, &n.status);
+  n.step.store(step, std::memory_order_release);
+  RingBell(header().bell);
+}
+
+void StageSteps::GiveUp(uint64_t step, const absl::Status& why) {
+  Notify(step, why);  // first: the first member reads why once it sees the mark
   mine().abandoned[step % kStageBanks].store(step, std::memory_order_release);
   RingBell(header().bell);
 }
@@ -88,25 +92,39 @@ absl::Status StageSteps::Noticed(uint64_t step) const {
   return ReadStatus(n.status);
 }
 
-absl::Status StageSteps::GoneOrNoticed(uint64_t step) const {
+absl::Status StageSteps::GoneOrNoticed() const {
   absl::Status gone = Gone();
   if (gone.ok()) return gone;
-  absl::Status noticed = Noticed(step);
+  // Why a member gave up the step it last came to, or the one before (which it ends after it
+  // begins the next): a worker that leaves over a failed op is not blamed for leaving.
+  uint64_t last = UINT64_MAX;
+  for (uint32_t i = 0; i < members(); ++i) {
+    if (header().gone[i].load(std::memory_order_acquire) != 0) {
+      last = std::min(last, header().member[i].arrived.load(std::memory_order_acquire));
+    }
+  }
+  uint64_t latest = 0;
+  for (const StageNotice& n : header().notice) {
+    const uint64_t step = n.step.load(std::memory_order_acquire);
+    if (step != 0 && step + 1 >= last && step > latest) latest = step;
+  }
+  if (latest == 0) return gone;
+  absl::Status noticed = Noticed(latest);
   return noticed.ok() ? gone : noticed;
 }
 
-absl::Status StageSteps::WaitUntil(uint64_t step, const std::function<bool()>& ready, absl::Time deadline,
+absl::Status StageSteps::WaitUntil(const std::function<bool()>& ready, absl::Time deadline,
                                    const Interrupted& interrupted, const std::function<absl::Status()>& late) const {
   for (;;) {
     const uint32_t seen = header().bell.load(std::memory_order_seq_cst);  // before the check: no lost wake-up
     if (ready()) return absl::OkStatus();
-    if (absl::Status gone = GoneOrNoticed(step); !gone.ok()) return gone;
+    if (absl::Status gone = GoneOrNoticed(); !gone.ok()) return gone;
     if (absl::Status stop = interrupted(); !stop.ok()) return stop;
     if (!SleepOnBell(header().bell, seen, deadline)) return late();
   }
 }
 
-absl::Status StageSteps::WaitAll(uint64_t step, Counter counter, uint64_t at, absl::Time deadline, const char* what,
+absl::Status StageSteps::WaitAll(Counter counter, uint64_t at, absl::Time deadline, const char* what,
                                  const Interrupted& interrupted) const {
   std::vector<uint32_t> missing;
   const auto ready = [&] {
@@ -116,7 +134,7 @@ absl::Status StageSteps::WaitAll(uint64_t step, Counter counter, uint64_t at, ab
     }
     return missing.empty();
   };
-  return WaitUntil(step, ready, deadline, interrupted, [&] {
+  return WaitUntil(ready, deadline, interrupted, [&] {
     return absl::DeadlineExceededError(
         absl::StrCat("host stage: ranks ", absl::StrJoin(missing, ","), " of this host did not ", what, " in time"));
   });
@@ -124,7 +142,7 @@ absl::Status StageSteps::WaitAll(uint64_t step, Counter counter, uint64_t at, ab
 
 absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline, const Interrupted& interrupted) const {
   const StageResult& r = result(step);
-  absl::Status waited = WaitUntil(step, [&] { return r.step.load(std::memory_order_acquire) >= step; }, deadline,
+  absl::Status waited = WaitUntil([&] { return r.step.load(std::memory_order_acquire) >= step; }, deadline,
                                   interrupted, [&] {
                                     return absl::DeadlineExceededError(
                                         first() ? std::string("host stage: this worker's network leg of the host's "
@@ -198,7 +216,7 @@ void StageSteps::PostResult(uint64_t step, const absl::Status& status) {
 
 void StageSteps::Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
                       const Interrupted& interrupted) {
-  absl::Status status = WaitAll(step, &StageMember::summed, step, deadline, "sum their shares", interrupted);
+  absl::Status status = WaitAll(&StageMember::summed, step, deadline, "sum their shares", interrupted);
   for (uint32_t i = 0; status.ok() && i < members(); ++i) {
     // Later than `step`: that member is two steps on, which only a deadline can have let it be;
     // its share of this one is not to be trusted either.
@@ -211,7 +229,7 @@ void StageSteps::Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg
   }
   if (status.ok() && leg && leg_step_ != 0 && leg_key_ == spec.key) {
     // The engine runs one op of a key at a time: the last leg of this key must have ended.
-    status = WaitUntil(step, [&] { return result(leg_step_).step.load(std::memory_order_acquire) >= leg_step_; },
+    status = WaitUntil([&] { return result(leg_step_).step.load(std::memory_order_acquire) >= leg_step_; },
                        deadline, interrupted, [&] {
                          return absl::DeadlineExceededError(absl::StrCat(
                              "host stage: the network leg of key ", spec.key, " did not end by its deadline"));
@@ -239,16 +257,16 @@ BegunStep StageSteps::Begin(const StepSpec& spec, const StepIo& io, const Networ
   const uint64_t step = ++step_;
   // This member's slot is free once every member has summed the step before, and the step's bank
   // once every member has read the result of the step two before, which used it.
-  absl::Status status = WaitAll(step, &StageMember::summed, step - 1, deadline, "finish their last op", interrupted);
+  absl::Status status = WaitAll(&StageMember::summed, step - 1, deadline, "finish their last op", interrupted);
   if (status.ok() && step > kStageBanks) {
-    status = WaitAll(step, &StageMember::consumed, step - kStageBanks, deadline, "finish their last op", interrupted);
+    status = WaitAll(&StageMember::consumed, step - kStageBanks, deadline, "finish their last op", interrupted);
   }
   if (status.ok()) {
     WriteSpec(step, spec);
     if (io.in) status = io.in(slot(m_.welcome.member));
   }
   Publish(&StageMember::arrived, step);
-  if (status.ok()) status = WaitAll(step, &StageMember::arrived, step, deadline, "start the same op", interrupted);
+  if (status.ok()) status = WaitAll(&StageMember::arrived, step, deadline, "start the same op", interrupted);
   if (status.ok()) status = Agree(spec, step);
   if (status.ok()) Share(spec, step);
   if (!status.ok()) GiveUp(step, status);
@@ -271,6 +289,7 @@ absl::Status StageSteps::End(const BegunStep& begun, const std::function<absl::S
   const absl::Status result = WaitResult(begun.step, deadline + kResultGrace, interrupted);
   absl::Status status = begun.status.ok() ? result : begun.status;
   if (status.ok()) status = out(bank(begun.step));
+  if (!status.ok()) Notify(begun.step, status);  // the others name this cause should this worker leave over it
   Publish(&StageMember::consumed, begun.step);
   return status;
 }
@@ -280,7 +299,7 @@ absl::Status StageSteps::Skip(const StepSpec& spec, const absl::Status& why, abs
   const uint64_t step = ++step_;
   // Marking the bank's step given up must wait, as Begin does, for the step two before to end.
   if (step > kStageBanks) {
-    WaitAll(step, &StageMember::consumed, step - kStageBanks, deadline, "finish their last op", interrupted)
+    WaitAll(&StageMember::consumed, step - kStageBanks, deadline, "finish their last op", interrupted)
         .IgnoreError();  // it fails as `why` in any case
   }
   WriteSpec(step, spec);

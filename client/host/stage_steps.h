@@ -124,12 +124,12 @@ class StageSteps {
   StageMember& mine() const { return header().member[m_.welcome.member]; }
   void Publish(Counter counter, uint64_t step);
   void WriteSpec(uint64_t step, const StepSpec& spec);  // this member's descriptor of `step`
-  // Sleeps on the bell until `ready()`; a gone member (or what one noticed of `step`),
-  // `interrupted()`, or `late()` once `deadline` passes end it sooner.
-  absl::Status WaitUntil(uint64_t step, const std::function<bool()>& ready, absl::Time deadline,
-                         const Interrupted& interrupted, const std::function<absl::Status()>& late) const;
+  // Sleeps on the bell until `ready()`; a gone member (or what it noticed), `interrupted()`, or
+  // `late()` once `deadline` passes end it sooner.
+  absl::Status WaitUntil(const std::function<bool()>& ready, absl::Time deadline, const Interrupted& interrupted,
+                         const std::function<absl::Status()>& late) const;
   // Until every member's `counter` reaches `at`; DEADLINE_EXCEEDED names the ranks still missing.
-  absl::Status WaitAll(uint64_t step, Counter counter, uint64_t at, absl::Time deadline, const char* what,
+  absl::Status WaitAll(Counter counter, uint64_t at, absl::Time deadline, const char* what,
                        const Interrupted& interrupted) const;
   // Until the first member posts `step`'s result; what it posted.
   absl::Status WaitResult(uint64_t step, absl::Time deadline, const Interrupted& interrupted) const;
@@ -140,11 +140,13 @@ class StageSteps {
   void Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
             const Interrupted& interrupted);
   void PostResult(uint64_t step, const absl::Status& status);
-  // This member gives `step` up: says why if it is the first to (StageNotice), and marks it.
+  // Says why `step` failed here, unless a member said it first (StageNotice).
+  void Notify(uint64_t step, const absl::Status& why);
+  // This member gives `step` up: marks it, and says why.
   void GiveUp(uint64_t step, const absl::Status& why);
   absl::Status Noticed(uint64_t step) const;
-  // Gone(), unless a member said why it gave `step` up: then that.
-  absl::Status GoneOrNoticed(uint64_t step) const;
+  // Gone(), unless a gone member (or another) said why the step it last came to failed: then that.
+  absl::Status GoneOrNoticed() const;
 
   StageMembership m_;
   uint64_t step_ = 0;      // the last step begun
