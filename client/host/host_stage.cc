@@ -145,6 +145,12 @@ absl::Status HostStage::Interrupted() const {
   return stopped_.ok() ? job_failure_ : stopped_;
 }
 
+absl::Status HostStage::Stopped() const {
+  if (!stopping_.load(std::memory_order_relaxed)) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopped_;
+}
+
 void HostStage::Run() {
   std::optional<Pending> pending;  // the last step begun: the next one begins before it ends
   for (;;) {
@@ -233,7 +239,13 @@ void HostStage::EndStep(Pending p) {
     }
     return p.io.out(result);
   };
-  const absl::Status status = steps_.End(p.begun, out, run.deadline, [this] { return Interrupted(); });
+  // The first worker waits for its network leg to end even when the job failed: the engine ends
+  // it soon after (its rounds hear of the failure) or by the op's deadline, and until then it may
+  // write into the step's bank, and the key has an op in flight that no next leg may overlap.
+  const bool leads = steps_.first() && network_ != nullptr;
+  const absl::Status status = steps_.End(p.begun, out, run.deadline, [this, leads] {
+    return leads ? Stopped() : Interrupted();
+  });
   if (status.ok() && p.leg->ok()) AddLegStats(**p.leg, &run.stats);
   if (!status.ok()) StepFailed(run, status);
   StepGone(run);

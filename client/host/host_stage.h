@@ -128,7 +128,8 @@ class HostStage {
   // The first worker's network leg of step `step` of `op`; writes its outcome into `out`.
   void StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Op& op,
                 std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done);
-  absl::Status Interrupted() const;
+  absl::Status Interrupted() const;  // stopping, or the job failed
+  absl::Status Stopped() const;
   // Elements per step of `op`, and how many steps it takes.
   uint64_t StepElemsOf(const Op& op) const;
   uint64_t StepsOf(const Op& op) const { return (op.elems() + StepElemsOf(op) - 1) / StepElemsOf(op); }

@@ -114,11 +114,12 @@ absl::Status StageSteps::GoneOrNoticed() const {
 }
 
 absl::Status StageSteps::WaitUntil(const std::function<bool()>& ready, absl::Time deadline,
-                                   const Interrupted& interrupted, const std::function<absl::Status()>& late) const {
+                                   const Interrupted& interrupted, const std::function<absl::Status()>& late,
+                                   bool heed_members) const {
   for (;;) {
     const uint32_t seen = header().bell.load(std::memory_order_seq_cst);  // before the check: no lost wake-up
     if (ready()) return absl::OkStatus();
-    if (absl::Status gone = GoneOrNoticed(); !gone.ok()) return gone;
+    if (absl::Status gone = heed_members ? GoneOrNoticed() : absl::OkStatus(); !gone.ok()) return gone;
     if (absl::Status stop = interrupted(); !stop.ok()) return stop;
     if (!SleepOnBell(header().bell, seen, deadline)) return late();
   }
@@ -142,6 +143,9 @@ absl::Status StageSteps::WaitAll(Counter counter, uint64_t at, absl::Time deadli
 
 absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline, const Interrupted& interrupted) const {
   const StageResult& r = result(step);
+  // This worker's own network leg: its end is waited for even with a member gone. Until then the
+  // engine may write into the bank, and the key has an op in flight that no next one may overlap.
+  const bool own_leg = first() && leg_step_ == step;
   absl::Status waited = WaitUntil([&] { return r.step.load(std::memory_order_acquire) >= step; }, deadline,
                                   interrupted, [&] {
                                     return absl::DeadlineExceededError(
@@ -149,7 +153,7 @@ absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline, const In
                                                               "sum did not end by its deadline")
                                                 : absl::StrCat("host stage: no result from rank ", rank_of(0),
                                                                ", which pushes this host's sum, in time"));
-                                  });
+                                  }, /*heed_members=*/!own_leg);
   if (!waited.ok()) return waited;
   // The bank's next step waits for this member to read this one's, unless a deadline let it past.
   if (r.step.load(std::memory_order_acquire) != step) {

@@ -83,7 +83,9 @@ class StageSteps {
   BegunStep Begin(const StepSpec& spec, const StepIo& io, const NetworkLeg& leg, absl::Time deadline,
                   const std::function<absl::Status()>& interrupted);
   // Ends step `begun`, the oldest not ended: waits for its result and hands it to `out`, unless it
-  // was given up, then frees its bank. Returns how it went.
+  // was given up, then frees its bank. Returns how it went. The first member waits for its network
+  // leg to end even with a member gone (`interrupted` should then say only that it is closing):
+  // the engine may write into the bank until then.
   absl::Status End(const BegunStep& begun, const std::function<absl::Status(const float* result)>& out,
                    absl::Time deadline, const std::function<absl::Status()>& interrupted);
   // Begin, then End: every member's part, from `io.in`, summed over the members and handed to
@@ -124,10 +126,10 @@ class StageSteps {
   StageMember& mine() const { return header().member[m_.welcome.member]; }
   void Publish(Counter counter, uint64_t step);
   void WriteSpec(uint64_t step, const StepSpec& spec);  // this member's descriptor of `step`
-  // Sleeps on the bell until `ready()`; a gone member (or what it noticed), `interrupted()`, or
-  // `late()` once `deadline` passes end it sooner.
+  // Sleeps on the bell until `ready()`; a gone member (or what it noticed) unless `heed_members`
+  // is false, `interrupted()`, or `late()` once `deadline` passes end it sooner.
   absl::Status WaitUntil(const std::function<bool()>& ready, absl::Time deadline, const Interrupted& interrupted,
-                         const std::function<absl::Status()>& late) const;
+                         const std::function<absl::Status()>& late, bool heed_members = true) const;
   // Until every member's `counter` reaches `at`; DEADLINE_EXCEEDED names the ranks still missing.
   absl::Status WaitAll(Counter counter, uint64_t at, absl::Time deadline, const char* what,
                        const Interrupted& interrupted) const;
