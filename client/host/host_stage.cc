@@ -274,7 +274,8 @@ void HostStage::Complete(Running& run) {
 }
 
 uint64_t HostStage::StepElemsOf(const Op& op) const {
-  return op.options.loss_bound > 0 ? std::min(steps_.slot_elems(), limits_.bounded_step_elems) : steps_.slot_elems();
+  const bool bounded = op.options.loss_bound > 0 && limits_.bounded_step_elems > 0;
+  return bounded ? std::min(steps_.slot_elems(), limits_.bounded_step_elems) : steps_.slot_elems();
 }
 
 StepIo HostStage::IoOf(const Op& op, const StepSpec& spec) const {

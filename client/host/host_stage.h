@@ -65,9 +65,9 @@ class HostStage {
   // the caller's until `done`. options.loss_bound is the op's ε, resolved (not negative).
   void Submit(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, int64_t root, OpDone done);
   // Sums a tensor in CUDA device memory over the job, in place. Each step copies its part from
-  // the device straight into this worker's slot, and the result from the step's sum slot straight back: the
-  // region is pinned at the first such op. The tensor's values must be ready (the caller waited
-  // for the work that produces them), and it stays the caller's until `done`.
+  // the device straight into this worker's slot, and the result from the step's sum slot straight
+  // back: the region is pinned at the first such op. The tensor's values must be ready (the caller
+  // waited for the work that produces them), and it stays the caller's until `done`.
   void SubmitDevice(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options, OpDone done);
   // The job failed (an aggregator said so at a heartbeat): the running op and later ones fail
   // with `why` until RejoinJob, as the job's ops on the network path do. Any thread.
@@ -95,7 +95,7 @@ class HostStage {
     absl::Time deadline;
     absl::Status status;  // the first failure of a step
     RoundStats stats;
-    std::optional<StageLoss> heard;  // a bounded op's losses, from the first worker's leg
+    std::optional<StageLoss> heard;  // a bounded op's losses over its steps, from the first worker's legs
     std::vector<uint8_t> classes;    // ... and its chunks' classes
     uint64_t steps_left = 0;  // not yet ended or skipped
   };
