@@ -14,34 +14,6 @@
 namespace dlcp {
 namespace {
 
-void AddLegStats(const RoundStats& leg, RoundStats* total) {
-  total->chunks += leg.chunks;
-  total->retransmits += leg.retransmits;
-  total->nacks_deferred += leg.nacks_deferred;
-  total->result_requests += leg.result_requests;
-  total->window_cuts += leg.window_cuts;
-  total->window_undos += leg.window_undos;
-  total->losses_tolerated += leg.losses_tolerated;
-  total->bytes_sent += leg.bytes_sent;
-  total->bytes_received += leg.bytes_received;
-  total->injected_drops += leg.injected_drops;
-  total->min_contributors = std::min(total->min_contributors, leg.min_contributors);
-  total->loss_bound = std::max(total->loss_bound, leg.loss_bound);  // the loosest step's
-  total->slowest_rank = leg.slowest_rank;
-  total->slowest_lateness = leg.slowest_lateness;
-  for (size_t c = 0; c < leg.chunks_by_class.size(); ++c) {
-    total->chunks_by_class[c] += leg.chunks_by_class[c];
-    total->left_out_by_class[c] += leg.left_out_by_class[c];
-  }
-  total->droppable_total += leg.droppable_total;
-  total->droppable_missing += leg.droppable_missing;
-  total->bound_violations += leg.bound_violations;
-  total->pull_missing += leg.pull_missing;
-  total->time_to_stop = std::max(total->time_to_stop, leg.time_to_stop);
-  total->tail_wait = std::max(total->tail_wait, leg.tail_wait);
-  total->classes.insert(total->classes.end(), leg.classes.begin(), leg.classes.end());
-}
-
 // The round's losses between RoundStats and the region's StageLoss, which name them alike: the
 // first member posts its network leg's, and the others report them as theirs.
 template <typename From, typename To>
@@ -57,20 +29,46 @@ void CopyLoss(const From& from, To* to) {
   to->min_contributors = from.min_contributors;
 }
 
-// A bounded op's losses over its steps: each step is a round of its own.
-void AddLoss(const StageLoss& step, std::optional<StageLoss>* total) {
-  if (!total->has_value()) return (void)(*total = step);
-  StageLoss& t = **total;
+// The same losses over several rounds (an op's steps): counts add up, and the fewest contributors
+// of any round stand.
+template <typename From, typename To>
+void AddLoss(const From& from, To* to) {
   for (size_t c = 0; c < 4; ++c) {
-    t.chunks_by_class[c] += step.chunks_by_class[c];
-    t.left_out_by_class[c] += step.left_out_by_class[c];
+    to->chunks_by_class[c] += from.chunks_by_class[c];
+    to->left_out_by_class[c] += from.left_out_by_class[c];
   }
-  t.droppable_total += step.droppable_total;
-  t.droppable_missing += step.droppable_missing;
-  t.pull_missing += step.pull_missing;
-  t.bound_violations += step.bound_violations;
-  t.min_contributors = std::min(t.min_contributors, step.min_contributors);
-  t.loss_bound_ppm = std::max(t.loss_bound_ppm, step.loss_bound_ppm);
+  to->droppable_total += from.droppable_total;
+  to->droppable_missing += from.droppable_missing;
+  to->pull_missing += from.pull_missing;
+  to->bound_violations += from.bound_violations;
+  to->min_contributors = std::min(to->min_contributors, from.min_contributors);
+}
+
+void AddLegStats(const RoundStats& leg, RoundStats* total) {
+  total->chunks += leg.chunks;
+  total->retransmits += leg.retransmits;
+  total->nacks_deferred += leg.nacks_deferred;
+  total->result_requests += leg.result_requests;
+  total->window_cuts += leg.window_cuts;
+  total->window_undos += leg.window_undos;
+  total->losses_tolerated += leg.losses_tolerated;
+  total->bytes_sent += leg.bytes_sent;
+  total->bytes_received += leg.bytes_received;
+  total->injected_drops += leg.injected_drops;
+  total->loss_bound = std::max(total->loss_bound, leg.loss_bound);  // the loosest step's
+  total->slowest_rank = leg.slowest_rank;
+  total->slowest_lateness = leg.slowest_lateness;
+  AddLoss(leg, total);
+  total->time_to_stop = std::max(total->time_to_stop, leg.time_to_stop);
+  total->tail_wait = std::max(total->tail_wait, leg.tail_wait);
+  total->classes.insert(total->classes.end(), leg.classes.begin(), leg.classes.end());
+}
+
+// A member's view of a bounded op's steps, each a round of its own that the first worker posted.
+void AddStepLoss(const StageLoss& step, std::optional<StageLoss>* total) {
+  if (!total->has_value()) return (void)(*total = step);
+  AddLoss(step, &**total);
+  (*total)->loss_bound_ppm = std::max((*total)->loss_bound_ppm, step.loss_bound_ppm);
 }
 
 }  // namespace
@@ -231,7 +229,7 @@ void HostStage::EndStep(Pending p) {
   Running& run = *p.run;
   auto out = [&](const float* result) {
     if (run.stats.loss_bound > 0 && LegElsewhere()) {  // the first worker's leg posted the round's losses
-      AddLoss(steps_.loss(p.begun.step), &run.heard);
+      AddStepLoss(steps_.loss(p.begun.step), &run.heard);
       if (run.op.options.report_classes) {
         const std::vector<uint8_t> classes = steps_.classes(p.begun.step);
         run.classes.insert(run.classes.end(), classes.begin(), classes.end());
