@@ -74,7 +74,8 @@ TSAN_OPT = -O1 -g1 -DNDEBUG
 TSAN_TESTS = engine_test transport_test address_test round_test loss_tracker_test allreduce_test bounded_loss_test client_errors_test \
   data_plane_validation_test \
   result_requests_test key_rotation_test key_ring_test \
-  failover_test regroup_barrier_test packer_test timeline_writer_test straggler_board_test shm_test stage_steps_test
+  failover_test regroup_barrier_test packer_test timeline_writer_test straggler_board_test shm_test stage_steps_test \
+  host_broker_test
 test-tsan: deps
 	$(call sanitizer_build,build-tsan,$(TSAN_OPT),$(TSAN_FLAGS))
 	cmake --build build-tsan -j $(JOBS) --target $(TSAN_TESTS)

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "client/host/host_stage.h"
 #include "client/host/stage_join.h"
+#include "client/host/stage_keeper.h"
 #include "client/options/client_option_table.h"
 #include "client/session.h"
 #include "client/transfer_engine.h"
@@ -198,15 +199,20 @@ absl::StatusOr<uint32_t> ResolveLocalSize(const ClientOptions& o) {
   return n;
 }
 
-// This worker's place in its host stage, or none: then it logs why, once, and every op takes
-// the network path.
-std::optional<StageMembership> FindHostStage(const ClientOptions& o, uint32_t local_size) {
-  if (!o.host_stage || local_size < 2) return std::nullopt;
+// How this worker asks its host's dlcpd for its stage.
+StageJoinOptions StageJoinOf(const ClientOptions& o) {
   StageJoinOptions so;
   so.socket_path = o.host_socket;
-  so.hello = HostHello{o.job_name, o.world_size, o.rank, std::min(local_size, kMaxStageMembers)};
+  so.hello = HostHello{o.job_name, o.world_size, o.rank, std::min(o.local_size, kMaxStageMembers)};
   so.timeout = std::max(absl::Seconds(60), o.rpc_timeout);
-  absl::StatusOr<StageMembership> m = JoinHostStage(so);
+  return so;
+}
+
+// This worker's place in its host stage, or none: then it logs why, once, and every op takes
+// the network path.
+std::optional<StageMembership> FindHostStage(const ClientOptions& o) {
+  if (!o.host_stage || o.local_size < 2) return std::nullopt;
+  absl::StatusOr<StageMembership> m = JoinHostStage(StageJoinOf(o));
   if (!m.ok()) {
     DLCP_LOG(Warning) << "rank " << o.rank << " of job '" << o.job_name
                       << "': no host stage, so this worker pushes its own data: " << m.status().message();
@@ -224,6 +230,20 @@ HostStage::NetworkSubmit StageNetwork(TransferEngine* engine, const StageMembers
   return [engine, carries](uint32_t key, uint32_t part, absl::Span<float> sum, const AllReduceOptions& options,
                            int64_t root, OpDone done) {
     engine->Submit(key, sum, options, root, std::move(done), StageLeg{carries, part});
+  };
+}
+
+// Makes this worker's HostStage of a membership: its first one, and any that forms again.
+StageKeeper::MakeStage StageMaker(TransferEngine* engine, const ClientOptions& o) {
+  HostStage::Limits limits;
+  limits.world = o.world_size;
+  limits.op_timeout = o.op_timeout;
+  limits.bounded_step_elems = uint64_t{kStageMaxClasses} * (o.chunk_bytes / sizeof(float));
+  return [engine, limits](StageMembership m, StageKeeper::Broken broken) {
+    HostStage::NetworkSubmit network = StageNetwork(engine, m, limits.world);
+    HostStage::RoundsElsewhere elsewhere = [engine](uint32_t key, uint32_t rounds) { engine->SkipRounds(key, rounds); };
+    return std::make_unique<HostStage>(std::move(m), std::move(network), std::move(elsewhere), limits,
+                                       std::move(broken));
   };
 }
 
@@ -245,7 +265,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   absl::StatusOr<uint32_t> local_size = ResolveLocalSize(options);
   if (!local_size.ok()) return local_size.status();
   options.local_size = *local_size;
-  std::optional<StageMembership> stage = FindHostStage(options, *local_size);
+  std::optional<StageMembership> stage = FindHostStage(options);
   SessionOptions so = SessionOptionsOf(options, (*transport)->local_address());
   if (stage) so.host_group = stage->welcome.ranks;
   absl::StatusOr<std::unique_ptr<Session>> session = Session::Join(so);
@@ -266,16 +286,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   c->session_ = std::move(*session);
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
   if (stage) {
-    HostStage::NetworkSubmit network = StageNetwork(c->engine_.get(), *stage, options.world_size);
-    HostStage::RoundsElsewhere elsewhere = [engine = c->engine_.get()](uint32_t key, uint32_t rounds) {
-      engine->SkipRounds(key, rounds);
-    };
-    HostStage::Limits limits;
-    limits.world = options.world_size;
-    limits.op_timeout = options.op_timeout;
-    limits.bounded_step_elems = uint64_t{kStageMaxClasses} * (options.chunk_bytes / sizeof(float));
-    c->stage_ = std::make_unique<HostStage>(std::move(*stage), std::move(network), std::move(elsewhere), limits,
-                                            [client = c.get()](const absl::Status& s) { client->LoseStage(s); });
+    c->stage_ = std::make_unique<StageKeeper>(std::move(*stage), StageJoinOf(options),
+                                              StageMaker(c->engine_.get(), options),
+                                              [client = c.get()](const absl::Status& s) { client->LoseStage(s); });
   }
   c->ListenToSession(/*regroup=*/eo.retain_inputs && eo.endpoints.size() > 1);
   return c;
@@ -295,9 +308,12 @@ void Client::ListenToSession(bool regroup) {
     }
     DLCP_LOG(Warning) << "rank " << options_.rank << ": every rank of job '" << options_.job_name
                       << "' is back; it goes on from round 0";
+    // The stage first: where it formed again, the ops from here on go through it, and none may
+    // reach the engine between the job going on there and the stage taking over (the restarted
+    // rank waits for this one's share in that stage).
+    if (stage_) stage_->RejoinJob();
     engine_->Rejoin(std::move(layout));
     session_->SetLeaveReason(absl::OkStatus());
-    if (stage_) stage_->RejoinJob();
   });
   // The network path's ops learn of a failed job from their rounds; a host stage's from this.
   if (stage_) session_->set_job_failure_handler([stage = stage_.get()](const absl::Status& why) { stage->FailJob(why); });
@@ -355,9 +371,10 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduceDevice(uint32_t key, co
 
 void Client::AllReduceDeviceAsync(uint32_t key, const DeviceTensor& tensor, const AllReduceOptions& options,
                                   OpDone done) {
-  if (std::optional<AllReduceOptions> staged = ThroughHostStage(options)) {
+  AllReduceOptions staged;
+  if (std::shared_ptr<HostStage> stage = ThroughHostStage(options, &staged)) {
     if (absl::Status s = DeviceTensorStatus(tensor); !s.ok()) return done(s);
-    return stage_->SubmitDevice(key, tensor, *staged, WithHeartbeatNews(key, std::move(done)));
+    return stage->SubmitDevice(key, tensor, staged, WithHeartbeatNews(key, std::move(done)));
   }
   engine_->SubmitDevice(key, tensor, options, WithHeartbeatNews(key, std::move(done)));
 }
@@ -371,26 +388,26 @@ std::future<absl::StatusOr<RoundStats>> Client::AllReduce(uint32_t key, absl::Sp
 
 void Client::LoseStage(const absl::Status& why) {
   // Its ops fail now, naming the gone worker, and so do the job's until the aggregators see that
-  // rank back (its heartbeats stop, as for any worker that dies). The rest of this worker's ops
-  // push its own data: the gone rank, restarted, cannot join this stage, and takes the network
-  // path too, so the job goes on without the stage's savings on this host.
-  stage_lost_.store(true);
+  // rank back (its heartbeats stop, as for any worker that dies). Until then, and should the gone
+  // rank come back without the stage, this worker's ops push its own data (StageKeeper).
   session_->SetLeaveReason(why);  // should this worker leave over it, the other hosts hear the cause
   DLCP_LOG(Warning) << "rank " << options_.rank << " of job '" << options_.job_name << "': its host stage lost a worker ("
-                    << why << "); this worker pushes its own data from now on";
+                    << why << "); this worker pushes its own data until the stage forms again";
 }
 
-std::optional<AllReduceOptions> Client::ThroughHostStage(const AllReduceOptions& options) const {
-  if (!StageUsable()) return std::nullopt;
-  AllReduceOptions resolved = options;
-  resolved.loss_bound = options.loss_bound >= 0 ? options.loss_bound : options_.loss_bound;
-  if (!(resolved.loss_bound <= 1)) return std::nullopt;  // the network path names it
-  return resolved;
+std::shared_ptr<HostStage> Client::ThroughHostStage(const AllReduceOptions& options, AllReduceOptions* staged) const {
+  std::shared_ptr<HostStage> stage = stage_ ? stage_->Current() : nullptr;
+  if (stage == nullptr) return nullptr;
+  *staged = options;
+  staged->loss_bound = options.loss_bound >= 0 ? options.loss_bound : options_.loss_bound;
+  if (!(staged->loss_bound <= 1)) return nullptr;  // the network path names it
+  return stage;
 }
 
 void Client::AllReduceAsync(uint32_t key, absl::Span<float> data, const AllReduceOptions& options, OpDone done) {
-  if (std::optional<AllReduceOptions> staged = ThroughHostStage(options); staged && data.data() != nullptr) {
-    return stage_->Submit(key, data, *staged, -1, WithHeartbeatNews(key, std::move(done)));
+  AllReduceOptions staged;
+  if (std::shared_ptr<HostStage> stage = ThroughHostStage(options, &staged); stage && data.data() != nullptr) {
+    return stage->Submit(key, data, staged, -1, WithHeartbeatNews(key, std::move(done)));
   }
   engine_->Submit(key, data, options, -1, WithHeartbeatNews(key, std::move(done)));
 }
@@ -408,8 +425,8 @@ void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root,
   }
   AllReduceOptions o;
   o.loss_bound = 0;
-  if (StageUsable() && data.data() != nullptr) {
-    return stage_->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
+  if (std::shared_ptr<HostStage> stage = stage_ ? stage_->Current() : nullptr; stage && data.data() != nullptr) {
+    return stage->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
   }
   engine_->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
 }

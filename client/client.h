@@ -220,6 +220,7 @@ class TransferEngine;
 class Timeline;
 class Session;
 class HostStage;
+class StageKeeper;
 
 class Client {
  public:
@@ -313,19 +314,17 @@ class Client {
                       bool planned);
   // Pause the data path, regroup with the survivors, resume in the new layout (or fail).
   void Regroup(uint32_t generation, std::vector<bool> lost, absl::Status why);
-  // The options an op goes through the host stage with (its ε resolved), or nullopt where it takes
-  // the network path.
-  std::optional<AllReduceOptions> ThroughHostStage(const AllReduceOptions& options) const;
+  // The host stage an op goes through, and its options there (its ε resolved) in `staged`; null
+  // where it takes the network path.
+  std::shared_ptr<HostStage> ThroughHostStage(const AllReduceOptions& options, AllReduceOptions* staged) const;
 
   ClientOptions options_;
   TransportOptions::Kind transport_kind_ = TransportOptions::Kind::kUdp;
   std::unique_ptr<Session> session_;
   std::unique_ptr<TransferEngine> engine_;
-  std::unique_ptr<HostStage> stage_;  // null: every op takes the network path
-  // A worker of the stage is gone: ops take the network path from then on (LoseStage).
-  std::atomic<bool> stage_lost_{false};
+  // Null: every op takes the network path. Its stage is lost while a worker of it is gone.
+  std::unique_ptr<StageKeeper> stage_;
   void LoseStage(const absl::Status& why);
-  bool StageUsable() const { return stage_ != nullptr && !stage_lost_.load(); }
   std::shared_ptr<Timeline> timeline_;  // the engine's too; closed with the client
   std::mutex regroup_mu_;
   std::thread regroup_;

@@ -313,6 +313,7 @@ void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const 
   const auto part = static_cast<uint32_t>(spec.offset / StepElemsOf(op));  // error feedback is per step
   // The engine ends its op by the op's deadline (or at Stop, which a closing client calls after the
   // stage's and before the stage's memory is unmapped), and runs this on its own thread.
+  legs_in_flight_.fetch_add(1);
   network_(spec.key, part, absl::MakeSpan(sum, spec.elems), op.options, root,
            [this, step, bounded = spec.loss_bound_ppm > 0, out = std::move(out),
             done = std::move(done)](absl::StatusOr<RoundStats> r) {
@@ -325,6 +326,7 @@ void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const 
              const absl::Status status = r.status();
              *out = std::move(r);
              done(status);
+             legs_in_flight_.fetch_sub(1);  // the last use of this stage
            });
 }
 

@@ -77,6 +77,9 @@ class HostStage {
   // Fails the queued ops and the running one with `why`, joins the thread, and leaves the stage:
   // the other workers' ops fail from then on, naming this rank. Idempotent.
   void Stop(const absl::Status& why);
+  // A network leg of it is still an op of the engine, which writes into the stage's memory and
+  // calls back into it until it ends; after Stop, once false it stays false. Any thread.
+  bool LegsInFlight() const { return legs_in_flight_.load() != 0; }
 
  private:
   struct Op {
@@ -151,6 +154,7 @@ class HostStage {
   absl::Status job_failure_;  // under mu_; not OK while the job has failed
   std::atomic<bool> stopping_{false};
   std::atomic<bool> job_failed_{false};
+  std::atomic<uint32_t> legs_in_flight_{0};
   std::thread thread_;
 };
 

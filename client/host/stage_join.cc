@@ -41,15 +41,20 @@ absl::Status CheckRegion(const SharedRegion& region, const HostWelcome& w) {
 
 }  // namespace
 
-absl::StatusOr<StageMembership> JoinHostStage(const StageJoinOptions& o) {
+absl::StatusOr<OwnedFd> RequestHostStage(const StageJoinOptions& o) {
   absl::StatusOr<OwnedFd> fd = Connect(o.socket_path);
   if (!fd.ok()) return fd.status();
   if (absl::Status sent = SendWithDescriptors(fd->get(), EncodeHostHello(o.hello), {}); !sent.ok()) return sent;
-  absl::StatusOr<ReceivedMessage> answer =
-      ReceiveWithDescriptors(fd->get(), kMaxHostMessageBytes, MonotonicNow() + o.timeout);
+  return fd;
+}
+
+absl::StatusOr<StageMembership> AwaitHostStage(OwnedFd& socket, const StageJoinOptions& o, absl::Time deadline) {
+  absl::StatusOr<ReceivedMessage> answer = ReceiveWithDescriptors(socket.get(), kMaxHostMessageBytes, deadline);
   if (!answer.ok()) {
+    if (!absl::IsDeadlineExceeded(answer.status())) socket = OwnedFd();
     return absl::Status(answer.status().code(), absl::StrCat("dlcpd at ", o.socket_path, ": ", answer.status().message()));
   }
+  OwnedFd fd = std::move(socket);  // whatever the answer says, this request is answered
   absl::StatusOr<HostWelcome> welcome = DecodeHostWelcome(answer->message);
   if (!welcome.ok()) return welcome.status();
   if (welcome->code != absl::StatusCode::kOk) return absl::Status(welcome->code, welcome->reason);
@@ -61,7 +66,13 @@ absl::StatusOr<StageMembership> JoinHostStage(const StageJoinOptions& o) {
   if (welcome->ranks[welcome->member] != o.hello.rank) {
     return absl::FailedPreconditionError("dlcpd placed this worker under another rank");
   }
-  return StageMembership{std::move(*region), std::move(*welcome), std::move(*fd)};
+  return StageMembership{std::move(*region), std::move(*welcome), std::move(fd)};
+}
+
+absl::StatusOr<StageMembership> JoinHostStage(const StageJoinOptions& o) {
+  absl::StatusOr<OwnedFd> fd = RequestHostStage(o);
+  if (!fd.ok()) return fd.status();
+  return AwaitHostStage(*fd, o, MonotonicNow() + o.timeout);
 }
 
 }  // namespace dlcp

@@ -34,4 +34,11 @@ struct StageMembership {
 // refusal (its reason), or what was wrong with its answer. The caller then takes the network path.
 absl::StatusOr<StageMembership> JoinHostStage(const StageJoinOptions& options);
 
+// JoinHostStage in two halves, for a worker that asks on standby (HostHello::standby) and goes on
+// meanwhile: the connection its hello went out on, or UNAVAILABLE as above; then dlcpd's answer on
+// it by `deadline`, or the errors above. `socket` stays open (and the request stands) only while
+// no answer came: DEADLINE_EXCEEDED with `socket` still set.
+absl::StatusOr<OwnedFd> RequestHostStage(const StageJoinOptions& options);
+absl::StatusOr<StageMembership> AwaitHostStage(OwnedFd& socket, const StageJoinOptions& options, absl::Time deadline);
+
 }  // namespace dlcp

@@ -66,6 +66,7 @@ std::vector<uint8_t> EncodeHostHello(const HostHello& h) {
   Put32(out, h.world_size);
   Put32(out, h.rank);
   Put32(out, h.local_size);
+  Put32(out, h.standby ? 1 : 0);
   Put32(out, static_cast<uint32_t>(h.job_name.size()));
   out.insert(out.end(), h.job_name.begin(), h.job_name.end());
   return out;
@@ -80,6 +81,9 @@ absl::StatusOr<HostHello> DecodeHostHello(absl::Span<const uint8_t> bytes) {
   h.world_size = r.U32();
   h.rank = r.U32();
   h.local_size = r.U32();
+  const uint32_t flags = r.U32();
+  if (flags > 1) return Bad(absl::StrCat("hello flags ", flags, " unknown"));
+  h.standby = flags == 1;
   const uint32_t name_len = r.U32();
   if (!r.ok() || name_len == 0 || name_len > kMaxHostJobName) return Bad("job name missing or too long");
   h.job_name = r.Bytes(name_len);

@@ -17,7 +17,7 @@
 
 namespace dlcp {
 
-inline constexpr uint16_t kHostHelloVersion = 1;
+inline constexpr uint16_t kHostHelloVersion = 2;
 inline constexpr size_t kMaxHostMessageBytes = 4096;
 inline constexpr size_t kMaxHostJobName = 128;
 
@@ -26,6 +26,11 @@ struct HostHello {
   uint32_t world_size = 0;
   uint32_t rank = 0;
   uint32_t local_size = 0;  // workers of the job on this host, this one included: 2..kMaxStageMembers
+  // A worker whose stage lost a member asks for the next one on standby: it does not wait for the
+  // answer, so its request has no deadline of its own; the gather's clock starts with the first
+  // worker that does wait (the lost one, restarted). dlcpd sends standby workers their answer
+  // before the others', so it is in their socket before anything the others do can reach them.
+  bool standby = false;
 };
 
 struct HostWelcome {

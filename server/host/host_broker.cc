@@ -9,8 +9,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <list>
 #include <map>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -91,11 +93,16 @@ class HostBrokerLoop {
     uint32_t world = 0;
     uint32_t local_size = 0;
     uid_t uid = 0;
-    absl::Time deadline;
+    absl::Time deadline = absl::InfiniteFuture();  // set by the first member that waits (not on standby)
     std::map<uint32_t, int> members;  // rank -> connection; a formed stage keeps the gone ones as -1
+    std::set<uint32_t> standby;       // members that asked on standby (HostHello::standby)
     std::optional<SharedRegion> region;  // set once formed
     bool formed() const { return region.has_value(); }
     StageHeader* header() const { return static_cast<StageHeader*>(region->data()); }
+    bool holds(uint32_t rank, int fd) const {
+      auto m = members.find(rank);
+      return m != members.end() && m->second == fd;
+    }
   };
 
   void Accept();
@@ -105,6 +112,12 @@ class HostBrokerLoop {
   void Form(const std::string& job, Stage& stage);
   void Refuse(int fd, absl::StatusCode code, const std::string& reason);
   void Gone(int fd);
+  // A formed stage's member is gone: the others hear it through the region. Returns how many live on.
+  uint32_t MarkGone(Stage& stage, uint32_t rank);
+  // The job's gathering workers whose connections hung up but are not yet served: gone first, so
+  // that a worker restarted in the place of one is not refused as a second worker of its rank, and
+  // no stage forms with a worker already gone.
+  void DropHungUp(const std::string& job);
   void Expire(absl::Time now);
   absl::Time NextDeadline() const;
   void CloseConnection(int fd) { connections_.erase(fd); }
@@ -113,7 +126,10 @@ class HostBrokerLoop {
   OwnedFd listener_;
   OwnedFd stop_;
   std::map<int, Connection> connections_;
-  std::map<std::string, Stage> stages_;  // by job name
+  std::map<std::string, Stage> stages_;  // by job name: gathering, or formed with every member there
+  // Formed stages that lost a member: no op can go through them any more, so their job may gather
+  // the next one meanwhile (its workers there ask on standby). Kept until their last member leaves.
+  std::list<Stage> retired_;
   std::map<std::string, std::pair<std::string, absl::Time>> refused_;  // job -> (why, until when)
   std::atomic<uint64_t> shm_in_use_{0};
   Counter* formed_;
@@ -202,22 +218,40 @@ void HostBrokerLoop::OnHello(Connection& c, const HostHello& h, absl::Time now) 
     Refuse(fd, absl::StatusCode::kDeadlineExceeded, r->second.first);
     return CloseConnection(fd);
   }
+  DropHungUp(h.job_name);
   auto [it, fresh] = stages_.try_emplace(h.job_name);
   Stage& stage = it->second;
   if (fresh) {
     stage.world = h.world_size;
     stage.local_size = h.local_size;
     stage.uid = c.peer.uid;
-    stage.deadline = now + options_.gather_timeout;
   }
   if (absl::Status ok = Admit(c, h, stage); !ok.ok()) {
     Refuse(fd, ok.code(), std::string(ok.message()));
-    return CloseConnection(fd);
+    CloseConnection(fd);
+    if (stage.members.empty()) stages_.erase(it);
+    return;
   }
   c.job = h.job_name;
   c.rank = h.rank;
   stage.members[h.rank] = fd;
+  if (h.standby) {
+    stage.standby.insert(h.rank);
+  } else if (stage.deadline == absl::InfiniteFuture()) {
+    stage.deadline = now + options_.gather_timeout;
+  }
   if (stage.members.size() == stage.local_size) Form(h.job_name, stage);
+}
+
+void HostBrokerLoop::DropHungUp(const std::string& job) {
+  auto s = stages_.find(job);
+  if (s == stages_.end() || s->second.formed()) return;
+  std::vector<int> hung_up;
+  for (const auto& [rank, fd] : s->second.members) {
+    pollfd p{fd, POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) hung_up.push_back(fd);
+  }
+  for (int fd : hung_up) Gone(fd);
 }
 
 void HostBrokerLoop::Form(const std::string& job, Stage& stage) {
@@ -247,17 +281,24 @@ void HostBrokerLoop::Form(const std::string& job, Stage& stage) {
   h->version = kStageVersion;
   h->members = stage.local_size;
   h->slot_bytes = options_.slot_bytes;
+  formed_->Add();
   HostWelcome w;
   w.slot_bytes = options_.slot_bytes;
   for (const auto& [rank, fd] : stage.members) w.ranks.push_back(rank);
-  for (const auto& [rank, fd] : stage.members) {
-    const std::vector<uint8_t> msg = EncodeHostWelcome(w);
-    if (!SendWithDescriptors(fd, msg, {stage.region->fd()}).ok()) h->gone[w.member].store(1);
-    ++w.member;
+  // Those on standby first: their answer is then in their socket before the others can act on
+  // theirs (the others' next step is to join the job, which tells the standby ones to go on).
+  for (bool standby : {true, false}) {
+    w.member = 0;
+    for (const auto& [rank, fd] : stage.members) {
+      if (stage.standby.count(rank) == (standby ? 1u : 0u) &&
+          !SendWithDescriptors(fd, EncodeHostWelcome(w), {stage.region->fd()}).ok()) {
+        h->gone[w.member].store(1);
+      }
+      ++w.member;
+    }
   }
-  formed_->Add();
-  DLCP_LOG(Info) << "host stage of job " << job << ": ranks " << absl::StrJoin(w.ranks, ",") << ", "
-                 << (bytes >> 20) << " MiB shared";
+  DLCP_LOG(Info) << "host stage of job " << job << (stage.standby.empty() ? "" : " formed again") << ": ranks "
+                 << absl::StrJoin(w.ranks, ",") << ", " << (bytes >> 20) << " MiB shared";
 }
 
 void HostBrokerLoop::Refuse(int fd, absl::StatusCode code, const std::string& reason) {
@@ -275,14 +316,35 @@ void HostBrokerLoop::Gone(int fd) {
   const uint32_t rank = c->second.rank;
   const pid_t pid = c->second.peer.pid;
   CloseConnection(fd);
-  auto s = stages_.find(job);
-  if (job.empty() || s == stages_.end()) return;
-  Stage& stage = s->second;
-  if (!stage.formed()) {
-    stage.members.erase(rank);
-    if (stage.members.empty()) stages_.erase(s);
+  if (job.empty()) return;
+  if (auto s = stages_.find(job); s != stages_.end() && s->second.holds(rank, fd)) {
+    Stage& stage = s->second;
+    if (!stage.formed()) {
+      stage.members.erase(rank);
+      stage.standby.erase(rank);
+      if (stage.members.empty()) stages_.erase(s);
+      return;
+    }
+    DLCP_LOG(Info) << "job " << job << " rank " << rank << " (pid " << pid << ") left its host stage";
+    if (MarkGone(stage, rank) == 0) {
+      shm_in_use_ -= stage.region->size();
+    } else {
+      retired_.push_back(std::move(stage));
+    }
+    stages_.erase(s);
     return;
   }
+  for (auto r = retired_.begin(); r != retired_.end(); ++r) {
+    if (!r->holds(rank, fd)) continue;
+    if (MarkGone(*r, rank) == 0) {
+      shm_in_use_ -= r->region->size();
+      retired_.erase(r);
+    }
+    return;
+  }
+}
+
+uint32_t HostBrokerLoop::MarkGone(Stage& stage, uint32_t rank) {
   uint32_t index = 0, live = 0;
   for (auto& [r, member_fd] : stage.members) {
     if (r == rank) {
@@ -293,11 +355,7 @@ void HostBrokerLoop::Gone(int fd) {
     live += member_fd >= 0;
     ++index;
   }
-  DLCP_LOG(Info) << "job " << job << " rank " << rank << " (pid " << pid << ") left its host stage";
-  if (live == 0) {
-    shm_in_use_ -= stage.region->size();
-    stages_.erase(s);
-  }
+  return live;
 }
 
 void HostBrokerLoop::Expire(absl::Time now) {

@@ -271,6 +271,15 @@ TEST(HostHello, MessagesRoundTripAndBadOnesAreRefusedByName) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->job_name, "job-a");
   EXPECT_EQ(back->local_size, 4u);
+  EXPECT_FALSE(back->standby);
+  HostHello standby = hello;
+  standby.standby = true;
+  back = DecodeHostHello(EncodeHostHello(standby));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->standby);
+  std::vector<uint8_t> flagged = EncodeHostHello(hello);
+  flagged[20] = 2;  // the flags word, after magic, version, world, rank and local_size
+  EXPECT_NE(DecodeHostHello(flagged).status().message().find("hello flags 2 unknown"), std::string::npos);
   auto bad = DecodeHostHello(EncodeHostHello(HostHello{"job-a", 8, 8, 4}));
   EXPECT_NE(bad.status().message().find("rank 8 is not below world_size 8"), std::string::npos) << bad.status();
   bad = DecodeHostHello(EncodeHostHello(HostHello{"job-a", 8, 1, 1}));
