@@ -310,9 +310,9 @@ void Client::ListenToSession(bool regroup) {
                       << "' is back; it goes on from round 0";
     // The stage first: where it formed again, the ops from here on go through it, and none may
     // reach the engine between the job going on there and the stage taking over (the restarted
-    // rank waits for this one's share in that stage).
-    if (stage_) stage_->RejoinJob();
-    engine_->Rejoin(std::move(layout));
+    // rank waits for this one's share in that stage). Those that reached it before run again.
+    const bool formed_again = stage_ && stage_->RejoinJob();
+    engine_->Rejoin(std::move(layout), /*rerun_all=*/formed_again);
     session_->SetLeaveReason(absl::OkStatus());
   });
   // The network path's ops learn of a failed job from their rounds; a host stage's from this.

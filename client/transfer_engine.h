@@ -149,7 +149,9 @@ class TransferEngine {
   // Any thread: every rank is back and the job goes on, in `epochs` (per aggregator of the
   // layout). Rounds count from 0 again. Ops still pending that got no result yet start again in
   // the new epoch; any other fails (its round was abandoned), to be retried by the caller.
-  void Rejoin(std::vector<uint32_t> epochs);
+  // `rerun_all`: every op under way fails, to be run again: this worker's host stage formed again
+  // and carries its ops from now on (StageKeeper), which the others of the stage wait for there.
+  void Rejoin(std::vector<uint32_t> epochs, bool rerun_all = false);
 
   // Aggregator fail-over (needs retain_inputs). Any thread but the I/O thread. Stops every push
   // and repair, and drops what arrives, until Resume; returns the rounds finished per key. Blocks
@@ -211,6 +213,11 @@ class TransferEngine {
   // The I/O thread's side of PauseForRegroup and Resume (transfer_regroup.cc).
   void ServeRegroup(absl::Time now);
   void ServeRejoin(absl::Time now);
+  // Under mu_, at a rejoin: ops that nothing of arrived start as round 0 of the new epoch (others
+  // go into `abandoned`, to fail), and so do those submitted but not yet taken.
+  void RelaunchUnstarted(absl::Time now, std::vector<uint32_t>* abandoned);
+  // Under mu_: every op under way, out of the engine, its key free again.
+  void TakeEveryOp(std::vector<std::unique_ptr<Op>>* started, std::deque<std::unique_ptr<Op>>* unstarted);
   void Restart(Op& op, absl::Time now);
   std::unique_ptr<Op> ReplayOf(const Op& finished);
   // A replay ended: the op it held back for its key starts.
@@ -327,6 +334,7 @@ class TransferEngine {
     std::optional<std::pair<EngineLayout, std::vector<KeyProgress>>> resume;
     absl::Status job_failed;  // FailJob, until Rejoin
     std::optional<std::vector<uint32_t>> rejoin;
+    bool rerun_all = false;  // with `rejoin`
   };
   Shared shared_;
 

@@ -80,16 +80,19 @@ void TransferEngine::ServeRegroup(absl::Time now) {
   }
 }
 
-void TransferEngine::Rejoin(std::vector<uint32_t> epochs) {
+void TransferEngine::Rejoin(std::vector<uint32_t> epochs, bool rerun_all) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     shared_.rejoin = std::move(epochs);
+    shared_.rerun_all = rerun_all;
   }
   transport_->Wake();
 }
 
 void TransferEngine::ServeRejoin(absl::Time now) {
   std::vector<uint32_t> abandoned;
+  std::vector<std::unique_ptr<Op>> rerun;  // shared_.rerun_all: every op under way, started ...
+  std::deque<std::unique_ptr<Op>> rerun_unstarted;  // ... or not yet taken
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!shared_.rejoin.has_value()) return;
@@ -107,21 +110,47 @@ void TransferEngine::ServeRejoin(absl::Time now) {
     completed_round_.clear();
     last_done_.clear();
     residuals_.clear();  // what earlier rounds left out belongs to the abandoned ones
-    for (auto& [key, op] : ops_) {
-      // Nothing of it arrived (it was submitted after the loss, say): it is round 0 now.
-      if (!op->retained.replay && op->remaining == op->geometry.chunk_count() && op->retained.left_out.empty()) {
-        op->round = shared_.next_round[key]++;
-        op->stats.round = op->round;
-        Launch(*op, now);
-      } else {
-        abandoned.push_back(key);
-      }
+    if (std::exchange(shared_.rerun_all, false)) {
+      TakeEveryOp(&rerun, &rerun_unstarted);
+    } else {
+      RelaunchUnstarted(now, &abandoned);
     }
   }
+  const absl::Status run_again = absl::AbortedError(
+      "the job went on after losing a worker, through this host's stage formed again; run the op again");
+  for (auto& op : rerun) {
+    TraceEnd(*op, run_again);
+    op->done(run_again);
+  }
+  for (auto& op : rerun_unstarted) op->done(run_again);
   for (uint32_t key : abandoned) {
     Finish(key, absl::AbortedError(absl::StrCat("key ", key, ": the job went on without this op's round after "
                                                 "losing a worker; run the op again")));
   }
+}
+
+void TransferEngine::RelaunchUnstarted(absl::Time now, std::vector<uint32_t>* abandoned) {
+  for (auto& [key, op] : ops_) {
+    // Nothing of it arrived (it was submitted after the loss, say): it is round 0 now.
+    if (!op->retained.replay && op->remaining == op->geometry.chunk_count() && op->retained.left_out.empty()) {
+      op->round = shared_.next_round[key]++;
+      op->stats.round = op->round;
+      Launch(*op, now);
+    } else {
+      abandoned->push_back(key);
+    }
+  }
+  // Not taken yet: numbered in the old epoch's count, they start at round 0 of the new one too.
+  for (auto& op : shared_.submitted) op->round = shared_.next_round[op->key]++;
+}
+
+void TransferEngine::TakeEveryOp(std::vector<std::unique_ptr<Op>>* started, std::deque<std::unique_ptr<Op>>* unstarted) {
+  for (auto* ops : {&ops_, &held_}) {
+    for (auto& [key, op] : *ops) started->push_back(std::move(op));
+    ops->clear();
+  }
+  unstarted->swap(shared_.submitted);
+  shared_.active_keys.clear();
 }
 
 void TransferEngine::Restart(Op& op, absl::Time now) {

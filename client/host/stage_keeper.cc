@@ -25,16 +25,20 @@ void StageKeeper::FailJob(const absl::Status& why) {
   if (current_ != nullptr && !stopped_) current_->FailJob(why);
 }
 
-void StageKeeper::RejoinJob() {
+bool StageKeeper::RejoinJob() {
   std::shared_ptr<HostStage> replaced;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopped_) return;
-    if (current_ != nullptr) return current_->RejoinJob();
-    if (!TakeAnswer()) return;
+    if (stopped_) return false;
+    if (current_ != nullptr) {
+      current_->RejoinJob();
+      return false;
+    }
+    if (!TakeAnswer()) return false;
     replaced = std::move(lost_);
   }
   Retire(std::move(replaced));
+  return true;
 }
 
 void StageKeeper::Retire(std::shared_ptr<HostStage> stage) {

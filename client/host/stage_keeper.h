@@ -40,8 +40,9 @@ class StageKeeper {
   // The job failed: the current stage's ops fail with `why` until RejoinJob.
   void FailJob(const absl::Status& why);
   // Every rank is back and the job goes on: the current stage goes on, or a lost one is replaced by
-  // the stage dlcpd formed again, where it did. Never waits for dlcpd.
-  void RejoinJob();
+  // the stage dlcpd formed again, where it did: then true, and ops that went to the network path
+  // meanwhile must be run again, through it (TransferEngine::Rejoin). Never waits for dlcpd.
+  bool RejoinJob();
   // Stops every stage it holds (HostStage::Stop) and withdraws a standby request. Idempotent.
   void Stop(const absl::Status& why);
 

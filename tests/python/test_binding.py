@@ -708,6 +708,61 @@ def test_phase_aware_bounds_go_through_the_stage_and_every_worker_reports_them(t
             c.close()
 
 
+def test_a_worker_restarted_alone_forms_its_host_stage_again(two_hosts):
+    """Rank 3 closes and comes back under its rank, alone (a pod restarted): rank 2, which lost its
+    stage, asked dlcpd for the next one on standby, so rank 3's connect forms it at once, and once
+    the job goes on both sum through it again, rank 3 sending nothing (docs/host-stage.md)."""
+    aggregators, sockets = two_hosts
+    options = dict(local_size=2, op_timeout_ms=20_000, loss_bound=0)
+
+    def host(rank):
+        return {"host_socket": sockets[rank // 2]}
+
+    def until_through(clients):
+        """Every rank runs key 1 until it goes through, as a trainer retries a failed step."""
+        stats, errors = [None] * 4, []
+
+        def run(rank):
+            give_up = time.monotonic() + 60
+            while time.monotonic() < give_up:
+                buf = np.full(1000, float(rank + 1), dtype=np.float32)
+                try:
+                    stats[rank] = clients[rank].allreduce(1, buf, timeout=30)
+                except dlcp.AbortedError:
+                    time.sleep(0.05)  # until every rank is back
+                    continue
+                if not np.all(buf == 10.0):
+                    errors.append(f"rank {rank}: {buf[:4]}")
+                return
+            errors.append(f"rank {rank} never got through")
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        return stats
+
+    clients = connect_all(aggregators, "restart-alone", 4, rank_options=host, **options)
+    try:
+        stats = until_through(clients)
+        assert stats[1]["bytes_sent"] == 0 and stats[3]["bytes_sent"] == 0
+        clients[3].close()
+        with pytest.raises(dlcp.AbortedError, match="worker rank 3 of this host's stage is gone"):
+            clients[2].allreduce(1, np.ones(1000, dtype=np.float32), timeout=30)
+        started = time.monotonic()
+        clients[3] = dlcp.Client(aggregators=aggregators, job="restart-alone", world_size=4, rank=3, plaintext=True,
+                                 **options, **host(3))
+        assert time.monotonic() - started < 10, "rank 3 waited for its stage instead of completing it"
+        stats = until_through(clients)
+        assert stats[3]["bytes_sent"] == 0 and stats[2]["bytes_sent"] > 0, [s["bytes_sent"] for s in stats]
+        assert stats[1]["bytes_sent"] == 0
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_a_worker_that_closes_leaves_its_host_stage_and_the_others_say_so(two_hosts):
     """A stage of the whole job (docs/host-stage.md): once rank 1 closes its client, rank 0's
     next op fails at once, naming it, rather than at its deadline."""
