@@ -227,9 +227,9 @@ std::optional<StageMembership> FindHostStage(const ClientOptions& o) {
 HostStage::NetworkSubmit StageNetwork(TransferEngine* engine, const StageMembership& m, uint32_t world) {
   if (m.welcome.member != 0 || m.welcome.ranks.size() == world) return nullptr;
   const auto carries = static_cast<uint16_t>(m.welcome.ranks.size());
-  return [engine, carries](uint32_t key, uint32_t part, absl::Span<float> sum, const AllReduceOptions& options,
-                           int64_t root, OpDone done) {
-    engine->Submit(key, sum, options, root, std::move(done), StageLeg{carries, part});
+  return [engine, carries](uint32_t key, absl::Span<float> sum, const AllReduceOptions& options, int64_t root,
+                           OpDone done) {
+    engine->Submit(key, sum, options, root, std::move(done), StageLeg{carries});
   };
 }
 

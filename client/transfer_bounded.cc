@@ -13,7 +13,7 @@
 namespace dlcp {
 
 void TransferEngine::ApplyResidual(Op& op) {
-  auto it = residuals_.find(TensorOf(op));
+  auto it = residuals_.find(op.key);
   if (it == residuals_.end() || it->second.values.size() != op.geometry.tensor_elems) return;
   for (uint32_t c : it->second.chunks) {
     float* keep = it->second.values.data() + op.geometry.offset(c);
@@ -88,7 +88,7 @@ absl::Status TransferEngine::Prepare(Op& op) {
       double sum = 0;
       for (uint32_t i = 0; i < op.geometry.tensor_elems; ++i) sum += static_cast<double>(op.data[i]) * op.data[i];
       const double base = static_cast<double>(op.loss_bound_ppm) / wire::kPpm;
-      const double bound = phase_.Next(TensorOf(op), base, std::sqrt(sum));
+      const double bound = phase_.Next(op.key, base, std::sqrt(sum));
       op.loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
       op.stats.loss_bound = bound;
     }

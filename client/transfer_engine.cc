@@ -109,7 +109,6 @@ void TransferEngine::Submit(uint32_t key, absl::Span<float> data, const AllReduc
   op->data = data.data();
   op->broadcast_root = broadcast_root;
   op->carries = leg.carries;
-  op->part = leg.part;
   Enqueue(std::move(op), key, data.size(), options);
 }
 

@@ -49,11 +49,9 @@ namespace dlcp {
 inline constexpr double kWindowDecrease = 0.35;
 
 // A host stage's network leg (docs/host-stage.md), as its first worker submits it: the sum of
-// `carries` ranks (its pushes say so), and which step of the stage's op it is. An op larger than a
-// step goes in several rounds of one key, and each step keeps its own error feedback.
+// `carries` ranks (its pushes say so). It is the whole tensor, as a worker without a stage pushes it.
 struct StageLeg {
   uint16_t carries = 1;
-  uint32_t part = 0;
 };
 
 // Where the job's aggregators are, one entry per aggregator, in the same order in every field.
@@ -346,16 +344,14 @@ class TransferEngine {
   std::unordered_map<int, std::unique_ptr<Packer>> device_packers_;  // per CUDA device, made on first use
   DropInjector injector_;
   PhaseAwareBound phase_;
-  // A tensor from round to round: its key, and the step of a host stage's op it is (StageLeg).
-  static uint64_t TensorOf(const Op& op) { return uint64_t{op.key} << 32 | op.part; }
-  // Error feedback, per tensor (TensorOf): this worker's contributions left out
-  // of earlier rounds, added into the next one. `chunks` lists the chunks that hold something.
+  // Error feedback, per key: this worker's contributions left out of earlier rounds, added into
+  // the next one. `chunks` lists the chunks that hold something.
   struct Residual {
     std::vector<float> values;
     std::vector<uint32_t> chunks;
   };
-  std::unordered_map<uint64_t, Residual> residuals_;
-  Residual& ResidualOf(const Op& op) { return residuals_[TensorOf(op)]; }
+  std::unordered_map<uint32_t, Residual> residuals_;
+  Residual& ResidualOf(const Op& op) { return residuals_[op.key]; }
   // retain_inputs: the last op finished per key (its input kept), and ops waiting for their
   // key's replay to finish.
   std::unordered_map<uint32_t, std::unique_ptr<Op>> last_done_;

@@ -116,7 +116,6 @@ struct TransferOp {
   BoundedRound bounded;
   int64_t broadcast_root = -1;
   uint16_t carries = 1;  // ranks whose sum `data` is: a host stage's size, or 1
-  uint32_t part = 0;     // the host stage's step this round is (StageLeg)
   OpClock clock;
   std::string name;  // on the timeline (AllReduceOptions::name)
   RoundStats stats;

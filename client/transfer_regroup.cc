@@ -189,7 +189,6 @@ std::unique_ptr<TransferEngine::Op> TransferEngine::ReplayOf(const Op& finished)
   op->loss_bound_ppm = finished.loss_bound_ppm;
   op->broadcast_root = finished.broadcast_root;
   op->carries = finished.carries;  // a host stage's sum counts for its ranks again, or the round waits on them
-  op->part = finished.part;
   op->bounded.pull_ppm = finished.bounded.pull_ppm;
   op->bounded.droppable_chunks = finished.bounded.droppable_chunks;
   op->stats.key = finished.key;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <utility>
 #include <memory>
 
@@ -190,45 +191,111 @@ void HostStage::StartOp(Op op, std::optional<Pending>* pending) {
   run->stats.loss_bound = std::max(0.0, op.options.loss_bound);
   run->op = std::move(op);
   const Op& o = run->op;
-  run->steps_left = StepsOf(o);
-  const auto bound_ppm = static_cast<uint32_t>(std::lround(run->stats.loss_bound * wire::kPpm));
-  const uint32_t kind = o.root >= 0 ? static_cast<uint32_t>(o.root) + 1 : 0;
+  const bool two_phases = InTwoPhases(o);
+  run->steps_left = StepsOf(o) * (two_phases ? 2 : 1);
   // A failed job fails the op at once, as on the network path; its steps are still gone through.
   run->status = Interrupted();
   if (o.elems() == 0) return Complete(*run);
   if (o.device) PinForDevice(o.device->device);
+  if (two_phases && steps_.first()) {
+    if (o.device) run->staging.resize(o.elems());
+    run->whole = o.device ? run->staging.data() : o.data.data();
+  }
+  if (!two_phases) return StartPhase(run, Phase::kWhole, pending);
+  StartPhase(run, Phase::kSum, pending);
+  // The result comes back once the network round has ended, which the last sum step's end waits for.
+  if (*pending) EndStep(*std::exchange(*pending, std::nullopt));
+  StartPhase(run, Phase::kResult, pending);
+}
+
+void HostStage::StartPhase(const std::shared_ptr<Running>& run, Phase phase, std::optional<Pending>* pending) {
+  const Op& o = run->op;
+  // The op's ε as given (the round may run under another: phase_aware), for the members to agree on.
+  const auto bound_ppm = static_cast<uint32_t>(std::lround(std::max(0.0, o.options.loss_bound) * wire::kPpm));
+  const uint32_t kind = o.root >= 0 ? static_cast<uint32_t>(o.root) + 1 : 0;
   const uint64_t step_elems = StepElemsOf(o);
   for (uint64_t offset = 0; offset < o.elems(); offset += step_elems) {
-    const StepSpec spec{o.key, kind, offset, std::min<uint64_t>(step_elems, o.elems() - offset), o.elems(), bound_ppm};
+    StepSpec spec{o.key, kind, offset, std::min<uint64_t>(step_elems, o.elems() - offset), o.elems(), bound_ppm};
+    spec.result_only = phase == Phase::kResult;
     if (!run->status.ok()) {  // the op failed: the rest of its steps are given up, so every worker stays in step
       if (*pending) EndStep(*std::exchange(*pending, std::nullopt));
       steps_.Skip(spec, run->status, run->deadline, [this] { return Interrupted(); }).IgnoreError();
       StepGone(*run);
       continue;
     }
-    Pending next = BeginStep(run, spec);
+    Pending next = BeginStep(run, spec, phase);
     if (*pending) EndStep(*std::exchange(*pending, std::nullopt));
     *pending = std::move(next);
   }
 }
 
-HostStage::Pending HostStage::BeginStep(const std::shared_ptr<Running>& run, const StepSpec& spec) {
-  Pending p{run, {}, IoOf(run->op, spec), std::make_shared<absl::StatusOr<RoundStats>>()};
+HostStage::Pending HostStage::BeginStep(const std::shared_ptr<Running>& run, const StepSpec& spec, Phase phase) {
+  Pending p{run, phase, {}, IoOf(run->op, spec, phase), nullptr};
   NetworkLeg leg;
   if (network_) {
-    leg = [this, run, out = p.leg](float* sum, const StepSpec& s, uint64_t step, LegDone done) {
-      StartLeg(sum, s, step, run->op, out, std::move(done));
-    };
+    const bool network_round = phase == Phase::kWhole || (phase == Phase::kSum && spec.offset + spec.elems == run->op.elems());
+    if (network_round) p.leg = std::make_shared<absl::StatusOr<RoundStats>>();
+    leg = LegOf(run, phase, p.leg);
   }
   p.begun = steps_.Begin(spec, p.io, leg, run->deadline, [this] { return Interrupted(); });
   if (!p.begun.status.ok()) StepFailed(*run, p.begun.status);
   return p;
 }
 
+NetworkLeg HostStage::LegOf(const std::shared_ptr<Running>& run, Phase phase,
+                            const std::shared_ptr<absl::StatusOr<RoundStats>>& out) {
+  if (phase == Phase::kWhole) {
+    return [this, run, out](float* sum, const StepSpec& s, uint64_t step, LegDone done) {
+      StartLeg(sum, s, step, run->op, /*post_loss=*/true, out, std::move(done));
+    };
+  }
+  if (phase == Phase::kResult) {
+    return [this, run](float* bank, const StepSpec& s, uint64_t step, LegDone done) {
+      std::memcpy(bank, run->whole + s.offset, s.elems * sizeof(float));
+      if (s.loss_bound_ppm > 0) PostResultLoss(*run, s, step);
+      done(absl::OkStatus());
+    };
+  }
+  return [this, run, out](float* bank, const StepSpec& s, uint64_t step, LegDone done) {
+    std::memcpy(run->whole + s.offset, bank, s.elems * sizeof(float));
+    if (out == nullptr) return done(absl::OkStatus());
+    // The last part is in: the whole tensor's round, whose end ends this step.
+    run->network = out;
+    StepSpec whole = s;
+    whole.offset = 0;
+    whole.elems = run->op.elems();
+    StartLeg(run->whole, whole, step, run->op, /*post_loss=*/false, out, std::move(done));
+  };
+}
+
+void HostStage::PostResultLoss(const Running& run, const StepSpec& spec, uint64_t step) {
+  if (run.network == nullptr || !run.network->ok()) return;
+  const RoundStats& r = **run.network;
+  StageLoss loss{};
+  CopyLoss(r, &loss);
+  loss.loss_bound_ppm = static_cast<uint32_t>(std::lround(r.loss_bound * wire::kPpm));
+  if (spec.offset != 0) {  // the round's losses are told once, with the first part
+    StageLoss none{};
+    none.min_contributors = loss.min_contributors;
+    none.loss_bound_ppm = loss.loss_bound_ppm;
+    loss = none;
+  }
+  // The classes of the chunks that start in this part (a bounded step holds kStageMaxClasses at most).
+  const uint64_t chunk_elems = limits_.bounded_step_elems / kStageMaxClasses;
+  std::vector<uint8_t> classes;
+  if (chunk_elems > 0) {
+    const uint64_t first = (spec.offset + chunk_elems - 1) / chunk_elems;
+    const uint64_t end = std::min<uint64_t>((spec.offset + spec.elems + chunk_elems - 1) / chunk_elems, r.classes.size());
+    if (first < end) classes.assign(r.classes.begin() + static_cast<ptrdiff_t>(first), r.classes.begin() + static_cast<ptrdiff_t>(end));
+  }
+  steps_.PostLoss(step, loss, classes);
+}
+
 void HostStage::EndStep(Pending p) {
   Running& run = *p.run;
   auto out = [&](const float* result) {
-    if (run.stats.loss_bound > 0 && LegElsewhere()) {  // the first worker's leg posted the round's losses
+    // The first worker's leg posted the round's losses (not with a sum step: the round runs after).
+    if (run.stats.loss_bound > 0 && LegElsewhere() && p.phase != Phase::kSum) {
       AddStepLoss(steps_.loss(p.begun.step), &run.heard);
       if (run.op.options.report_classes) {
         const std::vector<uint8_t> classes = steps_.classes(p.begun.step);
@@ -244,7 +311,7 @@ void HostStage::EndStep(Pending p) {
   const absl::Status status = steps_.End(p.begun, out, run.deadline, [this, leads] {
     return leads ? Stopped() : Interrupted();
   });
-  if (status.ok() && p.leg->ok()) AddLegStats(**p.leg, &run.stats);
+  if (status.ok() && p.leg != nullptr && p.leg->ok()) AddLegStats(**p.leg, &run.stats);
   if (!status.ok()) StepFailed(run, status);
   StepGone(run);
 }
@@ -261,7 +328,7 @@ void HostStage::StepGone(Running& run) {
 void HostStage::Complete(Running& run) {
   if (!run.status.ok()) return run.op.done(run.status);
   const Op& op = run.op;
-  if (LegElsewhere()) elsewhere_(op.key, static_cast<uint32_t>(StepsOf(op)));
+  if (LegElsewhere()) elsewhere_(op.key, InTwoPhases(op) ? 1 : static_cast<uint32_t>(StepsOf(op)));
   if (run.heard) {
     CopyLoss(*run.heard, &run.stats);
     run.stats.loss_bound = std::max(run.stats.loss_bound, static_cast<double>(run.heard->loss_bound_ppm) / wire::kPpm);
@@ -274,6 +341,13 @@ void HostStage::Complete(Running& run) {
 uint64_t HostStage::StepElemsOf(const Op& op) const {
   const bool bounded = op.options.loss_bound > 0 && limits_.bounded_step_elems > 0;
   return bounded ? std::min(steps_.slot_elems(), limits_.bounded_step_elems) : steps_.slot_elems();
+}
+
+StepIo HostStage::IoOf(const Op& op, const StepSpec& spec, Phase phase) const {
+  StepIo io = IoOf(op, spec);
+  if (phase == Phase::kSum) io.out = [](const float*) { return absl::OkStatus(); };  // the result comes later
+  if (phase == Phase::kResult) io.in = nullptr;  // nothing is summed
+  return io;
 }
 
 StepIo HostStage::IoOf(const Op& op, const StepSpec& spec) const {
@@ -302,7 +376,7 @@ void HostStage::PinForDevice(int device) {
   }
 }
 
-void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Op& op,
+void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Op& op, bool post_loss,
                          std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done) {
   // A broadcast from a rank of this stage: the bank holds its values, which this worker pushes as
   // the root; from another host's rank, the bank holds zeros, and the root's come back.
@@ -310,12 +384,11 @@ void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const 
   if (root >= 0 && std::find(ranks().begin(), ranks().end(), static_cast<uint32_t>(root)) != ranks().end()) {
     root = ranks()[0];
   }
-  const auto part = static_cast<uint32_t>(spec.offset / StepElemsOf(op));  // error feedback is per step
   // The engine ends its op by the op's deadline (or at Stop, which a closing client calls after the
   // stage's and before the stage's memory is unmapped), and runs this on its own thread.
   legs_in_flight_.fetch_add(1);
-  network_(spec.key, part, absl::MakeSpan(sum, spec.elems), op.options, root,
-           [this, step, bounded = spec.loss_bound_ppm > 0, out = std::move(out),
+  network_(spec.key, absl::MakeSpan(sum, spec.elems), op.options, root,
+           [this, step, bounded = post_loss && spec.loss_bound_ppm > 0, out = std::move(out),
             done = std::move(done)](absl::StatusOr<RoundStats> r) {
              if (r.ok() && bounded) {  // the others report it as theirs
                StageLoss loss{};

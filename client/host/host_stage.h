@@ -32,11 +32,11 @@ namespace dlcp {
 
 class HostStage {
  public:
-  // The first worker's way to the aggregators: submits `sum`, step `part` of an op of `key`, as an
-  // op whose pushes carry the whole stage (TransferEngine::Submit with the stage's size). Null for
-  // a stage that holds every rank of the job: its sum is the result.
-  using NetworkSubmit = std::function<void(uint32_t key, uint32_t part, absl::Span<float> sum,
-                                           const AllReduceOptions& options, int64_t root, OpDone)>;
+  // The first worker's way to the aggregators: submits `sum`, the host's sum of a whole tensor of
+  // `key`, as an op whose pushes carry the whole stage (TransferEngine::Submit with the stage's
+  // size). Null for a stage that holds every rank of the job: its sum is the result.
+  using NetworkSubmit = std::function<void(uint32_t key, absl::Span<float> sum, const AllReduceOptions& options,
+                                           int64_t root, OpDone)>;
 
   // Rounds of a key that the first worker's network legs ran for this one (TransferEngine::
   // SkipRounds): every worker's engine then numbers the key's rounds alike, should a later op of
@@ -91,6 +91,13 @@ class HostStage {
     OpDone done;
     uint64_t elems() const { return device ? device->elems : data.size(); }
   };
+  // How a step takes part in its op. An op of one step, or in a stage without network legs, goes
+  // in steps that each sum and return their part (kWhole). A larger op of a stage with network
+  // legs first sums every step into the first worker's copy of the whole tensor (kSum), which
+  // then goes to the aggregators in one round, as a worker without a stage pushes it (a host whose
+  // stage splits its rounds would not match a host without one), and the result then comes back
+  // step by step (kResult).
+  enum class Phase { kWhole, kSum, kResult };
   // An op whose steps are under way, and what they said so far.
   struct Running {
     Op op;
@@ -101,12 +108,18 @@ class HostStage {
     std::optional<StageLoss> heard;  // a bounded op's losses over its steps, from the first worker's legs
     std::vector<uint8_t> classes;    // ... and its chunks' classes
     uint64_t steps_left = 0;  // not yet ended or skipped
+    // kSum / kResult, on the first worker: the whole tensor's sum, then result (the op's own host
+    // memory, or `staging` for a device tensor), and the network round's outcome.
+    float* whole = nullptr;
+    std::vector<float> staging;
+    std::shared_ptr<absl::StatusOr<RoundStats>> network;
   };
-  // A step begun and not yet ended. `leg` is the first worker's network leg's outcome, written
-  // before the step's result is posted (and read only after), and kept alive for a leg that ends
-  // late.
+  // A step begun and not yet ended. `leg` is the first worker's network leg's outcome (null where
+  // the step's leg is a copy), written before the step's result is posted (and read only after),
+  // and kept alive for a leg that ends late.
   struct Pending {
     std::shared_ptr<Running> run;
+    Phase phase = Phase::kWhole;
     BegunStep begun;
     StepIo io;
     std::shared_ptr<absl::StatusOr<RoundStats>> leg;
@@ -118,26 +131,39 @@ class HostStage {
   // Begins the op's steps; ends the one before each (pending) once the next has begun, and keeps
   // its last one pending.
   void StartOp(Op op, std::optional<Pending>* pending);
-  Pending BeginStep(const std::shared_ptr<Running>& run, const StepSpec& spec);
+  // Begins (or skips, once the op failed) the op's steps of one phase.
+  void StartPhase(const std::shared_ptr<Running>& run, Phase phase, std::optional<Pending>* pending);
+  Pending BeginStep(const std::shared_ptr<Running>& run, const StepSpec& spec, Phase phase);
+  // The first worker's leg of a step of `phase`: the network round, or a copy to or from `whole`.
+  NetworkLeg LegOf(const std::shared_ptr<Running>& run, Phase phase, const std::shared_ptr<absl::StatusOr<RoundStats>>& out);
+  // kResult, on the first worker: the network round's losses and classes of the step's chunks, for
+  // the others to report.
+  void PostResultLoss(const Running& run, const StepSpec& spec, uint64_t step);
   void EndStep(Pending p);
   void StepFailed(Running& run, const absl::Status& status);
   void StepGone(Running& run);  // a step of it ended or was skipped: done when it was the last
   void Complete(Running& run);  // runs its OpDone
   // How step `spec` of `op` reads its part and writes its result.
-  StepIo IoOf(const Op& op, const StepSpec& spec) const;
+  StepIo IoOf(const Op& op, const StepSpec& spec, Phase phase) const;
+  StepIo IoOf(const Op& op, const StepSpec& spec) const;  // both ways
   // Pins the region for copies from and to `device`, once; where that fails, copies go through
   // the CUDA runtime's staging, slower but the same.
   void PinForDevice(int device);
-  // The first worker's network leg of step `step` of `op`; writes its outcome into `out`.
-  void StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Op& op,
+  // The first worker's network leg of step `step` of `op`; writes its outcome into `out`, and a
+  // bounded round's losses into the step's result for the others where `post_loss`.
+  void StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Op& op, bool post_loss,
                 std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done);
   absl::Status Interrupted() const;  // stopping, or the job failed
   absl::Status Stopped() const;
-  // Elements per step of `op`, and how many steps it takes.
+  // Elements per step of `op`, and how many steps it takes (per phase).
   uint64_t StepElemsOf(const Op& op) const;
   uint64_t StepsOf(const Op& op) const { return (op.elems() + StepElemsOf(op) - 1) / StepElemsOf(op); }
+  // The stage has network legs (it does not hold the whole job).
+  bool Networked() const { return ranks().size() < limits_.world; }
+  // `op` goes in two phases (kSum, kResult) around one network round.
+  bool InTwoPhases(const Op& op) const { return Networked() && StepsOf(op) > 1; }
   // This worker's stage has network legs, and its first worker, not this one, runs them.
-  bool LegElsewhere() const { return !steps_.first() && ranks().size() < limits_.world; }
+  bool LegElsewhere() const { return !steps_.first() && Networked(); }
 
   StageSteps steps_;
   NetworkSubmit network_;

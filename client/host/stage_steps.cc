@@ -15,12 +15,18 @@ namespace dlcp {
 namespace {
 
 constexpr absl::Duration kResultGrace = absl::Seconds(5);
+// StageMember::kind's high bit: a StepSpec::result_only step (roots are ranks, far below it).
+constexpr uint32_t kResultOnly = uint32_t{1} << 31;
+
+uint32_t KindOf(const StepSpec& s) { return s.kind | (s.result_only ? kResultOnly : 0); }
 
 std::string Describe(const StageMember& m) {
-  const std::string what = m.kind == 0 ? "an all-reduce" : absl::StrCat("a broadcast from rank ", m.kind - 1);
+  const uint32_t kind = m.kind & ~kResultOnly;
+  const std::string what = kind == 0 ? "an all-reduce" : absl::StrCat("a broadcast from rank ", kind - 1);
   const std::string bound =
       m.loss_bound_ppm == 0 ? "" : absl::StrCat(", loss bound ", static_cast<double>(m.loss_bound_ppm) / wire::kPpm);
-  return absl::StrCat(what, " of key ", m.key, " (", m.tensor_elems, " elements", bound, ")");
+  const std::string part = (m.kind & kResultOnly) != 0 ? ", its result" : "";
+  return absl::StrCat(what, " of key ", m.key, " (", m.tensor_elems, " elements", bound, part, ")");
 }
 
 // Member `i`'s share of `n` elements: whole cache lines, the last member taking the rest.
@@ -171,7 +177,7 @@ absl::Status StageSteps::Agree(const StepSpec& s, uint64_t step) const {
       return absl::AbortedError(
           absl::StrCat("host stage: rank ", rank_of(i), " gave up on this op (it failed before its part was in)"));
     }
-    if (m.key != s.key || m.kind != s.kind || m.offset != s.offset || m.elems != s.elems ||
+    if (m.key != s.key || m.kind != KindOf(s) || m.offset != s.offset || m.elems != s.elems ||
         m.tensor_elems != s.tensor_elems || m.loss_bound_ppm != s.loss_bound_ppm) {
       return absl::InvalidArgumentError(
           absl::StrCat("host stage: rank ", rank_of(i), " runs ", Describe(m), " where rank ",
@@ -184,7 +190,7 @@ absl::Status StageSteps::Agree(const StepSpec& s, uint64_t step) const {
 
 void StageSteps::Share(const StepSpec& s, uint64_t step) {
   const auto [begin, end] = ShareOf(m_.welcome.member, members(), s.elems);
-  if (begin >= end) return;
+  if (begin >= end || s.result_only) return;
   float* sum = bank(step) + begin;
   const size_t n = end - begin;
   if (s.kind != 0) {  // a broadcast: the root's values, exactly (a sum would turn -0 into +0)
@@ -249,7 +255,7 @@ void StageSteps::WriteSpec(uint64_t step, const StepSpec& spec) {
   StageMember& me = mine();
   me.step = step;
   me.key = spec.key;
-  me.kind = spec.kind;
+  me.kind = KindOf(spec);
   me.loss_bound_ppm = spec.loss_bound_ppm;
   me.offset = spec.offset;
   me.elems = spec.elems;

@@ -37,6 +37,9 @@ struct StepSpec {
   uint64_t elems = 0;
   uint64_t tensor_elems = 0;
   uint32_t loss_bound_ppm = 0;  // the op's ε: members must agree on it too
+  // Nothing is summed: the first member's leg writes the op's result into the step's bank (the
+  // result of an op whose network round ran over the whole tensor, HostStage).
+  bool result_only = false;
 };
 
 // Where a step's part comes from and where its result goes. `in` writes this member's part

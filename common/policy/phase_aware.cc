@@ -5,7 +5,7 @@
 
 namespace dlcp {
 
-double PhaseAwareBound::Next(uint64_t key, double base, double norm) {
+double PhaseAwareBound::Next(uint32_t key, double base, double norm) {
   State& s = state_[key];
   const bool first = s.last_norm < 0;
   const double change = first ? 0 : std::fabs(norm - s.last_norm) / std::max(s.last_norm, 1e-30);
@@ -19,7 +19,7 @@ double PhaseAwareBound::Next(uint64_t key, double base, double norm) {
   return s.hold_left > 0 ? base : std::min(1.0, base * options_.relax);
 }
 
-bool PhaseAwareBound::critical(uint64_t key) const {
+bool PhaseAwareBound::critical(uint32_t key) const {
   auto it = state_.find(key);
   return it == state_.end() || it->second.hold_left > 0;
 }

@@ -22,11 +22,9 @@ struct PhaseAwareOptions {
 class PhaseAwareBound {
  public:
   explicit PhaseAwareBound(const PhaseAwareOptions& options) : options_(options) {}
-  // The bound for this round of `key`, given the configured one and the tensor's L2 norm now. A
-  // key here is whatever names one tensor from round to round (the engine adds a host stage's
-  // step to the tensor's key).
-  double Next(uint64_t key, double base, double norm);
-  bool critical(uint64_t key) const;
+  // The bound for this round of `key`, given the configured one and the tensor's L2 norm now.
+  double Next(uint32_t key, double base, double norm);
+  bool critical(uint32_t key) const;
 
  private:
   struct State {
@@ -34,7 +32,7 @@ class PhaseAwareBound {
     uint32_t hold_left = 0;
   };
   PhaseAwareOptions options_;
-  std::unordered_map<uint64_t, State> state_;
+  std::unordered_map<uint32_t, State> state_;
 };
 
 }  // namespace dlcp

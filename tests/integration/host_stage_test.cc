@@ -178,6 +178,39 @@ TEST(HostStage, PhaseAwareBoundsGoThroughTheStagesToo) {
       });
 }
 
+// Host A's workers share a stage, host B's push their own (a host that fell back, or had its
+// stage turned off): an op larger than a slot still goes to the aggregators as one round of the
+// whole tensor from A, as from B, so the two agree. 64 KiB slots: each 300 kB tensor takes five
+// steps; three at once, reliable and under a loss bound with drops injected.
+class MixedHosts : public ::testing::TestWithParam<double> {};
+
+TEST_P(MixedHosts, AHostWithAStageAndOneWithoutSumOpsLargerThanASlot) {
+  const double bound = GetParam();
+  auto a = Daemon::Start(DLCPD_PATH, {"--metrics-port=0", "--host-slot-bytes=65536"});
+  auto b = Daemon::Start(DLCPD_PATH, {"--metrics-port=0", "--host-slot-bytes=65536"});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  std::vector<std::unique_ptr<BackgroundProcess>> workers;
+  for (int rank = 0; rank < 4; ++rank) {
+    std::vector<std::string> argv = Bench(a->control() + "," + b->control(), 4, "mixed", (rank < 2 ? a : b)->host_socket(),
+                                          300000, 6);
+    argv.insert(argv.end(), {absl::StrCat("--rank=", rank), "--local-size=2", "--tensors=3", "--json",
+                             absl::StrCat("--loss-bound=", bound), absl::StrCat("--host-stage=", rank < 2)});
+    if (bound > 0) argv.push_back("--inject-drop-class=1:0.05,2:0.05,3:0.05");
+    workers.push_back(BackgroundProcess::Start(argv));
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    ProcessResult r = workers[rank]->Wait(absl::Seconds(60));
+    EXPECT_EQ(r.exit_code, 0) << "rank " << rank << ":\n" << r.out;
+    BoundHeld(rank, r.out, bound);
+  }
+  EXPECT_EQ(Metric(*a, "dlcp_host_stages_formed_total"), 1);
+  EXPECT_EQ(Metric(*b, "dlcp_host_stages_formed_total"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(ReliableAndBounded, MixedHosts, ::testing::Values(0.0, 0.05),
+                         [](const auto& info) { return info.param > 0 ? "Bounded" : "Reliable"; });
+
 // The stage of ranks 2 and 3 loses rank 3: rank 2 learns it from its dlcpd at once, ranks 0 and
 // 1 from the aggregators, which miss its heartbeats (1.5 s here) or hear rank 2 leave over it.
 TEST(HostStage, KilledWorkerIsNamedOnItsHostAtOnceAndByTheOthersWithinTheDeadline) {

@@ -201,7 +201,7 @@ void StartOneOp(HandAggregator& agg, uint32_t window_chunks, absl::Duration repa
   op->engine = std::make_unique<TransferEngine>(o, std::move(*tx));
   op->engine->Submit(kKey, absl::MakeSpan(op->data), AllReduceOptions{}, -1,
                      [op](absl::StatusOr<RoundStats> r) { op->done.set_value(std::move(r)); },
-                     StageLeg{carries, 0});
+                     StageLeg{carries});
 }
 
 // A worker whose results stop coming asks for them again, once per quiet spell, and each request
@@ -289,11 +289,10 @@ TEST(RegroupReplay, AHostStagesRoundPushedAgainStillCarriesItsRanks) {
   EXPECT_EQ(agg.pushes_by_contributors, (std::map<uint16_t, size_t>{{3, kChunks}}));
 }
 
-// A host stage's bounded op of one key goes in steps, each a round of its own (StageLeg::part):
-// what the aggregators left out of step 0 goes into step 0 of the key's next op, not into step 1,
-// whose values are another part of the tensor.
-TEST(ErrorFeedback, EachStepOfAHostStagesOpKeepsItsOwn) {
-  constexpr uint32_t kStepChunks = 4, kStepElems = kStepChunks * kChunkBytes / 4;
+// A host stage's network leg (StageLeg) keeps error feedback as any bounded op does: what the
+// aggregators left out of the host's sum goes into the key's next round.
+TEST(ErrorFeedback, AHostStagesLegCarriesWhatItsLastRoundLeftOut) {
+  constexpr uint32_t kLegChunks = 4, kLegElems = kLegChunks * kChunkBytes / 4;
   TransportOptions lo;
   lo.kind = TransportOptions::Kind::kLoopback;
   auto agg = CreateTransport(lo);
@@ -310,14 +309,14 @@ TEST(ErrorFeedback, EachStepOfAHostStagesOpKeepsItsOwn) {
   TransferEngine engine(o, std::move(*tx));
   AllReduceOptions bounded;
   bounded.loss_bound = 0.5;
-  // One step's op: answers each push with its own values, chunk 0 marked left out when `leave`.
-  // Returns what chunk 0's push carried.
-  auto step = [&](uint32_t part, float value, bool leave) -> float {
-    std::vector<float> data(kStepElems, value);
+  // One round of the leg: answers each push with its own values, chunk 0 marked left out when
+  // `leave`. Returns what chunk 0's push carried.
+  auto round = [&](float value, bool leave) -> float {
+    std::vector<float> data(kLegElems, value);
     std::promise<absl::StatusOr<RoundStats>> done;
     auto result = done.get_future();
     engine.Submit(kKey, absl::MakeSpan(data), bounded, -1,
-                  [&](absl::StatusOr<RoundStats> r) { done.set_value(std::move(r)); }, StageLeg{2, part});
+                  [&](absl::StatusOr<RoundStats> r) { done.set_value(std::move(r)); }, StageLeg{2});
     float pushed = -1;
     std::set<uint32_t> answered;
     std::vector<InMessage> batch;
@@ -338,10 +337,10 @@ TEST(ErrorFeedback, EachStepOfAHostStagesOpKeepsItsOwn) {
         OutMessage out{m.from, 1, header, sizeof(header), m.data + wire::kHeaderSize, h.payload_len};
         EXPECT_TRUE((*agg)->Send({&out, 1}, MonotonicNow() + absl::Seconds(1)).ok());
         answered.insert(h.chunk);
-        if (answered.size() == kStepChunks) {  // the round is sealed: a bounded round ends at its STOP
+        if (answered.size() == kLegChunks) {  // the round is sealed: a bounded round ends at its STOP
           std::vector<wire::ChunkRange> left;
           if (leave) left.push_back({0, 1});
-          for (const std::vector<uint8_t>& p : wire::EncodeStop(kStepChunks, leave ? 1 : 0, left, 1000)) {
+          for (const std::vector<uint8_t>& p : wire::EncodeStop(kLegChunks, leave ? 1 : 0, left, 1000)) {
             wire::Header stop = h;
             stop.type = wire::MsgType::kStop;
             stop.chunk = 0;
@@ -353,16 +352,16 @@ TEST(ErrorFeedback, EachStepOfAHostStagesOpKeepsItsOwn) {
         }
       }
     }
-    EXPECT_EQ(result.wait_for(std::chrono::seconds(0)), std::future_status::ready) << "step " << part;
+    EXPECT_EQ(result.wait_for(std::chrono::seconds(0)), std::future_status::ready);
     if (result.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
       absl::StatusOr<RoundStats> stats = result.get();
-      EXPECT_TRUE(stats.ok()) << "step " << part << ": " << stats.status();
+      EXPECT_TRUE(stats.ok()) << stats.status();
     }
     return pushed;
   };
-  EXPECT_EQ(step(0, 1.0f, /*leave=*/true), 1.0f);
-  EXPECT_EQ(step(1, 2.0f, false), 2.0f) << "step 0's left-out values went into step 1";
-  EXPECT_EQ(step(0, 1.0f, false), 2.0f) << "step 0's left-out values did not come back in its next round";
+  EXPECT_EQ(round(1.0f, /*leave=*/true), 1.0f);
+  EXPECT_EQ(round(1.0f, false), 2.0f) << "the left-out value did not come back in the key's next round";
+  EXPECT_EQ(round(1.0f, false), 1.0f) << "the left-out value came back twice";
 }
 
 }  // namespace
