@@ -108,10 +108,9 @@ class HostStage {
     std::optional<StageLoss> heard;  // a bounded op's losses over its steps, from the first worker's legs
     std::vector<uint8_t> classes;    // ... and its chunks' classes
     uint64_t steps_left = 0;  // not yet ended or skipped
-    // kSum / kResult, on the first worker: the whole tensor's sum, then result (the op's own host
-    // memory, or `staging` for a device tensor), and the network round's outcome.
-    float* whole = nullptr;
-    std::vector<float> staging;
+    // kSum / kResult, on the first worker: the whole tensor's sum, then its result, and the
+    // network round's outcome.
+    std::vector<float> whole;
     std::shared_ptr<absl::StatusOr<RoundStats>> network;
   };
   // A step begun and not yet ended. `leg` is the first worker's network leg's outcome (null where
