@@ -188,7 +188,7 @@ struct RoundStats {
   uint64_t bytes_received = 0;
 
   // Bounded loss.
-  double loss_bound = 0;  // ε this round ran under (through a host stage in steps: the loosest step's)
+  double loss_bound = 0;  // ε this round ran under (through a host stage: its first worker's round's)
   std::array<uint64_t, 4> chunks_by_class = {};   // this worker's chunks, by the class it gave them
   std::array<uint64_t, 4> left_out_by_class = {}; // ... and those left out of the aggregate
   // Over every shard's STOP: droppable contributions of all workers declared, and missing.

@@ -87,8 +87,7 @@ absl::Status TransferEngine::Prepare(Op& op) {
     if (options_.phase_aware.enabled && op.loss_bound_ppm > 0 && op.broadcast_root < 0) {
       double sum = 0;
       for (uint32_t i = 0; i < op.geometry.tensor_elems; ++i) sum += static_cast<double>(op.data[i]) * op.data[i];
-      const double base = static_cast<double>(op.loss_bound_ppm) / wire::kPpm;
-      const double bound = phase_.Next(op.key, base, std::sqrt(sum));
+      const double bound = phase_.Next(op.key, static_cast<double>(op.loss_bound_ppm) / wire::kPpm, std::sqrt(sum));
       op.loss_bound_ppm = static_cast<uint32_t>(std::lround(bound * wire::kPpm));
       op.stats.loss_bound = bound;
     }

@@ -213,23 +213,22 @@ void TransferEngine::Stop(const absl::Status& reason) {
 }
 
 void TransferEngine::FailAll(const absl::Status& reason) {
-  std::deque<std::unique_ptr<Op>> pending;
+  std::vector<std::unique_ptr<Op>> started;
+  std::deque<std::unique_ptr<Op>> unstarted;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending.swap(shared_.submitted);
-    shared_.active_keys.clear();
+    TakeEveryOp(&started, &unstarted);
   }
-  for (auto& op : pending) op->done(reason);
-  for (auto& [key, op] : ops_) {
+  FailTaken(started, unstarted, reason);
+}
+
+void TransferEngine::FailTaken(std::vector<std::unique_ptr<Op>>& started, std::deque<std::unique_ptr<Op>>& unstarted,
+                               const absl::Status& reason) {
+  for (auto& op : unstarted) op->done(reason);
+  for (auto& op : started) {
     TraceEnd(*op, reason);
     op->done(reason);
   }
-  for (auto& [key, op] : held_) {
-    TraceEnd(*op, reason);
-    op->done(reason);
-  }
-  ops_.clear();
-  held_.clear();
 }
 
 std::shared_ptr<const TransferEngine::Plan> TransferEngine::PlanFor(uint32_t key, uint32_t tensor_elems) {

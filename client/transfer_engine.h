@@ -216,6 +216,9 @@ class TransferEngine {
   void RelaunchUnstarted(absl::Time now, std::vector<uint32_t>* abandoned);
   // Under mu_: every op under way, out of the engine, its key free again.
   void TakeEveryOp(std::vector<std::unique_ptr<Op>>* started, std::deque<std::unique_ptr<Op>>* unstarted);
+  // Outside mu_: fails ops TakeEveryOp took, with `reason` (their OpDone may submit again).
+  void FailTaken(std::vector<std::unique_ptr<Op>>& started, std::deque<std::unique_ptr<Op>>& unstarted,
+                 const absl::Status& reason);
   void Restart(Op& op, absl::Time now);
   std::unique_ptr<Op> ReplayOf(const Op& finished);
   // A replay ended: the op it held back for its key starts.

@@ -116,13 +116,9 @@ void TransferEngine::ServeRejoin(absl::Time now) {
       RelaunchUnstarted(now, &abandoned);
     }
   }
-  const absl::Status run_again = absl::AbortedError(
-      "the job went on after losing a worker, through this host's stage formed again; run the op again");
-  for (auto& op : rerun) {
-    TraceEnd(*op, run_again);
-    op->done(run_again);
-  }
-  for (auto& op : rerun_unstarted) op->done(run_again);
+  FailTaken(rerun, rerun_unstarted,
+            absl::AbortedError("the job went on after losing a worker, through this host's stage formed again; "
+                               "run the op again"));
   for (uint32_t key : abandoned) {
     Finish(key, absl::AbortedError(absl::StrCat("key ", key, ": the job went on without this op's round after "
                                                 "losing a worker; run the op again")));

@@ -30,46 +30,15 @@ void CopyLoss(const From& from, To* to) {
   to->min_contributors = from.min_contributors;
 }
 
-// The same losses over several rounds (an op's steps): counts add up, and the fewest contributors
-// of any round stand.
-template <typename From, typename To>
-void AddLoss(const From& from, To* to) {
-  for (size_t c = 0; c < 4; ++c) {
-    to->chunks_by_class[c] += from.chunks_by_class[c];
-    to->left_out_by_class[c] += from.left_out_by_class[c];
-  }
-  to->droppable_total += from.droppable_total;
-  to->droppable_missing += from.droppable_missing;
-  to->pull_missing += from.pull_missing;
-  to->bound_violations += from.bound_violations;
-  to->min_contributors = std::min(to->min_contributors, from.min_contributors);
-}
-
-void AddLegStats(const RoundStats& leg, RoundStats* total) {
-  total->chunks += leg.chunks;
-  total->retransmits += leg.retransmits;
-  total->nacks_deferred += leg.nacks_deferred;
-  total->result_requests += leg.result_requests;
-  total->window_cuts += leg.window_cuts;
-  total->window_undos += leg.window_undos;
-  total->losses_tolerated += leg.losses_tolerated;
-  total->bytes_sent += leg.bytes_sent;
-  total->bytes_received += leg.bytes_received;
-  total->injected_drops += leg.injected_drops;
-  total->loss_bound = std::max(total->loss_bound, leg.loss_bound);  // the loosest step's
-  total->slowest_rank = leg.slowest_rank;
-  total->slowest_lateness = leg.slowest_lateness;
-  AddLoss(leg, total);
-  total->time_to_stop = std::max(total->time_to_stop, leg.time_to_stop);
-  total->tail_wait = std::max(total->tail_wait, leg.tail_wait);
-  total->classes.insert(total->classes.end(), leg.classes.begin(), leg.classes.end());
-}
-
-// A member's view of a bounded op's steps, each a round of its own that the first worker posted.
-void AddStepLoss(const StageLoss& step, std::optional<StageLoss>* total) {
-  if (!total->has_value()) return (void)(*total = step);
-  AddLoss(step, &**total);
-  (*total)->loss_bound_ppm = std::max((*total)->loss_bound_ppm, step.loss_bound_ppm);
+// The first worker's op: what its one network round did, under the op's own key, round and time,
+// and with the round's ε where phase_aware raised the op's.
+void TakeLegStats(const RoundStats& leg, RoundStats* op) {
+  RoundStats taken = leg;
+  taken.key = op->key;
+  taken.round = op->round;
+  taken.time = op->time;
+  taken.loss_bound = std::max(op->loss_bound, leg.loss_bound);
+  *op = std::move(taken);
 }
 
 }  // namespace
@@ -272,15 +241,9 @@ NetworkLeg HostStage::LegOf(const std::shared_ptr<Running>& run, Phase phase,
 void HostStage::PostResultLoss(const Running& run, const StepSpec& spec, uint64_t step) {
   if (run.network == nullptr || !run.network->ok()) return;
   const RoundStats& r = **run.network;
-  StageLoss loss{};
+  StageLoss loss{};  // the whole round's, with every part
   CopyLoss(r, &loss);
   loss.loss_bound_ppm = static_cast<uint32_t>(std::lround(r.loss_bound * wire::kPpm));
-  if (spec.offset != 0) {  // the round's losses are told once, with the first part
-    StageLoss none{};
-    none.min_contributors = loss.min_contributors;
-    none.loss_bound_ppm = loss.loss_bound_ppm;
-    loss = none;
-  }
   // The classes of the chunks that start in this part (a bounded step holds kStageMaxClasses at most).
   const uint64_t chunk_elems = limits_.bounded_step_elems / kStageMaxClasses;
   std::vector<uint8_t> classes;
@@ -297,7 +260,7 @@ void HostStage::EndStep(Pending p) {
   auto out = [&](const float* result) {
     // The first worker's leg posted the round's losses (not with a sum step: the round runs after).
     if (run.stats.loss_bound > 0 && LegElsewhere() && p.phase != Phase::kSum) {
-      AddStepLoss(steps_.loss(p.begun.step), &run.heard);
+      run.heard = steps_.loss(p.begun.step);  // the op's one round's
       if (run.op.options.report_classes) {
         const std::vector<uint8_t> classes = steps_.classes(p.begun.step);
         run.classes.insert(run.classes.end(), classes.begin(), classes.end());
@@ -312,7 +275,7 @@ void HostStage::EndStep(Pending p) {
   const absl::Status status = steps_.End(p.begun, out, run.deadline, [this, leads] {
     return leads ? Stopped() : Interrupted();
   });
-  if (status.ok() && p.leg != nullptr && p.leg->ok()) AddLegStats(**p.leg, &run.stats);
+  if (status.ok() && p.leg != nullptr && p.leg->ok()) TakeLegStats(**p.leg, &run.stats);
   if (!status.ok()) StepFailed(run, status);
   StepGone(run);
 }

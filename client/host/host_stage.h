@@ -105,7 +105,7 @@ class HostStage {
     absl::Time deadline;
     absl::Status status;  // the first failure of a step
     RoundStats stats;
-    std::optional<StageLoss> heard;  // a bounded op's losses over its steps, from the first worker's legs
+    std::optional<StageLoss> heard;  // a bounded op's losses, from the first worker's round
     std::vector<uint8_t> classes;    // ... and its chunks' classes
     uint64_t steps_left = 0;  // not yet ended or skipped
     // kSum / kResult, on the first worker: the whole tensor's sum, then its result, and the

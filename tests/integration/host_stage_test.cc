@@ -166,8 +166,8 @@ TEST(HostStage, BoundedLossGoesThroughTheStagesAndTheBoundHolds) {
   EXPECT_GT(left_out[true], 0) << "nothing was left out through the stages: the injected drops were all repaired";
 }
 
-// Phase-aware tolerance through the stages: the first worker's engine sets each step's ε from the
-// norm of the host's sum (raised outside critical phases) and declares it in the step's manifest.
+// Phase-aware tolerance through the stages: the first worker's engine sets the round's ε from the
+// norm of the host's sum (raised outside critical phases) and declares it in the round's manifest.
 // The bound holds on it, and every result is exact over its contributors.
 TEST(HostStage, PhaseAwareBoundsGoThroughTheStagesToo) {
   WithAndWithoutStages(

@@ -661,9 +661,9 @@ def test_workers_of_a_host_sum_through_its_host_stage(two_hosts):
 
 def test_bounded_ops_larger_than_a_slot_go_through_the_stage_in_steps(two_hosts_small_slots):
     """Under a loss bound as without one, an op larger than a slot (64 KiB here) goes through the
-    host stage in steps, each a round of its own with its own manifest and error feedback: only
-    each stage's first worker sends bytes, every worker reports the op's ε, and with nothing lost
-    the sums are exact. One key takes ops of either kind and size in turn."""
+    host stage in steps around one round of the whole tensor, with one manifest: only each
+    stage's first worker sends bytes, every worker reports the op's ε, and with nothing lost the
+    sums are exact. One key takes ops of either kind and size in turn."""
     aggregators, sockets = two_hosts_small_slots
     clients = connect_all(aggregators, "bounded-steps", 4, local_size=2, op_timeout_ms=20_000,
                           rank_options=lambda rank: {"host_socket": sockets[rank // 2]})
@@ -686,9 +686,9 @@ def test_bounded_ops_larger_than_a_slot_go_through_the_stage_in_steps(two_hosts_
 
 
 def test_phase_aware_bounds_go_through_the_stage_and_every_worker_reports_them(two_hosts_small_slots):
-    """With phase_aware, the stage's first worker sets each step's ε from the norm of the host's
+    """With phase_aware, the stage's first worker sets the round's ε from the norm of the host's
     sum: critical for the first rounds (the configured ε), raised once the norm holds still. Every
-    worker of the stage reports the ε its rounds ran under (the loosest step's)."""
+    worker of the stage reports the ε its round ran under."""
     aggregators, sockets = two_hosts_small_slots
     clients = connect_all(aggregators, "phase-aware-stage", 4, local_size=2, op_timeout_ms=20_000, phase_aware=True,
                           rank_options=lambda rank: {"host_socket": sockets[rank // 2]})

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <future>
 #include <memory>
@@ -150,10 +151,14 @@ TEST_F(HostBrokerTest, ARankWhoseEarlierWorkerHungUpIsNotRefusedAsASecondOne) {
 absl::StatusOr<RoundStats> SumThrough(const StageKeeper& keeper, std::vector<float>& values) {
   std::shared_ptr<HostStage> stage = keeper.Current();
   if (stage == nullptr) return absl::UnavailableError("no current stage");
-  std::promise<absl::StatusOr<RoundStats>> done;
-  std::future<absl::StatusOr<RoundStats>> result = done.get_future();
+  auto done = std::make_shared<std::promise<absl::StatusOr<RoundStats>>>();
+  std::future<absl::StatusOr<RoundStats>> result = done->get_future();
   stage->Submit(7, absl::MakeSpan(values), AllReduceOptions{}, -1,
-                [&done](absl::StatusOr<RoundStats> r) { done.set_value(std::move(r)); });
+                [done](absl::StatusOr<RoundStats> r) { done->set_value(std::move(r)); });
+  // The op's own deadline (10 s) ends it at the latest.
+  if (result.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    return absl::DeadlineExceededError("the op did not end by its deadline");
+  }
   return result.get();
 }
 
