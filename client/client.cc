@@ -425,8 +425,9 @@ void Client::BroadcastAsync(uint32_t key, absl::Span<float> data, uint32_t root,
   }
   AllReduceOptions o;
   o.loss_bound = 0;
-  if (std::shared_ptr<HostStage> stage = stage_ ? stage_->Current() : nullptr; stage && data.data() != nullptr) {
-    return stage->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
+  AllReduceOptions staged;
+  if (std::shared_ptr<HostStage> stage = ThroughHostStage(o, &staged); stage && data.data() != nullptr) {
+    return stage->Submit(key, data, staged, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
   }
   engine_->Submit(key, data, o, static_cast<int64_t>(root), WithHeartbeatNews(key, std::move(done)));
 }
