@@ -75,7 +75,7 @@ TSAN_TESTS = engine_test transport_test address_test round_test loss_tracker_tes
   data_plane_validation_test \
   result_requests_test key_rotation_test key_ring_test \
   failover_test regroup_barrier_test packer_test timeline_writer_test straggler_board_test shm_test stage_steps_test \
-  host_broker_test
+  host_broker_test spare_buffers_test
 test-tsan: deps
 	$(call sanitizer_build,build-tsan,$(TSAN_OPT),$(TSAN_FLAGS))
 	cmake --build build-tsan -j $(JOBS) --target $(TSAN_TESTS)

@@ -166,9 +166,16 @@ void HostStage::StartOp(Op op, std::optional<Pending>* pending) {
   run->status = Interrupted();
   if (o.elems() == 0) return Complete(*run);
   if (o.device) PinForDevice(o.device->device);
-  // Not the op's own memory: the engine may write into it until its round ends, which a closing
-  // client does not wait for before it fails the op.
-  if (two_phases && steps_.first()) run->whole.resize(o.elems());
+  // Not the caller's memory: the engine may write into it until its round ends, which a closing
+  // client does not wait for before it fails the op. It goes back to the spares once the last
+  // holder of `run` (the round's completion among them) lets go.
+  if (two_phases && steps_.first()) {
+    run->whole = spares_.Take(o.elems());
+    if (run->whole == nullptr && run->status.ok()) {
+      run->status = absl::ResourceExhaustedError(absl::StrCat("host stage: no memory for key ", o.key, "'s sum of ",
+                                                              o.elems() * sizeof(float), " bytes"));
+    }
+  }
   if (!two_phases) return StartPhase(run, Phase::kWhole, pending);
   StartPhase(run, Phase::kSum, pending);
   // The result comes back once the network round has ended, which the last sum step's end waits for.
@@ -219,13 +226,13 @@ NetworkLeg HostStage::LegOf(const std::shared_ptr<Running>& run, Phase phase,
   }
   if (phase == Phase::kResult) {
     return [this, run](float* bank, const StepSpec& s, uint64_t step, LegDone done) {
-      std::memcpy(bank, run->whole.data() + s.offset, s.elems * sizeof(float));
+      std::memcpy(bank, run->whole.get() + s.offset, s.elems * sizeof(float));
       if (s.loss_bound_ppm > 0) PostResultLoss(*run, s, step);
       done(absl::OkStatus());
     };
   }
   return [this, run, out](float* bank, const StepSpec& s, uint64_t step, LegDone done) {
-    std::memcpy(run->whole.data() + s.offset, bank, s.elems * sizeof(float));
+    std::memcpy(run->whole.get() + s.offset, bank, s.elems * sizeof(float));
     if (out == nullptr) return done(absl::OkStatus());
     // The last part is in: the whole tensor's round, whose end ends this step. It holds the op
     // (and so `whole`, which the engine writes into) until then.
@@ -233,7 +240,7 @@ NetworkLeg HostStage::LegOf(const std::shared_ptr<Running>& run, Phase phase,
     StepSpec whole = s;
     whole.offset = 0;
     whole.elems = run->op.elems();
-    StartLeg(run->whole.data(), whole, step, run->op, /*post_loss=*/false, out,
+    StartLeg(run->whole.get(), whole, step, run->op, /*post_loss=*/false, out,
              [run, done = std::move(done)](const absl::Status& status) { done(status); });
   };
 }

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/client.h"
+#include "client/host/spare_buffers.h"
 #include "client/host/stage_steps.h"
 
 namespace dlcp {
@@ -110,7 +111,7 @@ class HostStage {
     uint64_t steps_left = 0;  // not yet ended or skipped
     // kSum / kResult, on the first worker: the whole tensor's sum, then its result, and the
     // network round's outcome.
-    std::vector<float> whole;
+    SpareBuffers::Buffer whole;
     std::shared_ptr<absl::StatusOr<RoundStats>> network;
   };
   // A step begun and not yet ended. `leg` is the first worker's network leg's outcome (null where
@@ -170,6 +171,8 @@ class HostStage {
   Limits limits_;
   std::function<void(const absl::Status&)> broken_;  // null once it ran
   std::map<uint32_t, uint32_t> rounds_;  // the stage thread's: ops run per key
+  // `whole` of the ops under way: two at a time at most (consecutive ops overlap by a step).
+  SpareBuffers spares_{2};
   bool pin_tried_ = false;  // the stage thread's
   bool pinned_ = false;     // the stage thread's until it is joined
   mutable std::mutex mu_;

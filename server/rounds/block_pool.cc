@@ -4,15 +4,6 @@
 
 #include "common/base/sanitizers.h"
 
-#if defined(DLCP_UNDER_ASAN)
-#include <sanitizer/asan_interface.h>
-#define DLCP_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
-#define DLCP_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
-#else
-#define DLCP_POISON(p, n) ((void)(p), (void)(n))
-#define DLCP_UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
-
 namespace dlcp::server {
 
 BlockPool::~BlockPool() { Clear(); }
@@ -20,7 +11,7 @@ BlockPool::~BlockPool() { Clear(); }
 void BlockPool::Clear() {
   for (auto& [bytes, list] : free_) {
     for (float* b : list) {
-      DLCP_UNPOISON(b, bytes);
+      DLCP_UNPOISON_MEMORY(b, bytes);
       std::free(b);
     }
   }
@@ -34,7 +25,7 @@ float* BlockPool::Get(size_t bytes) {
     float* b = it->second.back();
     it->second.pop_back();
     cached_bytes_ -= bytes;
-    DLCP_UNPOISON(b, bytes);
+    DLCP_UNPOISON_MEMORY(b, bytes);
     return b;
   }
   return static_cast<float*>(std::aligned_alloc(64, (bytes + 63) & ~size_t{63}));
@@ -45,7 +36,7 @@ void BlockPool::Put(float* block, size_t bytes) {
     std::free(block);
     return;
   }
-  DLCP_POISON(block, bytes);
+  DLCP_POISON_MEMORY(block, bytes);
   free_[bytes].push_back(block);
   cached_bytes_ += bytes;
 }
