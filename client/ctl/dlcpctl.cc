@@ -338,7 +338,9 @@ int Doctor(const dlcp::ConfigRegistry& config, bool json) {
   o.probe.tls = dlcp::TlsOptionsFromConfig(config, /*server=*/false);
   o.probe.rpc_timeout = o.probe.op_timeout = absl::Milliseconds(config.GetInt("timeout-ms"));
   o.probe.transport.kind = *dlcp::ParseTransportKind(config.GetString("transport"));  // validated as a flag
+  o.host_socket = config.GetString("host-socket");
   std::vector<dlcp::ctl::Finding> findings = dlcp::ctl::CheckHost(o);
+  for (dlcp::ctl::Finding& f : dlcp::ctl::ProbeHostStage(o)) findings.push_back(std::move(f));
   for (dlcp::ctl::Finding& f : dlcp::ctl::ProbeAggregators(o)) findings.push_back(std::move(f));
   std::cout << (json ? dlcp::ctl::FindingsJson(findings) + "\n" : dlcp::ctl::FormatFindings(findings));
   return dlcp::ctl::AnyFailed(findings) ? 1 : 0;
@@ -385,6 +387,9 @@ int main(int argc, char** argv) {
                 "doctor: the UDP socket buffers dlcpd asks for (its --socket-buffer-bytes)");
   config.AddInt("data-threads", 1, 1, 64, "doctor: dlcpd's --data-threads, for the locked memory RDMA needs");
   config.AddInt("rdma-recv-slots", 4096, 64, 65536, "doctor: dlcpd's --rdma-recv-slots, for the same");
+  config.AddString("host-socket", "/run/dlcp/dlcpd.sock",
+                   "doctor: the Unix socket of this host's dlcpd (dlcpd --host-socket), where workers find their "
+                   "host stage; empty: not checked");
   config.AddString("sysfs-root", "/sys", "doctor: where sysfs is (tests)");
   config.AddString("procfs-root", "/proc", "doctor: where procfs is (tests)");
   dlcp::DeclareTlsFlags(&config, /*server=*/false);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -13,7 +14,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "client/host/stage_join.h"
+#include "common/base/clock.h"
 #include "common/base/json_text.h"
+#include "common/shm/stage_layout.h"
 #include "common/transport/rdma/rdma_options.h"
 
 namespace dlcp::ctl {
@@ -164,6 +168,23 @@ std::vector<Finding> CheckUdpBuffers(const DoctorOptions& o) {
   return out;
 }
 
+std::string DoctorJobName() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat("dlcpctl-doctor-", host, "-", getpid());
+}
+
+// Why there is no host stage here, and what a worker does then.
+Finding NoHostStage(const std::string& check, const absl::Status& why) {
+  std::string fix = absl::IsUnavailable(why)
+                        ? "run dlcpd with --host-socket on this host, and give the workers its directory (in "
+                          "Kubernetes the node's /run/dlcp, deploy/k8s/examples/trainer) and DLCP_HOST_SOCKET"
+                        : "what dlcpd's reason names (docs/host-stage.md, \"When there is no stage\")";
+  return {Level::kWarn, check,
+          absl::StrCat("no host stage: ", why.message(), ". The workers of a job on this host would each push ",
+                       "their own data; fix: ", fix)};
+}
+
 }  // namespace
 
 std::vector<Finding> CheckHost(const DoctorOptions& o) {
@@ -194,16 +215,52 @@ std::vector<Finding> CheckHost(const DoctorOptions& o) {
   return out;
 }
 
+std::vector<Finding> ProbeHostStage(const DoctorOptions& o) {
+  if (o.host_socket.empty()) return {};
+  const std::string check = absl::StrCat("host stage ", o.host_socket);
+  StageJoinOptions join;
+  join.socket_path = o.host_socket;
+  join.hello.job_name = DoctorJobName();
+  join.hello.world_size = 2;
+  join.hello.local_size = 2;
+  // Both ask before either waits: dlcpd forms the stage once every local worker has asked.
+  std::vector<OwnedFd> asked;
+  for (uint32_t rank : {0u, 1u}) {
+    join.hello.rank = rank;
+    absl::StatusOr<OwnedFd> fd = RequestHostStage(join);
+    if (!fd.ok()) return {NoHostStage(check, fd.status())};
+    asked.push_back(std::move(*fd));
+  }
+  const absl::Time deadline = MonotonicNow() + o.probe.rpc_timeout;
+  std::vector<StageMembership> members;
+  for (uint32_t rank : {0u, 1u}) {
+    join.hello.rank = rank;
+    absl::StatusOr<StageMembership> m = AwaitHostStage(asked[rank], join, deadline);
+    if (!m.ok()) return {NoHostStage(check, m.status())};
+    members.push_back(std::move(*m));
+  }
+  // One memory under both mappings: what rank 0 writes into its slot, rank 1 reads.
+  const uint64_t mark = 0x74636f64'70636c64;  // "dlcpdoct"
+  uint64_t seen = 0;
+  std::memcpy(static_cast<char*>(members[0].region.data()) + kStageSlotsOffset, &mark, sizeof(mark));
+  std::memcpy(&seen, static_cast<const char*>(members[1].region.data()) + kStageSlotsOffset, sizeof(seen));
+  if (seen != mark) {
+    return {{Level::kFail, check, "dlcpd handed the two workers regions that do not share their memory"}};
+  }
+  return {{Level::kOk, check,
+           absl::StrFormat("dlcpd formed a stage of 2 workers and handed each its shared region (%.1f MiB, slots "
+                           "of %.1f MiB), one memory in both: a job's workers on this host sum here and push once",
+                           members[0].region.size() / 1048576.0, members[0].welcome.slot_bytes / 1048576.0)}};
+}
+
 std::vector<Finding> ProbeAggregators(const DoctorOptions& o) {
   std::vector<Finding> out;
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
   for (const std::string& a : o.aggregators) {
     ClientOptions c = o.probe;
     c.aggregators = {a};
     c.world_size = 1;
     c.rank = 0;
-    c.job_name = absl::StrCat("dlcpctl-doctor-", host, "-", getpid());
+    c.job_name = DoctorJobName();
     c.on_aggregator_loss = ClientOptions::AggregatorLoss::kFail;
     const std::string name = absl::StrCat("aggregator ", a);
     const absl::Time start = absl::Now();

@@ -1,7 +1,8 @@
 // dlcpctl doctor through the real binaries: host checks against sysfs and procfs trees the test
 // lays out (an RDMA port up or down, none at all, small buffers), the locked-memory limit set
-// with prlimit, and probes of a live and an unreachable dlcpd. tests/rdma-vm/guest.sh runs it on
-// a real Soft-RoCE device too.
+// with prlimit, probes of a live and an unreachable dlcpd, and of host stages through dlcpd's
+// host socket: formed, refused for want of memory, and no dlcpd there. tests/rdma-vm/guest.sh runs
+// it on a real Soft-RoCE device too.
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
@@ -12,6 +13,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/host/stage_join.h"
+#include "common/base/clock.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
@@ -50,12 +53,13 @@ class DoctorTest : public ::testing::Test {
 
   // dlcpctl doctor, under a locked-memory limit of `memlock` bytes if given (prlimit can only lower
   // it here), for a dlcpd of 64 receive slots: about 4.5 MiB of registered buffers.
-  ProcessResult Doctor(const std::vector<std::string>& aggregators, const std::string& memlock = "") {
+  ProcessResult Doctor(const std::vector<std::string>& aggregators, const std::string& memlock = "",
+                       const std::string& host_socket = "") {
     std::string aggs = "--aggregators=";
     for (size_t i = 0; i < aggregators.size(); ++i) aggs += (i ? "," : "") + aggregators[i];
     std::vector<std::string> argv{DLCPCTL_PATH, "doctor", "--plaintext", "--transport=udp", "--timeout-ms=3000",
                                   "--rdma-recv-slots=64", aggs, "--sysfs-root=" + (root_ / "sys").string(),
-                                  "--procfs-root=" + (root_ / "proc").string()};
+                                  "--procfs-root=" + (root_ / "proc").string(), "--host-socket=" + host_socket};
     if (!memlock.empty()) argv.insert(argv.begin(), {"/usr/bin/prlimit", "--memlock=" + memlock + ":" + memlock});
     return RunProcess(argv, absl::Seconds(30));
   }
@@ -106,6 +110,41 @@ TEST_F(DoctorTest, NoDeviceWarnsAndAnUnreachableAggregatorFails) {
   EXPECT_TRUE(absl::StrContains(r.out, "warn  rdma: no RDMA device: dlcp runs over UDP")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "ok    memlock: limit 64 KiB, not needed without RDMA")) << r.out;
   EXPECT_TRUE(absl::StrContains(r.out, "FAIL  aggregator 127.0.0.1:1: control (Join): UNAVAILABLE")) << r.out;
+}
+
+TEST_F(DoctorTest, AHostStageFormsThroughDlcpdsSocketOrTheReasonAndTheFixAreNamed) {
+  // Room for one stage of two at a time: 4 slots of 192 KiB and the header, in 1 MiB.
+  auto d = Daemon::Start(DLCPD_PATH, {"--host-slot-bytes=196608", "--host-shm-bytes=1048576"});
+  ASSERT_NE(d, nullptr);
+  ProcessResult formed = Doctor({}, "65536", d->host_socket());
+  EXPECT_EQ(formed.exit_code, 0) << formed.out;
+  EXPECT_TRUE(absl::StrContains(formed.out, absl::StrCat("ok    host stage ", d->host_socket(),
+                                                         ": dlcpd formed a stage of 2 workers")))
+      << formed.out;
+  EXPECT_TRUE(absl::StrContains(formed.out, "slots of 0.2 MiB), one memory in both")) << formed.out;
+
+  // A job's stage holds the memory; the doctor's is refused, naming the setting.
+  StageJoinOptions join;
+  join.socket_path = d->host_socket();
+  join.hello = {"holder", 2, 0, 2, false};
+  absl::StatusOr<OwnedFd> first = RequestHostStage(join);
+  ASSERT_TRUE(first.ok()) << first.status();
+  join.hello.rank = 1;
+  absl::StatusOr<StageMembership> second = JoinHostStage(join);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ProcessResult full = Doctor({}, "65536", d->host_socket());
+  EXPECT_EQ(full.exit_code, 0) << full.out;  // a warning: the job would run, its workers pushing their own
+  EXPECT_TRUE(absl::StrContains(full.out, absl::StrCat("warn  host stage ", d->host_socket(), ": no host stage: "))) << full.out;
+  EXPECT_TRUE(absl::StrContains(full.out, "of dlcpd --host-shm-bytes=1048576")) << full.out;
+  EXPECT_TRUE(absl::StrContains(full.out, "would each push their own data")) << full.out;
+
+  const std::string none = (root_ / "none.sock").string();
+  ProcessResult absent = Doctor({}, "65536", none);
+  EXPECT_TRUE(absl::StrContains(absent.out, absl::StrCat("warn  host stage ", none, ": no host stage: no dlcpd serves")))
+      << absent.out;
+  EXPECT_TRUE(absl::StrContains(absent.out, "the node's /run/dlcp")) << absent.out;
+  EXPECT_FALSE(absl::StrContains(Doctor({}, "65536", "").out, "host stage")) << "an empty --host-socket is not checked";
+  EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ gtest allreduce allreduce_test 'Matrix/AllReduceTest.*/rdma*'
 
 # 2. An exact job: two aggregators with two data threads each (one on --transport=auto, which
 #    must choose RDMA here), two workers, ε = 0.
-p1=$(start_dlcpd agg1 --transport=rdma --data-threads=2)
+p1=$(start_dlcpd agg1 --transport=rdma --data-threads=2 --host-socket=/tmp/agg1.sock)
 p2=$(start_dlcpd agg2 --transport=auto --data-threads=2)
 if [ -z "$p1" ] || [ -z "$p2" ]; then
   fail exact "dlcpd did not start: $(tail -3 $OUT/agg1.log $OUT/agg2.log | tr '\n' ' ')"
@@ -79,8 +79,9 @@ else
     fail qkey "exit $rc: $(tail -3 $OUT/qkey.txt | tr '\n' ' ')"
   fi
   # dlcpctl doctor on the real device, first as the VM comes (MTU 1500, small socket buffers: it
-  # warns of both), then set up as a node should be: every check ok, both aggregators answering
-  # over RDMA. The MTU goes back afterwards; the running queue pairs keep the 1024 they began with.
+  # warns of both), then set up as a node should be: every check ok, agg1 forming its host stage,
+  # both aggregators answering over RDMA. The MTU goes back afterwards; the running queue pairs keep
+  # the 1024 they began with.
   $B/client/dlcpctl doctor --aggregators= --data-threads=2 > $OUT/doctor-as-booted.txt 2>&1 || true
   if grep -q "^warn  mtu $RXE_NETDEV: interface MTU 1500 gives RoCE an active MTU of 1024" $OUT/doctor-as-booted.txt \
      && grep -q '^warn  net.core.rmem_max' $OUT/doctor-as-booted.txt; then
@@ -91,10 +92,11 @@ else
   ip link set $RXE_NETDEV mtu 9000
   sysctl -w net.core.rmem_max=67108864 net.core.wmem_max=67108864 > /dev/null
   $B/client/dlcpctl doctor --aggregators=127.0.0.1:$p1,127.0.0.1:$p2 --plaintext --transport=rdma \
-    --data-threads=2 > $OUT/doctor.txt 2>&1 && rc=0 || rc=$?
+    --data-threads=2 --host-socket=/tmp/agg1.sock > $OUT/doctor.txt 2>&1 && rc=0 || rc=$?
   ip link set $RXE_NETDEV mtu 1500
   if [ $rc -eq 0 ] && ! grep -qE '^(warn|FAIL)' $OUT/doctor.txt && grep -q '^ok    rdma port rxe0/1 GID' $OUT/doctor.txt \
-     && [ "$(grep -c 'data round trip over RDMA' $OUT/doctor.txt)" = 2 ]; then
+     && [ "$(grep -c 'data round trip over RDMA' $OUT/doctor.txt)" = 2 ] \
+     && grep -q '^ok    host stage /tmp/agg1.sock: dlcpd formed a stage of 2 workers' $OUT/doctor.txt; then
     pass "doctor on rxe0: all $(grep -c '^ok' $OUT/doctor.txt) checks ok, both aggregators reached over RDMA"
   else
     fail doctor "exit $rc: $(grep -v '^ok' $OUT/doctor.txt | head -4 | tr '\n' ' ')"
