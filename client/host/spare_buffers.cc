@@ -1,6 +1,5 @@
 #include "client/host/spare_buffers.h"
 
-#include <iterator>
 #include <map>
 #include <mutex>
 #include <new>
