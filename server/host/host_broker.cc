@@ -326,17 +326,12 @@ void HostBrokerLoop::Gone(int fd) {
       return;
     }
     DLCP_LOG(Info) << "job " << job << " rank " << rank << " (pid " << pid << ") left its host stage";
-    if (MarkGone(stage, rank) == 0) {
-      shm_in_use_ -= stage.region->size();
-    } else {
-      retired_.push_back(std::move(stage));
-    }
+    retired_.push_back(std::move(stage));  // its first member gone: the job may gather the next one
     stages_.erase(s);
-    return;
   }
   for (auto r = retired_.begin(); r != retired_.end(); ++r) {
     if (!r->holds(rank, fd)) continue;
-    if (MarkGone(*r, rank) == 0) {
+    if (MarkGone(*r, rank) == 0) {  // its last member gone: its memory with it
       shm_in_use_ -= r->region->size();
       retired_.erase(r);
     }
