@@ -315,8 +315,31 @@ void AggregatorService::FillWaiting(Job& job, v1::HeartbeatResponse* resp) {
   }
 }
 
+namespace {
+// A host stage's view of its members, from a heartbeat of the rank that leads it: only ranks of its
+// group, and only from that rank. False: refused (counted).
+bool NoteStageReport(Job& job, const v1::HeartbeatRequest& req) {
+  constexpr int kMaxMembers = 64;  // kMaxStageMembers
+  if (req.stage_members_size() == 0) return true;
+  std::shared_ptr<const std::vector<uint32_t>> group = job.HostGroupLedBy(req.rank());
+  if (group == nullptr || req.stage_members_size() > kMaxMembers) return false;
+  std::vector<RankLateness> members;
+  for (const v1::RankStats& m : req.stage_members()) {
+    if (!std::binary_search(group->begin(), group->end(), m.rank())) return false;
+    members.push_back(RankLateness{.rank = m.rank(), .rounds = m.rounds(), .mean_us = m.mean_lateness_us(),
+                                   .p50_us = m.p50_lateness_us(), .p99_us = m.p99_lateness_us(), .last = m.last(),
+                                   .ahead_us = m.ahead_of_last_us()});
+  }
+  job.stragglers.NoteStage(req.rank(), std::move(members), MonotonicNanos());
+  return true;
+}
+}  // namespace
+
 absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
   absl::Status s = jobs_->Heartbeat(req.job_id(), req.rank(), req.data_key_generation(), req.incarnation());
+  if (std::shared_ptr<Job> job = jobs_->Find(req.job_id()); job && s.ok() && !NoteStageReport(*job, req)) {
+    bad_requests_->Add();  // only the report is refused: a worker is not dropped over it
+  }
   if (std::shared_ptr<Job> job = jobs_->Find(req.job_id())) {
     resp->set_epoch(job->epoch.load());
     resp->set_rejoins(job->rejoins.load());
@@ -405,6 +428,7 @@ void AggregatorService::FillRank(const Job& job, const RankLateness& r, v1::Rank
   out->set_last(r.last);
   out->set_nacked_chunks(r.nacked);
   out->set_repaired_chunks(r.repaired);
+  out->set_ahead_of_last_us(r.ahead_us);
 }
 
 absl::Status AggregatorService::HandleGetStats(const v1::GetStatsRequest& req, v1::Stats* resp) {

@@ -26,7 +26,7 @@
 #include "server/jobs/memory_budget.h"
 #include "server/jobs/regroup_barrier.h"
 #include "server/jobs/roster.h"
-#include "server/jobs/straggler_board.h"
+#include "common/metrics/straggler_board.h"
 #include "server/jobs/waiting_board.h"
 
 namespace dlcp::server {

@@ -1,4 +1,4 @@
-#include "server/jobs/straggler_board.h"
+#include "common/metrics/straggler_board.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-namespace dlcp::server {
+namespace dlcp {
 namespace {
 
 constexpr int64_t kSecond = 1'000'000'000;
@@ -89,5 +89,41 @@ TEST(StragglerBoard, DataThreadsNoteWhileControlThreadsRead) {
   EXPECT_EQ(ranks[0].nacked, 6000u);
 }
 
+// A stage that holds the whole job: no round reaches an aggregator, and the stage's own view is
+// the job's. A stale report goes.
+TEST(StragglerBoard, AWholeJobStagesViewIsTheJobsUntilItGoesStale) {
+  StragglerBoard board(3);
+  EXPECT_TRUE(board.Ranks(kSecond).empty());
+  board.NoteStage(0, {{.rank = 0, .rounds = 9, .mean_us = 0}, {.rank = 1, .rounds = 9, .mean_us = 40000, .last = 9},
+                      {.rank = 2, .rounds = 9, .mean_us = 100}, {.rank = 7, .mean_us = 99999}},  // 7: not of the job
+                  kSecond);
+  std::vector<RankLateness> ranks = board.Ranks(2 * kSecond);
+  ASSERT_EQ(ranks.size(), 3u);
+  EXPECT_EQ(ranks[0].rank, 1u);
+  EXPECT_EQ(ranks[0].mean_us, 40000u);
+  EXPECT_EQ(ranks[0].last, 9u);
+  EXPECT_TRUE(board.Ranks(2 * kSecond + StragglerBoard::kStageReportNs).empty());
+}
+
+// Two stages of two: the aggregator sees each stage's push for both of its ranks at once, 30 ms
+// apart. Within the late stage, rank 2 came 30 ms after rank 3: rank 2 is the late one, and
+// rank 3 is as early as the other stage.
+TEST(StragglerBoard, AStagesViewNamesWhichOfItsRanksHeldItsPushUp) {
+  StragglerBoard board(4);
+  for (uint32_t i = 0; i < 10; ++i) board.NoteRound({100, 100, 30100, 30100});
+  board.NoteStage(2, {{.rank = 2, .rounds = 10, .mean_us = 30000, .last = 10, .ahead_us = 0},
+                      {.rank = 3, .rounds = 10, .mean_us = 0, .last = 0, .ahead_us = 30000}},
+                  kSecond);
+  std::vector<RankLateness> ranks = board.Ranks(kSecond);
+  ASSERT_EQ(ranks.size(), 4u);
+  EXPECT_EQ(ranks[0].rank, 2u);
+  EXPECT_EQ(ranks[0].mean_us, 30000u);
+  EXPECT_EQ(ranks[0].last, 10u);
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_EQ(ranks[i].mean_us, 0u) << ranks[i].rank;
+    EXPECT_EQ(ranks[i].last, 0u) << ranks[i].rank;
+  }
+}
+
 }  // namespace
-}  // namespace dlcp::server
+}  // namespace dlcp
