@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <list>
@@ -110,6 +111,11 @@ class HostBrokerLoop {
   void OnHello(Connection& c, const HostHello& hello, absl::Time now);
   absl::Status Admit(const Connection& c, const HostHello& hello, Stage& stage) const;
   void Form(const std::string& job, Stage& stage);
+  // The slot size of a stage of `members` that fits what --host-shm-bytes has left: --host-slot-bytes,
+  // else the largest that fits, at least MinSlotBytes(); 0 where none does.
+  uint64_t SlotBytesFor(uint32_t members) const;
+  // Below a MiB, a step's fixed costs (its waits and wake-ups) outweigh what it moves.
+  uint64_t MinSlotBytes() const { return std::min<uint64_t>(options_.slot_bytes, uint64_t{1} << 20); }
   void Refuse(int fd, absl::StatusCode code, const std::string& reason);
   void Gone(int fd);
   // A formed stage's member is gone: the others hear it through the region. Returns how many live on.
@@ -254,13 +260,26 @@ void HostBrokerLoop::DropHungUp(const std::string& job) {
   for (int fd : hung_up) Gone(fd);
 }
 
+uint64_t HostBrokerLoop::SlotBytesFor(uint32_t members) const {
+  const uint64_t in_use = shm_in_use_.load();
+  const uint64_t left = options_.shm_bytes > in_use ? options_.shm_bytes - in_use : 0;
+  if (StageRegionBytes(members, options_.slot_bytes) <= left) return options_.slot_bytes;
+  // A stage of many workers takes smaller slots, in whole pages, rather than none: its ops then go
+  // in more steps, down to MinSlotBytes().
+  const uint64_t fits = left > kStageSlotsOffset ? (left - kStageSlotsOffset) / (members + kStageBanks) : 0;
+  const uint64_t slot = fits & ~uint64_t{4095};
+  return slot >= MinSlotBytes() ? slot : 0;
+}
+
 void HostBrokerLoop::Form(const std::string& job, Stage& stage) {
-  const uint64_t bytes = StageRegionBytes(stage.local_size, options_.slot_bytes);
+  const uint64_t slot_bytes = SlotBytesFor(stage.local_size);
+  const uint64_t bytes = StageRegionBytes(stage.local_size, slot_bytes == 0 ? MinSlotBytes() : slot_bytes);
   std::optional<absl::Status> refusal;
-  if (shm_in_use_.load() + bytes > options_.shm_bytes) {
+  if (slot_bytes == 0) {
     refusal = absl::ResourceExhaustedError(absl::StrCat(
-        "the host stage of job '", job, "' needs ", bytes, " bytes of shared memory; this host's stages hold ",
-        shm_in_use_.load(), " of dlcpd --host-shm-bytes=", options_.shm_bytes));
+        "the host stage of job '", job, "' needs ", bytes, " bytes of shared memory even with slots of ",
+        MinSlotBytes(), " bytes; this host's stages hold ", shm_in_use_.load(), " of dlcpd --host-shm-bytes=",
+        options_.shm_bytes));
   } else if (absl::StatusOr<SharedRegion> region = SharedRegion::Create("stage-" + job, bytes); !region.ok()) {
     refusal = region.status();
   } else {
@@ -280,10 +299,10 @@ void HostBrokerLoop::Form(const std::string& job, Stage& stage) {
   h->magic = kStageMagic;
   h->version = kStageVersion;
   h->members = stage.local_size;
-  h->slot_bytes = options_.slot_bytes;
+  h->slot_bytes = slot_bytes;
   formed_->Add();
   HostWelcome w;
-  w.slot_bytes = options_.slot_bytes;
+  w.slot_bytes = slot_bytes;
   for (const auto& [rank, fd] : stage.members) w.ranks.push_back(rank);
   // Those on standby first: their answer is then in their socket before the others can act on
   // theirs (the others' next step is to join the job, which tells the standby ones to go on).

@@ -401,5 +401,26 @@ TEST(HostStage, AStageOverTheHostsSharedMemoryBoundIsRefusedNamingTheSetting) {
   EXPECT_NE(r.out.find("dlcpd --host-shm-bytes=5242880"), std::string::npos) << r.out;
 }
 
+// A stage that would not fit with --host-slot-bytes slots (a host of many workers) gets smaller
+// ones that fit, down to a MiB, rather than no stage: its ops go in more steps.
+TEST(HostStage, AStageThatDoesNotFitWithFullSlotsGetsSmallerOnes) {
+  // Full slots: 32 KiB + (4 + 2) x 4 MiB, over the 20 MiB. Slots of 3.3 MiB fit.
+  auto d = Daemon::Start(DLCPD_PATH, {"--metrics-port=0", "--host-shm-bytes=20971520", "--host-slot-bytes=4194304"});
+  ASSERT_NE(d, nullptr);
+  auto bench = BackgroundProcess::Start(Bench(d->control(), 4, "small-slots", d->host_socket(), 8000000, 5));
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(30);
+       Metric(*d, "dlcp_host_shm_bytes") == 0 && MonotonicNow() < end;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const double held = Metric(*d, "dlcp_host_shm_bytes");
+  EXPECT_GT(held, 0);
+  EXPECT_LE(held, 20971520);
+  ProcessResult r = bench->Wait(absl::Seconds(100));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("results exact: yes"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"staged_workers\":4"), std::string::npos) << r.out;
+  EXPECT_EQ(Metric(*d, "dlcp_host_stages_formed_total"), 1);
+}
+
 }  // namespace
 }  // namespace dlcp::testing
