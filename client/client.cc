@@ -208,15 +208,18 @@ StageJoinOptions StageJoinOf(const ClientOptions& o) {
   return so;
 }
 
-// This worker's place in its host stage, or none: then it logs why, once, and every op takes
-// the network path.
-std::optional<StageMembership> FindHostStage(const ClientOptions& o) {
-  if (!o.host_stage || o.local_size < 2) return std::nullopt;
+// This worker's place in its host stage, or why none: then every op takes the network path (and
+// where a stage was asked for, the worker logs why, once).
+absl::StatusOr<StageMembership> FindHostStage(const ClientOptions& o) {
+  if (!o.host_stage) return absl::FailedPreconditionError("host_stage is off");
+  if (o.local_size < 2) {
+    return absl::FailedPreconditionError("local_size is 1 (set local_size or LOCAL_WORLD_SIZE to the job's workers on this host)");
+  }
   absl::StatusOr<StageMembership> m = JoinHostStage(StageJoinOf(o));
   if (!m.ok()) {
     DLCP_LOG(Warning) << "rank " << o.rank << " of job '" << o.job_name
                       << "': no host stage, so this worker pushes its own data: " << m.status().message();
-    return std::nullopt;
+    return m.status();
   }
   DLCP_LOG(Info) << "rank " << o.rank << " of job '" << o.job_name << "': host stage with ranks "
                  << absl::StrJoin(m->welcome.ranks, ",");
@@ -229,16 +232,22 @@ HostStage::NetworkSubmit StageNetwork(TransferEngine* engine, const StageMembers
   const auto carries = static_cast<uint16_t>(m.welcome.ranks.size());
   return [engine, carries](uint32_t key, absl::Span<float> sum, const AllReduceOptions& options, int64_t root,
                            OpDone done) {
-    engine->Submit(key, sum, options, root, std::move(done), StageLeg{carries});
+    AllReduceOptions leg = options;  // on the timeline, beside the stage's op
+    leg.name = absl::StrCat(options.name.empty() ? absl::StrCat("key ", key) : options.name, " network leg");
+    engine->Submit(key, sum, leg, root, std::move(done), StageLeg{carries});
   };
 }
 
 // Makes this worker's HostStage of a membership: its first one, and any that forms again.
-StageKeeper::MakeStage StageMaker(TransferEngine* engine, const ClientOptions& o) {
+StageKeeper::MakeStage StageMaker(TransferEngine* engine, const ClientOptions& o, std::shared_ptr<Timeline> timeline) {
   HostStage::Limits limits;
+  limits.timeline = std::move(timeline);
   limits.world = o.world_size;
   limits.op_timeout = o.op_timeout;
   limits.bounded_step_elems = uint64_t{kStageMaxClasses} * (o.chunk_bytes / sizeof(float));
+  limits.class_policy = o.class_policy;
+  limits.chunk_elems = o.chunk_bytes / sizeof(float);
+  limits.num_layers = o.num_layers;
   return [engine, limits](StageMembership m, StageKeeper::Broken broken) {
     HostStage::NetworkSubmit network = StageNetwork(engine, m, limits.world);
     HostStage::RoundsElsewhere elsewhere = [engine](uint32_t key, uint32_t rounds) { engine->SkipRounds(key, rounds); };
@@ -265,14 +274,15 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   absl::StatusOr<uint32_t> local_size = ResolveLocalSize(options);
   if (!local_size.ok()) return local_size.status();
   options.local_size = *local_size;
-  std::optional<StageMembership> stage = FindHostStage(options);
+  absl::StatusOr<StageMembership> stage = FindHostStage(options);
   SessionOptions so = SessionOptionsOf(options, (*transport)->local_address());
-  if (stage) so.host_group = stage->welcome.ranks;
+  if (stage.ok()) so.host_group = stage->welcome.ranks;
   absl::StatusOr<std::unique_ptr<Session>> session = Session::Join(so);
   if (!session.ok()) return session.status();
   EngineOptions eo = EngineOptionsOf(options, **session);
   if (!options.timeline.empty()) {
-    absl::StatusOr<std::unique_ptr<Timeline>> timeline = Timeline::Open(options.timeline, options.rank);
+    absl::StatusOr<std::unique_ptr<Timeline>> timeline = Timeline::Open(
+        Timeline::PathFor(options.timeline, options.rank, /*one_of_several=*/options.local_size > 1), options.rank);
     if (!timeline.ok()) {
       (*session)->Leave().IgnoreError();
       return timeline.status();
@@ -285,9 +295,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& giv
   c->transport_kind_ = (*transport)->kind();
   c->session_ = std::move(*session);
   c->engine_ = std::make_unique<TransferEngine>(eo, std::move(*transport));
-  if (stage) {
+  if (!stage.ok()) c->stage_why_not_ = std::string(stage.status().message());
+  if (stage.ok()) {
     c->stage_ = std::make_unique<StageKeeper>(std::move(*stage), StageJoinOf(options),
-                                              StageMaker(c->engine_.get(), options),
+                                              StageMaker(c->engine_.get(), options, eo.timeline),
                                               [client = c.get()](const absl::Status& s) { client->LoseStage(s); });
   }
   c->ListenToSession(/*regroup=*/eo.retain_inputs && eo.endpoints.size() > 1);
@@ -316,7 +327,13 @@ void Client::ListenToSession(bool regroup) {
     session_->SetLeaveReason(absl::OkStatus());
   });
   // The network path's ops learn of a failed job from their rounds; a host stage's from this.
-  if (stage_) session_->set_job_failure_handler([stage = stage_.get()](const absl::Status& why) { stage->FailJob(why); });
+  if (stage_) {
+    session_->set_job_failure_handler([stage = stage_.get()](const absl::Status& why) { stage->FailJob(why); });
+    session_->set_stage_reporter([keeper = stage_.get()] {
+      std::shared_ptr<HostStage> stage = keeper->Current();
+      return stage ? stage->MemberLateness() : std::vector<RankLateness>{};
+    });
+  }
   if (regroup) {
     session_->set_layout_handler([this](const std::vector<size_t>& lost, const std::vector<size_t>& back,
                                         const absl::Status& why, bool planned) {
@@ -391,8 +408,31 @@ void Client::LoseStage(const absl::Status& why) {
   // rank back (its heartbeats stop, as for any worker that dies). Until then, and should the gone
   // rank come back without the stage, this worker's ops push its own data (StageKeeper).
   session_->SetLeaveReason(why);  // should this worker leave over it, the other hosts hear the cause
+  {
+    std::lock_guard<std::mutex> lock(stage_mu_);
+    stage_why_not_ = std::string(why.message());
+  }
   DLCP_LOG(Warning) << "rank " << options_.rank << " of job '" << options_.job_name << "': its host stage lost a worker ("
                     << why << "); this worker pushes its own data until the stage forms again";
+}
+
+HostStageInfo Client::host_stage() const {
+  HostStageInfo info;
+  std::shared_ptr<HostStage> stage = stage_ ? stage_->Current() : nullptr;
+  if (stage == nullptr) {
+    info.ranks = {options_.rank};
+    info.local_size = options_.local_size;
+    std::lock_guard<std::mutex> lock(stage_mu_);
+    info.why_not = stage_why_not_;
+    return info;
+  }
+  info.formed = true;
+  info.ranks = stage->ranks();
+  info.local_rank = stage->member();
+  info.local_size = static_cast<uint32_t>(info.ranks.size());
+  info.pushes = info.local_rank == 0;
+  info.whole_job = info.local_size == options_.world_size;
+  return info;
 }
 
 std::shared_ptr<HostStage> Client::ThroughHostStage(const AllReduceOptions& options, AllReduceOptions* staged) const {
@@ -507,6 +547,7 @@ absl::Status Client::Close() {
     session_->set_layout_handler(nullptr);
     session_->set_rejoin_handler(nullptr);
     session_->set_job_failure_handler(nullptr);
+    session_->set_stage_reporter(nullptr);
     session_->set_key_handler(nullptr);
   }
   // The stage first: its first worker's network leg is an op of the engine, which may write into

@@ -211,6 +211,20 @@ struct RoundStats {
   std::vector<uint8_t> classes;
 };
 
+// Where a worker's ops go (docs/host-stage.md): through a host stage with the job's other workers
+// on its host, or over the network path on its own.
+struct HostStageInfo {
+  bool formed = false;           // its ops go through a host stage now
+  std::vector<uint32_t> ranks;   // the stage's ranks, ascending (this one's alone without a stage)
+  uint32_t local_rank = 0;       // this worker's place among them
+  uint32_t local_size = 1;       // how many they are; without a stage, ClientOptions::local_size
+  bool pushes = false;           // this worker pushes the stage's sum to the aggregators
+  bool whole_job = false;        // the stage holds every rank of the job: nothing crosses the network
+  // Without a stage: why (host_stage off, local_size 1, no dlcpd at host_socket, a refusal by
+  // dlcpd, a member of its stage gone). Empty where one formed.
+  std::string why_not;
+};
+
 // Completion of an op. Runs exactly once: on the client's I/O thread (the host stage's thread for
 // an op through it), or on the calling thread when the op is refused at submission. It must not block (hand the result to another thread
 // for slow work); it may submit the next op, also for the same key.
@@ -232,6 +246,9 @@ class Client {
   const std::string& job_name() const { return options_.job_name; }
   // How long an op may take (ClientOptions::op_timeout).
   absl::Duration op_timeout() const { return options_.op_timeout; }
+  // Whether this worker's ops go through a host stage now, with whom, and if not, why. A stage
+  // that lost a member reads as not formed until it forms again. Any thread.
+  HostStageInfo host_stage() const;
   // The data plane it chose (kUdp or kRdma when ClientOptions asked for kAuto).
   TransportOptions::Kind transport_kind() const { return transport_kind_; }
   Client(const Client&) = delete;
@@ -325,6 +342,8 @@ class Client {
   // Null: every op takes the network path. Its stage is lost while a worker of it is gone.
   std::unique_ptr<StageKeeper> stage_;
   void LoseStage(const absl::Status& why);
+  mutable std::mutex stage_mu_;
+  std::string stage_why_not_;  // under stage_mu_: why there is no stage, or why it was lost last
   std::shared_ptr<Timeline> timeline_;  // the engine's too; closed with the client
   std::mutex regroup_mu_;
   std::thread regroup_;

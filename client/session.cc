@@ -291,9 +291,11 @@ void Session::HeartbeatPass(const std::vector<bool>& lost, bool beat, const Layo
   for (size_t i = 0; i < stubs_.size() && on_change; ++i) {
     if (lost[i]) probes.emplace_back(i, StartJoin(options_, stubs_[i].get(), call_timeout));
   }
+  std::vector<RankLateness> stage_members;
+  if (StageReporter reporter = beat ? stage_reporter() : nullptr) stage_members = reporter();
   std::vector<std::pair<size_t, std::unique_ptr<HeartbeatCall>>> beats;
   for (size_t i = 0; i < stubs_.size() && beat; ++i) {
-    if (!lost[i]) beats.emplace_back(i, StartHeartbeat(i, call_timeout));
+    if (!lost[i]) beats.emplace_back(i, StartHeartbeat(i, call_timeout, stage_members));
   }
   Losses losses;
   for (auto& [i, call] : beats) ReadHeartbeat(i, *call, on_change, &losses);
@@ -304,11 +306,22 @@ void Session::HeartbeatPass(const std::vector<bool>& lost, bool beat, const Layo
   ApplyLosses(lost, on_change, std::move(losses));
 }
 
-std::unique_ptr<Session::HeartbeatCall> Session::StartHeartbeat(size_t i, absl::Duration timeout) {
+std::unique_ptr<Session::HeartbeatCall> Session::StartHeartbeat(size_t i, absl::Duration timeout,
+                                                                 const std::vector<RankLateness>& stage_members) {
   v1::HeartbeatRequest req;
   req.set_job_id(job_id_);
   req.set_rank(options_.rank);
   req.set_incarnation(options_.incarnation);
+  for (const RankLateness& m : stage_members) {
+    v1::RankStats* out = req.add_stage_members();
+    out->set_rank(m.rank);
+    out->set_rounds(m.rounds);
+    out->set_mean_lateness_us(m.mean_us);
+    out->set_p50_lateness_us(m.p50_us);
+    out->set_p99_lateness_us(m.p99_us);
+    out->set_last(m.last);
+    out->set_ahead_of_last_us(m.ahead_us);
+  }
   {
     std::lock_guard<std::mutex> guard(mu_);
     req.set_data_key_generation(aggregators_[i].data_key_generation);
@@ -473,6 +486,16 @@ void Session::NoteJobFailure(size_t i, const std::string& reason) {
 void Session::set_job_failure_handler(JobFailureHandler handler) {
   std::lock_guard<std::mutex> lock(mu_);
   job_failure_handler_ = std::move(handler);
+}
+
+void Session::set_stage_reporter(StageReporter reporter) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stage_reporter_ = std::move(reporter);
+}
+
+Session::StageReporter Session::stage_reporter() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stage_reporter_;
 }
 
 void Session::set_rejoin_handler(RejoinHandler handler) {

@@ -16,6 +16,7 @@
 #include "client/waiting_notes.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/metrics/straggler_board.h"
 #include "common/rpc/heartbeat.h"
 #include "common/security/tls.h"
 #include "common/transport/address.h"
@@ -113,6 +114,12 @@ class Session {
   // The next heartbeat there says this worker holds the new key, so the handler must have made
   // the data path use it by then (the transfer engine does within a turn of its loop). Setting
   // it also calls it at once, on the caller's thread, with every aggregator's keys as they are.
+  // Called on the heartbeat thread before each round of heartbeats (it must not block): how late
+  // each member of the host stage this worker leads comes to it (HostStage::MemberLateness),
+  // which its heartbeats carry (HeartbeatRequest.stage_members); empty where it leads none.
+  using StageReporter = std::function<std::vector<RankLateness>()>;
+  void set_stage_reporter(StageReporter reporter);
+  StageReporter stage_reporter() const;
   using KeyHandler = std::function<void(const AggregatorInfo& info)>;
   void set_key_handler(KeyHandler handler);
   std::vector<bool> lost() const;
@@ -152,7 +159,8 @@ class Session {
   // of the lost, then what their answers say.
   void HeartbeatPass(const std::vector<bool>& lost, bool beat, const LayoutHandler& on_change);
   using HeartbeatCall = PendingCall<v1::HeartbeatRequest, v1::HeartbeatResponse>;
-  std::unique_ptr<HeartbeatCall> StartHeartbeat(size_t i, absl::Duration timeout);
+  std::unique_ptr<HeartbeatCall> StartHeartbeat(size_t i, absl::Duration timeout,
+                                                const std::vector<RankLateness>& stage_members);
   // The aggregators a heartbeat pass found gone (`lost`) or going (`draining`), and the first
   // reason of each kind.
   struct Losses {
@@ -181,6 +189,7 @@ class Session {
   std::function<void(const absl::Status&)> fatal_;  // under mu_
   LayoutHandler layout_handler_;  // under mu_
   RejoinHandler rejoin_handler_;  // under mu_
+  StageReporter stage_reporter_;  // under mu_
   JobFailureHandler job_failure_handler_;  // under mu_
   KeyHandler key_handler_;        // under mu_
   uint32_t rejoins_ = 0;          // the count this worker works under (heartbeat thread)

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
@@ -13,8 +14,15 @@
 #include "common/base/json_text.h"
 
 namespace dlcp {
-std::string Timeline::PathFor(const std::string& pattern, uint32_t rank) {
-  return absl::StrReplaceAll(pattern, {{"%r", absl::StrCat(rank)}, {"%p", absl::StrCat(getpid())}});
+std::string Timeline::PathFor(const std::string& pattern, uint32_t rank, bool one_of_several) {
+  std::string p = pattern;
+  if (one_of_several && !absl::StrContains(p, "%r") && !absl::StrContains(p, "%p")) {
+    const size_t slash = p.rfind('/');
+    const size_t dot = p.rfind('.');
+    const bool has_extension = dot != std::string::npos && dot > 0 && (slash == std::string::npos || dot > slash + 1);
+    p.insert(has_extension ? dot : p.size(), "-%r");
+  }
+  return absl::StrReplaceAll(p, {{"%r", absl::StrCat(rank)}, {"%p", absl::StrCat(getpid())}});
 }
 
 absl::StatusOr<std::unique_ptr<Timeline>> Timeline::Open(const std::string& pattern, uint32_t rank, size_t max_pending) {

@@ -31,7 +31,9 @@ class Timeline {
   // setting (DLCP_TIMELINE=/tmp/step-%r.json) write a file each.
   static absl::StatusOr<std::unique_ptr<Timeline>> Open(const std::string& pattern, uint32_t rank,
                                                         size_t max_pending = 1 << 16);
-  static std::string PathFor(const std::string& pattern, uint32_t rank);
+  // With `one_of_several` (workers of a host that share the setting), a pattern with neither
+  // gets "-%r" before its extension, so that each worker writes a file of its own.
+  static std::string PathFor(const std::string& pattern, uint32_t rank, bool one_of_several = false);
   ~Timeline();  // Close()
   // Writes what is pending and the end of the file, and closes it; later events are dropped
   // uncounted. Idempotent.

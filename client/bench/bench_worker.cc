@@ -159,6 +159,8 @@ absl::StatusOr<WorkerResult> WorkerRun::Run() {
   result_.rx_overflows = client_->ReceiveOverflows();
   result_.rx_queue_ran_dry = client_->ReceiveQueueRanDry();
   result_.port_counters = PortCounterGrowth(port_before, client_->PortCounters());
+  const HostStageInfo stage = client_->host_stage();
+  result_.host_stage_size = stage.formed ? stage.local_size : 0;
   if (absl::Status s = client_->Close(); !s.ok()) return s;
   return result_;
 }
@@ -358,7 +360,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       "\"chunks_c0\":%u,\"chunks_c1\":%u,\"chunks_c2\":%u,\"chunks_c3\":%u,\"left_out_c0\":%u,\"left_out_c1\":%u,"
       "\"left_out_c2\":%u,\"left_out_c3\":%u,\"bound_violations\":%u,\"max_round_loss\":%.6f,"
       "\"stop_p99_ms\":%.3f,\"tail_wait_p50_ms\":%.3f,\"tail_wait_p99_ms\":%.3f,\"pull_missing\":%u,\"retried\":%u,\"window_cuts\":%u,\"window_undos\":%u,\"losses_tolerated\":%u,"
-      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"rx_queue_ran_dry\":%u,\"slowest_rank\":%d,\"slowest_lateness_ms\":%.3f,\"port_counters\":%s,\"long_gaps\":[%s],\"round_ms\":[%s]}",
+      "\"nacks_deferred\":%u,\"rejected\":%u,\"stale\":%u,\"rx_overflows\":%u,\"rx_queue_ran_dry\":%u,\"slowest_rank\":%d,\"slowest_lateness_ms\":%.3f,\"host_stage_size\":%u,\"port_counters\":%s,\"long_gaps\":[%s],\"round_ms\":[%s]}",
       config.client.rank, config.client.world_size, config.client.aggregators.size(), config.tensor_bytes,
       config.tensors, r.rounds, Percentile(r.round_ms, 0.5), Percentile(r.round_ms, 0.99), Percentile(r.round_ms, 1.0),
       r.max_gap_ms, r.rounds ? r.total_s * 1000 / r.rounds : 0.0, goodput, r.max_abs_err, r.retransmits, r.result_requests,
@@ -368,7 +370,7 @@ std::string ResultJson(const WorkerConfig& config, const WorkerResult& r) {
       r.left_out_by_class[3], r.bound_violations, r.max_round_loss, Percentile(r.stop_ms, 0.99),
       Percentile(r.tail_ms, 0.5), Percentile(r.tail_ms, 0.99), r.pull_missing,
       r.retried, r.window_cuts, r.window_undos, r.losses_tolerated, r.nacks_deferred, r.rejected, r.stale, r.rx_overflows, r.rx_queue_ran_dry,
-      r.slowest_rank, r.slowest_lateness_ms, r.port_counters, absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
+      r.slowest_rank, r.slowest_lateness_ms, r.host_stage_size, r.port_counters, absl::StrJoin(r.long_gaps, ",", [](std::string* out, const std::pair<double, double>& g) {
         absl::StrAppendFormat(out, "[%.3f,%.1f]", g.first, g.second);
       }),
       // Every timed round, in order: scripts pool them across workers and runs (a job's round

@@ -69,6 +69,8 @@ struct WorkerResult {
   // The job's slowest rank as the last round's RoundStats named it (-1: none yet), and its lateness.
   int32_t slowest_rank = -1;
   double slowest_lateness_ms = 0;
+  // The size of the host stage its ops went through at the end (Client::host_stage), 0: none.
+  uint32_t host_stage_size = 0;
   // Packets the client dropped (Client::Rejects): late copies of results its rounds no longer
   // needed (unknown_round), and every other reason.
   uint64_t stale = 0;

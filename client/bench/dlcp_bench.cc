@@ -193,6 +193,7 @@ struct JobSummary {
   double pull_missing = 0, rejected = 0, stale = 0, rx_overflows = 0, rx_queue_ran_dry = 0;
   // The slowest rank the first worker's last round named (RoundStats::slowest_rank), -1 if none.
   double slowest_rank = -1, slowest_lateness_ms = 0;
+  double staged_workers = 0;  // workers whose ops went through a host stage at the end
   bool exact = true, checked = true;
   // The workers share their host's port: any one's growth is the job's on that host.
   std::string port_counters = "{}";
@@ -232,6 +233,7 @@ struct JobSummary {
     stop_p99 = std::max(stop_p99, JsonNumber(l, "stop_p99_ms"));
     tail_p50 = std::max(tail_p50, JsonNumber(l, "tail_wait_p50_ms"));
     tail_p99 = std::max(tail_p99, JsonNumber(l, "tail_wait_p99_ms"));
+    staged_workers += JsonNumber(l, "host_stage_size") > 0 ? 1 : 0;
     if (slowest_rank < 0 && JsonNumber(l, "slowest_rank") >= 0) {
       slowest_rank = JsonNumber(l, "slowest_rank");
       slowest_lateness_ms = JsonNumber(l, "slowest_lateness_ms");
@@ -273,6 +275,8 @@ void PrintSummary(const ConfigRegistry& c, const JobSummary& j, double loss_boun
     std::cout << absl::StrFormat("  slowest      rank %d, %.2f ms behind the first on average, as the aggregators measure it\n",
                                  static_cast<int>(j.slowest_rank), j.slowest_lateness_ms);
   }
+  std::cout << absl::StrFormat("  host stage   %d of %d workers' ops went through one\n", static_cast<int>(j.staged_workers),
+                               static_cast<int>(c.GetInt("workers")));
   if (loss_bound > 0) {
     std::cout << absl::StrFormat(
         "  loss bound   ε = %g: worst round lost %.4f of droppable contributions, %d violations\n"
@@ -295,14 +299,14 @@ void PrintJson(const ConfigRegistry& c, const JobSummary& j, double loss_bound) 
       "\"loss_bound\":%g,\"loss_by_class\":[%s],\"max_round_loss\":%.6f,\"bound_violations\":%d,"
       "\"stop_p99_ms\":%.3f,\"tail_wait_p50_ms\":%.3f,\"tail_wait_p99_ms\":%.3f,\"pull_missing\":%d,\"window_cuts\":%d,\"window_undos\":%d,\"losses_tolerated\":%d,\"client_rejected\":%d,"
       "\"client_stale\":%d,\"client_rx_overflows\":%d,\"client_rx_queue_ran_dry\":%d,"
-      "\"client_port_counters\":%s,\"slowest_rank\":%d,\"slowest_lateness_ms\":%.3f,\"checked\":%s,\"exact\":%s}\n",
+      "\"client_port_counters\":%s,\"slowest_rank\":%d,\"slowest_lateness_ms\":%.3f,\"staged_workers\":%d,\"checked\":%s,\"exact\":%s}\n",
       static_cast<int>(c.GetInt("workers")), AggregatorCount(c), c.GetInt("tensor-bytes"), c.GetInt("tensors"),
       static_cast<int>(j.rounds), j.p50, j.p99, j.goodput, j.max_err, static_cast<int>(j.retrans),
       static_cast<int>(j.result_req), loss_bound, j.LossByClass(), j.max_loss, static_cast<int>(j.violations),
       j.stop_p99, j.tail_p50, j.tail_p99, static_cast<int>(j.pull_missing), static_cast<int>(j.cuts), static_cast<int>(j.undos), static_cast<int>(j.tolerated),
       static_cast<int>(j.rejected), static_cast<int>(j.stale), static_cast<int>(j.rx_overflows),
       static_cast<int>(j.rx_queue_ran_dry), j.port_counters, static_cast<int>(j.slowest_rank),
-      j.slowest_lateness_ms, j.checked ? "true" : "false", j.exact ? "true" : "false");
+      j.slowest_lateness_ms, static_cast<int>(j.staged_workers), j.checked ? "true" : "false", j.exact ? "true" : "false");
 }
 
 // Spawns one child per rank with this binary, collects each child's JSON line, and prints the

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/packer/packer.h"
 #include "common/base/clock.h"
+#include "common/base/json_text.h"
 #include "common/base/log.h"
 #include "common/wire/bounded.h"
 
@@ -41,6 +42,10 @@ void TakeLegStats(const RoundStats& leg, RoundStats* op) {
   *op = std::move(taken);
 }
 
+// A stage op's span: apart from the engine's spans (key << 32 | round), which the first worker's
+// network legs have, by the round's top bit (no key runs 2^31 rounds).
+uint64_t StageTraceId(uint32_t key, uint32_t round) { return uint64_t{key} << 32 | round | uint32_t{1} << 31; }
+
 }  // namespace
 
 HostStage::HostStage(StageMembership membership, NetworkSubmit network, RoundsElsewhere elsewhere, Limits limits,
@@ -49,7 +54,9 @@ HostStage::HostStage(StageMembership membership, NetworkSubmit network, RoundsEl
       network_(std::move(network)),
       elsewhere_(std::move(elsewhere)),
       limits_(limits),
-      broken_(std::move(broken)) {
+      broken_(std::move(broken)),
+      classes_({limits.class_policy, limits.chunk_elems, limits.num_layers, limits.world}) {
+  if (steps_.first()) lateness_ = std::make_unique<StragglerBoard>(static_cast<uint32_t>(ranks().size()));
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -160,6 +167,7 @@ void HostStage::StartOp(Op op, std::optional<Pending>* pending) {
   run->stats.loss_bound = std::max(0.0, op.options.loss_bound);
   run->op = std::move(op);
   const Op& o = run->op;
+  TraceBegin(*run);
   const bool two_phases = InTwoPhases(o);
   run->steps_left = StepsOf(o) * (two_phases ? 2 : 1);
   // A failed job fails the op at once, as on the network path; its steps are still gone through.
@@ -213,7 +221,16 @@ HostStage::Pending HostStage::BeginStep(const std::shared_ptr<Running>& run, con
     leg = LegOf(run, phase, p.leg);
   }
   p.begun = steps_.Begin(spec, p.io, leg, run->deadline, [this] { return Interrupted(); });
-  if (!p.begun.status.ok()) StepFailed(*run, p.begun.status);
+  if (!p.begun.status.ok()) {
+    StepFailed(*run, p.begun.status);
+    return p;
+  }
+  if (spec.offset == 0 && phase != Phase::kResult) NoteCame(p.begun);
+  if (limits_.timeline) {
+    const std::string args = absl::StrCat("\"offset\":", spec.offset, ",\"elems\":", spec.elems);
+    Trace(*run, phase == Phase::kResult ? "result in" : "gathered", p.begun.gathered, args);
+    if (phase != Phase::kResult) Trace(*run, "summed", MonotonicNow(), args);
+  }
   return p;
 }
 
@@ -221,7 +238,7 @@ NetworkLeg HostStage::LegOf(const std::shared_ptr<Running>& run, Phase phase,
                             const std::shared_ptr<absl::StatusOr<RoundStats>>& out) {
   if (phase == Phase::kWhole) {
     return [this, run, out](float* sum, const StepSpec& s, uint64_t step, LegDone done) {
-      StartLeg(sum, s, step, run->op, /*post_loss=*/true, out, std::move(done));
+      StartLeg(sum, s, step, *run, /*post_loss=*/true, out, std::move(done));
     };
   }
   if (phase == Phase::kResult) {
@@ -240,7 +257,7 @@ NetworkLeg HostStage::LegOf(const std::shared_ptr<Running>& run, Phase phase,
     StepSpec whole = s;
     whole.offset = 0;
     whole.elems = run->op.elems();
-    StartLeg(run->whole.get(), whole, step, run->op, /*post_loss=*/false, out,
+    StartLeg(run->whole.get(), whole, step, *run, /*post_loss=*/false, out,
              [run, done = std::move(done)](const absl::Status& status) { done(status); });
   };
 }
@@ -284,6 +301,9 @@ void HostStage::EndStep(Pending p) {
   });
   if (status.ok() && p.leg != nullptr && p.leg->ok()) TakeLegStats(**p.leg, &run.stats);
   if (!status.ok()) StepFailed(run, status);
+  if (status.ok() && p.phase != Phase::kSum) {
+    Trace(run, "result out", MonotonicNow(), absl::StrCat("\"step\":", p.begun.step));
+  }
   StepGone(run);
 }
 
@@ -297,7 +317,10 @@ void HostStage::StepGone(Running& run) {
 }
 
 void HostStage::Complete(Running& run) {
-  if (!run.status.ok()) return run.op.done(run.status);
+  if (!run.status.ok()) {
+    TraceEnd(run, run.status);
+    return run.op.done(run.status);
+  }
   const Op& op = run.op;
   if (LegElsewhere()) elsewhere_(op.key, InTwoPhases(op) ? 1 : static_cast<uint32_t>(StepsOf(op)));
   if (run.heard) {
@@ -305,8 +328,64 @@ void HostStage::Complete(Running& run) {
     run.stats.loss_bound = std::max(run.stats.loss_bound, static_cast<double>(run.heard->loss_bound_ppm) / wire::kPpm);
   }
   if (run.heard && op.options.report_classes) run.stats.classes = std::move(run.classes);
+  absl::Status classed = ClassWholeJob(run);
+  TraceEnd(run, classed);
+  if (!classed.ok()) return run.op.done(classed);
   run.stats.time = MonotonicNow() - run.start;
   run.op.done(std::move(run.stats));
+}
+
+void HostStage::NoteCame(const BegunStep& begun) {
+  if (lateness_ == nullptr) return;
+  const std::vector<absl::Time> came = steps_.Came(begun);
+  const absl::Time first = *std::min_element(came.begin(), came.end());
+  std::vector<uint32_t> delivered_us;  // after the first, and 0 means "never": from 1
+  for (absl::Time t : came) {
+    delivered_us.push_back(static_cast<uint32_t>(std::min<int64_t>(absl::ToInt64Microseconds(t - first), UINT32_MAX - 1)) + 1);
+  }
+  lateness_->NoteRound(delivered_us);
+}
+
+std::vector<RankLateness> HostStage::MemberLateness() const {
+  if (lateness_ == nullptr) return {};
+  std::vector<RankLateness> out = lateness_->Ranks(MonotonicNanos());
+  for (RankLateness& r : out) r.rank = ranks()[r.rank];
+  return out;
+}
+
+void HostStage::TraceBegin(const Running& run) const {
+  if (!limits_.timeline) return;
+  const Op& op = run.op;
+  limits_.timeline->Begin(
+      StageTraceId(op.key, run.stats.round), op.options.name.empty() ? absl::StrCat("key ", op.key) : op.options.name,
+      run.start,
+      absl::StrCat("\"key\":", op.key, ",\"round\":", run.stats.round, ",\"elems\":", op.elems(), ",\"steps\":",
+                   StepsOf(op), ",\"host_stage\":", ranks().size(), ",\"network_legs\":", Networked() ? "true" : "false",
+                   ",\"loss_bound\":", run.stats.loss_bound));
+}
+
+void HostStage::Trace(const Running& run, const char* what, absl::Time t, std::string args) const {
+  if (limits_.timeline) limits_.timeline->Instant(StageTraceId(run.op.key, run.stats.round), what, t, std::move(args));
+}
+
+void HostStage::TraceEnd(const Running& run, const absl::Status& status) const {
+  if (!limits_.timeline) return;
+  const Op& op = run.op;
+  std::string args = status.ok() ? "" : absl::StrCat("\"error\":", Json(status.ToString()));
+  limits_.timeline->End(StageTraceId(op.key, run.stats.round),
+                        op.options.name.empty() ? absl::StrCat("key ", op.key) : op.options.name, MonotonicNow(),
+                        std::move(args));
+}
+
+absl::Status HostStage::ClassWholeJob(Running& run) {
+  const Op& op = run.op;
+  if (Networked() || run.stats.loss_bound <= 0 || op.root >= 0) return absl::OkStatus();
+  StageClasses::Values values{op.data.data(), ElemType::kF32, op.data.size(), -1};
+  if (op.device) values = {op.device->data, op.device->type, op.device->elems, op.device->device};
+  absl::Status s = classes_.Fill(values, op.key, op.options.layer, run.stats.loss_bound, op.options.report_classes,
+                                 &run.stats);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("host stage: classing key ", op.key, "'s chunks: ", s.message()));
 }
 
 uint64_t HostStage::StepElemsOf(const Op& op) const {
@@ -347,8 +426,9 @@ void HostStage::PinForDevice(int device) {
   }
 }
 
-void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Op& op, bool post_loss,
+void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Running& run, bool post_loss,
                          std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done) {
+  const Op& op = run.op;
   // A broadcast from a rank of this stage: the bank holds its values, which this worker pushes as
   // the root; from another host's rank, the bank holds zeros, and the root's come back.
   int64_t root = op.root;
@@ -358,8 +438,10 @@ void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const 
   // The engine ends its op by the op's deadline (or at Stop, which a closing client calls after the
   // stage's and before the stage's memory is unmapped), and runs this on its own thread.
   legs_in_flight_.fetch_add(1);
+  const uint64_t id = StageTraceId(op.key, run.stats.round);
+  if (limits_.timeline) limits_.timeline->Instant(id, "network leg", MonotonicNow());
   network_(spec.key, absl::MakeSpan(sum, spec.elems), op.options, root,
-           [this, step, bounded = post_loss && spec.loss_bound_ppm > 0, out = std::move(out),
+           [this, step, id, bounded = post_loss && spec.loss_bound_ppm > 0, out = std::move(out),
             done = std::move(done)](absl::StatusOr<RoundStats> r) {
              if (r.ok() && bounded) {  // the others report it as theirs
                StageLoss loss{};
@@ -368,6 +450,7 @@ void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const 
                steps_.PostLoss(step, loss, r->classes);
              }
              const absl::Status status = r.status();
+             if (limits_.timeline) limits_.timeline->Instant(id, "network leg done", MonotonicNow());
              *out = std::move(r);
              done(status);
              legs_in_flight_.fetch_sub(1);  // the last use of this stage

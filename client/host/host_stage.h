@@ -27,7 +27,10 @@
 #include "absl/types/span.h"
 #include "client/client.h"
 #include "client/host/spare_buffers.h"
+#include "client/host/stage_classes.h"
 #include "client/host/stage_steps.h"
+#include "client/timeline.h"
+#include "common/metrics/straggler_board.h"
 
 namespace dlcp {
 
@@ -50,6 +53,12 @@ class HostStage {
     // A bounded-loss op's steps, in elements, at most a slot: each step's chunks' classes travel in
     // the region's header (kStageMaxClasses of them).
     uint64_t bounded_step_elems = 0;
+    // How a stage that holds the whole job classes a bounded op's chunks (StageClasses).
+    ClassPolicyOptions class_policy;
+    uint32_t chunk_elems = 0;
+    uint32_t num_layers = 0;
+    // Where the stage's ops and their steps go (ClientOptions::timeline); null: nowhere.
+    std::shared_ptr<Timeline> timeline;
   };
 
   // `broken`: runs once, on the stage's thread, when a worker of the stage is found gone: no op
@@ -61,6 +70,7 @@ class HostStage {
   HostStage& operator=(const HostStage&) = delete;
 
   const std::vector<uint32_t>& ranks() const { return steps_.ranks(); }
+  uint32_t member() const { return steps_.member(); }  // this worker's place in ranks()
   uint64_t slot_elems() const { return steps_.slot_elems(); }
   // Sums `data` over the job, in place (root >= 0: replaces it with rank root's). `data` stays
   // the caller's until `done`. options.loss_bound is the op's ε, resolved (not negative).
@@ -81,6 +91,10 @@ class HostStage {
   // A network leg of it is still an op of the engine, which writes into the stage's memory and
   // calls back into it until it ends; after Stop, once false it stays false. Any thread.
   bool LegsInFlight() const { return legs_in_flight_.load() != 0; }
+  // On the stage's first worker: how late each member (by rank) comes to the stage's ops, behind
+  // the first to come, over the last StragglerBoard::kWindow ops; empty elsewhere and before the
+  // first op. Its heartbeats carry it to the aggregators' straggler view. Any thread.
+  std::vector<RankLateness> MemberLateness() const;
 
  private:
   struct Op {
@@ -143,6 +157,14 @@ class HostStage {
   void StepFailed(Running& run, const absl::Status& status);
   void StepGone(Running& run);  // a step of it ended or was skipped: done when it was the last
   void Complete(Running& run);  // runs its OpDone
+  // The first worker: how late each member came to an op's first step.
+  void NoteCame(const BegunStep& begun);
+  // The op's span on the timeline, and a moment of it.
+  void TraceBegin(const Running& run) const;
+  void Trace(const Running& run, const char* what, absl::Time t, std::string args = "") const;
+  void TraceEnd(const Running& run, const absl::Status& status) const;
+  // A bounded op of a stage that holds the whole job: its classes and losses, from its result.
+  absl::Status ClassWholeJob(Running& run);
   // How step `spec` of `op` reads its part and writes its result.
   StepIo IoOf(const Op& op, const StepSpec& spec, Phase phase) const;
   StepIo IoOf(const Op& op, const StepSpec& spec) const;  // both ways
@@ -151,7 +173,7 @@ class HostStage {
   void PinForDevice(int device);
   // The first worker's network leg of step `step` of `op`; writes its outcome into `out`, and a
   // bounded round's losses into the step's result for the others where `post_loss`.
-  void StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Op& op, bool post_loss,
+  void StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Running& run, bool post_loss,
                 std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done);
   absl::Status Interrupted() const;  // stopping, or the job failed
   absl::Status Stopped() const;
@@ -173,6 +195,8 @@ class HostStage {
   std::map<uint32_t, uint32_t> rounds_;  // the stage thread's: ops run per key
   // `whole` of the ops under way: two at a time at most (consecutive ops overlap by a step).
   SpareBuffers spares_{2};
+  StageClasses classes_;  // the stage thread's
+  std::unique_ptr<StragglerBoard> lateness_;  // on the first worker: by member
   bool pin_tried_ = false;  // the stage thread's
   bool pinned_ = false;     // the stage thread's until it is joined
   mutable std::mutex mu_;

@@ -59,7 +59,15 @@ float* StageSteps::slot(uint32_t member) const {
 
 void StageSteps::Publish(Counter counter, uint64_t step) {
   std::atomic<uint64_t>& c = mine().*counter;
-  if (c.load(std::memory_order_relaxed) < step) c.store(step, std::memory_order_release);
+  if (c.load(std::memory_order_relaxed) < step) c.store(step, std::memory_order_seq_cst);
+  // Only a member that completes the step's count rings: every wait on these counters waits for
+  // all members (WaitAll), and a bell rung by each of L members would wake the L - 1 sleepers each
+  // time, L² wake-ups a counter a step, which on a host with fewer cores than workers was most of
+  // a round. Sequentially consistent: of members that publish at once, the last one's loads see
+  // the others' stores, so one of them rings.
+  for (uint32_t i = 0; i < members(); ++i) {
+    if ((header().member[i].*counter).load(std::memory_order_seq_cst) < step) return;
+  }
   RingBell(header().bell);
 }
 
@@ -273,10 +281,12 @@ BegunStep StageSteps::Begin(const StepSpec& spec, const StepIo& io, const Networ
   }
   if (status.ok()) {
     WriteSpec(step, spec);
+    mine().came_ns[step % kStageBanks] = MonotonicNanos();
     if (io.in) status = io.in(slot(m_.welcome.member));
   }
   Publish(&StageMember::arrived, step);
   if (status.ok()) status = WaitAll(&StageMember::arrived, step, deadline, "start the same op", interrupted);
+  const absl::Time gathered = MonotonicNow();
   if (status.ok()) status = Agree(spec, step);
   if (status.ok()) Share(spec, step);
   if (!status.ok()) GiveUp(step, status);
@@ -288,7 +298,15 @@ BegunStep StageSteps::Begin(const StepSpec& spec, const StepIo& io, const Networ
       PostResult(step, status);
     }
   }
-  return BegunStep{step, status};
+  return BegunStep{step, status, gathered};
+}
+
+std::vector<absl::Time> StageSteps::Came(const BegunStep& begun) const {
+  std::vector<absl::Time> came;
+  for (uint32_t i = 0; i < members(); ++i) {
+    came.push_back(absl::FromUnixNanos(header().member[i].came_ns[begun.step % kStageBanks]));
+  }
+  return came;
 }
 
 absl::Status StageSteps::End(const BegunStep& begun, const std::function<absl::Status(const float*)>& out,

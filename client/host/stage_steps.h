@@ -63,6 +63,7 @@ using NetworkLeg = std::function<void(float* sum, const StepSpec& spec, uint64_t
 struct BegunStep {
   uint64_t step = 0;
   absl::Status status;
+  absl::Time gathered;  // when this member saw every member's part in (for the timeline)
 };
 
 class StageSteps {
@@ -71,6 +72,7 @@ class StageSteps {
 
   uint64_t slot_elems() const { return m_.welcome.slot_bytes / sizeof(float); }
   bool first() const { return m_.welcome.member == 0; }
+  uint32_t member() const { return m_.welcome.member; }
   const std::vector<uint32_t>& ranks() const { return m_.welcome.ranks; }
   uint32_t rank_of(uint32_t member) const { return m_.welcome.ranks[member]; }
   // ABORTED naming a member whose process is gone (dlcpd said so); OK while every one is there.
@@ -107,6 +109,9 @@ class StageSteps {
   void PostLoss(uint64_t step, const StageLoss& loss, const std::vector<uint8_t>& classes);
   StageLoss loss(uint64_t step) const;
   std::vector<uint8_t> classes(uint64_t step) const;
+  // When each member came to step `begun` (in member order), ready to write its part: how late
+  // each one is. Valid from Begin's return (OK) until this member ends the step.
+  std::vector<absl::Time> Came(const BegunStep& begun) const;
   // Wakes every member's wait, to look at `interrupted` again. Any thread.
   void Wake() const;
   // The shared region, for pinning it (device tensors copy straight into it).

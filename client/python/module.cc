@@ -303,6 +303,18 @@ class PyClient {
   uint32_t world_size() const { return Get().world_size(); }
   uint32_t job_id() const { return Get().job_id(); }
   std::string job() const { return Get().job_name(); }
+  py::dict host_stage() const {
+    const HostStageInfo info = Get().host_stage();
+    py::dict d;
+    d["formed"] = info.formed;
+    d["ranks"] = info.ranks;
+    d["local_rank"] = info.local_rank;
+    d["local_size"] = info.local_size;
+    d["pushes"] = info.pushes;
+    d["whole_job"] = info.whole_job;
+    d["why_not"] = info.why_not;
+    return d;
+  }
   double op_timeout_s() const { return absl::ToDoubleSeconds(Get().op_timeout()); }
   std::map<std::string, uint64_t> rejects() const { return Get().Rejects(); }
   uint64_t rx_overflows() const { return Get().ReceiveOverflows(); }
@@ -558,6 +570,7 @@ PYBIND11_MODULE(_dlcp, m) {
       .def_property_readonly("world_size", &PyClient::world_size)
       .def_property_readonly("job_id", &PyClient::job_id)
       .def_property_readonly("job", &PyClient::job)
+      .def("host_stage", &PyClient::host_stage)
       .def_property_readonly("op_timeout_s", &PyClient::op_timeout_s)
       .def("rejects", &PyClient::rejects)
       .def("rx_overflows", &PyClient::rx_overflows)

@@ -21,7 +21,7 @@
 namespace dlcp {
 
 inline constexpr uint32_t kStageMagic = 0x47545344;  // "DSTG"
-inline constexpr uint32_t kStageVersion = 4;
+inline constexpr uint32_t kStageVersion = 5;
 inline constexpr uint32_t kStageBanks = 2;
 inline constexpr uint32_t kMaxStageMembers = 64;
 inline constexpr uint32_t kStageMessageBytes = 480;
@@ -42,6 +42,9 @@ struct alignas(64) StageMember {
   uint64_t elems;   // elements in this step's part
   uint64_t tensor_elems;
   uint32_t loss_bound_ppm;  // the op's ε, in millionths
+  // Per bank: when this member came to its latest step of it, ready to write its part
+  // (CLOCK_MONOTONIC nanoseconds, one clock for every process of the host): how late it is.
+  int64_t came_ns[kStageBanks];
 };
 static_assert(sizeof(StageMember) == 128);
 

@@ -57,6 +57,17 @@ TEST(TimelineWriter, EveryEventIsWrittenOrCountedFromManyThreads) {
   std::remove(path.c_str());
 }
 
+// Workers of one host that share a setting without %r (or %p) would all write one file.
+TEST(TimelineWriter, WorkersOfAHostThatShareAPathEachGetAFileOfTheirOwn) {
+  EXPECT_EQ(Timeline::PathFor("/tmp/t.json", 2, /*one_of_several=*/true), "/tmp/t-2.json");
+  EXPECT_EQ(Timeline::PathFor("/tmp/trace", 2, true), "/tmp/trace-2");
+  EXPECT_EQ(Timeline::PathFor("/tmp/.hidden", 2, true), "/tmp/.hidden-2");
+  EXPECT_EQ(Timeline::PathFor("/tmp.d/trace", 2, true), "/tmp.d/trace-2");
+  EXPECT_EQ(Timeline::PathFor("/tmp/t-%r.json", 2, true), "/tmp/t-2.json");
+  EXPECT_EQ(Timeline::PathFor("/tmp/t.json", 2, /*one_of_several=*/false), "/tmp/t.json");
+  EXPECT_EQ(Timeline::PathFor("/tmp/t-%p.json", 2, true), absl::StrCat("/tmp/t-", getpid(), ".json"));
+}
+
 TEST(TimelineWriter, AnUnwritablePathNamesTheSettingAndTheRank) {
   auto timeline = Timeline::Open("/nonexistent/dir/t-%r.json", 7);
   ASSERT_FALSE(timeline.ok());

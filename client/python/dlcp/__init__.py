@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 import weakref
+from typing import List, NamedTuple
 
 from . import _dlcp, _logs, errors
 from ._logs import set_log_level
@@ -29,7 +30,7 @@ _dlcp._register_errors(errors.BY_NUMBER)
 _logs._start()
 __version__ = _dlcp.__version__  # the release of the library this package was built with
 
-__all__ = ["Client", "Handle", "cuda_status", "default_client", "resolve_aggregators", "set_log_level"] + errors.__all__
+__all__ = ["Client", "Handle", "HostStage", "cuda_status", "default_client", "resolve_aggregators", "set_log_level"] + errors.__all__
 
 
 def cuda_status():
@@ -290,6 +291,17 @@ def default_client():
     return clients[0]
 
 
+class HostStage(NamedTuple):
+    """Client.host_stage: where a worker's ops go."""
+    formed: bool
+    ranks: List[int]
+    local_rank: int
+    local_size: int
+    pushes: bool
+    whole_job: bool
+    why_not: str
+
+
 class Client:
     """A worker's connection to its job's aggregators.
 
@@ -343,6 +355,30 @@ class Client:
     def job(self):
         """The job's name: what every worker of the job joined with."""
         return self._inner.job
+
+    @property
+    def host_stage(self):
+        """Whether this worker's ops go through a host stage now (docs/host-stage.md), as a
+        HostStage: formed, ranks (the stage's, ascending), local_rank, local_size, pushes (this
+        worker pushes the stage's sum), whole_job (the stage holds the whole job) and why_not (why
+        there is none: host_stage off, local_size 1, no dlcpd at host_socket, a refusal, a member
+        gone). A stage that lost a member reads as not formed until it forms again."""
+        return HostStage(**self._inner.host_stage())
+
+    @property
+    def local_rank(self):
+        """This worker's place among the job's workers on its host: its host stage's, else the
+        launcher's LOCAL_RANK, else 0."""
+        stage = self.host_stage
+        if stage.formed:
+            return stage.local_rank
+        return int(os.environ.get("LOCAL_RANK", "0") or 0)
+
+    @property
+    def local_size(self):
+        """How many of the job's workers run on this host: its host stage's size, else the
+        local_size option (LOCAL_WORLD_SIZE), else 1."""
+        return self.host_stage.local_size
 
     def rejects(self):
         """Data packets this client dropped since it connected, by reason ({"bad_mac": 3, ...}):

@@ -1,6 +1,6 @@
 # Type stubs of the dlcp package. The Client options between the markers come from the option
 # table (tests/python/test_binding.py checks them; DLCP_UPDATE_DOCS=1 rewrites them).
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Union
 
 from .errors import *  # noqa: F401,F403
 from .errors import Error as Error
@@ -19,6 +19,15 @@ def set_log_level(level: Union[str, int]) -> None: ...
 class Handle:
     def done(self) -> bool: ...
     def wait(self, timeout: Optional[float] = None) -> Stats: ...
+
+class HostStage(NamedTuple):
+    formed: bool
+    ranks: List[int]
+    local_rank: int
+    local_size: int
+    pushes: bool
+    whole_job: bool
+    why_not: str
 
 class Client:
     def __init__(
@@ -87,6 +96,12 @@ class Client:
     def job_id(self) -> int: ...
     @property
     def job(self) -> str: ...
+    @property
+    def host_stage(self) -> HostStage: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def local_size(self) -> int: ...
     def rejects(self) -> Dict[str, int]: ...
     def rx_overflows(self) -> int: ...
     def rx_queue_ran_dry(self) -> int: ...
