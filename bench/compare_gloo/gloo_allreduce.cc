@@ -1,10 +1,14 @@
-// Gloo ring all-reduce baseline (Debian's libgloo-dev, TCP on loopback), measured the way
+// Gloo all-reduce baseline (Debian's libgloo-dev, TCP on loopback), measured the way
 // dlcp-bench measures dlcp: a barrier before each iteration, the slowest rank's time per
 // iteration, every element checked. Forks --workers ranks; prints one JSON line.
 // On a test bed of separate hosts (bench/netbed_compare.sh), each host runs one rank with
 //   --rank R --store DIR --host ADDR     (DIR: a directory every rank can see)
 // and afterwards `--summarize --store DIR` prints the JSON line from the ranks' times.
+// --algorithm ring (the default; system gloo_ring_tcp) or halving_doubling (Gloo's
+// AllreduceHalvingDoubling, built once and run each iteration as a framework reuses a bucket's;
+// system gloo_hd_tcp), the better of Gloo's two for many ranks of small tensors.
 #include <gloo/allreduce.h>
+#include <gloo/allreduce_halving_doubling.h>
 #include <gloo/barrier.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -20,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,7 +38,9 @@ struct Args {
   int rank = -1;
   std::string store;
   std::string host = "127.0.0.1";
+  std::string algorithm = "ring";
   bool summarize = false;
+  const char* system() const { return algorithm == "ring" ? "gloo_ring_tcp" : "gloo_hd_tcp"; }
 };
 
 float Value(int rank, int iter, size_t i) { return static_cast<float>(static_cast<int>((i * 7 + rank * 13 + iter * 5) % 61) - 30); }
@@ -51,18 +58,26 @@ int RunRank(const Args& a, int rank, const std::string& dir) {
   std::vector<float> buf(n);
   std::vector<double> ms;
   bool exact = true;
+  std::unique_ptr<gloo::Algorithm> halving_doubling;
+  if (a.algorithm == "halving_doubling") {
+    halving_doubling = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(ctx, std::vector<float*>{buf.data()}, n);
+  }
   for (int it = 0; it < a.warmup + a.iters; ++it) {
     for (size_t i = 0; i < n; ++i) buf[i] = Value(rank, it, i);
     gloo::BarrierOptions bo(ctx);
     bo.setTag(1000000 + it);
     gloo::barrier(bo);
     auto t0 = std::chrono::steady_clock::now();
-    gloo::AllreduceOptions opts(ctx);
-    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    opts.setOutput(buf.data(), n);
-    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    opts.setTag(it);
-    gloo::allreduce(opts);
+    if (halving_doubling) {
+      halving_doubling->run();
+    } else {
+      gloo::AllreduceOptions opts(ctx);
+      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      opts.setOutput(buf.data(), n);
+      opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      opts.setTag(it);
+      gloo::allreduce(opts);
+    }
     auto t1 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < n; ++i) {
       float want = 0;
@@ -110,10 +125,16 @@ int main(int argc, char** argv) {
     else if (k == "--rank") a.rank = std::atoi(argv[i + 1]);
     else if (k == "--store") a.store = argv[i + 1];
     else if (k == "--host") a.host = argv[i + 1];
+    else if (k == "--algorithm") a.algorithm = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: gloo_allreduce [--workers N] [--tensor-bytes B] [--rounds R] [--warmup W]\n");
+      std::fprintf(stderr, "usage: gloo_allreduce [--workers N] [--tensor-bytes B] [--rounds R] [--warmup W] "
+                           "[--algorithm ring|halving_doubling]\n");
       return 2;
     }
+  }
+  if (a.algorithm != "ring" && a.algorithm != "halving_doubling") {
+    std::fprintf(stderr, "gloo_allreduce: --algorithm is ring or halving_doubling, not %s\n", a.algorithm.c_str());
+    return 2;
   }
   if (a.workers < 1 || a.iters < 1 || a.bytes < 4) {
     std::fprintf(stderr, "gloo_allreduce: bad arguments\n");
@@ -161,9 +182,9 @@ int main(int argc, char** argv) {
   if (!a.summarize && std::system(cleanup.c_str()) != 0) std::fprintf(stderr, "warning: could not remove %s\n", dir.c_str());
   double p50 = Percentile(slowest, 0.5);
   std::printf(
-      "{\"system\":\"gloo_ring_tcp\",\"workers\":%d,\"tensor_bytes\":%zu,\"rounds\":%d,\"p50_ms\":%.3f,\"p99_ms\":%.3f,"
+      "{\"system\":\"%s\",\"workers\":%d,\"tensor_bytes\":%zu,\"rounds\":%d,\"p50_ms\":%.3f,\"p99_ms\":%.3f,"
       "\"goodput_gbps\":%.3f,\"exact\":%s}\n",
-      a.workers, a.bytes, a.iters, p50, Percentile(slowest, 0.99), a.bytes * 8.0 / (p50 / 1e3) / 1e9,
+      a.system(), a.workers, a.bytes, a.iters, p50, Percentile(slowest, 0.99), a.bytes * 8.0 / (p50 / 1e3) / 1e9,
       ok ? "true" : "false");
   return ok ? 0 : 1;
 }

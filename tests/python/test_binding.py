@@ -636,6 +636,11 @@ def test_workers_of_a_host_sum_through_its_host_stage(two_hosts):
     clients = connect_all(aggregators, "host-stage", 4, local_size=2,
                           rank_options=lambda rank: {"host_socket": sockets[rank // 2]})
     try:
+        for r, c in enumerate(clients):
+            stage = c.host_stage
+            assert stage.formed and stage.ranks == [r // 2 * 2, r // 2 * 2 + 1] and stage.why_not == "", stage
+            assert (c.local_rank, c.local_size) == (r % 2, 2)
+            assert stage.pushes == (r % 2 == 0) and not stage.whole_job
         inputs = [np.arange(50_000, dtype=np.float32) * (r + 1) for r in range(4)]
         bufs = [x.copy() for x in inputs]
         stats = [h.wait(30) for h in [c.allreduce_async(1, b) for c, b in zip(clients, bufs)]]
@@ -758,6 +763,48 @@ def test_a_worker_restarted_alone_forms_its_host_stage_again(two_hosts):
         stats = until_through(clients)
         assert stats[3]["bytes_sent"] == 0 and stats[2]["bytes_sent"] > 0, [s["bytes_sent"] for s in stats]
         assert stats[1]["bytes_sent"] == 0
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_a_whole_job_stage_reports_a_bounded_ops_classes_and_losses(two_hosts):
+    """A stage that holds the whole job runs no network round: under a loss bound it still
+    reports each chunk's class and the round's losses (none), and the sum is exact."""
+    aggregators, sockets = two_hosts
+    clients = connect_all(aggregators, "whole-job-bounded", 3, local_size=3, host_socket=sockets[0])
+    try:
+        assert all(c.host_stage.formed and c.host_stage.whole_job for c in clients)
+        chunk_elems = 8192 // 4
+        bufs = [np.arange(10 * chunk_elems, dtype=np.float32) * (r + 1) for r in range(3)]
+        handles = [c.allreduce_async(4, b, loss_bound=0.05, report_classes=True) for c, b in zip(clients, bufs)]
+        stats = [h.wait(30) for h in handles]
+        for b in bufs:
+            assert np.array_equal(b, np.arange(10 * chunk_elems, dtype=np.float32) * 6)
+        for s in stats:
+            assert len(s["classes"]) == 10 and sum(s["chunks_by_class"]) == 10, s
+            assert s["classes"] == stats[0]["classes"]
+            assert s["loss_bound"] == 0.05 and s["droppable_missing"] == 0 and s["bound_violations"] == 0
+            assert s["droppable_total"] == 3 * (10 - s["chunks_by_class"][0])
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_a_worker_without_a_host_stage_says_why(two_hosts, tmp_path):
+    """host_stage off, and a socket no dlcpd serves: the worker pushes its own data, and says why."""
+    aggregators, _ = two_hosts
+    clients = connect_all(aggregators, "no-stage", 2, local_size=2, host_socket=str(tmp_path / "none.sock"),
+                          rank_options=lambda rank: {"host_stage": rank == 1})
+    try:
+        off, absent = clients[0].host_stage, clients[1].host_stage
+        assert not off.formed and "host_stage is off" in off.why_not
+        assert not absent.formed and "none.sock" in absent.why_not, absent
+        assert (clients[1].local_size, off.ranks) == (2, [0])
+        bufs = [np.ones(10, dtype=np.float32) for _ in range(2)]
+        for h in [c.allreduce_async(1, b) for c, b in zip(clients, bufs)]:
+            h.wait(30)
+        assert all(np.all(b == 2.0) for b in bufs)
     finally:
         for c in clients:
             c.close()

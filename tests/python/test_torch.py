@@ -137,6 +137,9 @@ def test_lossless_training_through_host_stages_matches_ddp_with_gloo(two_hosts):
     out = run_ranks(torch_workers.parity, world, aggregators, f"tcp://127.0.0.1:{free_port()}", "sgd",
                     "parity-host-stages", sockets)
     assert out[0]["groups"] > 1
+    for r in range(world):  # through the stages, not a silent fallback
+        stage = out[r]["host_stage"]
+        assert stage["formed"] and stage["ranks"] == [r // 2 * 2, r // 2 * 2 + 1], stage
     for way in ("hook", "dear"):
         for r in range(world):
             err = relative_error(out[r][way], out[r]["gloo"])

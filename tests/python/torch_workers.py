@@ -76,6 +76,7 @@ def parity(rank, world, aggregators, gloo_init, optimizer, job, host_sockets=Non
                 opt.synchronize()
                 out["groups"] = len(opt._groups)
             out[way] = _flat(model)
+        out["host_stage"] = client.host_stage._asdict()
     finally:
         client.close()
         torch.distributed.destroy_process_group()
