@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 #include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "client/packer/packer.h"
@@ -45,6 +46,10 @@ void TakeLegStats(const RoundStats& leg, RoundStats* op) {
 // A stage op's span: apart from the engine's spans (key << 32 | round), which the first worker's
 // network legs have, by the round's top bit (no key runs 2^31 rounds).
 uint64_t StageTraceId(uint32_t key, uint32_t round) { return uint64_t{key} << 32 | round | uint32_t{1} << 31; }
+// ... and its name, as the engine names its own (AllReduceOptions::name, else "key K").
+std::string SpanName(uint32_t key, const AllReduceOptions& options) {
+  return options.name.empty() ? absl::StrCat("key ", key) : options.name;
+}
 
 }  // namespace
 
@@ -357,8 +362,7 @@ void HostStage::TraceBegin(const Running& run) const {
   if (!limits_.timeline) return;
   const Op& op = run.op;
   limits_.timeline->Begin(
-      StageTraceId(op.key, run.stats.round), op.options.name.empty() ? absl::StrCat("key ", op.key) : op.options.name,
-      run.start,
+      StageTraceId(op.key, run.stats.round), SpanName(op.key, op.options), run.start,
       absl::StrCat("\"key\":", op.key, ",\"round\":", run.stats.round, ",\"elems\":", op.elems(), ",\"steps\":",
                    StepsOf(op), ",\"host_stage\":", ranks().size(), ",\"network_legs\":", Networked() ? "true" : "false",
                    ",\"loss_bound\":", run.stats.loss_bound));
@@ -372,8 +376,7 @@ void HostStage::TraceEnd(const Running& run, const absl::Status& status) const {
   if (!limits_.timeline) return;
   const Op& op = run.op;
   std::string args = status.ok() ? "" : absl::StrCat("\"error\":", Json(status.ToString()));
-  limits_.timeline->End(StageTraceId(op.key, run.stats.round),
-                        op.options.name.empty() ? absl::StrCat("key ", op.key) : op.options.name, MonotonicNow(),
+  limits_.timeline->End(StageTraceId(op.key, run.stats.round), SpanName(op.key, op.options), MonotonicNow(),
                         std::move(args));
 }
 
