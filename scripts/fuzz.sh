@@ -42,7 +42,7 @@ CONTROL=(tests/fuzz/control_fuzz.cc "${WIRE[@]}"
   common/transport/rdma/port_counters.cc "${RDMA[@]}"
   common/datapath/outbox.cc common/datapath/path_shares.cc server/engine/reduce.cc server/rounds/round.cc
   server/rounds/block_pool.cc server/jobs/job_registry.cc server/jobs/key_ring.cc server/jobs/regroup_barrier.cc
-  server/jobs/roster.cc server/jobs/straggler_board.cc
+  server/jobs/roster.cc common/metrics/straggler_board.cc
   server/data/data_plane.cc server/data/data_thread.cc server/data/data_metrics.cc server/data/bounded_rounds.cc
   server/policy/loss_tracker.cc
   common/policy/drop_injector.cc server/control/aggregator_service.cc server/control/drain_tracker.cc)
