@@ -231,10 +231,10 @@ HostStage::NetworkSubmit StageNetwork(TransferEngine* engine, const StageMembers
   if (m.welcome.member != 0 || m.welcome.ranks.size() == world) return nullptr;
   const auto carries = static_cast<uint16_t>(m.welcome.ranks.size());
   return [engine, carries](uint32_t key, absl::Span<float> sum, const AllReduceOptions& options, int64_t root,
-                           OpDone done) {
+                           std::shared_ptr<LegGate> gate, OpDone done) {
     AllReduceOptions leg = options;  // on the timeline, beside the stage's op
     leg.name = absl::StrCat(options.name.empty() ? absl::StrCat("key ", key) : options.name, " network leg");
-    engine->Submit(key, sum, leg, root, std::move(done), StageLeg{carries});
+    engine->Submit(key, sum, leg, root, std::move(done), StageLeg{carries, std::move(gate)});
   };
 }
 

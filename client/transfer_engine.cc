@@ -109,6 +109,7 @@ void TransferEngine::Submit(uint32_t key, absl::Span<float> data, const AllReduc
   op->data = data.data();
   op->broadcast_root = broadcast_root;
   op->carries = leg.carries;
+  op->gate.Hold(std::move(leg.gate), [transport = transport_.get()] { transport->Wake(); });
   Enqueue(std::move(op), key, data.size(), options);
 }
 
@@ -278,11 +279,18 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
     std::lock_guard<std::mutex> lock(mu_);
     fresh.swap(shared_.submitted);
   }
+  std::deque<std::unique_ptr<Op>> unsummed;  // gated, and waiting for their whole tensor
   for (auto& op : fresh) {
     op->stats.key = op->key;
     op->stats.round = op->round;
     op->stats.loss_bound = static_cast<double>(op->loss_bound_ppm) / wire::kPpm;
-    if (absl::Status s = Prepare(*op); !s.ok()) {
+    absl::Status s = op->gate.get() ? op->gate.get()->abandoned() : absl::OkStatus();
+    if (s.ok() && !op->gate.complete() && !PushesPartly(*op)) {
+      unsummed.push_back(std::move(op));
+      continue;
+    }
+    if (s.ok()) s = Prepare(*op);
+    if (!s.ok()) {
       {
         // Nothing of the round went out: the key's next op takes its number, as on the others.
         std::lock_guard<std::mutex> lock(mu_);
@@ -301,6 +309,19 @@ void TransferEngine::TakeSubmissions(absl::Time now) {
     Launch(*op, now);
     ops_[op->key] = std::move(op);
   }
+  if (unsummed.empty()) return;
+  // Ahead of what came since, in their order: their gates wake this thread as they open.
+  std::lock_guard<std::mutex> lock(mu_);
+  shared_.submitted.insert(shared_.submitted.begin(), std::make_move_iterator(unsummed.begin()),
+                           std::make_move_iterator(unsummed.end()));
+}
+
+bool TransferEngine::PushesPartly(const Op& op) {
+  if (op.encoding != wire::Encoding::kF32 || op.loss_bound_ppm > 0 || op.device || op.broadcast_root >= 0) return false;
+  if (auto r = residuals_.find(op.key); r != residuals_.end() && !r->second.chunks.empty()) return false;
+  // One class for every chunk, from the tensor's layer and size alone (PackHost reads no value then).
+  absl::StatusOr<PackLayout> layout = PlanPack(PackInputOf(op, op.data), options_.class_policy);
+  return layout.ok() && layout->tiers[0].uniform != kNoUniform;
 }
 
 void TransferEngine::Launch(Op& op, absl::Time now) {
@@ -342,7 +363,11 @@ bool TransferEngine::PushSome(size_t budget) {
   StartTurn(budget);
   bool more = false;
   for (auto& [key, op_ptr] : ops_) {
-    for (uint32_t d = 0; d < op_ptr->dests.size(); ++d) more |= PushTo(*op_ptr, d);
+    // A gated op's parts go out as they are summed: once kept for a regroup, where it keeps them
+    // (before any result of theirs can come back into `data`).
+    const uint64_t ready = op_ptr->gate.ready();
+    if (options_.retain_inputs && !op_ptr->retained.replay) KeepInput(*op_ptr, ready);
+    for (uint32_t d = 0; d < op_ptr->dests.size(); ++d) more |= PushTo(*op_ptr, d, ready);
   }
   return more;
 }
@@ -367,7 +392,7 @@ void TransferEngine::StartTurn(size_t budget) {
   }
 }
 
-bool TransferEngine::PushTo(Op& op, uint32_t d) {
+bool TransferEngine::PushTo(Op& op, uint32_t d, uint64_t ready) {
   PushTurn& t = turn_;
   wire::Header h = BaseHeader(wire::MsgType::kPush, d, op.key, op.round, op.geometry.tensor_elems,
                               op.geometry.chunk_count());
@@ -392,7 +417,8 @@ bool TransferEngine::PushTo(Op& op, uint32_t d) {
     ++op.stats.retransmits;
     --t.budget;
   }
-  while (dest.next < mine.size() && t.inflight[d] < window && t.budget > 0 && t.allow[d] > 0) {
+  while (dest.next < mine.size() && t.inflight[d] < window && t.budget > 0 && t.allow[d] > 0 &&
+         ChunkReady(op, mine[dest.next], ready)) {
     uint32_t c = mine[dest.next++];
     ++t.inflight[d];
     if (++op.clock.pushed_once == 1) TraceMoment(op, "first push", t.now);
@@ -410,7 +436,7 @@ bool TransferEngine::PushTo(Op& op, uint32_t d) {
     TraceMoment(op, "repairs", t.now, absl::StrCat("\"chunks\":", op.stats.retransmits - retransmits_before));
   }
   const bool repairs_left = !dest.resend.empty() && RepairRoom(d, window);
-  const bool pushes_left = dest.next < mine.size() && t.inflight[d] < window;
+  const bool pushes_left = dest.next < mine.size() && t.inflight[d] < window && ChunkReady(op, mine[dest.next], ready);
   if (repairs_left || (pushes_left && t.allow[d] > 0)) return true;
   // Held back by the pacer: the loop sleeps until it lets the next one out.
   if (pushes_left) next_pace_ = std::min(next_pace_, flows_[d].pacer.NextSend(t.now));
@@ -798,7 +824,17 @@ void TransferEngine::RetainInput(Op& op) {
     input.swap(spare->second);
     spare_inputs_.erase(spare);
   }
-  input.assign(op.data, op.data + op.geometry.tensor_elems);
+  input.resize(op.geometry.tensor_elems);
+  op.retained.kept = 0;
+  KeepInput(op, op.gate.ready());
+}
+
+void TransferEngine::KeepInput(Op& op, uint64_t ready) {
+  const uint64_t upto = std::min<uint64_t>(ready, op.geometry.tensor_elems);
+  if (upto <= op.retained.kept || op.retained.input.size() != op.geometry.tensor_elems) return;
+  std::memcpy(op.retained.input.data() + op.retained.kept, op.data + op.retained.kept,
+              (upto - op.retained.kept) * sizeof(float));
+  op.retained.kept = upto;
 }
 
 void TransferEngine::ScanTimers(absl::Time now) {
@@ -819,6 +855,16 @@ void TransferEngine::ScanTimers(absl::Time now) {
                                     op.geometry.chunk_count(), " result chunks missing after ", absl::FormatDuration(options_.op_timeout),
                                     " (missing per aggregator endpoint:", where,
                                     "); are all workers of the job running?")));
+      continue;
+    }
+    if (absl::Status s = op.gate.get() ? op.gate.get()->abandoned() : absl::OkStatus(); !s.ok()) {
+      SendDoneToAll(op);  // the aggregators may release what it pushed
+      expired.emplace_back(key, std::move(s));
+      continue;
+    }
+    // Its sum is still being made: no silence yet, and nothing stalled.
+    if (!op.gate.complete()) {
+      op.clock.last_progress = now;
       continue;
     }
     if (op.bounded.pull_armed && now >= PullTailEnd(op)) {

@@ -23,6 +23,7 @@
 #include "absl/types/span.h"
 #include "client/client.h"
 #include "client/key_progress.h"
+#include "client/leg_gate.h"
 #include "client/dest_flow.h"
 #include "client/packer/packer.h"
 #include "client/timeline.h"
@@ -50,8 +51,11 @@ inline constexpr double kWindowDecrease = 0.35;
 
 // A host stage's network leg (docs/host-stage.md), as its first worker submits it: the sum of
 // `carries` ranks (its pushes say so). It is the whole tensor, as a worker without a stage pushes it.
+// With `gate`, the tensor is still being summed: each part goes out once the gate opens past it
+// (or, where the round must read the whole tensor first, the round starts once it is all open).
 struct StageLeg {
   uint16_t carries = 1;
+  std::shared_ptr<LegGate> gate;
 };
 
 // Where the job's aggregators are, one entry per aggregator, in the same order in every field.
@@ -204,8 +208,10 @@ class TransferEngine {
   void TakeSubmissions(absl::Time now);
   // (Re)starts an op already prepared: plan, per-chunk state, windows, timers, manifests.
   void Launch(Op& op, absl::Time now);
-  // retain_inputs: keeps a copy of the op's input for a regroup to push again.
+  // retain_inputs: keeps a copy of the op's input for a regroup to push again (KeepInput: of a
+  // gated op, what is summed so far, its first `ready` elements).
   void RetainInput(Op& op);
+  void KeepInput(Op& op, uint64_t ready);
   // Derives destinations, topology and plans from options_'s layout.
   void BuildDestinations();
   // The I/O thread's side of PauseForRegroup and Resume (transfer_regroup.cc).
@@ -227,7 +233,8 @@ class TransferEngine {
   // returns whether more could go at once.
   bool PushSome(size_t budget);
   void StartTurn(size_t budget);  // counts what is in flight per dest
-  bool PushTo(Op& op, uint32_t dest);  // one op's repairs, then new pushes, to one dest
+  // One op's repairs, then new pushes, to one dest; of a gated op, only its first `ready` elements.
+  bool PushTo(Op& op, uint32_t dest, uint64_t ready);
   bool RepairRoom(uint32_t dest, size_t window) const;
   void Spend(uint32_t dest);  // a push or repair to `dest` takes a pacer token
   void PushChunk(Op& op, uint32_t dest, wire::Header& h, uint32_t chunk, bool repair);
@@ -237,6 +244,14 @@ class TransferEngine {
   void HandleNack(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest);
   void HandleStop(Op& op, const wire::Header& h, const uint8_t* payload, uint32_t from_dest, absl::Time now);
   void SendManifest(const Op& op, uint32_t dest);
+  // A gated op (StageLeg::gate) can go out part by part: nothing reads its whole tensor before
+  // it is pushed (float32 sent straight from it in one class, no residual, no broadcast, no copy
+  // kept for a regroup). Otherwise it starts once its gate is all open.
+  bool PushesPartly(const Op& op);
+  // Whether chunk `c` of `op` is summed (its gate opened past it); `ready` from op.gate.ready().
+  static bool ChunkReady(const Op& op, uint32_t c, uint64_t ready) {
+    return op.geometry.offset(c) + op.geometry.elems(c) <= ready;
+  }
   // Classifies the op's chunks and writes its packets (client/packer), with error feedback.
   absl::Status Prepare(Op& op);
   absl::Status PackDevice(Op& op);

@@ -4,12 +4,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "client/client.h"
+#include "client/leg_gate.h"
 #include "common/policy/class_policy.h"
 #include "common/wire/geometry.h"
 #include "common/wire/payload_encoding.h"
@@ -83,11 +85,35 @@ struct RetainedInput {
   // The data as pushed (after error feedback), and the chunks whose left-out contribution went
   // into the residual, so that a restart can take it back out.
   std::vector<float> input;
+  uint64_t kept = 0;  // elements of `input` copied so far (a gated op's grow as it is summed)
   std::vector<uint32_t> left_out;
   // A round this worker had finished, pushed again after a regroup for the workers that had not;
   // its results go to `scratch` and nobody waits for it.
   bool replay = false;
   std::vector<float> scratch;
+};
+
+// A host stage's network leg whose sum is still being made (LegGate): each push waits for its
+// part. The engine's wake-up leaves with the op, however it leaves.
+class GateHold {
+ public:
+  GateHold() = default;
+  GateHold(const GateHold&) = delete;
+  GateHold& operator=(const GateHold&) = delete;
+  ~GateHold() {
+    if (gate_) gate_->Detach();
+  }
+  void Hold(std::shared_ptr<LegGate> gate, std::function<void()> wake) {
+    gate_ = std::move(gate);
+    if (gate_) gate_->Attach(std::move(wake));
+  }
+  const LegGate* get() const { return gate_.get(); }
+  // How many elements, from the first, may go out.
+  uint64_t ready() const { return gate_ ? gate_->ready() : UINT64_MAX; }
+  bool complete() const { return !gate_ || gate_->complete(); }
+
+ private:
+  std::shared_ptr<LegGate> gate_;
 };
 
 // One all-reduce in flight.
@@ -116,6 +142,7 @@ struct TransferOp {
   BoundedRound bounded;
   int64_t broadcast_root = -1;
   uint16_t carries = 1;  // ranks whose sum `data` is: a host stage's size, or 1
+  GateHold gate;  // unset: `data` is whole from the start
   OpClock clock;
   std::string name;  // on the timeline (AllReduceOptions::name)
   RoundStats stats;

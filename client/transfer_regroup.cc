@@ -150,8 +150,9 @@ void TransferEngine::TakeEveryOp(std::vector<std::unique_ptr<Op>>* started, std:
 }
 
 void TransferEngine::Restart(Op& op, absl::Time now) {
+  // A gated op's parts not kept yet were not pushed either: no result came into them.
   if (op.retained.input.size() == op.geometry.tensor_elems) {
-    std::memcpy(op.data, op.retained.input.data(), op.retained.input.size() * sizeof(float));
+    std::memcpy(op.data, op.retained.input.data(), op.retained.kept * sizeof(float));
   }
   // Contributions the old layout left out went into the residual; this attempt decides afresh.
   if (!op.retained.left_out.empty()) {
@@ -191,6 +192,7 @@ std::unique_ptr<TransferEngine::Op> TransferEngine::ReplayOf(const Op& finished)
   op->stats.round = finished.round;
   op->stats.chunks_by_class = finished.stats.chunks_by_class;
   op->retained.input = finished.retained.input;
+  op->retained.kept = finished.retained.kept;
   op->retained.scratch = finished.retained.input;
   op->data = op->retained.scratch.data();
   op->retained.replay = true;

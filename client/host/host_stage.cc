@@ -189,6 +189,10 @@ void HostStage::StartOp(Op op, std::optional<Pending>* pending) {
                                                               o.elems() * sizeof(float), " bytes"));
     }
   }
+  if (two_phases && steps_.first() && network_ != nullptr) {
+    run->network = std::make_shared<absl::StatusOr<RoundStats>>();
+    run->round = std::make_shared<NetworkRound>(o.elems());
+  }
   if (!two_phases) return StartPhase(run, Phase::kWhole, pending);
   StartPhase(run, Phase::kSum, pending);
   // The result comes back once the network round has ended, which the last sum step's end waits for.
@@ -221,8 +225,8 @@ HostStage::Pending HostStage::BeginStep(const std::shared_ptr<Running>& run, con
   Pending p{run, phase, {}, IoOf(run->op, spec, phase), nullptr};
   NetworkLeg leg;
   if (network_) {
-    const bool network_round = phase == Phase::kWhole || (phase == Phase::kSum && spec.offset + spec.elems == run->op.elems());
-    if (network_round) p.leg = std::make_shared<absl::StatusOr<RoundStats>>();
+    if (phase == Phase::kWhole) p.leg = std::make_shared<absl::StatusOr<RoundStats>>();
+    if (phase == Phase::kSum && spec.offset + spec.elems == run->op.elems()) p.leg = run->network;
     leg = LegOf(run, phase, p.leg);
   }
   p.begun = steps_.Begin(spec, p.io, leg, run->deadline, [this] { return Interrupted(); });
@@ -253,18 +257,49 @@ NetworkLeg HostStage::LegOf(const std::shared_ptr<Running>& run, Phase phase,
       done(absl::OkStatus());
     };
   }
-  return [this, run, out](float* bank, const StepSpec& s, uint64_t step, LegDone done) {
-    std::memcpy(run->whole.get() + s.offset, bank, s.elems * sizeof(float));
-    if (out == nullptr) return done(absl::OkStatus());
-    // The last part is in: the whole tensor's round, whose end ends this step. It holds the op
-    // (and so `whole`, which the engine writes into) until then.
-    run->network = out;
-    StepSpec whole = s;
-    whole.offset = 0;
-    whole.elems = run->op.elems();
-    StartLeg(run->whole.get(), whole, step, *run, /*post_loss=*/false, out,
-             [run, done = std::move(done)](const absl::Status& status) { done(status); });
+  return [this, run, last = out != nullptr](float* bank, const StepSpec& s, uint64_t step, LegDone done) {
+    SumLeg(run, bank, s, step, last, std::move(done));
   };
+}
+
+void HostStage::SumLeg(const std::shared_ptr<Running>& run, float* bank, const StepSpec& s, uint64_t step, bool last,
+                       LegDone done) {
+  std::memcpy(run->whole.get() + s.offset, bank, s.elems * sizeof(float));
+  NetworkRound& round = *run->round;
+  if (s.offset == 0) {
+    // The whole tensor's one round, as a worker without a stage pushes it, starts with its first
+    // part. It holds the op (and so `whole`, which the engine writes into) until it ends.
+    StepSpec whole = s;
+    whole.elems = run->op.elems();
+    StartLeg(run->whole.get(), whole, step, *run, /*post_loss=*/false, run->network,
+             [run](const absl::Status& status) { run->round->End(status); }, round.gate());
+  }
+  round.gate()->Open(s.offset + s.elems);
+  if (!last) return done(absl::OkStatus());
+  round.OnEnd(std::move(done));
+}
+
+void HostStage::NetworkRound::End(const absl::Status& status) {
+  LegDone waiter;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = status;
+    waiter = std::move(waiter_);
+  }
+  if (waiter) waiter(status);
+}
+
+void HostStage::NetworkRound::OnEnd(LegDone done) {
+  absl::Status status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ended_) {
+      waiter_ = std::move(done);
+      return;
+    }
+    status = *ended_;
+  }
+  done(status);
 }
 
 void HostStage::PostResultLoss(const Running& run, const StepSpec& spec, uint64_t step) {
@@ -314,6 +349,8 @@ void HostStage::EndStep(Pending p) {
 
 void HostStage::StepFailed(Running& run, const absl::Status& status) {
   if (run.status.ok()) run.status = status;
+  // The round's sum will not be made: the engine fails it rather than push a part of it.
+  if (run.round != nullptr) run.round->gate()->Abandon(run.status);
   if (broken_ && !steps_.Gone().ok()) std::exchange(broken_, nullptr)(steps_.Gone());
 }
 
@@ -430,7 +467,7 @@ void HostStage::PinForDevice(int device) {
 }
 
 void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Running& run, bool post_loss,
-                         std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done) {
+                         std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done, std::shared_ptr<LegGate> gate) {
   const Op& op = run.op;
   // A broadcast from a rank of this stage: the bank holds its values, which this worker pushes as
   // the root; from another host's rank, the bank holds zeros, and the root's come back.
@@ -443,7 +480,7 @@ void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const 
   legs_in_flight_.fetch_add(1);
   const uint64_t id = StageTraceId(op.key, run.stats.round);
   if (limits_.timeline) limits_.timeline->Instant(id, "network leg", MonotonicNow());
-  network_(spec.key, absl::MakeSpan(sum, spec.elems), op.options, root,
+  network_(spec.key, absl::MakeSpan(sum, spec.elems), op.options, root, std::move(gate),
            [this, step, id, bounded = post_loss && spec.loss_bound_ppm > 0, out = std::move(out),
             done = std::move(done)](absl::StatusOr<RoundStats> r) {
              if (r.ok() && bounded) {  // the others report it as theirs

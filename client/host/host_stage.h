@@ -29,6 +29,7 @@
 #include "client/host/spare_buffers.h"
 #include "client/host/stage_classes.h"
 #include "client/host/stage_steps.h"
+#include "client/leg_gate.h"
 #include "client/timeline.h"
 #include "common/metrics/straggler_board.h"
 
@@ -38,9 +39,10 @@ class HostStage {
  public:
   // The first worker's way to the aggregators: submits `sum`, the host's sum of a whole tensor of
   // `key`, as an op whose pushes carry the whole stage (TransferEngine::Submit with the stage's
-  // size). Null for a stage that holds every rank of the job: its sum is the result.
+  // size). Null for a stage that holds every rank of the job: its sum is the result. With `gate`,
+  // `sum` is still being summed: its parts go out as the gate opens (TransferEngine's StageLeg).
   using NetworkSubmit = std::function<void(uint32_t key, absl::Span<float> sum, const AllReduceOptions& options,
-                                           int64_t root, OpDone)>;
+                                           int64_t root, std::shared_ptr<LegGate> gate, OpDone)>;
 
   // Rounds of a key that the first worker's network legs ran for this one (TransferEngine::
   // SkipRounds): every worker's engine then numbers the key's rounds alike, should a later op of
@@ -113,6 +115,21 @@ class HostStage {
   // stage splits its rounds would not match a host without one), and the result then comes back
   // step by step (kResult).
   enum class Phase { kWhole, kSum, kResult };
+  // A two-phase op's one network round, on the first worker: it starts with the first sum step,
+  // each part goes out as soon as it is summed (its gate), and its end ends the last sum step.
+  class NetworkRound {
+   public:
+    explicit NetworkRound(uint64_t elems) : gate_(std::make_shared<LegGate>(elems)) {}
+    const std::shared_ptr<LegGate>& gate() const { return gate_; }
+    void End(const absl::Status& status);  // any thread
+    void OnEnd(LegDone done);  // runs `done` at End, or at once where it has ended
+
+   private:
+    std::shared_ptr<LegGate> gate_;
+    std::mutex mu_;  // guards what follows
+    std::optional<absl::Status> ended_;
+    LegDone waiter_;
+  };
   // An op whose steps are under way, and what they said so far.
   struct Running {
     Op op;
@@ -127,6 +144,7 @@ class HostStage {
     // network round's outcome.
     SpareBuffers::Buffer whole;
     std::shared_ptr<absl::StatusOr<RoundStats>> network;
+    std::shared_ptr<NetworkRound> round;
   };
   // A step begun and not yet ended. `leg` is the first worker's network leg's outcome (null where
   // the step's leg is a copy), written before the step's result is posted (and read only after),
@@ -174,7 +192,11 @@ class HostStage {
   // The first worker's network leg of step `step` of `op`; writes its outcome into `out`, and a
   // bounded round's losses into the step's result for the others where `post_loss`.
   void StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Running& run, bool post_loss,
-                std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done);
+                std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done, std::shared_ptr<LegGate> gate = nullptr);
+  // kSum, on the first worker: step `s`'s part into `whole`; the first step starts the round, and
+  // the last one ends with it.
+  void SumLeg(const std::shared_ptr<Running>& run, float* bank, const StepSpec& s, uint64_t step, bool last,
+              LegDone done);
   absl::Status Interrupted() const;  // stopping, or the job failed
   absl::Status Stopped() const;
   // Elements per step of `op`, and how many steps it takes (per phase).

@@ -8,14 +8,21 @@
 #include <unistd.h>
 
 #include <array>
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "tests/common/text_files.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
@@ -211,6 +218,47 @@ TEST_P(MixedHosts, AHostWithAStageAndOneWithoutSumOpsLargerThanASlot) {
 INSTANTIATE_TEST_SUITE_P(ReliableAndBounded, MixedHosts, ::testing::Values(0.0, 0.05),
                          [](const auto& info) { return info.param > 0 ? "Bounded" : "Reliable"; });
 
+// The first worker of a stage with a network leg starts an op's one round with the op's first
+// step, and pushes each part of the host's sum as soon as it is summed: in some op, its first push
+// leaves before the last step's parts are all in (on its timeline, the network leg's "first push"
+// before the stage op's last "gathered"). 64 KiB slots: a 2 MB tensor goes in 31 steps.
+TEST(HostStage, AnOpLargerThanASlotPushesEachPartAsSoonAsItIsSummed) {
+  char dir[] = "/tmp/dlcp-overlap-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  auto a = Daemon::Start(DLCPD_PATH, {"--metrics-port=0", "--host-slot-bytes=65536"});
+  auto b = Daemon::Start(DLCPD_PATH, {"--metrics-port=0", "--host-slot-bytes=65536"});
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<std::string> extra = {absl::StrCat("--timeline=", dir, "/t-%r.json")};
+  auto workers = StartTwoHosts(*a, *b, "overlap", extra, 8);
+  for (int rank = 0; rank < 4; ++rank) {
+    ProcessResult r = workers[rank]->Wait(absl::Seconds(60));
+    EXPECT_EQ(r.exit_code, 0) << "rank " << rank << ":\n" << r.out;
+    EXPECT_NE(r.out.find("\"exact\":true"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(Metric(*a, "dlcp_host_stages_formed_total"), 1);
+  // Per round: when the leg's first push left, and when the stage's last step was gathered (the
+  // stage op's span id is the engine's with bit 31 set).
+  std::map<uint64_t, int64_t> first_push, last_gathered;
+  const std::string trace = ReadFile(absl::StrCat(dir, "/t-0.json"));
+  for (absl::string_view line : absl::StrSplit(trace, '\n')) {
+    const bool push = absl::StrContains(line, "\"name\":\"first push\"");
+    if (!push && !absl::StrContains(line, "\"name\":\"gathered\"")) continue;
+    const size_t id_at = line.find("\"id\":\"0x");
+    uint64_t id = 0;
+    ASSERT_NE(id_at, absl::string_view::npos) << line;
+    ASSERT_TRUE(absl::SimpleHexAtoi(line.substr(id_at + 8, line.find('"', id_at + 8) - id_at - 8), &id)) << line;
+    const auto ts = static_cast<int64_t>(NumberAfter(std::string(line), "ts"));
+    if (push) first_push[id | (uint64_t{1} << 31)] = ts;
+    if (!push) last_gathered[id] = std::max(last_gathered[id], ts);
+  }
+  int overlapped = 0;
+  for (const auto& [id, pushed] : first_push) overlapped += last_gathered.count(id) && pushed < last_gathered[id];
+  EXPECT_GE(first_push.size(), 8u) << trace.substr(0, 3000);
+  EXPECT_GT(overlapped, 0) << "no op pushed before its sum was done:\n" << trace.substr(0, 3000);
+  (void)system(absl::StrCat("rm -rf '", dir, "'").c_str());
+}
+
 // The stage of ranks 2 and 3 loses rank 3: rank 2 learns it from its dlcpd at once, ranks 0 and
 // 1 from the aggregators, which miss its heartbeats (1.5 s here) or hear rank 2 leave over it.
 TEST(HostStage, KilledWorkerIsNamedOnItsHostAtOnceAndByTheOthersWithinTheDeadline) {
@@ -322,9 +370,13 @@ TEST(HostStage, AFrozenWorkerOfAWholeJobStageIsNamedWithinTheHeartbeatDeadline) 
 
 // Host B's dlcpd, its stage's broker and one of the job's two aggregators, is killed: the stage
 // needs it no more (its workers hold the region), and its share of the job moves to A's dlcpd.
-TEST(HostStage, KilledDlcpdOfAHostMovesItsShareToTheOtherAndTheStagesRunOn) {
-  auto a = Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=1500", "--metrics-port=0"});
-  auto b = Daemon::Start(DLCPD_PATH, {"--heartbeat-timeout-ms=1500", "--metrics-port=0"});
+class KilledDlcpd : public ::testing::TestWithParam<int> {};
+
+TEST_P(KilledDlcpd, MovesItsShareToTheOtherAndTheStagesRunOn) {
+  std::vector<std::string> flags = {"--heartbeat-timeout-ms=1500", "--metrics-port=0"};
+  if (GetParam() > 0) flags.push_back(absl::StrCat("--host-slot-bytes=", GetParam()));
+  auto a = Daemon::Start(DLCPD_PATH, flags);
+  auto b = Daemon::Start(DLCPD_PATH, flags);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   auto workers = StartTwoHosts(*a, *b, "kill-dlcpd", {}, 400);
@@ -339,6 +391,11 @@ TEST(HostStage, KilledDlcpdOfAHostMovesItsShareToTheOtherAndTheStagesRunOn) {
     EXPECT_NE(r.out.find("regrouped on 1 aggregator"), std::string::npos) << r.out;
   }
 }
+
+// Default slots: each op is one step. 64 KiB slots: each goes in 31, and the first worker's round
+// pushes each part as it is summed, keeping it for the regroup as it goes.
+INSTANTIATE_TEST_SUITE_P(OneStepAndManySteps, KilledDlcpd, ::testing::Values(0, 65536),
+                         [](const auto& info) { return info.param > 0 ? "ManySteps" : "OneStep"; });
 
 TEST(HostStage, WithoutAStageEveryWorkerPushesItsOwnAndSaysWhyOnce) {
   auto d = Daemon::Start(DLCPD_PATH, {"--metrics-port=0"});
