@@ -45,6 +45,9 @@ void TakeLegStats(const RoundStats& leg, RoundStats* op) {
 
 // A stage op's span: apart from the engine's spans (key << 32 | round), which the first worker's
 // network legs have, by the round's top bit (no key runs 2^31 rounds).
+// A step's part of its op, for the timeline.
+std::string StepArgs(const StepSpec& s) { return absl::StrCat("\"offset\":", s.offset, ",\"elems\":", s.elems); }
+
 uint64_t StageTraceId(uint32_t key, uint32_t round) { return uint64_t{key} << 32 | round | uint32_t{1} << 31; }
 // ... and its name, as the engine names its own (AllReduceOptions::name, else "key K").
 std::string SpanName(uint32_t key, const AllReduceOptions& options) {
@@ -62,6 +65,7 @@ HostStage::HostStage(StageMembership membership, NetworkSubmit network, RoundsEl
       broken_(std::move(broken)),
       classes_({limits.class_policy, limits.chunk_elems, limits.num_layers, limits.world}) {
   if (steps_.first()) lateness_ = std::make_unique<StragglerBoard>(static_cast<uint32_t>(ranks().size()));
+  ender_ = std::thread([this] { EndSteps(); });
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -99,6 +103,7 @@ void HostStage::Stop(const absl::Status& why) {
   }
   steps_.Wake();  // its waits look at Interrupted() again
   if (thread_.joinable()) thread_.join();
+  if (ender_.joinable()) ender_.join();
   steps_.Leave();  // a closed client is gone for the others, though its process may live on
 }
 
@@ -132,42 +137,64 @@ absl::Status HostStage::Stopped() const {
 }
 
 void HostStage::Run() {
-  std::optional<Pending> pending;  // the last step begun: the next one begins before it ends
+  while (std::optional<Op> op = Take()) StartOp(std::move(*op));
+  std::deque<Op> left;
+  absl::Status why;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(queue_);
+    why = stopped_;
+  }
+  for (Op& o : left) o.done(why);
+  std::lock_guard<std::mutex> lock(begun_mu_);
+  begun_all_ = true;
+  begun_cv_.notify_one();
+}
+
+void HostStage::EndSteps() {
   for (;;) {
-    std::optional<Op> op = Take(/*wait_for_one=*/!pending);
-    if (op) {
-      StartOp(std::move(*op), &pending);
-    } else if (pending) {
-      EndStep(*std::exchange(pending, std::nullopt));
-    } else {
-      std::deque<Op> left;
-      absl::Status why;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        left.swap(queue_);
-        why = stopped_;
-      }
-      for (Op& o : left) o.done(why);
-      return;
-    }
+    std::unique_lock<std::mutex> lock(begun_mu_);
+    begun_cv_.wait(lock, [&] { return !begun_.empty() || begun_all_; });
+    if (begun_.empty()) return;
+    Pending p = std::move(begun_.front());
+    begun_.pop_front();
+    lock.unlock();
+    EndStep(std::move(p));
   }
 }
 
-std::optional<HostStage::Op> HostStage::Take(bool wait_for_one) {
+void HostStage::Hand(Pending p) {
+  std::lock_guard<std::mutex> lock(begun_mu_);
+  begun_.push_back(std::move(p));
+  begun_cv_.notify_one();
+}
+
+std::optional<HostStage::Op> HostStage::Take() {
   std::unique_lock<std::mutex> lock(mu_);
-  if (wait_for_one) cv_.wait(lock, [&] { return !queue_.empty() || !stopped_.ok(); });
-  if (!stopped_.ok() || queue_.empty()) return std::nullopt;
+  cv_.wait(lock, [&] { return !queue_.empty() || !stopped_.ok(); });
+  if (!stopped_.ok()) return std::nullopt;
   Op op = std::move(queue_.front());
   queue_.pop_front();
   return op;
 }
 
-void HostStage::StartOp(Op op, std::optional<Pending>* pending) {
+absl::Status HostStage::Running::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+void HostStage::Running::Fail(const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (status_.ok()) status_ = why;
+}
+
+void HostStage::StartOp(Op op) {
   auto run = std::make_shared<Running>();
   run->start = MonotonicNow();
   run->deadline = run->start + limits_.op_timeout;
   run->stats.key = op.key;
   run->stats.round = rounds_[op.key]++;
+  run->trace_id = StageTraceId(op.key, run->stats.round);
   run->stats.min_contributors = limits_.world;  // the first worker's network legs may say otherwise
   run->stats.loss_bound = std::max(0.0, op.options.loss_bound);
   run->op = std::move(op);
@@ -176,7 +203,7 @@ void HostStage::StartOp(Op op, std::optional<Pending>* pending) {
   const bool two_phases = InTwoPhases(o);
   run->steps_left = StepsOf(o) * (two_phases ? 2 : 1);
   // A failed job fails the op at once, as on the network path; its steps are still gone through.
-  run->status = Interrupted();
+  if (absl::Status interrupted = Interrupted(); !interrupted.ok()) run->Fail(interrupted);
   if (o.elems() == 0) return Complete(*run);
   if (o.device) PinForDevice(o.device->device);
   // Not the caller's memory: the engine may write into it until its round ends, which a closing
@@ -184,23 +211,21 @@ void HostStage::StartOp(Op op, std::optional<Pending>* pending) {
   // holder of `run` (the round's completion among them) lets go.
   if (two_phases && steps_.first()) {
     run->whole = spares_.Take(o.elems());
-    if (run->whole == nullptr && run->status.ok()) {
-      run->status = absl::ResourceExhaustedError(absl::StrCat("host stage: no memory for key ", o.key, "'s sum of ",
-                                                              o.elems() * sizeof(float), " bytes"));
+    if (run->whole == nullptr) {
+      run->Fail(absl::ResourceExhaustedError(
+          absl::StrCat("host stage: no memory for key ", o.key, "'s sum of ", o.elems() * sizeof(float), " bytes")));
     }
   }
   if (two_phases && steps_.first() && network_ != nullptr) {
     run->network = std::make_shared<absl::StatusOr<RoundStats>>();
     run->round = std::make_shared<NetworkRound>(o.elems());
   }
-  if (!two_phases) return StartPhase(run, Phase::kWhole, pending);
-  StartPhase(run, Phase::kSum, pending);
-  // The result comes back once the network round has ended, which the last sum step's end waits for.
-  if (*pending) EndStep(*std::exchange(*pending, std::nullopt));
-  StartPhase(run, Phase::kResult, pending);
+  if (!two_phases) return StartPhase(run, Phase::kWhole);
+  StartPhase(run, Phase::kSum);
+  StartPhase(run, Phase::kResult);  // its steps' legs wait for the network round to end
 }
 
-void HostStage::StartPhase(const std::shared_ptr<Running>& run, Phase phase, std::optional<Pending>* pending) {
+void HostStage::StartPhase(const std::shared_ptr<Running>& run, Phase phase) {
   const Op& o = run->op;
   // The op's ε as given (the round may run under another: phase_aware), for the members to agree on.
   const auto bound_ppm = static_cast<uint32_t>(std::lround(std::max(0.0, o.options.loss_bound) * wire::kPpm));
@@ -209,20 +234,18 @@ void HostStage::StartPhase(const std::shared_ptr<Running>& run, Phase phase, std
   for (uint64_t offset = 0; offset < o.elems(); offset += step_elems) {
     StepSpec spec{o.key, kind, offset, std::min<uint64_t>(step_elems, o.elems() - offset), o.elems(), bound_ppm};
     spec.result_only = phase == Phase::kResult;
-    if (!run->status.ok()) {  // the op failed: the rest of its steps are given up, so every worker stays in step
-      if (*pending) EndStep(*std::exchange(*pending, std::nullopt));
-      steps_.Skip(spec, run->status, run->deadline, [this] { return Interrupted(); }).IgnoreError();
-      StepGone(*run);
+    // Once the op failed, the rest of its steps are given up, so every worker stays in step.
+    if (absl::Status failed = run->failure(); !failed.ok()) {
+      Hand(Pending{run, phase, steps_.GiveUpStep(spec, failed, run->deadline, [this] { return Interrupted(); }), {},
+                   nullptr, spec});
       continue;
     }
-    Pending next = BeginStep(run, spec, phase);
-    if (*pending) EndStep(*std::exchange(*pending, std::nullopt));
-    *pending = std::move(next);
+    Hand(BeginStep(run, spec, phase));
   }
 }
 
 HostStage::Pending HostStage::BeginStep(const std::shared_ptr<Running>& run, const StepSpec& spec, Phase phase) {
-  Pending p{run, phase, {}, IoOf(run->op, spec, phase), nullptr};
+  Pending p{run, phase, {}, IoOf(run->op, spec, phase), nullptr, spec};
   NetworkLeg leg;
   if (network_) {
     if (phase == Phase::kWhole) p.leg = std::make_shared<absl::StatusOr<RoundStats>>();
@@ -235,10 +258,9 @@ HostStage::Pending HostStage::BeginStep(const std::shared_ptr<Running>& run, con
     return p;
   }
   if (spec.offset == 0 && phase != Phase::kResult) NoteCame(p.begun);
-  if (limits_.timeline) {
-    const std::string args = absl::StrCat("\"offset\":", spec.offset, ",\"elems\":", spec.elems);
-    Trace(*run, phase == Phase::kResult ? "result in" : "gathered", p.begun.gathered, args);
-    if (phase != Phase::kResult) Trace(*run, "summed", MonotonicNow(), args);
+  if (limits_.timeline && phase != Phase::kResult) {
+    Trace(*run, "gathered", p.begun.gathered, StepArgs(spec));
+    Trace(*run, "summed", MonotonicNow(), StepArgs(spec));
   }
   return p;
 }
@@ -252,9 +274,7 @@ NetworkLeg HostStage::LegOf(const std::shared_ptr<Running>& run, Phase phase,
   }
   if (phase == Phase::kResult) {
     return [this, run](float* bank, const StepSpec& s, uint64_t step, LegDone done) {
-      std::memcpy(bank, run->whole.get() + s.offset, s.elems * sizeof(float));
-      if (s.loss_bound_ppm > 0) PostResultLoss(*run, s, step);
-      done(absl::OkStatus());
+      ResultLeg(run, bank, s, step, std::move(done));
     };
   }
   return [this, run, last = out != nullptr](float* bank, const StepSpec& s, uint64_t step, LegDone done) {
@@ -279,14 +299,28 @@ void HostStage::SumLeg(const std::shared_ptr<Running>& run, float* bank, const S
   round.OnEnd(std::move(done));
 }
 
+void HostStage::ResultLeg(const std::shared_ptr<Running>& run, float* bank, const StepSpec& s, uint64_t step,
+                          LegDone done) {
+  auto copy = [this, run, bank, s, step, done = std::move(done)](const absl::Status& round) {
+    // A failed round failed the op already (its last sum step): this step only ends.
+    if (round.ok()) {
+      std::memcpy(bank, run->whole.get() + s.offset, s.elems * sizeof(float));
+      if (s.loss_bound_ppm > 0) PostResultLoss(*run, s, step);
+    }
+    done(round);
+  };
+  if (run->round == nullptr) return copy(absl::OkStatus());  // no network: `whole` holds the sum
+  run->round->OnEnd(std::move(copy));
+}
+
 void HostStage::NetworkRound::End(const absl::Status& status) {
-  LegDone waiter;
+  std::vector<LegDone> waiters;
   {
     std::lock_guard<std::mutex> lock(mu_);
     ended_ = status;
-    waiter = std::move(waiter_);
+    waiters.swap(waiters_);
   }
-  if (waiter) waiter(status);
+  for (LegDone& waiter : waiters) waiter(status);
 }
 
 void HostStage::NetworkRound::OnEnd(LegDone done) {
@@ -294,7 +328,7 @@ void HostStage::NetworkRound::OnEnd(LegDone done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!ended_) {
-      waiter_ = std::move(done);
+      waiters_.push_back(std::move(done));
       return;
     }
     status = *ended_;
@@ -330,6 +364,7 @@ void HostStage::EndStep(Pending p) {
         run.classes.insert(run.classes.end(), classes.begin(), classes.end());
       }
     }
+    if (p.phase == Phase::kResult) Trace(run, "result in", MonotonicNow(), StepArgs(p.spec));
     return p.io.out(result);
   };
   // The first worker waits for its network leg to end even when the job failed: the engine ends
@@ -348,10 +383,17 @@ void HostStage::EndStep(Pending p) {
 }
 
 void HostStage::StepFailed(Running& run, const absl::Status& status) {
-  if (run.status.ok()) run.status = status;
+  run.Fail(status);
   // The round's sum will not be made: the engine fails it rather than push a part of it.
-  if (run.round != nullptr) run.round->gate()->Abandon(run.status);
-  if (broken_ && !steps_.Gone().ok()) std::exchange(broken_, nullptr)(steps_.Gone());
+  if (run.round != nullptr) run.round->gate()->Abandon(run.failure());
+  if (absl::Status gone = steps_.Gone(); !gone.ok()) {
+    std::function<void(const absl::Status&)> broken;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      broken = std::exchange(broken_, nullptr);
+    }
+    if (broken) broken(gone);
+  }
 }
 
 void HostStage::StepGone(Running& run) {
@@ -359,9 +401,9 @@ void HostStage::StepGone(Running& run) {
 }
 
 void HostStage::Complete(Running& run) {
-  if (!run.status.ok()) {
-    TraceEnd(run, run.status);
-    return run.op.done(run.status);
+  if (absl::Status failed = run.failure(); !failed.ok()) {
+    TraceEnd(run, failed);
+    return run.op.done(failed);
   }
   const Op& op = run.op;
   if (LegElsewhere()) elsewhere_(op.key, InTwoPhases(op) ? 1 : static_cast<uint32_t>(StepsOf(op)));
@@ -399,21 +441,21 @@ void HostStage::TraceBegin(const Running& run) const {
   if (!limits_.timeline) return;
   const Op& op = run.op;
   limits_.timeline->Begin(
-      StageTraceId(op.key, run.stats.round), SpanName(op.key, op.options), run.start,
+      run.trace_id, SpanName(op.key, op.options), run.start,
       absl::StrCat("\"key\":", op.key, ",\"round\":", run.stats.round, ",\"elems\":", op.elems(), ",\"steps\":",
                    StepsOf(op), ",\"host_stage\":", ranks().size(), ",\"network_legs\":", Networked() ? "true" : "false",
                    ",\"loss_bound\":", run.stats.loss_bound));
 }
 
 void HostStage::Trace(const Running& run, const char* what, absl::Time t, std::string args) const {
-  if (limits_.timeline) limits_.timeline->Instant(StageTraceId(run.op.key, run.stats.round), what, t, std::move(args));
+  if (limits_.timeline) limits_.timeline->Instant(run.trace_id, what, t, std::move(args));
 }
 
 void HostStage::TraceEnd(const Running& run, const absl::Status& status) const {
   if (!limits_.timeline) return;
   const Op& op = run.op;
   std::string args = status.ok() ? "" : absl::StrCat("\"error\":", Json(status.ToString()));
-  limits_.timeline->End(StageTraceId(op.key, run.stats.round), SpanName(op.key, op.options), MonotonicNow(),
+  limits_.timeline->End(run.trace_id, SpanName(op.key, op.options), MonotonicNow(),
                         std::move(args));
 }
 
@@ -478,7 +520,7 @@ void HostStage::StartLeg(float* sum, const StepSpec& spec, uint64_t step, const 
   // The engine ends its op by the op's deadline (or at Stop, which a closing client calls after the
   // stage's and before the stage's memory is unmapped), and runs this on its own thread.
   legs_in_flight_.fetch_add(1);
-  const uint64_t id = StageTraceId(op.key, run.stats.round);
+  const uint64_t id = run.trace_id;
   if (limits_.timeline) limits_.timeline->Instant(id, "network leg", MonotonicNow());
   network_(spec.key, absl::MakeSpan(sum, spec.elems), op.options, root, std::move(gate),
            [this, step, id, bounded = post_loss && spec.loss_bound_ppm > 0, out = std::move(out),

@@ -4,10 +4,11 @@
 // L workers sends each tensor once instead of L times, and none of its bytes crosses a socket on
 // the way between its workers.
 //
-// Threading: Submit from any thread; ops run on the stage's own thread, in the order they were
-// submitted, which must be the same on every worker of the stage (as the order of collective ops
-// is). An op's first step begins before the last one's ends (StageSteps), so the network legs of
-// consecutive ops overlap as on the network path. Their OpDone runs on that thread.
+// Threading: Submit from any thread; ops run in the order they were submitted, which must be the
+// same on every worker of the stage (as the order of collective ops is). The stage has two threads
+// of its own: one begins each op's steps, the other ends them in the same order (StageSteps), so
+// up to kStageBanks steps, of as many ops, are under way at once and their network legs overlap
+// as ops do on the network path. OpDone runs on the ending thread.
 #pragma once
 
 #include <atomic>
@@ -63,8 +64,8 @@ class HostStage {
     std::shared_ptr<Timeline> timeline;
   };
 
-  // `broken`: runs once, on the stage's thread, when a worker of the stage is found gone: no op
-  // can go through the stage any more.
+  // `broken`: runs once, on one of the stage's threads, when a worker of the stage is found gone:
+  // no op can go through the stage any more.
   HostStage(StageMembership membership, NetworkSubmit network, RoundsElsewhere elsewhere, Limits limits,
             std::function<void(const absl::Status&)> broken);
   ~HostStage();
@@ -87,7 +88,7 @@ class HostStage {
   void FailJob(const absl::Status& why);
   // Every rank is back and the job goes on. Any thread.
   void RejoinJob();
-  // Fails the queued ops and the running one with `why`, joins the thread, and leaves the stage:
+  // Fails the queued ops and the running ones with `why`, joins the threads, and leaves the stage:
   // the other workers' ops fail from then on, naming this rank. Idempotent.
   void Stop(const absl::Status& why);
   // A network leg of it is still an op of the engine, which writes into the stage's memory and
@@ -122,20 +123,22 @@ class HostStage {
     explicit NetworkRound(uint64_t elems) : gate_(std::make_shared<LegGate>(elems)) {}
     const std::shared_ptr<LegGate>& gate() const { return gate_; }
     void End(const absl::Status& status);  // any thread
-    void OnEnd(LegDone done);  // runs `done` at End, or at once where it has ended
+    // Runs `done` at End, or at once where it has ended: the last sum step, and each result step.
+    void OnEnd(LegDone done);
 
    private:
     std::shared_ptr<LegGate> gate_;
     std::mutex mu_;  // guards what follows
     std::optional<absl::Status> ended_;
-    LegDone waiter_;
+    std::vector<LegDone> waiters_;
   };
-  // An op whose steps are under way, and what they said so far.
+  // An op whose steps are under way, and what they said so far. Its fields are the ending thread's
+  // once its first step is begun, but for its failure, which both threads note and read.
   struct Running {
     Op op;
     absl::Time start;
     absl::Time deadline;
-    absl::Status status;  // the first failure of a step
+    uint64_t trace_id = 0;  // its span on the timeline
     RoundStats stats;
     std::optional<StageLoss> heard;  // a bounded op's losses, from the first worker's round
     std::vector<uint8_t> classes;    // ... and its chunks' classes
@@ -145,6 +148,13 @@ class HostStage {
     SpareBuffers::Buffer whole;
     std::shared_ptr<absl::StatusOr<RoundStats>> network;
     std::shared_ptr<NetworkRound> round;
+    // The first failure of a step.
+    absl::Status failure() const;
+    void Fail(const absl::Status& why);
+
+   private:
+    mutable std::mutex mu_;
+    absl::Status status_;  // under mu_
   };
   // A step begun and not yet ended. `leg` is the first worker's network leg's outcome (null where
   // the step's leg is a copy), written before the step's result is posted (and read only after),
@@ -155,16 +165,19 @@ class HostStage {
     BegunStep begun;
     StepIo io;
     std::shared_ptr<absl::StatusOr<RoundStats>> leg;
+    StepSpec spec;
   };
   void Enqueue(Op op);
-  void Run();
-  // The next op; none when stopping, or when `wait_for_one` is false and none is queued.
-  std::optional<Op> Take(bool wait_for_one);
-  // Begins the op's steps; ends the one before each (pending) once the next has begun, and keeps
-  // its last one pending.
-  void StartOp(Op op, std::optional<Pending>* pending);
-  // Begins (or skips, once the op failed) the op's steps of one phase.
-  void StartPhase(const std::shared_ptr<Running>& run, Phase phase, std::optional<Pending>* pending);
+  void Run();       // the beginning thread
+  void EndSteps();  // the ending thread
+  // The next op, once there is one; none when stopping.
+  std::optional<Op> Take();
+  // Hands a step begun to the ending thread.
+  void Hand(Pending p);
+  // Begins the op's steps, each handed to the ending thread.
+  void StartOp(Op op);
+  // Begins (or gives up, once the op failed) the op's steps of one phase.
+  void StartPhase(const std::shared_ptr<Running>& run, Phase phase);
   Pending BeginStep(const std::shared_ptr<Running>& run, const StepSpec& spec, Phase phase);
   // The first worker's leg of a step of `phase`: the network round, or a copy to or from `whole`.
   NetworkLeg LegOf(const std::shared_ptr<Running>& run, Phase phase, const std::shared_ptr<absl::StatusOr<RoundStats>>& out);
@@ -172,7 +185,7 @@ class HostStage {
   // the others to report.
   void PostResultLoss(const Running& run, const StepSpec& spec, uint64_t step);
   void EndStep(Pending p);
-  void StepFailed(Running& run, const absl::Status& status);
+  void StepFailed(Running& run, const absl::Status& status);  // either thread
   void StepGone(Running& run);  // a step of it ended or was skipped: done when it was the last
   void Complete(Running& run);  // runs its OpDone
   // The first worker: how late each member came to an op's first step.
@@ -194,7 +207,8 @@ class HostStage {
   void StartLeg(float* sum, const StepSpec& spec, uint64_t step, const Running& run, bool post_loss,
                 std::shared_ptr<absl::StatusOr<RoundStats>> out, LegDone done, std::shared_ptr<LegGate> gate = nullptr);
   // kSum, on the first worker: step `s`'s part into `whole`; the first step starts the round, and
-  // the last one ends with it.
+  // the last one ends with it. kResult: step `s`'s part of the round's result, once it has ended.
+  void ResultLeg(const std::shared_ptr<Running>& run, float* bank, const StepSpec& s, uint64_t step, LegDone done);
   void SumLeg(const std::shared_ptr<Running>& run, float* bank, const StepSpec& s, uint64_t step, bool last,
               LegDone done);
   absl::Status Interrupted() const;  // stopping, or the job failed
@@ -213,23 +227,28 @@ class HostStage {
   NetworkSubmit network_;
   RoundsElsewhere elsewhere_;
   Limits limits_;
-  std::function<void(const absl::Status&)> broken_;  // null once it ran
-  std::map<uint32_t, uint32_t> rounds_;  // the stage thread's: ops run per key
-  // `whole` of the ops under way: two at a time at most (consecutive ops overlap by a step).
-  SpareBuffers spares_{2};
-  StageClasses classes_;  // the stage thread's
+  std::function<void(const absl::Status&)> broken_;  // under mu_; null once it ran
+  std::map<uint32_t, uint32_t> rounds_;  // the beginning thread's: ops run per key
+  // `whole` of the ops under way: as many as there are banks at most.
+  SpareBuffers spares_{kStageBanks};
+  StageClasses classes_;  // the ending thread's
   std::unique_ptr<StragglerBoard> lateness_;  // on the first worker: by member
-  bool pin_tried_ = false;  // the stage thread's
-  bool pinned_ = false;     // the stage thread's until it is joined
+  bool pin_tried_ = false;  // the beginning thread's
+  bool pinned_ = false;     // the beginning thread's until it is joined
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Op> queue_;
+  std::mutex begun_mu_;  // guards the two below
+  std::condition_variable begun_cv_;
+  std::deque<Pending> begun_;  // steps begun, for the ending thread, oldest first
+  bool begun_all_ = false;     // the beginning thread has ended
   absl::Status stopped_;  // under mu_; not OK once Stop was called
   absl::Status job_failure_;  // under mu_; not OK while the job has failed
   std::atomic<bool> stopping_{false};
   std::atomic<bool> job_failed_{false};
   std::atomic<uint32_t> legs_in_flight_{0};
-  std::thread thread_;
+  std::thread thread_;  // begins steps
+  std::thread ender_;   // ends them
 };
 
 }  // namespace dlcp

@@ -109,8 +109,9 @@ absl::Status StageSteps::Noticed(uint64_t step) const {
 absl::Status StageSteps::GoneOrNoticed() const {
   absl::Status gone = Gone();
   if (gone.ok()) return gone;
-  // Why a member gave up the step it last came to, or the one before (which it ends after it
-  // begins the next): a worker that leaves over a failed op is not blamed for leaving.
+  // Why a member gave up the step it last came to, or one of those before it still under way
+  // (which it ends after it begins the next): a worker that leaves over a failed op is not blamed
+  // for leaving.
   uint64_t last = UINT64_MAX;
   for (uint32_t i = 0; i < members(); ++i) {
     if (header().gone[i].load(std::memory_order_acquire) != 0) {
@@ -120,7 +121,7 @@ absl::Status StageSteps::GoneOrNoticed() const {
   uint64_t latest = 0;
   for (const StageNotice& n : header().notice) {
     const uint64_t step = n.step.load(std::memory_order_acquire);
-    if (step != 0 && step + 1 >= last && step > latest) latest = step;
+    if (step != 0 && step + kStageBanks > last && step > latest) latest = step;
   }
   if (latest == 0) return gone;
   absl::Status noticed = Noticed(latest);
@@ -155,11 +156,11 @@ absl::Status StageSteps::WaitAll(Counter counter, uint64_t at, absl::Time deadli
   });
 }
 
-absl::Status StageSteps::WaitResult(uint64_t step, absl::Time deadline, const Interrupted& interrupted) const {
+absl::Status StageSteps::WaitResult(uint64_t step, bool own_leg, absl::Time deadline,
+                                    const Interrupted& interrupted) const {
   const StageResult& r = result(step);
   // This worker's own network leg: its end is waited for even with a member gone. Until then the
   // engine may write into the bank, and the key has an op in flight that no next one may overlap.
-  const bool own_leg = first() && leg_step_ == step;
   absl::Status waited = WaitUntil([&] { return r.step.load(std::memory_order_acquire) >= step; }, deadline,
                                   interrupted, [&] {
                                     return absl::DeadlineExceededError(
@@ -232,12 +233,25 @@ void StageSteps::PostResult(uint64_t step, const absl::Status& status) {
   RingBell(header().bell);
 }
 
-void StageSteps::Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
+absl::Status StageSteps::AwaitLegOf(uint32_t key, uint64_t step, absl::Time deadline,
+                                    const Interrupted& interrupted) {
+  // A leg kStageBanks steps back or more has ended: its bank was used again.
+  std::erase_if(legs_, [&](const auto& leg) { return leg.second + kStageBanks <= step; });
+  const auto last = legs_.find(key);
+  if (last == legs_.end()) return absl::OkStatus();
+  const uint64_t at = last->second;
+  return WaitUntil([&] { return result(at).step.load(std::memory_order_acquire) >= at; }, deadline, interrupted, [&] {
+    return absl::DeadlineExceededError(
+        absl::StrCat("host stage: the network leg of key ", key, " did not end by its deadline"));
+  });
+}
+
+bool StageSteps::Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
                       const Interrupted& interrupted) {
   absl::Status status = WaitAll(&StageMember::summed, step, deadline, "sum their shares", interrupted);
   for (uint32_t i = 0; status.ok() && i < members(); ++i) {
-    // Later than `step`: that member is two steps on, which only a deadline can have let it be;
-    // its share of this one is not to be trusted either.
+    // Later than `step`: that member is a bank's round of steps on, which only a deadline can have
+    // let it be; its share of this one is not to be trusted either.
     if (header().member[i].abandoned[step % kStageBanks].load(std::memory_order_acquire) >= step) {
       status = Noticed(step);
       if (!status.ok()) break;
@@ -245,18 +259,14 @@ void StageSteps::Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg
                                                " (its op failed before its part was in)"));
     }
   }
-  if (status.ok() && leg && leg_step_ != 0 && leg_key_ == spec.key) {
-    // The engine runs one op of a key at a time: the last leg of this key must have ended.
-    status = WaitUntil([&] { return result(leg_step_).step.load(std::memory_order_acquire) >= leg_step_; },
-                       deadline, interrupted, [&] {
-                         return absl::DeadlineExceededError(absl::StrCat(
-                             "host stage: the network leg of key ", spec.key, " did not end by its deadline"));
-                       });
+  if (status.ok() && leg) status = AwaitLegOf(spec.key, step, deadline, interrupted);
+  if (!status.ok() || !leg) {
+    PostResult(step, status);
+    return false;
   }
-  if (!status.ok() || !leg) return PostResult(step, status);
-  leg_key_ = spec.key;
-  leg_step_ = step;
+  legs_[spec.key] = step;
   leg(bank(step), spec, step, [this, step](const absl::Status& s) { PostResult(step, s); });
+  return true;
 }
 
 void StageSteps::WriteSpec(uint64_t step, const StepSpec& spec) {
@@ -273,12 +283,9 @@ void StageSteps::WriteSpec(uint64_t step, const StepSpec& spec) {
 BegunStep StageSteps::Begin(const StepSpec& spec, const StepIo& io, const NetworkLeg& leg, absl::Time deadline,
                             const Interrupted& interrupted) {
   const uint64_t step = ++step_;
-  // This member's slot is free once every member has summed the step before, and the step's bank
-  // once every member has read the result of the step two before, which used it.
+  // This member's slot is free once every member has summed the step before.
   absl::Status status = WaitAll(&StageMember::summed, step - 1, deadline, "finish their last op", interrupted);
-  if (status.ok() && step > kStageBanks) {
-    status = WaitAll(&StageMember::consumed, step - kStageBanks, deadline, "finish their last op", interrupted);
-  }
+  if (status.ok()) status = AwaitBank(step, deadline, interrupted);
   if (status.ok()) {
     WriteSpec(step, spec);
     mine().came_ns[step % kStageBanks] = MonotonicNanos();
@@ -291,14 +298,22 @@ BegunStep StageSteps::Begin(const StepSpec& spec, const StepIo& io, const Networ
   if (status.ok()) Share(spec, step);
   if (!status.ok()) GiveUp(step, status);
   Publish(&StageMember::summed, step);
+  bool led = false;
   if (first()) {
     if (status.ok()) {
-      Lead(step, spec, leg, deadline, interrupted);
+      led = Lead(step, spec, leg, deadline, interrupted);
     } else {
       PostResult(step, status);
     }
   }
-  return BegunStep{step, status, gathered};
+  return BegunStep{step, status, gathered, led};
+}
+
+absl::Status StageSteps::AwaitBank(uint64_t step, absl::Time deadline, const Interrupted& interrupted) const {
+  // The bank is free once every member has read the result of the step that used it last.
+  if (step <= kStageBanks) return absl::OkStatus();
+  return WaitAll(&StageMember::consumed, step - kStageBanks, deadline, "finish an op before the last ones",
+                 interrupted);
 }
 
 std::vector<absl::Time> StageSteps::Came(const BegunStep& begun) const {
@@ -314,7 +329,7 @@ absl::Status StageSteps::End(const BegunStep& begun, const std::function<absl::S
   // Even a step given up waits for its result, which the first member posts only once it looked at
   // every member's part: so no member gives up the bank's next step before that look.
   // The first member's network leg ends by the same deadline; its answer may come just after.
-  const absl::Status result = WaitResult(begun.step, deadline + kResultGrace, interrupted);
+  const absl::Status result = WaitResult(begun.step, begun.led, deadline + kResultGrace, interrupted);
   absl::Status status = begun.status.ok() ? result : begun.status;
   if (status.ok()) status = out(bank(begun.step));
   if (!status.ok()) Notify(begun.step, status);  // the others name this cause should this worker leave over it
@@ -322,20 +337,17 @@ absl::Status StageSteps::End(const BegunStep& begun, const std::function<absl::S
   return status;
 }
 
-absl::Status StageSteps::Skip(const StepSpec& spec, const absl::Status& why, absl::Time deadline,
-                              const Interrupted& interrupted) {
+BegunStep StageSteps::GiveUpStep(const StepSpec& spec, const absl::Status& why, absl::Time deadline,
+                                 const Interrupted& interrupted) {
   const uint64_t step = ++step_;
-  // Marking the bank's step given up must wait, as Begin does, for the step two before to end.
-  if (step > kStageBanks) {
-    WaitAll(&StageMember::consumed, step - kStageBanks, deadline, "finish their last op", interrupted)
-        .IgnoreError();  // it fails as `why` in any case
-  }
+  // Marking the bank's step given up must wait, as Begin does, for the bank's last step to end.
+  AwaitBank(step, deadline, interrupted).IgnoreError();  // it fails as `why` in any case
   WriteSpec(step, spec);
   GiveUp(step, why);
   Publish(&StageMember::arrived, step);
   Publish(&StageMember::summed, step);
   if (first()) PostResult(step, why);
-  return End(BegunStep{step, why}, nullptr, deadline, interrupted);
+  return BegunStep{step, why};
 }
 
 StepIo HostStepIo(const float* in, float* out, uint64_t elems) {

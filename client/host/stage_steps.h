@@ -5,22 +5,24 @@
 // and every member copies the bank out. Members run the same steps in the same order, as they run
 // the same ops.
 //
-// A step is begun (Begin) and later ended (End), and the next one may begin in between: the
-// members then copy in and sum step s + 1 into the other bank while the first member's network
-// leg of step s still runs, and legs of different keys run side by side. So at most two steps are
-// under way: Begin(s + 1) before End(s), and End(s) before Begin(s + 2).
+// A step is begun (Begin) and later ended (End), and later steps may begin in between: the
+// members copy in and sum step s + 1 into the next bank while the first member's network leg of
+// step s still runs, and legs of different keys run side by side. So at most kStageBanks steps
+// are under way: Begin(s + kStageBanks) waits until every member has ended step s.
 //
 // Every way out of a step publishes each of its counters, so no member ever waits on another for
 // a step that one has given up: it gives up too, or fails it, by its own deadline at the latest.
 // A member whose process ended (dlcpd marks it gone) fails every step from then on, naming it.
 //
-// Threading: one thread drives it (HostStage's); `interrupted` may be set from any, and a network
+// Threading: one thread begins steps (Begin, GiveUpStep) and one thread, the same or another,
+// ends them (End), in the order they were begun; `interrupted` may be set from any, and a network
 // leg ends (LegDone) on any.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -64,6 +66,7 @@ struct BegunStep {
   uint64_t step = 0;
   absl::Status status;
   absl::Time gathered;  // when this member saw every member's part in (for the timeline)
+  bool led = false;     // the first member started the step's network leg
 };
 
 class StageSteps {
@@ -84,6 +87,7 @@ class StageSteps {
   // Begins the next step: once its bank and this member's slot are free, writes this member's part
   // (`io.in`) and sums its share of the members' parts into the bank; the first member then starts
   // `leg` on the bank (after the last leg of the same key ended: a key has one op in flight).
+  // Blocks while kStageBanks steps are under way, until the oldest has ended on every member.
   // `interrupted` ends its waits early with the status it returns (the client is closing).
   BegunStep Begin(const StepSpec& spec, const StepIo& io, const NetworkLeg& leg, absl::Time deadline,
                   const std::function<absl::Status()>& interrupted);
@@ -117,11 +121,16 @@ class StageSteps {
   // The shared region, for pinning it (device tensors copy straight into it).
   void* region() const { return m_.region.data(); }
   size_t region_bytes() const { return m_.region.size(); }
-  // Gives the next step up at once with `why` (the rest of an op that failed), publishing all of
-  // it, so that every member goes through the same steps for each op and stays in step. No step
-  // may be under way (End them first). Returns `why`.
+  // Begins the next step given up at once with `why` (the rest of an op that failed), publishing
+  // all of it, so that every member goes through the same steps for each op and stays in step.
+  // End it as any other.
+  BegunStep GiveUpStep(const StepSpec& spec, const absl::Status& why, absl::Time deadline,
+                       const std::function<absl::Status()>& interrupted);
+  // GiveUpStep, then End: returns `why`.
   absl::Status Skip(const StepSpec& spec, const absl::Status& why, absl::Time deadline,
-                    const std::function<absl::Status()>& interrupted);
+                    const std::function<absl::Status()>& interrupted) {
+    return End(GiveUpStep(spec, why, deadline, interrupted), nullptr, deadline, interrupted);
+  }
 
  private:
   using Counter = std::atomic<uint64_t> StageMember::*;
@@ -141,14 +150,20 @@ class StageSteps {
   // Until every member's `counter` reaches `at`; DEADLINE_EXCEEDED names the ranks still missing.
   absl::Status WaitAll(Counter counter, uint64_t at, absl::Time deadline, const char* what,
                        const Interrupted& interrupted) const;
-  // Until the first member posts `step`'s result; what it posted.
-  absl::Status WaitResult(uint64_t step, absl::Time deadline, const Interrupted& interrupted) const;
+  // Until the first member posts `step`'s result; what it posted. `own_leg`: this member started
+  // the step's leg, whose end it waits for even with a member gone.
+  absl::Status WaitResult(uint64_t step, bool own_leg, absl::Time deadline, const Interrupted& interrupted) const;
   // Every member's spec of this step is `spec`, and none gave the step up.
   absl::Status Agree(const StepSpec& spec, uint64_t step) const;
   void Share(const StepSpec& spec, uint64_t step);  // this member's share of the step's bank
-  // The first member: once every share is in, starts the leg (or posts why not).
-  void Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
+  // The first member: once every share is in, starts the leg (or posts why not). True where it
+  // started one.
+  bool Lead(uint64_t step, const StepSpec& spec, const NetworkLeg& leg, absl::Time deadline,
             const Interrupted& interrupted);
+  // Until the last leg of `key` before `step` ended (the engine runs one op of a key at a time).
+  absl::Status AwaitLegOf(uint32_t key, uint64_t step, absl::Time deadline, const Interrupted& interrupted);
+  // Blocks until every member has ended the step that used `step`'s bank before it.
+  absl::Status AwaitBank(uint64_t step, absl::Time deadline, const Interrupted& interrupted) const;
   void PostResult(uint64_t step, const absl::Status& status);
   // Says why `step` failed here, unless a member said it first (StageNotice).
   void Notify(uint64_t step, const absl::Status& why);
@@ -159,9 +174,10 @@ class StageSteps {
   absl::Status GoneOrNoticed() const;
 
   StageMembership m_;
-  uint64_t step_ = 0;      // the last step begun
-  uint32_t leg_key_ = 0;   // the first member's last network leg: its key and step (0: none yet)
-  uint64_t leg_step_ = 0;
+  uint64_t step_ = 0;  // the last step begun
+  // The first member's last network leg of each key whose leg may still run: its step. The
+  // beginning thread's.
+  std::map<uint32_t, uint64_t> legs_;
 };
 
 }  // namespace dlcp

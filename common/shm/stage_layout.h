@@ -6,8 +6,9 @@
 // Layout: StageHeader at offset 0, then `members` + kStageBanks slots of slot_bytes each, starting
 // at kStageSlotsOffset. Slot i < members is member i's input; the last kStageBanks slots are the
 // sum slots, which take a step's sum and then its result. Step s sums into bank s % kStageBanks,
-// so the members copy and sum the next step while the first member's network leg still runs on
-// this one's sum (StageSteps::Begin, End).
+// so the members copy and sum the next steps while the first member's network legs still run on
+// the sums of up to kStageBanks - 1 steps before (StageSteps::Begin, End): as many ops in flight
+// as a trainer's pipelined optimizer keeps on the network path, within bounded shared memory.
 //
 // Every field a member writes is its own (StageMember[i]) or, for the results, the first member's;
 // dlcpd writes only `gone`. A member checks what it reads against what the broker told it (the
@@ -21,8 +22,8 @@
 namespace dlcp {
 
 inline constexpr uint32_t kStageMagic = 0x47545344;  // "DSTG"
-inline constexpr uint32_t kStageVersion = 5;
-inline constexpr uint32_t kStageBanks = 2;
+inline constexpr uint32_t kStageVersion = 6;
+inline constexpr uint32_t kStageBanks = 8;
 inline constexpr uint32_t kMaxStageMembers = 64;
 inline constexpr uint32_t kStageMessageBytes = 480;
 
@@ -46,7 +47,7 @@ struct alignas(64) StageMember {
   // (CLOCK_MONOTONIC nanoseconds, one clock for every process of the host): how late it is.
   int64_t came_ns[kStageBanks];
 };
-static_assert(sizeof(StageMember) == 128);
+static_assert(sizeof(StageMember) == 256);
 
 // An absl::Status as one member leaves it for the others (StageSteps::WriteStatus, ReadStatus).
 struct StageStatus {
@@ -107,11 +108,15 @@ struct alignas(64) StageHeader {
   StageMember member[kMaxStageMembers];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
-inline constexpr size_t kStageSlotsOffset = 32768;
+inline constexpr size_t kStageSlotsOffset = 65536;
 static_assert(sizeof(StageHeader) <= kStageSlotsOffset);
 
 inline size_t StageRegionBytes(uint32_t members, uint64_t slot_bytes) {
   return kStageSlotsOffset + static_cast<size_t>(members + kStageBanks) * slot_bytes;
 }
+
+// The smallest slots dlcpd gives a stage that does not fit with full ones (`slot_bytes`): below a
+// MiB, a step's fixed costs (its waits and wake-ups) outweigh what it moves.
+inline uint64_t MinStageSlotBytes(uint64_t slot_bytes) { return slot_bytes < (uint64_t{1} << 20) ? slot_bytes : uint64_t{1} << 20; }
 
 }  // namespace dlcp

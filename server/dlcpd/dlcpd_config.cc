@@ -183,10 +183,11 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   if (o.host_stage.slot_bytes % 4096 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--host-slot-bytes ", o.host_stage.slot_bytes, " is not a multiple of 4096"));
   }
-  if (const size_t smallest = StageRegionBytes(2, o.host_stage.slot_bytes); smallest > o.host_stage.shm_bytes) {
+  const uint64_t min_slot = MinStageSlotBytes(o.host_stage.slot_bytes);
+  if (const size_t smallest = StageRegionBytes(2, min_slot); smallest > o.host_stage.shm_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--host-shm-bytes ", o.host_stage.shm_bytes, " cannot hold the host stage of two workers: ", smallest,
-        " bytes, for --host-slot-bytes ", o.host_stage.slot_bytes, " (a slot per worker and two for the sums)"));
+        " bytes even with slots of ", min_slot, " bytes (a slot per worker and ", kStageBanks, " for the sums)"));
   }
   o.tls = TlsOptionsFromConfig(c, /*server=*/true);
   if (absl::Status s = ValidateTlsOptions(o.tls, /*server=*/true); !s.ok()) return s;

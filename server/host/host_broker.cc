@@ -114,8 +114,7 @@ class HostBrokerLoop {
   // The slot size of a stage of `members` that fits what --host-shm-bytes has left: --host-slot-bytes,
   // else the largest that fits, at least MinSlotBytes(); 0 where none does.
   uint64_t SlotBytesFor(uint32_t members) const;
-  // Below a MiB, a step's fixed costs (its waits and wake-ups) outweigh what it moves.
-  uint64_t MinSlotBytes() const { return std::min<uint64_t>(options_.slot_bytes, uint64_t{1} << 20); }
+  uint64_t MinSlotBytes() const { return MinStageSlotBytes(options_.slot_bytes); }
   void Refuse(int fd, absl::StatusCode code, const std::string& reason);
   void Gone(int fd);
   // A formed stage's member is gone: the others hear it through the region. Returns how many live on.

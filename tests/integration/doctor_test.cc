@@ -113,8 +113,8 @@ TEST_F(DoctorTest, NoDeviceWarnsAndAnUnreachableAggregatorFails) {
 }
 
 TEST_F(DoctorTest, AHostStageFormsThroughDlcpdsSocketOrTheReasonAndTheFixAreNamed) {
-  // Room for one stage of two at a time: 4 slots of 192 KiB and the header, in 1 MiB.
-  auto d = Daemon::Start(DLCPD_PATH, {"--host-slot-bytes=196608", "--host-shm-bytes=1048576"});
+  // Room for one stage of two at a time: 2 + kStageBanks slots of 192 KiB and the header, in 3 MiB.
+  auto d = Daemon::Start(DLCPD_PATH, {"--host-slot-bytes=196608", "--host-shm-bytes=3145728"});
   ASSERT_NE(d, nullptr);
   ProcessResult formed = Doctor({}, "65536", d->host_socket());
   EXPECT_EQ(formed.exit_code, 0) << formed.out;
@@ -135,7 +135,7 @@ TEST_F(DoctorTest, AHostStageFormsThroughDlcpdsSocketOrTheReasonAndTheFixAreName
   ProcessResult full = Doctor({}, "65536", d->host_socket());
   EXPECT_EQ(full.exit_code, 0) << full.out;  // a warning: the job would run, its workers pushing their own
   EXPECT_TRUE(absl::StrContains(full.out, absl::StrCat("warn  host stage ", d->host_socket(), ": no host stage: "))) << full.out;
-  EXPECT_TRUE(absl::StrContains(full.out, "of dlcpd --host-shm-bytes=1048576")) << full.out;
+  EXPECT_TRUE(absl::StrContains(full.out, "of dlcpd --host-shm-bytes=3145728")) << full.out;
   EXPECT_TRUE(absl::StrContains(full.out, "would each push their own data")) << full.out;
 
   const std::string none = (root_ / "none.sock").string();

@@ -449,19 +449,20 @@ TEST(HostStage, AWorkerOfAnotherUserIsRefusedItsJobsStage) {
 }
 
 TEST(HostStage, AStageOverTheHostsSharedMemoryBoundIsRefusedNamingTheSetting) {
-  auto d = Daemon::Start(DLCPD_PATH, {"--host-shm-bytes=5242880", "--host-slot-bytes=1048576"});
+  // Room for a stage of two workers (64 KiB + (2 + 8) x 1 MiB), not of four.
+  auto d = Daemon::Start(DLCPD_PATH, {"--host-shm-bytes=11534336", "--host-slot-bytes=1048576"});
   ASSERT_NE(d, nullptr);
   ProcessResult r = RunProcess(Bench(d->control(), 4, "over-budget", d->host_socket(), 100000, 5), absl::Seconds(110));
   EXPECT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("results exact: yes"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("no host stage"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("dlcpd --host-shm-bytes=5242880"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dlcpd --host-shm-bytes=11534336"), std::string::npos) << r.out;
 }
 
 // A stage that would not fit with --host-slot-bytes slots (a host of many workers) gets smaller
 // ones that fit, down to a MiB, rather than no stage: its ops go in more steps.
 TEST(HostStage, AStageThatDoesNotFitWithFullSlotsGetsSmallerOnes) {
-  // Full slots: 32 KiB + (4 + 2) x 4 MiB, over the 20 MiB. Slots of 3.3 MiB fit.
+  // Full slots: 64 KiB + (4 + 8) x 4 MiB, over the 20 MiB. Slots of 1.6 MiB fit.
   auto d = Daemon::Start(DLCPD_PATH, {"--metrics-port=0", "--host-shm-bytes=20971520", "--host-slot-bytes=4194304"});
   ASSERT_NE(d, nullptr);
   auto bench = BackgroundProcess::Start(Bench(d->control(), 4, "small-slots", d->host_socket(), 8000000, 5));

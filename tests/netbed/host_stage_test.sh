@@ -99,10 +99,10 @@ check $ok "w2's dlcpd SIGKILLed: its share moved to w1's, every worker finished 
 netbed_stop_aggregators
 
 # 5. A stage beyond the host's shared-memory bound: the network path, saying why.
-netbed_aggregators "$BUILD" "$HOSTS" --host-shm-bytes=5242880 --host-slot-bytes=1048576 || exit 1
+netbed_aggregators "$BUILD" "$HOSTS" --host-shm-bytes=11534336 --host-slot-bytes=1048576 || exit 1
 netbed_host_workers "$BUILD" "$work/refused" 3 "$HOSTS" --job=refused --tensor-bytes=$TENSOR --rounds=5 --timeout-s=120
 wait_all && all_exact "$work/refused" && ok=1 || ok=0
-for r in 0 1 2 3 4 5; do grep -q "no host stage.*dlcpd --host-shm-bytes=5242880" "$work/refused.$r" || ok=0; done
+for r in 0 1 2 3 4 5; do grep -q "no host stage.*dlcpd --host-shm-bytes=11534336" "$work/refused.$r" || ok=0; done
 check $ok "a stage beyond --host-shm-bytes: every worker logs why and pushes its own, exact"
 
 exit $fail
