@@ -1,6 +1,7 @@
 // A host stage's steps (client/host/stage_steps.h) between threads, each a member with its own
 // mapping of one region, as processes have: exact sums over many steps, the first member's network
-// leg, broadcasts bit for bit, and members that disagree, vanish or never come named.
+// leg, broadcasts bit for bit, and members that disagree, vanish or never come named. Then whole
+// host stages (client/host/host_stage.h) over such a region, with a network of their own.
 #include "client/host/stage_steps.h"
 
 #include <gtest/gtest.h>
@@ -11,11 +12,13 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
+#include "client/host/host_stage.h"
 #include "common/base/clock.h"
 #include "common/shm/futex_bell.h"
 
@@ -46,15 +49,16 @@ struct Stage {
     for (auto& t : threads) t.join();
   }
   StageHeader& header() { return *static_cast<StageHeader*>(region->data()); }
-  std::unique_ptr<StageSteps> Member(uint32_t i) {
+  StageMembership Membership(uint32_t i) {
     auto mapped = SharedRegion::Map(::dup(region->fd()), StageRegionBytes(members(), kSlotBytes));
     EXPECT_TRUE(mapped.ok()) << mapped.status();
     HostWelcome w;
     w.member = i;
     w.ranks = ranks;
     w.slot_bytes = kSlotBytes;
-    return std::make_unique<StageSteps>(StageMembership{std::move(*mapped), w, OwnedFd()});
+    return StageMembership{std::move(*mapped), w, OwnedFd()};
   }
+  std::unique_ptr<StageSteps> Member(uint32_t i) { return std::make_unique<StageSteps>(Membership(i)); }
   std::vector<uint32_t> ranks;
   std::optional<SharedRegion> region;
 };
@@ -310,6 +314,96 @@ TEST(HostHello, MessagesRoundTripAndBadOnesAreRefusedByName) {
   auto rb = DecodeHostWelcome(EncodeHostWelcome(refusal));
   ASSERT_TRUE(rb.ok());
   EXPECT_EQ(rb->reason, refusal.reason);
+}
+
+}  // namespace
+}  // namespace dlcp
+
+namespace dlcp {
+namespace {
+
+// The aggregators, as the first worker's engine reaches them: each round ends later, on a thread
+// of its own, once its gate (an op larger than a slot) has opened all the way, having added the
+// other host's two workers' ones. Counts the rounds that run at once.
+class FakeNetwork {
+ public:
+  ~FakeNetwork() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (std::thread& t : rounds_) t.join();
+  }
+  HostStage::NetworkSubmit Submit() {
+    return [this](uint32_t, absl::Span<float> sum, const AllReduceOptions&, int64_t, std::shared_ptr<LegGate> gate,
+                  OpDone done) {
+      std::lock_guard<std::mutex> lock(mu_);
+      rounds_.emplace_back([this, sum, gate = std::move(gate), done = std::move(done)] {
+        const int now = running_.fetch_add(1) + 1;
+        for (int seen = most_.load(); now > seen && !most_.compare_exchange_weak(seen, now);) {
+        }
+        // The engine pushes each part once its gate passed it; here the round just waits for all.
+        for (const absl::Time end = MonotonicNow() + absl::Seconds(30);
+             gate != nullptr && !gate->complete() && gate->abandoned().ok() && MonotonicNow() < end;) {
+          absl::SleepFor(absl::Milliseconds(1));
+        }
+        absl::SleepFor(absl::Milliseconds(5));  // the round's time on the wire
+        for (float& v : sum) v += 2.0f;
+        running_.fetch_sub(1);
+        done(RoundStats{});
+      });
+    };
+  }
+  int most_at_once() const { return most_.load(); }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::thread> rounds_;
+  std::atomic<int> running_{0}, most_{0};
+};
+
+// Two workers of a job of four (the other host's two are the fake network's): each submits twelve
+// ops at once, as a pipelined optimizer submits its buckets, three times over; some are larger
+// than a slot. More than two network rounds run at once, and every sum is exact.
+TEST(HostStagePipeline, ManyOpsOfDifferentKeysHaveMoreThanTwoRoundsInFlightAndSumExactly) {
+  Stage stage({0, 1});
+  FakeNetwork network;
+  HostStage::Limits limits;
+  limits.world = 4;
+  limits.op_timeout = absl::Seconds(60);
+  std::vector<std::unique_ptr<HostStage>> members;
+  for (uint32_t m = 0; m < 2; ++m) {
+    members.push_back(std::make_unique<HostStage>(stage.Membership(m), network.Submit(),
+                                                  [](uint32_t, uint32_t) {}, limits, [](const absl::Status&) {}));
+  }
+  constexpr uint32_t kKeys = 12;
+  const uint64_t slot_elems = kSlotBytes / 4;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> workers;
+  for (uint32_t m = 0; m < 2; ++m) {
+    workers.emplace_back([&, m] {
+      for (int iteration = 0; iteration < 3; ++iteration) {
+        std::vector<std::vector<float>> data(kKeys);
+        std::vector<std::future<absl::StatusOr<RoundStats>>> done;
+        for (uint32_t key = 0; key < kKeys; ++key) {
+          data[key].assign(key % 4 == 3 ? 2 * slot_elems + 100 : 1000 + key, 1.0f);  // a quarter in three steps
+          auto promise = std::make_shared<std::promise<absl::StatusOr<RoundStats>>>();
+          done.push_back(promise->get_future());
+          members[m]->Submit(key, absl::MakeSpan(data[key]), AllReduceOptions{}, -1,
+                             [promise](absl::StatusOr<RoundStats> r) { promise->set_value(std::move(r)); });
+        }
+        for (uint32_t key = 0; key < kKeys; ++key) {
+          ASSERT_EQ(done[key].wait_for(std::chrono::seconds(60)), std::future_status::ready) << m << " key " << key;
+          absl::StatusOr<RoundStats> r = done[key].get();
+          EXPECT_TRUE(r.ok()) << m << " key " << key << ": " << r.status();
+          for (float v : data[key]) {
+            if (v != 4.0f) wrong.fetch_add(1);
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : workers) t.join();
+  members.clear();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(network.most_at_once(), 2) << "the stage never had more than two network rounds in flight";
 }
 
 }  // namespace
