@@ -71,7 +71,10 @@ void StageSteps::Publish(Counter counter, uint64_t step) {
   RingBell(header().bell);
 }
 
-void StageSteps::Wake() const { RingBell(header().bell); }
+void StageSteps::Wake() const {
+  RingBell(header().bell);
+  RingBell(header().result_bell);
+}
 
 absl::Status StageSteps::Gone() const {
   for (uint32_t i = 0; i < members(); ++i) {
@@ -91,13 +94,13 @@ void StageSteps::Notify(uint64_t step, const absl::Status& why) {
   if (claimed >= step) return;  // another member said it first
   WriteStatus(why, &n.status);
   n.step.store(step, std::memory_order_release);
-  RingBell(header().bell);
+  Wake();  // waits of both kinds look at the notices
 }
 
 void StageSteps::GiveUp(uint64_t step, const absl::Status& why) {
   Notify(step, why);  // first: the first member reads why once it sees the mark
   mine().abandoned[step % kStageBanks].store(step, std::memory_order_release);
-  RingBell(header().bell);
+  Wake();
 }
 
 absl::Status StageSteps::Noticed(uint64_t step) const {
@@ -128,15 +131,15 @@ absl::Status StageSteps::GoneOrNoticed() const {
   return noticed.ok() ? gone : noticed;
 }
 
-absl::Status StageSteps::WaitUntil(const std::function<bool()>& ready, absl::Time deadline,
-                                   const Interrupted& interrupted, const std::function<absl::Status()>& late,
-                                   bool heed_members) const {
+absl::Status StageSteps::WaitUntil(std::atomic<uint32_t>& bell, const std::function<bool()>& ready,
+                                   absl::Time deadline, const Interrupted& interrupted,
+                                   const std::function<absl::Status()>& late, bool heed_members) const {
   for (;;) {
-    const uint32_t seen = header().bell.load(std::memory_order_seq_cst);  // before the check: no lost wake-up
+    const uint32_t seen = bell.load(std::memory_order_seq_cst);  // before the check: no lost wake-up
     if (ready()) return absl::OkStatus();
     if (absl::Status gone = heed_members ? GoneOrNoticed() : absl::OkStatus(); !gone.ok()) return gone;
     if (absl::Status stop = interrupted(); !stop.ok()) return stop;
-    if (!SleepOnBell(header().bell, seen, deadline)) return late();
+    if (!SleepOnBell(bell, seen, deadline)) return late();
   }
 }
 
@@ -150,7 +153,7 @@ absl::Status StageSteps::WaitAll(Counter counter, uint64_t at, absl::Time deadli
     }
     return missing.empty();
   };
-  return WaitUntil(ready, deadline, interrupted, [&] {
+  return WaitUntil(header().bell, ready, deadline, interrupted, [&] {
     return absl::DeadlineExceededError(
         absl::StrCat("host stage: ranks ", absl::StrJoin(missing, ","), " of this host did not ", what, " in time"));
   });
@@ -161,14 +164,13 @@ absl::Status StageSteps::WaitResult(uint64_t step, bool own_leg, absl::Time dead
   const StageResult& r = result(step);
   // This worker's own network leg: its end is waited for even with a member gone. Until then the
   // engine may write into the bank, and the key has an op in flight that no next one may overlap.
-  absl::Status waited = WaitUntil([&] { return r.step.load(std::memory_order_acquire) >= step; }, deadline,
-                                  interrupted, [&] {
-                                    return absl::DeadlineExceededError(
-                                        first() ? std::string("host stage: this worker's network leg of the host's "
-                                                              "sum did not end by its deadline")
-                                                : absl::StrCat("host stage: no result from rank ", rank_of(0),
-                                                               ", which pushes this host's sum, in time"));
-                                  }, /*heed_members=*/!own_leg);
+  const auto posted = [&] { return r.step.load(std::memory_order_acquire) >= step; };
+  const auto late = [&] {
+    return absl::DeadlineExceededError(
+        first() ? std::string("host stage: this worker's network leg of the host's sum did not end by its deadline")
+                : absl::StrCat("host stage: no result from rank ", rank_of(0), ", which pushes this host's sum, in time"));
+  };
+  absl::Status waited = WaitUntil(header().result_bell, posted, deadline, interrupted, late, /*heed_members=*/!own_leg);
   if (!waited.ok()) return waited;
   // The bank's next step waits for this member to read this one's, unless a deadline let it past.
   if (r.step.load(std::memory_order_acquire) != step) {
@@ -230,7 +232,7 @@ void StageSteps::PostResult(uint64_t step, const absl::Status& status) {
   if (r.step.load(std::memory_order_relaxed) >= step) return;
   WriteStatus(status, &r.status);
   r.step.store(step, std::memory_order_release);
-  RingBell(header().bell);
+  RingBell(header().result_bell);
 }
 
 absl::Status StageSteps::AwaitLegOf(uint32_t key, uint64_t step, absl::Time deadline,
@@ -240,7 +242,8 @@ absl::Status StageSteps::AwaitLegOf(uint32_t key, uint64_t step, absl::Time dead
   const auto last = legs_.find(key);
   if (last == legs_.end()) return absl::OkStatus();
   const uint64_t at = last->second;
-  return WaitUntil([&] { return result(at).step.load(std::memory_order_acquire) >= at; }, deadline, interrupted, [&] {
+  return WaitUntil(header().result_bell, [&] { return result(at).step.load(std::memory_order_acquire) >= at; },
+                   deadline, interrupted, [&] {
     return absl::DeadlineExceededError(
         absl::StrCat("host stage: the network leg of key ", key, " did not end by its deadline"));
   });

@@ -143,10 +143,12 @@ class StageSteps {
   StageMember& mine() const { return header().member[m_.welcome.member]; }
   void Publish(Counter counter, uint64_t step);
   void WriteSpec(uint64_t step, const StepSpec& spec);  // this member's descriptor of `step`
-  // Sleeps on the bell until `ready()`; a gone member (or what it noticed) unless `heed_members`
-  // is false, `interrupted()`, or `late()` once `deadline` passes end it sooner.
-  absl::Status WaitUntil(const std::function<bool()>& ready, absl::Time deadline, const Interrupted& interrupted,
-                         const std::function<absl::Status()>& late, bool heed_members = true) const;
+  // Sleeps on `bell` (the header's bell or result_bell) until `ready()`; a gone member (or what
+  // it noticed) unless `heed_members` is false, `interrupted()`, or `late()` once `deadline`
+  // passes end it sooner.
+  absl::Status WaitUntil(std::atomic<uint32_t>& bell, const std::function<bool()>& ready, absl::Time deadline,
+                         const Interrupted& interrupted, const std::function<absl::Status()>& late,
+                         bool heed_members = true) const;
   // Until every member's `counter` reaches `at`; DEADLINE_EXCEEDED names the ranks still missing.
   absl::Status WaitAll(Counter counter, uint64_t at, absl::Time deadline, const char* what,
                        const Interrupted& interrupted) const;

@@ -98,8 +98,13 @@ struct alignas(64) StageHeader {
   uint32_t members;
   uint32_t reserved;
   uint64_t slot_bytes;
-  // Bumped (and woken) by every publication: the one futex word every wait sleeps on.
+  // Bumped (and woken) by every publication of a member's counters, a notice or `gone`: what the
+  // waits for the members' progress sleep on.
   alignas(64) std::atomic<uint32_t> bell;
+  // Bumped (and woken) by every result posted, a notice or `gone`: what the waits for results
+  // sleep on. Apart from `bell`, so a worker's thread that ends steps is not woken by every
+  // member's progress, nor its thread that begins them by every result.
+  alignas(64) std::atomic<uint32_t> result_bell;
   // dlcpd: member i's process is gone (its host socket closed); 0: alive.
   std::atomic<uint32_t> gone[kMaxStageMembers];
   // Per bank: the result of its latest step, and why that step was given up.

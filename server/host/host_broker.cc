@@ -363,7 +363,8 @@ uint32_t HostBrokerLoop::MarkGone(Stage& stage, uint32_t rank) {
     if (r == rank) {
       member_fd = -1;
       stage.header()->gone[index].store(1);
-      RingBell(stage.header()->bell);
+      RingBell(stage.header()->bell);  // every wait looks at `gone`
+      RingBell(stage.header()->result_bell);
     }
     live += member_fd >= 0;
     ++index;

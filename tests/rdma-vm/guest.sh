@@ -204,6 +204,41 @@ fi
 stop_dlcpd agg6
 stop_dlcpd agg7
 
+# 3c. Host stages over verbs: two "hosts" (a dlcpd each, with its host socket, slots of 256 KiB),
+#     two workers on each, so each stage's first worker pushes its host's sum over RDMA. Exact
+#     below and above a slot, and under ε = 0.05 with drops injected (the bound held, class 0
+#     whole); every worker says its stage formed, with 2 members.
+stage_job() {  # NAME FLAGS...: 4 workers, 2 per host; passes where all are exact and staged
+  name=$1; shift
+  pids=""
+  for r in 0 1 2 3; do
+    if [ $r -lt 2 ]; then sock=/tmp/hs1.sock; else sock=/tmp/hs2.sock; fi
+    $B/client/dlcp-bench --aggregators=127.0.0.1:$h1,127.0.0.1:$h2 --plaintext --transport=rdma --workers=4 \
+      --rank=$r --local-size=2 --host-socket=$sock --job=$name --rounds=5 --json --timeout-s=120 "$@" \
+      > $OUT/$name.$r.txt 2>&1 &
+    pids="$pids $!"
+  done
+  for pid in $pids; do wait $pid || true; done
+  bad=""
+  for r in 0 1 2 3; do
+    f=$OUT/$name.$r.txt
+    grep -q '"exact":true' $f && [ "$(field host_stage_size $f)" = 2 ] && [ "$(field bound_violations $f)" = 0 ] \
+      && [ "$(field left_out_c0 $f)" = 0 ] || bad="$bad rank $r: $(tail -2 $f | tr '\n' ' ')"
+  done
+  if [ -z "$bad" ]; then pass "host stages over RDMA, $name: 4 workers exact, both stages formed"; else fail $name "$bad"; fi
+}
+h1=$(start_dlcpd hs1 --transport=rdma --host-socket=/tmp/hs1.sock --host-slot-bytes=262144)
+h2=$(start_dlcpd hs2 --transport=rdma --host-socket=/tmp/hs2.sock --host-slot-bytes=262144)
+if [ -z "$h1" ] || [ -z "$h2" ]; then
+  fail stages "dlcpd did not start: $(tail -3 $OUT/hs1.log $OUT/hs2.log | tr '\n' ' ')"
+else
+  stage_job stage-below-slot --tensor-bytes=100000 --tensors=3
+  stage_job stage-above-slot --tensor-bytes=624288
+  stage_job stage-bounded --tensor-bytes=624288 --loss-bound=0.05 --inject-drop-class=1:0.05,2:0.05,3:0.05
+fi
+stop_dlcpd hs1
+stop_dlcpd hs2
+
 # 4. A port that is down: --transport=rdma refuses to start and says so; auto falls back to UDP
 #    and says why.
 ip link set dummy0 down

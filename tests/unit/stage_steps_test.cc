@@ -254,6 +254,7 @@ TEST(StageSteps, AGoneMemberFailsTheOthersAtOnceNamingItsRank) {
     absl::SleepFor(absl::Milliseconds(100));
     stage.header().gone[1].store(1);
     RingBell(stage.header().bell);
+    RingBell(stage.header().result_bell);
   });
   stage.Each({0, 2}, [&](uint32_t m, StageSteps& steps) {
     std::vector<float> data(16, 1.0f);
