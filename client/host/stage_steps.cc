@@ -20,7 +20,27 @@ constexpr uint32_t kResultOnly = uint32_t{1} << 31;
 
 uint32_t KindOf(const StepSpec& s) { return s.kind | (s.result_only ? kResultOnly : 0); }
 
-std::string Describe(const StageMember& m) {
+// What a member says of the op of the step it came to last (StageMember's own fields), as read.
+struct OpRecord {
+  uint64_t step = 0;
+  uint32_t key = 0;
+  uint32_t kind = 0;
+  uint64_t offset = 0;
+  uint64_t elems = 0;
+  uint64_t tensor_elems = 0;
+  uint32_t loss_bound_ppm = 0;
+  bool operator==(const OpRecord&) const = default;
+};
+
+OpRecord RecordOf(const StageMember& m) {
+  return {m.step, m.key, m.kind, m.offset, m.elems, m.tensor_elems, m.loss_bound_ppm};
+}
+
+OpRecord RecordOf(const StepSpec& s, uint64_t step) {
+  return {step, s.key, KindOf(s), s.offset, s.elems, s.tensor_elems, s.loss_bound_ppm};
+}
+
+std::string Describe(const OpRecord& m) {
   const uint32_t kind = m.kind & ~kResultOnly;
   const std::string what = kind == 0 ? "an all-reduce" : absl::StrCat("a broadcast from rank ", kind - 1);
   const std::string bound =
@@ -181,22 +201,38 @@ absl::Status StageSteps::WaitResult(uint64_t step, bool own_leg, absl::Time dead
 }
 
 absl::Status StageSteps::Agree(const StepSpec& s, uint64_t step) const {
+  if (absl::Status mine_intact = OwnRecordIntact(s, step); !mine_intact.ok()) return mine_intact;
   for (uint32_t i = 0; i < members(); ++i) {
     const StageMember& m = header().member[i];
     if (m.step != step) {
       if (absl::Status noticed = Noticed(step); !noticed.ok()) return noticed;
+      // A member that gives a step up before its part is in marks it so (GiveUp): without the
+      // mark, something other than the member wrote its record.
+      if (m.abandoned[step % kStageBanks].load(std::memory_order_acquire) < step) {
+        return absl::DataLossError(absl::StrCat("host stage: the shared region says rank ", rank_of(i),
+                                                " came to step ", m.step, " of this host's stage where it came to step ",
+                                                step, ": the region was written by a process other than its worker"));
+      }
       return absl::AbortedError(
           absl::StrCat("host stage: rank ", rank_of(i), " gave up on this op (it failed before its part was in)"));
     }
-    if (m.key != s.key || m.kind != KindOf(s) || m.offset != s.offset || m.elems != s.elems ||
-        m.tensor_elems != s.tensor_elems || m.loss_bound_ppm != s.loss_bound_ppm) {
+    if (RecordOf(m) != RecordOf(s, step)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("host stage: rank ", rank_of(i), " runs ", Describe(m), " where rank ",
-                       rank_of(m_.welcome.member), " runs ", Describe(mine()),
+          absl::StrCat("host stage: rank ", rank_of(i), " runs ", Describe(RecordOf(m)), " where rank ",
+                       rank_of(m_.welcome.member), " runs ", Describe(RecordOf(s, step)),
                        ": every worker must run the same ops in the same order"));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status StageSteps::OwnRecordIntact(const StepSpec& s, uint64_t step) const {
+  const OpRecord seen = RecordOf(mine());
+  if (seen == RecordOf(s, step)) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      "host stage: the shared region's record of rank ", rank_of(m_.welcome.member), "'s op says ", Describe(seen),
+      " at step ", seen.step, " where this worker wrote ", Describe(RecordOf(s, step)), " at step ", step,
+      ": the region was written by a process other than its worker"));
 }
 
 void StageSteps::Share(const StepSpec& s, uint64_t step) {
@@ -294,6 +330,9 @@ BegunStep StageSteps::Begin(const StepSpec& spec, const StepIo& io, const Networ
     mine().came_ns[step % kStageBanks] = MonotonicNanos();
     if (io.in) status = io.in(slot(m_.welcome.member));
   }
+  // Marked given up before it counts as arrived: a member that finds this one's record at another
+  // step then knows why (Agree).
+  if (!status.ok()) GiveUp(step, status);
   Publish(&StageMember::arrived, step);
   if (status.ok()) status = WaitAll(&StageMember::arrived, step, deadline, "start the same op", interrupted);
   const absl::Time gathered = MonotonicNow();

@@ -155,8 +155,11 @@ class StageSteps {
   // Until the first member posts `step`'s result; what it posted. `own_leg`: this member started
   // the step's leg, whose end it waits for even with a member gone.
   absl::Status WaitResult(uint64_t step, bool own_leg, absl::Time deadline, const Interrupted& interrupted) const;
-  // Every member's spec of this step is `spec`, and none gave the step up.
+  // Every member's spec of this step is `spec`, and none gave the step up. A record that no
+  // worker can have written (this worker's own changed, another's at another step unmarked) is
+  // DATA_LOSS: the region was damaged, and no rank is blamed.
   absl::Status Agree(const StepSpec& spec, uint64_t step) const;
+  absl::Status OwnRecordIntact(const StepSpec& spec, uint64_t step) const;
   void Share(const StepSpec& spec, uint64_t step);  // this member's share of the step's bank
   // The first member: once every share is in, starts the leg (or posts why not). True where it
   // started one.

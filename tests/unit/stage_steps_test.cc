@@ -65,6 +65,14 @@ struct Stage {
 
 absl::Status NotInterrupted() { return absl::OkStatus(); }
 
+// A network leg's time on the wire: until `company` legs run at once, 50 ms at most, so that legs
+// that can overlap do, however slowly (under a sanitizer, say) the members begin the next steps.
+void OnTheWire(const std::atomic<int>& running, int company) {
+  for (const absl::Time end = MonotonicNow() + absl::Milliseconds(50); running.load() < company && MonotonicNow() < end;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 // One step of `data` (spec.elems values, summed in place) that may take up to `timeout`.
 absl::Status RunStep(StageSteps& steps, const StepSpec& spec, std::vector<float>& data,
                      absl::Duration timeout = absl::Seconds(30), const NetworkLeg& leg = nullptr) {
@@ -116,7 +124,7 @@ TEST(StageSteps, StepsOverlapTheNetworkLegsBeforeThemAndAKeysLegsDoNot) {
       const int now = running.fetch_add(1) + 1;
       for (int seen = most_running.load(); now > seen && !most_running.compare_exchange_weak(seen, now);) {
       }
-      absl::SleepFor(absl::Milliseconds(3));
+      OnTheWire(running, 3);
       for (uint64_t i = 0; i < s.elems; ++i) sum[i] += 1000.0f;
       running.fetch_sub(1);
       running_of_key[s.key].fetch_sub(1);
@@ -248,6 +256,66 @@ TEST(StageSteps, AFailedCopyInFailsTheStepForAllAndACopyOutOnlyItsMember) {
   });
 }
 
+// Writes member `i`'s record of step 1 of an all-reduce of key 4 (16 elements) as a worker writes
+// it, and publishes it as arrived and summed: a third member played by the test.
+void PlayMember(Stage& stage, uint32_t i, uint64_t step) {
+  StageMember& m = stage.header().member[i];
+  m.step = step;
+  m.key = 4;
+  m.kind = 0;
+  m.offset = 0;
+  m.elems = 16;
+  m.tensor_elems = 16;
+  m.loss_bound_ppm = 0;
+  m.arrived.store(1);
+  m.summed.store(1);
+  RingBell(stage.header().bell);
+}
+
+// Something other than a member writes into the region: a record at another step that no member
+// marked given up. The members fail the step as damage, and blame no rank for giving up.
+TEST(StageSteps, ARecordNoMemberWroteIsDamageNotARankThatGaveUp) {
+  Stage stage({20, 21, 22});
+  std::thread damage([&] { PlayMember(stage, 2, 12345); });
+  stage.Each({0, 1}, [&](uint32_t m, StageSteps& steps) {
+    std::vector<float> data(16, 1.0f);
+    absl::Status s = RunStep(steps, StepSpec{4, 0, 0, 16, 16}, data, absl::Seconds(10));
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << m << ": " << s;
+    EXPECT_NE(s.message().find("says rank 22 came to step 12345"), std::string::npos) << s;
+    EXPECT_EQ(s.message().find("gave up"), std::string::npos) << s;
+  });
+  damage.join();
+}
+
+// A worker's own record changed under it: it says so, rather than compare a rank with itself.
+TEST(StageSteps, AWorkersOwnRecordChangedUnderItIsDamageNamedAsSuch) {
+  Stage stage({30, 31, 32});
+  std::thread damage([&] {
+    // Both real members have written their records and wait for the third.
+    for (const absl::Time end = MonotonicNow() + absl::Seconds(10);
+         (stage.header().member[0].arrived.load() < 1 || stage.header().member[1].arrived.load() < 1) &&
+         MonotonicNow() < end;) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    stage.header().member[0].key = 999;
+    PlayMember(stage, 2, 1);
+  });
+  stage.Each({0, 1}, [&](uint32_t m, StageSteps& steps) {
+    std::vector<float> data(16, 1.0f);
+    absl::Status s = RunStep(steps, StepSpec{4, 0, 0, 16, 16}, data, absl::Seconds(10));
+    EXPECT_FALSE(s.ok()) << m;
+    if (m == 0) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+      EXPECT_NE(s.message().find("record of rank 30's op says an all-reduce of key 999"), std::string::npos) << s;
+      EXPECT_NE(s.message().find("where this worker wrote an all-reduce of key 4"), std::string::npos) << s;
+    } else {  // what it sees: rank 30 runs another op
+      EXPECT_NE(s.message().find("rank 30 runs an all-reduce of key 999"), std::string::npos) << s;
+    }
+    EXPECT_EQ(s.message().find("rank 30 runs an all-reduce of key 999 where rank 30"), std::string::npos) << s;
+  });
+  damage.join();
+}
+
 TEST(StageSteps, AGoneMemberFailsTheOthersAtOnceNamingItsRank) {
   Stage stage({10, 11, 12});
   std::thread broker([&] {
@@ -345,7 +413,7 @@ class FakeNetwork {
              gate != nullptr && !gate->complete() && gate->abandoned().ok() && MonotonicNow() < end;) {
           absl::SleepFor(absl::Milliseconds(1));
         }
-        absl::SleepFor(absl::Milliseconds(5));  // the round's time on the wire
+        OnTheWire(running_, 3);
         for (float& v : sum) v += 2.0f;
         running_.fetch_sub(1);
         done(RoundStats{});
