@@ -123,8 +123,9 @@ class WorkerRun {
   void CheckDigits(uint32_t round, const RoundReport& report);
   void CheckSums(uint32_t round);
   void Time(uint32_t round, double ms);
-  // Whether to run the round again after `s` (retry_aborted).
-  bool Retry(uint32_t round, const absl::Status& s);
+  // OK to run the round again after `s` (retry_aborted, within retry_aborted_for, after a pause
+  // that doubles from 100 ms to 2 s); else what to fail with.
+  absl::Status Retry(uint32_t round, const absl::Status& s);
 
   const WorkerConfig& config_;
   std::unique_ptr<Client> client_;
@@ -138,6 +139,11 @@ class WorkerRun {
   WorkerResult result_;
   absl::Time timed_start_ = absl::InfiniteFuture();  // of the first timed round
   absl::Time last_end_ = absl::InfinitePast();        // of the last timed round
+  // The round being run again, since when, how often, and the pause before the next try.
+  uint32_t retrying_round_ = UINT32_MAX;
+  absl::Time retrying_since_;
+  uint32_t tries_ = 0;
+  absl::Duration pause_;
 };
 
 absl::StatusOr<WorkerResult> WorkerRun::Run() {
@@ -147,7 +153,7 @@ absl::StatusOr<WorkerResult> WorkerRun::Run() {
   for (uint32_t round = 0; round < total_rounds || more; ++round) {
     if (round == config_.warmup && timed_start_ == absl::InfiniteFuture()) timed_start_ = MonotonicNow();
     if (absl::Status s = RunRound(round, total_rounds, &more); !s.ok()) {
-      if (!Retry(round, s)) return s;
+      if (absl::Status stop = Retry(round, s); !stop.ok()) return stop;
       --round;
       continue;
     }
@@ -320,12 +326,27 @@ void WorkerRun::Time(uint32_t round, double ms) {
   ++result_.rounds;
 }
 
-bool WorkerRun::Retry(uint32_t round, const absl::Status& s) {
-  if (!config_.retry_aborted || s.code() != absl::StatusCode::kAborted) return false;
+absl::Status WorkerRun::Retry(uint32_t round, const absl::Status& s) {
+  if (!config_.retry_aborted || s.code() != absl::StatusCode::kAborted) return s;
+  const absl::Time now = MonotonicNow();
+  if (round != retrying_round_) {
+    retrying_round_ = round;
+    retrying_since_ = now;
+    tries_ = 0;
+    pause_ = absl::Milliseconds(100);
+  }
+  if (now - retrying_since_ >= config_.retry_aborted_for) {
+    return absl::Status(s.code(), absl::StrCat("rank ", config_.client.rank, " gave round ", round, " up after running it ",
+                                               tries_, " more times in ", absl::StrFormat("%.1f s", absl::ToDoubleSeconds(now - retrying_since_)),
+                                               " (dlcp-bench --retry-aborted-s=",
+                                               absl::ToInt64Seconds(config_.retry_aborted_for), "): ", s.message()));
+  }
   std::fprintf(stderr, "rank %u: round %u: %s; running it again\n", config_.client.rank, round, s.ToString().c_str());
   ++result_.retried;
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  return true;
+  ++tries_;
+  std::this_thread::sleep_for(absl::ToChronoMilliseconds(pause_));
+  pause_ = std::min(pause_ * 2, absl::Seconds(2));
+  return absl::OkStatus();
 }
 }  // namespace
 

@@ -33,6 +33,9 @@ struct WorkerConfig {
   // for the restarted worker would. Every round then uses the same data, so a worker that
   // restarts (from round 0) and the others agree on what the sums must be.
   bool retry_aborted = false;
+  // ... for at most this long per round, from its first failure: a worker whose peers have
+  // finished (or never come back) fails then, naming the setting.
+  absl::Duration retry_aborted_for = absl::Seconds(120);
 };
 
 struct WorkerResult {

@@ -55,6 +55,7 @@ void DeclareFlags(ConfigRegistry* c) {
   c->AddBool("progress", false, "rank 0 draws a progress bar on stderr");
   c->AddBool("retry-aborted", false,
              "run a round again when the job lost a worker, until it is back (every round then uses the same data)");
+  c->AddInt("retry-aborted-s", 120, 1, 86400, "--retry-aborted gives a round up after running it again this long");
   c->AddBool("json", false, "print only the JSON line (no table)");
   c->AddString("log-level", "warning", "debug, info, warning or error", [](const std::string& v) {
     LogLevel unused;
@@ -84,6 +85,7 @@ WorkerConfig ConfigFrom(const ConfigRegistry& c) {
   w.step_delay_ms = static_cast<uint32_t>(c.GetInt("step-delay-ms"));
   w.progress = c.GetBool("progress") && w.client.rank == 0;
   w.retry_aborted = c.GetBool("retry-aborted");
+  w.retry_aborted_for = absl::Seconds(c.GetInt("retry-aborted-s"));
   return w;
 }
 

@@ -122,6 +122,30 @@ TEST(Faults, KilledWorkerRestartsAndTheJobGoesOnWithIt) {
   }
 }
 
+// A worker that runs failed rounds again, whose peer has finished and left: it gives the round up
+// at --retry-aborted-s, naming the setting and why the round failed, instead of retrying forever.
+TEST(Faults, ARetryingWorkerWhosePeerFinishedGivesUpAtItsDeadline) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto worker = [&](int rank, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {DLCP_BENCH_PATH, "--plaintext", "--aggregators=" + d->control(), "--workers=2",
+                                     absl::StrCat("--rank=", rank), "--job=give-up", "--tensor-bytes=100000"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return BackgroundProcess::Start(argv);
+  };
+  auto finishing = worker(0, {"--rounds=3", "--retry-aborted"});  // the same data every round, as its peer
+  auto retrying = worker(1, {"--rounds=1000000", "--retry-aborted", "--retry-aborted-s=3"});
+  EXPECT_EQ(finishing->Wait(absl::Seconds(30)).exit_code, 0);
+  ASSERT_TRUE(retrying->WaitForOutput("running it again", absl::Seconds(15))) << retrying->Output();
+  const absl::Time first_retry = MonotonicNow();
+  ProcessResult res = retrying->Wait(absl::Seconds(30));
+  EXPECT_NE(res.exit_code, 0) << res.out;
+  EXPECT_NE(res.exit_code, -1) << "it retried on past its deadline:\n" << res.out;
+  EXPECT_LT(MonotonicNow() - first_retry, absl::Seconds(10));
+  EXPECT_NE(res.out.find("(dlcp-bench --retry-aborted-s=3)"), std::string::npos) << res.out;
+  EXPECT_NE(res.out.find("worker rank 0 left the job"), std::string::npos) << res.out;
+}
+
 TEST(Faults, FrozenWorkerIsDroppedAndLearnsItWhenItWakes) {
   auto d = StartDaemon();
   ASSERT_NE(d, nullptr);
