@@ -93,7 +93,6 @@ class HostBrokerLoop {
   struct Stage {
     uint32_t world = 0;
     uint32_t local_size = 0;
-    uid_t uid = 0;
     absl::Time deadline = absl::InfiniteFuture();  // set by the first member that waits (not on standby)
     std::map<uint32_t, int> members;  // rank -> connection; a formed stage keeps the gone ones as -1
     std::set<uint32_t> standby;       // members that asked on standby (HostHello::standby)
@@ -108,9 +107,13 @@ class HostBrokerLoop {
 
   void Accept();
   void Serve(int fd, absl::Time now);
+  // A stage belongs to its job's name and to its workers' uid (SO_PEERCRED): a worker of another
+  // uid asking for a job of the same name gathers a stage of its own, so that a stranger can
+  // neither join a job's stage nor block it, and its refusals are its own.
+  using StageKey = std::pair<uid_t, std::string>;
   void OnHello(Connection& c, const HostHello& hello, absl::Time now);
   absl::Status Admit(const Connection& c, const HostHello& hello, Stage& stage) const;
-  void Form(const std::string& job, Stage& stage);
+  void Form(const StageKey& key, Stage& stage);
   // The slot size of a stage of `members` that fits what --host-shm-bytes has left: --host-slot-bytes,
   // else the largest that fits, at least MinSlotBytes(); 0 where none does.
   uint64_t SlotBytesFor(uint32_t members) const;
@@ -122,7 +125,10 @@ class HostBrokerLoop {
   // The job's gathering workers whose connections hung up but are not yet served: gone first, so
   // that a worker restarted in the place of one is not refused as a second worker of its rank, and
   // no stage forms with a worker already gone.
-  void DropHungUp(const std::string& job);
+  void DropHungUp(const StageKey& key);
+  // Why a stage of `key` could not gather: the workers that came, and those of other uids that
+  // asked for a job of its name.
+  std::string GatherFailure(const StageKey& key, const Stage& stage) const;
   void Expire(absl::Time now);
   absl::Time NextDeadline() const;
   void CloseConnection(int fd) { connections_.erase(fd); }
@@ -131,11 +137,11 @@ class HostBrokerLoop {
   OwnedFd listener_;
   OwnedFd stop_;
   std::map<int, Connection> connections_;
-  std::map<std::string, Stage> stages_;  // by job name: gathering, or formed with every member there
+  std::map<StageKey, Stage> stages_;  // gathering, or formed with every member there
   // Formed stages that lost a member: no op can go through them any more, so their job may gather
   // the next one meanwhile (its workers there ask on standby). Kept until their last member leaves.
   std::list<Stage> retired_;
-  std::map<std::string, std::pair<std::string, absl::Time>> refused_;  // job -> (why, until when)
+  std::map<StageKey, std::pair<std::string, absl::Time>> refused_;  // (why, until when)
   std::atomic<uint64_t> shm_in_use_{0};
   Counter* formed_;
   Counter* refused_count_;
@@ -199,10 +205,6 @@ absl::Status HostBrokerLoop::Admit(const Connection& c, const HostHello& h, Stag
         absl::StrCat("job '", h.job_name, "' on this host has world_size ", stage.world, " and local_size ",
                      stage.local_size, "; rank ", h.rank, " says ", h.world_size, " and ", h.local_size));
   }
-  if (c.peer.uid != stage.uid) {
-    return absl::PermissionDeniedError(absl::StrCat("job '", h.job_name, "' on this host runs as uid ", stage.uid,
-                                                    ", not uid ", c.peer.uid, " of rank ", h.rank));
-  }
   if (stage.formed()) {
     return absl::FailedPreconditionError(
         absl::StrCat("job '", h.job_name, "' already has its host stage on this host; rank ", h.rank,
@@ -219,17 +221,17 @@ absl::Status HostBrokerLoop::Admit(const Connection& c, const HostHello& h, Stag
 
 void HostBrokerLoop::OnHello(Connection& c, const HostHello& h, absl::Time now) {
   const int fd = c.fd.get();
-  if (auto r = refused_.find(h.job_name); r != refused_.end() && now < r->second.second) {
+  const StageKey key{c.peer.uid, h.job_name};
+  if (auto r = refused_.find(key); r != refused_.end() && now < r->second.second) {
     Refuse(fd, absl::StatusCode::kDeadlineExceeded, r->second.first);
     return CloseConnection(fd);
   }
-  DropHungUp(h.job_name);
-  auto [it, fresh] = stages_.try_emplace(h.job_name);
+  DropHungUp(key);
+  auto [it, fresh] = stages_.try_emplace(key);
   Stage& stage = it->second;
   if (fresh) {
     stage.world = h.world_size;
     stage.local_size = h.local_size;
-    stage.uid = c.peer.uid;
   }
   if (absl::Status ok = Admit(c, h, stage); !ok.ok()) {
     Refuse(fd, ok.code(), std::string(ok.message()));
@@ -245,11 +247,11 @@ void HostBrokerLoop::OnHello(Connection& c, const HostHello& h, absl::Time now) 
   } else if (stage.deadline == absl::InfiniteFuture()) {
     stage.deadline = now + options_.gather_timeout;
   }
-  if (stage.members.size() == stage.local_size) Form(h.job_name, stage);
+  if (stage.members.size() == stage.local_size) Form(key, stage);
 }
 
-void HostBrokerLoop::DropHungUp(const std::string& job) {
-  auto s = stages_.find(job);
+void HostBrokerLoop::DropHungUp(const StageKey& key) {
+  auto s = stages_.find(key);
   if (s == stages_.end() || s->second.formed()) return;
   std::vector<int> hung_up;
   for (const auto& [rank, fd] : s->second.members) {
@@ -270,7 +272,8 @@ uint64_t HostBrokerLoop::SlotBytesFor(uint32_t members) const {
   return slot >= MinSlotBytes() ? slot : 0;
 }
 
-void HostBrokerLoop::Form(const std::string& job, Stage& stage) {
+void HostBrokerLoop::Form(const StageKey& key, Stage& stage) {
+  const std::string& job = key.second;
   const uint64_t slot_bytes = SlotBytesFor(stage.local_size);
   const uint64_t bytes = StageRegionBytes(stage.local_size, slot_bytes == 0 ? MinSlotBytes() : slot_bytes);
   std::optional<absl::Status> refusal;
@@ -290,7 +293,7 @@ void HostBrokerLoop::Form(const std::string& job, Stage& stage) {
       Refuse(fd, refusal->code(), std::string(refusal->message()));
       CloseConnection(fd);
     }
-    stages_.erase(job);
+    stages_.erase(key);
     return;
   }
   shm_in_use_ += bytes;
@@ -335,7 +338,7 @@ void HostBrokerLoop::Gone(int fd) {
   const pid_t pid = c->second.peer.pid;
   CloseConnection(fd);
   if (job.empty()) return;
-  if (auto s = stages_.find(job); s != stages_.end() && s->second.holds(rank, fd)) {
+  if (auto s = stages_.find(StageKey{c->second.peer.uid, job}); s != stages_.end() && s->second.holds(rank, fd)) {
     Stage& stage = s->second;
     if (!stage.formed()) {
       stage.members.erase(rank);
@@ -383,10 +386,7 @@ void HostBrokerLoop::Expire(absl::Time now) {
       ++it;
       continue;
     }
-    const std::string why = absl::StrCat(
-        "only ", stage.members.size(), " of the ", stage.local_size, " workers of job '", it->first,
-        "' on this host came to its host stage within ", absl::FormatDuration(options_.gather_timeout),
-        " (dlcpd --host-gather-timeout-ms); they take the network path");
+    const std::string why = GatherFailure(it->first, stage);
     DLCP_LOG(Warning) << why;
     for (const auto& [rank, fd] : stage.members) {
       Refuse(fd, absl::StatusCode::kDeadlineExceeded, why);
@@ -398,12 +398,26 @@ void HostBrokerLoop::Expire(absl::Time now) {
   std::erase_if(refused_, [now](const auto& r) { return now >= r.second.second; });
 }
 
+std::string HostBrokerLoop::GatherFailure(const StageKey& key, const Stage& stage) const {
+  std::string why = absl::StrCat("only ", stage.members.size(), " of the ", stage.local_size, " workers of job '",
+                                 key.second, "' of uid ", key.first, " on this host came to its host stage within ",
+                                 absl::FormatDuration(options_.gather_timeout),
+                                 " (dlcpd --host-gather-timeout-ms); they take the network path");
+  for (const auto& [other, other_stage] : stages_) {
+    if (other.second != key.second || other.first == key.first) continue;
+    absl::StrAppend(&why, "; ", other_stage.members.size(), " worker(s) of uid ", other.first,
+                    " asked for a stage of a job of that name: a job's workers on one host must run as one user, "
+                    "and a stage is never shared between users");
+  }
+  return why;
+}
+
 absl::Time HostBrokerLoop::NextDeadline() const {
   absl::Time next = absl::InfiniteFuture();
   for (const auto& [fd, c] : connections_) {
     if (c.job.empty()) next = std::min(next, c.hello_deadline);
   }
-  for (const auto& [job, stage] : stages_) {
+  for (const auto& [key, stage] : stages_) {
     if (!stage.formed()) next = std::min(next, stage.deadline);
   }
   return next;

@@ -12,16 +12,19 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "common/shm/host_hello.h"
 #include "tests/common/text_files.h"
 #include "tests/integration/process_harness.h"
 
@@ -414,16 +417,27 @@ TEST(HostStage, WithoutAStageEveryWorkerPushesItsOwnAndSaysWhyOnce) {
   EXPECT_GT(Metric(*d, "dlcp_rx_bytes_total"), 0);
 }
 
-// Only the job's own processes reach its stage: the first worker's uid is the job's, and a worker
-// of another uid is refused (SO_PEERCRED), naming both. Both then push their own.
-TEST(HostStage, AWorkerOfAnotherUserIsRefusedItsJobsStage) {
-  if (::geteuid() != 0 || ::access("/usr/bin/setpriv", X_OK) != 0) GTEST_SKIP() << "needs root and setpriv";
-  const std::vector<std::string> as_nobody = {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
-  std::vector<std::string> probe = as_nobody;
-  probe.insert(probe.end(), {DLCP_BENCH_PATH, "--version"});
+// `argv` run as uid 65534, through setpriv.
+std::vector<std::string> AsNobody(std::vector<std::string> argv) {
+  std::vector<std::string> out = {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+// Why this test cannot run programs as uid 65534 (it then skips); none where it can.
+std::optional<std::string> CannotRunAsNobody() {
+  if (::geteuid() != 0 || ::access("/usr/bin/setpriv", X_OK) != 0) return "needs root and setpriv";
+  std::vector<std::string> probe = AsNobody({DLCP_BENCH_PATH, "--version"});
   if (RunProcess(probe, absl::Seconds(10)).exit_code != 0) {
-    GTEST_SKIP() << "uid 65534 cannot run " << DLCP_BENCH_PATH << " (a build tree it cannot reach)";
+    return absl::StrCat("uid 65534 cannot run ", DLCP_BENCH_PATH, " (a build tree it cannot reach)");
   }
+  return std::nullopt;
+}
+
+// Only the job's own processes reach its stage: a stage is its workers' uid's (SO_PEERCRED), and
+// workers of one job under two uids never share one. Both push their own, and the log says why.
+TEST(HostStage, WorkersOfTwoUsersNeverShareAStageAndTheRefusalSaysWhy) {
+  if (auto why = CannotRunAsNobody()) GTEST_SKIP() << *why;
   auto d = Daemon::Start(DLCPD_PATH, {"--host-gather-timeout-ms=1000"});
   ASSERT_NE(d, nullptr);
   const std::string dir = d->host_socket().substr(0, d->host_socket().rfind('/'));
@@ -433,8 +447,7 @@ TEST(HostStage, AWorkerOfAnotherUserIsRefusedItsJobsStage) {
     std::vector<std::string> argv = Bench(d->control(), 2, "two-users", d->host_socket(), 100000, 5);
     argv.push_back(absl::StrCat("--rank=", rank));
     argv.push_back("--local-size=2");
-    if (rank == 1) argv.insert(argv.begin(), as_nobody.begin(), as_nobody.end());
-    workers.push_back(BackgroundProcess::Start(argv));
+    workers.push_back(BackgroundProcess::Start(rank == 1 ? AsNobody(argv) : argv));
   }
   std::string both;
   for (auto& w : workers) {
@@ -443,9 +456,49 @@ TEST(HostStage, AWorkerOfAnotherUserIsRefusedItsJobsStage) {
     EXPECT_NE(r.out.find("\"exact\":true"), std::string::npos) << r.out;
     both += r.out;
   }
-  EXPECT_TRUE(both.find("' on this host runs as uid 0, not uid 65534 of rank 1") != std::string::npos ||
-              both.find("' on this host runs as uid 65534, not uid 0 of rank 0") != std::string::npos)
-      << both;
+  EXPECT_NE(both.find("a job's workers on one host must run as one user"), std::string::npos) << both;
+  EXPECT_NE(both.find("of uid 65534"), std::string::npos) << both;
+}
+
+// A local stranger (uid 65534) asks first for a stage of a job's name, and holds its request until
+// its gather times out: the job's own workers (root) still get their stage, then and after.
+TEST(HostStage, AStrangersHelloForAJobsNameNeitherTakesNorBlocksItsStage) {
+  if (auto why = CannotRunAsNobody()) GTEST_SKIP() << *why;
+  auto d = Daemon::Start(DLCPD_PATH, {"--metrics-port=0", "--host-gather-timeout-ms=2000"});
+  ASSERT_NE(d, nullptr);
+  const std::string dir = d->host_socket().substr(0, d->host_socket().rfind('/'));
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  std::string hex;
+  for (uint8_t b : EncodeHostHello(HostHello{"victim", 2, 0, 2, false})) absl::StrAppendFormat(&hex, "%02x", b);
+  auto stranger = BackgroundProcess::Start(AsNobody(
+      {"/usr/bin/python3", "-c",
+       absl::StrCat("import socket, sys, time\n"
+                    "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+                    "s.connect(sys.argv[1]); s.send(bytes.fromhex('", hex, "')); print('sent', flush=True)\n"
+                    "print('answer', len(s.recv(4096)), flush=True)\n"),
+       d->host_socket()}));
+  ASSERT_TRUE(stranger->WaitForOutput("sent", absl::Seconds(10))) << stranger->Output();
+  auto run_job = [&] {
+    std::vector<std::unique_ptr<BackgroundProcess>> workers;
+    for (int rank = 0; rank < 2; ++rank) {
+      std::vector<std::string> argv = Bench(d->control(), 2, "victim", d->host_socket(), 100000, 5);
+      argv.push_back(absl::StrCat("--rank=", rank));
+      argv.push_back("--local-size=2");
+      workers.push_back(BackgroundProcess::Start(argv));
+    }
+    for (auto& w : workers) {
+      ProcessResult r = w->Wait(absl::Seconds(60));
+      EXPECT_EQ(r.exit_code, 0) << r.out;
+      EXPECT_NE(r.out.find("\"exact\":true"), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find("\"host_stage_size\":2"), std::string::npos) << "no stage:\n" << r.out;
+    }
+  };
+  run_job();
+  // The stranger's own gather timed out and was refused; the job's name is not refused for it.
+  ProcessResult s = stranger->Wait(absl::Seconds(30));
+  EXPECT_NE(s.out.find("answer"), std::string::npos) << s.out;
+  run_job();
+  EXPECT_EQ(Metric(*d, "dlcp_host_stages_formed_total"), 2);
 }
 
 TEST(HostStage, AStageOverTheHostsSharedMemoryBoundIsRefusedNamingTheSetting) {
