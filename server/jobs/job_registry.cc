@@ -274,7 +274,23 @@ std::vector<std::string> JobRegistry::ExpireRegroups(absl::Time now) {
 
 absl::Status JobRegistry::Heartbeat(uint32_t job_id, uint32_t rank, uint32_t key_generation, uint64_t incarnation) {
   std::shared_ptr<Job> job = Find(job_id);
-  if (!job) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  if (!job && RecentlyClosed(job_id)) {
+    return absl::NotFoundError(absl::StrCat("no job ", job_id, ": it ended here (every worker left or was dropped)"));
+  }
+  if (!job) {
+    // Not a job this process ended: most likely it restarted since the worker joined it (a
+    // crashed container back at once). UNAVAILABLE, as the process before it is: the worker
+    // treats it as unreachable, and the job moves off it or takes it back (Session), as for an
+    // aggregator that was down for the heartbeat deadline.
+    return absl::UnavailableError(absl::StrCat("no job ", job_id, " here: this aggregator restarted since the worker "
+                                               "joined it, or ended the job over a minute ago"));
+  }
+  if (rank < job->world && job->members[rank].last_heartbeat_ns.load() == 0) {
+    // The rank never joined this job here: it joined the process before this one, and another
+    // worker, having lost that one, joined this one first (JobRegistry::Join starts the clock).
+    return absl::UnavailableError(absl::StrCat("rank ", rank, " of job '", job->name,
+                                               "' never joined this aggregator: it restarted since the worker joined it"));
+  }
   if (rank >= job->world || !job->members[rank].joined()) {
     std::string why = job->failed.load() ? absl::StrCat(" (the job failed: ", job->failure_reason(), ")") : "";
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is not a member of job '", job->name, "'", why));

@@ -371,6 +371,38 @@ TEST(Faults, KilledAggregatorsShareMovesToTheOthersAndComesBackWithIt) {
   ExpectRunningAndExact(workers);
 }
 
+// An aggregator that crashes and is back at once, at the same address (a container restarted as
+// soon as it died), knows nothing of the job. Its share moves to the others, and it is taken back,
+// however soon it came back: 0.5 s (before any worker noticed it gone) to 5 s. The job runs on.
+class AggregatorBackAfter : public ::testing::TestWithParam<int> {};
+constexpr int kBackHeartbeatTimeoutMs = 4000;  // 2 and 3 s: back before any worker's deadline
+
+TEST_P(AggregatorBackAfter, ItIsTakenBackAndTheJobRunsOn) {
+  const std::string name = absl::StrCat("agg-back-", GetParam());
+  const auto start = [] {
+    return Daemon::Start(DLCPD_PATH, {absl::StrCat("--heartbeat-timeout-ms=", kBackHeartbeatTimeoutMs),
+                                      "--job-idle-timeout-ms=10000"});
+  };
+  RemapJob job = StartRemapJob(name, start);
+  ASSERT_EQ(job.workers.size(), static_cast<size_t>(kWorkers));
+  std::vector<std::unique_ptr<Daemon>>& daemons = job.daemons;
+  const std::string lost = daemons[1]->control();
+  kill(daemons[1]->pid(), SIGKILL);
+  daemons[1]->Stop(absl::Seconds(1));
+  absl::SleepFor(absl::Milliseconds(GetParam()));
+  daemons[1] = Daemon::Start(DLCPD_PATH, {absl::StrCat("--heartbeat-timeout-ms=", kBackHeartbeatTimeoutMs),
+                                          "--job-idle-timeout-ms=10000", "--port=" + lost.substr(lost.rfind(':') + 1)});
+  ASSERT_NE(daemons[1], nullptr);
+  for (int r = 0; r < kWorkers; ++r) {
+    EXPECT_TRUE(job.workers[r]->WaitForOutput("regrouped on 3 aggregator(s)", absl::Seconds(30)))
+        << "rank " << r << ":\n" << job.workers[r]->Output();
+  }
+  ExpectRunningAndExact(job.workers);
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, AggregatorBackAfter, ::testing::Values(2000, 3000, 5000),
+                         [](const auto& info) { return absl::StrCat(info.param, "ms"); });
+
 // A frozen aggregator (SIGSTOP; as a node that went away without resetting its connections)
 // answers nothing: every call to it runs to its deadline. Its share moves to the others, and
 // while the workers probe it, their heartbeats to the others must go on, or those drop them.
