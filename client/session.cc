@@ -635,7 +635,9 @@ absl::Status Session::Leave() {
   using LeaveCall = PendingCall<v1::LeaveRequest, v1::LeaveResponse>;
   std::vector<std::pair<size_t, std::unique_ptr<LeaveCall>>> calls;  // all at once: one deadline in all
   for (size_t i = 0; i < stubs_.size(); ++i) {
-    if (lost[i]) continue;  // gone; a Leave would only wait for its deadline
+    // Gone: a Leave would only wait for its deadline. (A Join that failed part way leaves the
+    // session before `lost_` is sized: it leaves every aggregator it has a stub for.)
+    if (i < lost.size() && lost[i]) continue;
     v1::LeaveRequest req;
     req.set_job_id(job_id_);
     req.set_rank(options_.rank);

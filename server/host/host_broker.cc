@@ -336,9 +336,10 @@ void HostBrokerLoop::Gone(int fd) {
   const std::string job = c->second.job;
   const uint32_t rank = c->second.rank;
   const pid_t pid = c->second.peer.pid;
+  const uid_t uid = c->second.peer.uid;
   CloseConnection(fd);
   if (job.empty()) return;
-  if (auto s = stages_.find(StageKey{c->second.peer.uid, job}); s != stages_.end() && s->second.holds(rank, fd)) {
+  if (auto s = stages_.find(StageKey{uid, job}); s != stages_.end() && s->second.holds(rank, fd)) {
     Stage& stage = s->second;
     if (!stage.formed()) {
       stage.members.erase(rank);
