@@ -43,11 +43,11 @@ void TakeLegStats(const RoundStats& leg, RoundStats* op) {
   *op = std::move(taken);
 }
 
-// A stage op's span: apart from the engine's spans (key << 32 | round), which the first worker's
-// network legs have, by the round's top bit (no key runs 2^31 rounds).
 // A step's part of its op, for the timeline.
 std::string StepArgs(const StepSpec& s) { return absl::StrCat("\"offset\":", s.offset, ",\"elems\":", s.elems); }
 
+// A stage op's span: apart from the engine's spans (key << 32 | round), which the first worker's
+// network legs have, by the round's top bit (no key runs 2^31 rounds).
 uint64_t StageTraceId(uint32_t key, uint32_t round) { return uint64_t{key} << 32 | round | uint32_t{1} << 31; }
 // ... and its name, as the engine names its own (AllReduceOptions::name, else "key K").
 std::string SpanName(uint32_t key, const AllReduceOptions& options) {
@@ -412,7 +412,9 @@ void HostStage::Complete(Running& run) {
     run.stats.loss_bound = std::max(run.stats.loss_bound, static_cast<double>(run.heard->loss_bound_ppm) / wire::kPpm);
   }
   if (run.heard && op.options.report_classes) run.stats.classes = std::move(run.classes);
-  absl::Status classed = ClassWholeJob(run);
+  // An empty op completes on the beginning thread, and has no chunks: the ending thread's
+  // classes_ are not for it.
+  absl::Status classed = op.elems() == 0 ? absl::OkStatus() : ClassWholeJob(run);
   TraceEnd(run, classed);
   if (!classed.ok()) return run.op.done(classed);
   run.stats.time = MonotonicNow() - run.start;
