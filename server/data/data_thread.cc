@@ -20,6 +20,8 @@
 namespace dlcp::server {
 namespace {
 constexpr int kMaxRepairBackoff = 16;
+// How often an idle dlcpd gives the allocator's free memory back even with no round ended since.
+constexpr absl::Duration kIdleTrimInterval = absl::Seconds(5);
 
 }  // namespace
 
@@ -80,7 +82,7 @@ void DataThread::Run() {
     }
     Check(outbox_.Flush());
     retired_.clear();
-    if (rounds_.empty()) TrimWhenIdle();
+    if (rounds_.empty()) TrimWhenIdle(now);
   }
 }
 
@@ -536,9 +538,13 @@ DataThread::RoundMap::iterator DataThread::Retire(RoundMap::iterator it) {
   return rounds_.erase(it);
 }
 
-void DataThread::TrimWhenIdle() {
-  if (trimmed_ || jobs_->size() > 0) return;
+void DataThread::TrimWhenIdle(absl::Time now) {
+  // Thread 0 also trims again now and then: what the control plane freed (a flood of
+  // connections, say) is the allocator's to give back, and no round retiring would prompt it.
+  const bool control_due = index_ == 0 && now - last_trim_ >= kIdleTrimInterval;
+  if ((trimmed_ && !control_due) || jobs_->size() > 0) return;
   trimmed_ = true;
+  last_trim_ = now;
   pool_.Clear();
 #if defined(__GLIBC__) && !defined(DLCP_UNDER_SANITIZER)
   // Under a sanitizer glibc's allocator is not the one in use; malloc_trim would set its arenas

@@ -131,8 +131,9 @@ class DataThread {
   // queued results may point into it. Returns the next iterator.
   RoundMap::iterator Retire(RoundMap::iterator it);
   // With no round left on this thread and no job on the aggregator, gives the cached blocks and
-  // the allocator's free memory back to the system, so an idle dlcpd returns to its idle size.
-  void TrimWhenIdle();
+  // the allocator's free memory back to the system, so an idle dlcpd returns to its idle size:
+  // once after its last round ended, and on thread 0 every 5 s while idle.
+  void TrimWhenIdle(absl::Time now);
   void CountCompleted(const Round& r);
   void ScanTimers(absl::Time now);
   void PruneJobState(absl::Time now);  // floors and result shares of ended jobs, old ERROR times
@@ -157,6 +158,7 @@ class DataThread {
   RoundMap rounds_;
   std::vector<std::unique_ptr<Round>> retired_;  // released since the last Flush (Retire)
   bool trimmed_ = true;                          // nothing cached since the last TrimWhenIdle
+  absl::Time last_trim_ = absl::InfinitePast();
   // Per (job incarnation, key): every round below this one has been delivered and freed.
   std::unordered_map<FloorKey, uint32_t, FloorKeyHash> floor_;
   // When each (round, worker) last got an ERROR; pruned by the timer scan.
