@@ -442,36 +442,55 @@ int OpenFds(int pid) {
   return n;
 }
 
+// Raises this process's descriptor limit to `want`, or as near as its hard limit allows: the new
+// limit.
+rlim_t RaiseDescriptorLimit(rlim_t want) {
+  rlimit fds{};
+  if (::getrlimit(RLIMIT_NOFILE, &fds) != 0) return 0;
+  fds.rlim_cur = std::min(fds.rlim_max, std::max(fds.rlim_cur, want));
+  return ::setrlimit(RLIMIT_NOFILE, &fds) == 0 ? fds.rlim_cur : 0;
+}
+
+// `count` connections to 127.0.0.1:`port` that never send a byte, taking their source address in
+// turn from `peers`; non-blocking, so the kernel completes them whether dlcpd admits them or not.
+// Fewer than `count` if the descriptors ran out (errno says why).
+std::vector<int> OpenSilentConnections(int port, const std::vector<std::string>& peers, int count) {
+  std::vector<int> fds;
+  for (int i = 0; i < count; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    sockaddr_in from{}, to{};
+    from.sin_family = to.sin_family = AF_INET;
+    ::inet_pton(AF_INET, peers[i % peers.size()].c_str(), &from.sin_addr);
+    ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    to.sin_port = htons(static_cast<uint16_t>(port));
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0 ||
+        (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0 && errno != EINPROGRESS)) {
+      ::close(fd);
+      break;
+    }
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
 // One peer opening thousands of connections that never send a byte holds at most
 // --max-connections-per-peer of them, each for at most --handshake-timeout-ms; the rest are
 // closed as they arrive. dlcpd's descriptors stay bounded, and a job from another address is
 // served throughout.
 TEST(Binaries, DlcpdClosesIdleConnectionsAndBoundsThemPerPeer) {
   constexpr int kFlood = 2000, kPerPeer = 100;
-  rlimit fds{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &fds), 0);
-  fds.rlim_cur = std::min<rlim_t>(fds.rlim_max, kFlood + 1024);
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &fds), 0);
-  if (fds.rlim_cur < kFlood + 256) GTEST_SKIP() << "the descriptor limit is " << fds.rlim_max;
+  if (const rlim_t limit = RaiseDescriptorLimit(kFlood + 1024); limit < kFlood + 256) {
+    GTEST_SKIP() << "the descriptor limit is " << limit;
+  }
   auto d = Daemon::Start(DLCPD_PATH, {"--handshake-timeout-ms=1000", absl::StrCat("--max-connections-per-peer=", kPerPeer),
                                       "--metrics-port=0"});
   ASSERT_NE(d, nullptr);
   const int idle_fds = OpenFds(d->pid());
   const int port = std::stoi(d->control().substr(d->control().rfind(':') + 1));
-  std::vector<int> flood;
-  for (int i = 0; i < kFlood; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    ASSERT_GE(fd, 0) << std::strerror(errno);
-    sockaddr_in from{}, to{};
-    from.sin_family = to.sin_family = AF_INET;
-    ::inet_pton(AF_INET, "127.0.0.2", &from.sin_addr);  // another peer than the job's 127.0.0.1
-    ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-    to.sin_port = htons(static_cast<uint16_t>(port));
-    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0) << std::strerror(errno);
-    const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to));
-    ASSERT_TRUE(rc == 0 || errno == EINPROGRESS) << std::strerror(errno);
-    flood.push_back(fd);
-  }
+  // From another peer than the job's 127.0.0.1.
+  const std::vector<int> flood = OpenSilentConnections(port, {"127.0.0.2"}, kFlood);
+  ASSERT_EQ(flood.size(), size_t{kFlood}) << std::strerror(errno);
   ProcessResult job = RunProcess({DLCP_BENCH_PATH, "--aggregators=" + d->control(), "--plaintext", "--workers=2",
                                   "--tensor-bytes=1000000", "--rounds=10", "--timeout-s=60"},
                                  absl::Seconds(90));
@@ -503,28 +522,6 @@ TEST(Binaries, DlcpdClosesIdleConnectionsAndBoundsThemPerPeer) {
   EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
 }
 
-// Connections from `peers` addresses (127.0.1.x) to 127.0.0.1:`port`, `per_peer` from each,
-// that never send a byte; non-blocking, so the kernel completes them whether dlcpd admits them.
-std::vector<int> OpenSilentConnections(int port, int peers, int per_peer) {
-  std::vector<int> fds;
-  for (int i = 0; i < peers * per_peer; ++i) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) break;
-    sockaddr_in from{}, to{};
-    from.sin_family = to.sin_family = AF_INET;
-    ::inet_pton(AF_INET, absl::StrCat("127.0.1.", 1 + i % peers).c_str(), &from.sin_addr);
-    ::inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
-    to.sin_port = htons(static_cast<uint16_t>(port));
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0) {
-      ::close(fd);
-      break;
-    }
-    (void)::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to));  // EINPROGRESS
-    fds.push_back(fd);
-  }
-  return fds;
-}
-
 // After floods of connections that take dlcpd's control plane to several times its idle size,
 // an idle dlcpd gives the memory back: within 40 MiB of its idle size (docs/deploy.md) once the
 // connections are gone, and no higher after the third flood than after the first.
@@ -533,19 +530,19 @@ TEST(Binaries, DlcpdGivesBackTheMemoryOfAConnectionFlood) {
   GTEST_SKIP() << "a sanitizer's allocator keeps freed memory (ASan's quarantine), so dlcpd's size says nothing here";
 #endif
   constexpr int kPeers = 20, kPerPeer = 250;  // 5,000 connections, under the default per-peer limit
-  rlimit fds{};
-  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &fds), 0);
-  fds.rlim_cur = std::min<rlim_t>(fds.rlim_max, kPeers * kPerPeer + 1024);
-  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &fds), 0);
-  if (fds.rlim_cur < kPeers * kPerPeer + 256) GTEST_SKIP() << "the descriptor limit is " << fds.rlim_max;
+  if (const rlim_t limit = RaiseDescriptorLimit(kPeers * kPerPeer + 1024); limit < kPeers * kPerPeer + 256) {
+    GTEST_SKIP() << "the descriptor limit is " << limit;
+  }
   auto d = Daemon::Start(DLCPD_PATH, {"--handshake-timeout-ms=2000"});
   ASSERT_NE(d, nullptr);
   const int port = std::stoi(d->control().substr(d->control().rfind(':') + 1));
   const double idle_kb = StatusKb(d->pid(), "VmRSS");
   const double bound_kb = idle_kb + 40 * 1024;
+  std::vector<std::string> peers;
+  for (int p = 1; p <= kPeers; ++p) peers.push_back(absl::StrCat("127.0.1.", p));
   std::vector<double> after_kb;
   for (int flood = 0; flood < 3; ++flood) {
-    std::vector<int> conns = OpenSilentConnections(port, kPeers, kPerPeer);
+    std::vector<int> conns = OpenSilentConnections(port, peers, kPeers * kPerPeer);
     ASSERT_EQ(conns.size(), size_t{kPeers * kPerPeer}) << std::strerror(errno);
     // dlcpd holds up to --max-connections (4096) of them, each until its handshake deadline.
     const absl::Time end = MonotonicNow() + absl::Seconds(20);
