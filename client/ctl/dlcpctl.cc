@@ -164,7 +164,7 @@ std::string JobsJson(const std::string& aggregator, const dlcp::v1::Stats& s, bo
     absl::StrAppend(&out, i ? "," : "", "{\"job_id\":", j.job_id(), ",\"name\":", Json(j.job_name()),
                     ",\"world_size\":", j.world_size(), ",\"members\":", j.members(),
                     ",\"rounds_completed\":", j.rounds_completed(), ",\"rounds_in_flight\":", j.rounds_in_flight(),
-                    ",\"data_key_generation\":", j.data_key_generation());
+                    ",\"data_key_generation\":", j.data_key_generation(), ",\"owner\":", Json(j.owner()));
     if (ranks) absl::StrAppend(&out, ",\"ranks\":", dlcp::ctl::RanksJson(RowsOf(j, aggregator)));
     out += "}";
   }
@@ -187,8 +187,8 @@ void PrintHeader(const std::string& cmd) {
     std::cout << absl::StrFormat("%-22s %-22s %-10s %-8s %-9s %9s %5s %8s %10s %10s\n", "AGGREGATOR", "ID", "VERSION",
                                  "STATE", "TRANSPORT", "UPTIME_S", "JOBS", "WORKERS", "ROUNDS", "REJECTS");
   } else if (cmd == "jobs") {
-    std::cout << absl::StrFormat("%-22s %-24s %10s %6s %8s %10s %9s %8s\n", "AGGREGATOR", "JOB", "ID", "WORLD",
-                                 "MEMBERS", "ROUNDS", "IN_FLIGHT", "DATA_KEY");
+    std::cout << absl::StrFormat("%-22s %-24s %10s %6s %8s %10s %9s %8s  %s\n", "AGGREGATOR", "JOB", "ID", "WORLD",
+                                 "MEMBERS", "ROUNDS", "IN_FLIGHT", "DATA_KEY", "OWNER");
   }
 }
 
@@ -229,9 +229,9 @@ void PrintStats(const std::string& cmd, const Reply& r) {
                                  r.stats.jobs_size(), workers, rounds, rejects);
   } else if (cmd == "jobs") {
     for (const auto& j : r.stats.jobs()) {
-      std::cout << absl::StrFormat("%-22s %-24s %10u %6u %8u %10u %9u %8u\n", r.address, j.job_name(), j.job_id(),
+      std::cout << absl::StrFormat("%-22s %-24s %10u %6u %8u %10u %9u %8u  %s\n", r.address, j.job_name(), j.job_id(),
                                    j.world_size(), j.members(), j.rounds_completed(), j.rounds_in_flight(),
-                                   j.data_key_generation());
+                                   j.data_key_generation(), j.owner());
       if (r.ranks) std::cout << dlcp::ctl::RanksTable(RowsOf(j, r.address), "    ");
     }
   } else {

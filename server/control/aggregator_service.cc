@@ -124,6 +124,11 @@ absl::Status AggregatorService::CheckDataTransport(const v1::JoinRequest& req) c
   return absl::OkStatus();
 }
 
+absl::Status AggregatorService::CheckCaller(uint32_t job_id, const std::string& client) const {
+  std::shared_ptr<Job> job = jobs_->Find(job_id);
+  return job ? CheckJobOwner(*job, client) : absl::OkStatus();  // an unknown job is the handler's to answer
+}
+
 std::string ClientIdentity(const grpc::ServerContextBase& ctx) {
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
   if (auth && auth->IsPeerAuthenticated()) {
@@ -255,23 +260,25 @@ absl::Status AggregatorService::HandleRotateDataKey(const v1::RotateDataKeyReque
 
 grpc::ServerUnaryReactor* AggregatorService::Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
                                                    v1::LeaveResponse* resp) {
-  DLCP_UNARY(ctx, HandleLeave(*req));
+  DLCP_UNARY(ctx, HandleLeave(*req, ClientIdentity(*ctx)));
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const v1::HeartbeatRequest* req,
                                                        v1::HeartbeatResponse* resp) {
-  DLCP_UNARY(ctx, HandleHeartbeat(*req, resp));
+  DLCP_UNARY(ctx, HandleHeartbeat(*req, resp, ClientIdentity(*ctx)));
 }
 
 grpc::ServerUnaryReactor* AggregatorService::GetTopology(grpc::CallbackServerContext* ctx,
                                                          const v1::GetTopologyRequest* req, v1::Topology* resp) {
-  DLCP_UNARY(ctx, HandleGetTopology(*req, resp));
+  DLCP_UNARY(ctx, HandleGetTopology(*req, resp, ClientIdentity(*ctx)));
 }
 
-absl::Status AggregatorService::HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp) {
+absl::Status AggregatorService::HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp,
+                                                  const std::string& client) {
   std::shared_ptr<Job> job = jobs_->Find(req.job_id());
   if (!job) return absl::NotFoundError(absl::StrCat("no job ", req.job_id(), " at aggregator ", id()));
+  if (absl::Status s = CheckJobOwner(*job, client); !s.ok()) return s;
   resp->set_aggregator_id(id());
   resp->set_epoch(job->epoch.load());
   resp->set_world_size(job->world);
@@ -296,7 +303,8 @@ grpc::ServerUnaryReactor* AggregatorService::GetStats(grpc::CallbackServerContex
   DLCP_UNARY(ctx, HandleGetStats(*req, resp));
 }
 
-absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req) {
+absl::Status AggregatorService::HandleLeave(const v1::LeaveRequest& req, const std::string& client) {
+  if (absl::Status s = CheckCaller(req.job_id(), client); !s.ok()) return s;
   if (req.reason().size() > 512) {
     return absl::InvalidArgumentError(absl::StrCat("leave reason of ", req.reason().size(), " bytes exceeds 512"));
   }
@@ -335,7 +343,9 @@ bool NoteStageReport(Job& job, const v1::HeartbeatRequest& req) {
 }
 }  // namespace
 
-absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp) {
+absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp,
+                                                const std::string& client) {
+  if (absl::Status s = CheckCaller(req.job_id(), client); !s.ok()) return s;
   absl::Status s = jobs_->Heartbeat(req.job_id(), req.rank(), req.data_key_generation(), req.incarnation());
   if (std::shared_ptr<Job> job = jobs_->Find(req.job_id()); job && s.ok() && !NoteStageReport(*job, req)) {
     bad_requests_->Add();  // only the report is refused: a worker is not dropped over it
@@ -369,7 +379,7 @@ grpc::ServerUnaryReactor* AggregatorService::Regroup(grpc::CallbackServerContext
   absl::Status status = HandleRegroup(*req, resp, [this, reactor](absl::Status s) {
     if (!s.ok()) bad_requests_->Add();
     reactor->Finish(ToGrpcStatus(s));
-  });
+  }, ClientIdentity(*ctx));
   if (!status.ok()) {
     bad_requests_->Add();
     reactor->Finish(ToGrpcStatus(status));
@@ -378,7 +388,8 @@ grpc::ServerUnaryReactor* AggregatorService::Regroup(grpc::CallbackServerContext
 }
 
 absl::Status AggregatorService::HandleRegroup(const v1::RegroupRequest& req, v1::RegroupResponse* resp,
-                                              std::function<void(absl::Status)> done) {
+                                              std::function<void(absl::Status)> done, const std::string& client) {
+  if (absl::Status s = CheckCaller(req.job_id(), client); !s.ok()) return s;
   constexpr int kMaxLost = 64;
   constexpr int kMaxKeys = 1 << 16;
   constexpr uint32_t kMaxWaitMs = 120000;
@@ -441,6 +452,7 @@ absl::Status AggregatorService::HandleGetStats(const v1::GetStatsRequest& req, v
     v1::JobStats* js = resp->add_jobs();
     js->set_job_id(job->id);
     js->set_job_name(job->name);
+    js->set_owner(job->creator);
     js->set_world_size(job->world);
     js->set_members(job->member_count.load());
     js->set_rounds_completed(job->rounds_completed.load());

@@ -56,21 +56,26 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
                           const std::string& client = "");
   // The worker's data plane must be this aggregator's: both UDP, or both RDMA with the same Q_Key.
   absl::Status CheckDataTransport(const v1::JoinRequest& req) const;
-  absl::Status HandleLeave(const v1::LeaveRequest& req);
+  // `client` (ClientIdentity) for the job-scoped calls: under mutual TLS only the job's owner's
+  // identity is served (CheckJobOwner); empty: a caller with no identity.
+  absl::Status HandleLeave(const v1::LeaveRequest& req, const std::string& client = "");
   // The job's rounds waiting here, and on whom (WaitingBoard), into a heartbeat answer.
   static void FillWaiting(Job& job, v1::HeartbeatResponse* resp);
-  absl::Status HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp);
-  absl::Status HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp);
+  absl::Status HandleHeartbeat(const v1::HeartbeatRequest& req, v1::HeartbeatResponse* resp,
+                               const std::string& client = "");
+  absl::Status HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp, const std::string& client = "");
   absl::Status HandleGetStats(const v1::GetStatsRequest& req, v1::Stats* resp);
   static void FillRank(const Job& job, const RankLateness& r, v1::RankStats* out);
   // NotFound for a job not here; FailedPrecondition without data authentication.
   absl::Status HandleRotateDataKey(const v1::RotateDataKeyRequest& req, v1::RotateDataKeyResponse* resp);
   // Validates; then `done` gets the outcome, at once or when the coordination ends.
   absl::Status HandleRegroup(const v1::RegroupRequest& req, v1::RegroupResponse* resp,
-                             std::function<void(absl::Status)> done);
+                             std::function<void(absl::Status)> done, const std::string& client = "");
 
  private:
   void FillEndpoints(google::protobuf::RepeatedPtrField<v1::Endpoint>* out) const;
+  // CheckJobOwner for job `job_id`, if it is here.
+  absl::Status CheckCaller(uint32_t job_id, const std::string& client) const;
   // A job's keys as Join and Heartbeat hand them out to rank `rank`: the newest key its results
   // are signed with, the one before it while a rotation may still sign with it, and what the
   // rank signs with (left empty without per-worker keys).

@@ -5,6 +5,7 @@
 
 #include <mutex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -92,6 +93,14 @@ std::shared_ptr<const std::vector<uint32_t>> Job::HostGroupLedBy(uint32_t rank) 
   return rank < host_groups.size() ? host_groups[rank] : nullptr;
 }
 
+absl::Status CheckJobOwner(const Job& job, const std::string& client) {
+  if (!absl::StartsWith(job.creator, "certificate ") || client == job.creator) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "job '", job.name, "' belongs to ", job.creator, ", which created it here, and this call came from ",
+      client.empty() ? "a caller with no identity" : client,
+      ": give every worker of a job a certificate of the same identity, or choose another job name"));
+}
+
 absl::StatusOr<std::shared_ptr<Job>> JobRegistry::FindOrCreate(const JoinSpec& s, uint32_t id) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   auto it = jobs_.find(id);
@@ -141,6 +150,7 @@ absl::StatusOr<std::shared_ptr<Job>> JobRegistry::Join(const JoinSpec& s) {
   absl::StatusOr<std::shared_ptr<Job>> found = FindOrCreate(s, id);
   if (!found.ok()) return found.status();
   std::shared_ptr<Job> job = std::move(*found);
+  if (absl::Status owner = CheckJobOwner(*job, s.client); !owner.ok()) return owner;
   if (job->world != s.world_size) {
     return absl::FailedPreconditionError(
         absl::StrCat("job '", s.job_name, "' has world_size ", job->world, ", not ", s.world_size));

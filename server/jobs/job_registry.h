@@ -176,6 +176,11 @@ struct JoinSpec {
   std::vector<uint32_t> host_group;
 };
 
+// Under mutual TLS a job belongs to the certificate identity that created it (Job::creator), and
+// a call for it from another identity is refused, naming both. Without client certificates a
+// caller is known only by its address, which a job's workers do not share: nothing is checked.
+absl::Status CheckJobOwner(const Job& job, const std::string& client);
+
 // The most ranks one host stage may carry.
 inline constexpr uint32_t kMaxHostGroup = 256;
 // INVALID_ARGUMENT unless `group` is empty or 2..kMaxHostGroup ranks below `world`, ascending,

@@ -32,8 +32,9 @@ class TlsTest : public ::testing::Test {
         "set -e; cd ", d, "; K='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes';",
         "openssl req -x509 $K -keyout ca.key -out ca.crt -days 2 -subj /CN=dlcp-test-ca 2>/dev/null;",
         "printf 'subjectAltName=IP:127.0.0.1,DNS:dlcpd.dlcp.svc\\nextendedKeyUsage=serverAuth\\n' > server.ext;",
-        "printf 'extendedKeyUsage=clientAuth\\n' > client.ext;",
-        "for n in server client; do openssl req $K -keyout $n.key -out $n.csr -subj /CN=$n 2>/dev/null;",
+        "printf 'extendedKeyUsage=clientAuth\\n' > client.ext; cp client.ext client2.ext;",
+        // client2: a second identity from the same CA.
+        "for n in server client client2; do openssl req $K -keyout $n.key -out $n.csr -subj /CN=$n 2>/dev/null;",
         "openssl x509 -req -in $n.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile $n.ext",
         " -out $n.crt 2>/dev/null; done;",
         // A second CA, to make a client certificate the server must not trust.
@@ -67,8 +68,8 @@ class TlsTest : public ::testing::Test {
     argv.insert(argv.end(), security.begin(), security.end());
     return argv;
   }
-  std::vector<std::string> ClientCert() {
-    return {"--tls-ca=" + F("ca.crt"), "--tls-cert=" + F("client.crt"), "--tls-key=" + F("client.key")};
+  std::vector<std::string> ClientCert(const std::string& name = "client") {
+    return {"--tls-ca=" + F("ca.crt"), "--tls-cert=" + F(name + ".crt"), "--tls-key=" + F(name + ".key")};
   }
 
   static std::string* dir_;
@@ -110,6 +111,33 @@ TEST_F(TlsTest, ClientsWithoutATrustedCertificateAreRefusedSayingWhy) {
     EXPECT_NE(r.exit_code, 0) << c.security.back() << "\n" << r.out;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.security.back() << "\n" << r.out;
   }
+}
+
+// A job belongs to the identity whose certificate created it: a worker with another certificate
+// of the same CA cannot join it, and is told whose it is; dlcpctl shows the owner.
+TEST_F(TlsTest, AJobServesOnlyTheIdentityThatCreatedIt) {
+  auto d = StartMutualTls();
+  ASSERT_NE(d, nullptr);
+  std::vector<std::string> rank0 = Bench(*d, ClientCert("client"));
+  rank0.insert(rank0.end(), {"--job=owned", "--rank=0", "--host-stage=false"});
+  auto owner = BackgroundProcess::Start(rank0);
+  std::vector<std::string> jobs = {DLCPCTL_PATH, "jobs", "--aggregators=" + d->control(), "--timeout-ms=3000"};
+  for (const auto& a : ClientCert("client2")) jobs.push_back(a);
+  ProcessResult listed;
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(20); MonotonicNow() < end;) {
+    listed = RunProcess(jobs, absl::Seconds(10));
+    if (listed.out.find("owned") != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(100));  // polled against the deadline: rank 0 joins as it starts
+  }
+  EXPECT_NE(listed.out.find("certificate 'client'"), std::string::npos) << listed.out;
+  std::vector<std::string> rank1 = Bench(*d, ClientCert("client2"));
+  rank1.insert(rank1.end(), {"--job=owned", "--rank=1", "--host-stage=false"});
+  ProcessResult stranger = RunProcess(rank1, absl::Seconds(40));
+  EXPECT_NE(stranger.exit_code, 0) << stranger.out;
+  EXPECT_NE(stranger.out.find("job 'owned' belongs to certificate 'client', which created it here, and this call "
+                              "came from certificate 'client2'"),
+            std::string::npos)
+      << stranger.out;
 }
 
 TEST_F(TlsTest, ServerNameIsVerified) {
