@@ -3,40 +3,21 @@
 // heard it yet (neither told, nor gone), and Holding those that have not moved off.
 #include <gtest/gtest.h>
 
-#include <memory>
+#include <string>
+#include <vector>
 
 #include "common/base/clock.h"
-#include "common/metrics/registry.h"
-#include "server/control/aggregator_service.h"
-#include "server/data/data_plane.h"
 #include "server/jobs/job_registry.h"
-#include "common/transport/transport_options.h"
+#include "tests/unit/control_service_fixture.h"
 
 namespace dlcp::server {
 namespace {
 
-class DrainTest : public ::testing::Test {
+class DrainTest : public ControlServiceTest {
  protected:
-  void SetUp() override {
-    DataPlaneOptions d;
-    d.transport.kind = TransportOptions::Kind::kLoopback;
-    auto plane = DataPlane::Create(d, &jobs_, &metrics_);
-    ASSERT_TRUE(plane.ok()) << plane.status();
-    data_ = std::move(*plane);
-    service_ = std::make_unique<AggregatorService>("agg-a", "", &jobs_, data_.get(), &metrics_);
-  }
-  void TearDown() override { data_->Stop(); }
-
   absl::Status Join(const std::string& job, uint32_t world, uint32_t rank) {
-    v1::JoinRequest req;
-    req.set_job_name(job);
-    req.set_world_size(world);
-    req.set_rank(rank);
-    req.set_chunk_bytes(1024);
-    req.set_data_port(5000 + rank);
-    req.set_worker_keys(true);
     v1::JoinResponse resp;
-    return service_->HandleJoin("ipv4:127.0.0.1:4000", req, &resp);
+    return service_->HandleJoin("ipv4:127.0.0.1:4000", JoinRequestFor(job, world, rank), &resp);
   }
   absl::StatusOr<bool> Heartbeat(const std::string& job, uint32_t rank) {
     v1::HeartbeatRequest req;
@@ -47,11 +28,6 @@ class DrainTest : public ::testing::Test {
     return resp.draining();
   }
   std::vector<std::string> Untold() { return service_->drain().Untold(jobs_); }
-
-  MetricsRegistry metrics_;
-  JobRegistry jobs_{JobLimits{}};
-  std::unique_ptr<DataPlane> data_;
-  std::unique_ptr<AggregatorService> service_;
 };
 
 TEST_F(DrainTest, TellsEachMemberOnceAndKnowsWhoIsLeft) {

@@ -4,15 +4,12 @@
 // certificates callers are addresses, which a job's workers do not share, so nothing is refused.
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/metrics/registry.h"
-#include "server/control/aggregator_service.h"
-#include "server/data/data_plane.h"
 #include "server/jobs/job_registry.h"
+#include "tests/unit/control_service_fixture.h"
 
 namespace dlcp::server {
 namespace {
@@ -20,28 +17,12 @@ namespace {
 constexpr char kOwner[] = "certificate 'team-a'";
 constexpr char kStranger[] = "certificate 'team-b'";
 
-class JobOwnerTest : public ::testing::Test {
+class JobOwnerTest : public ControlServiceTest {
  protected:
-  void SetUp() override {
-    DataPlaneOptions d;
-    d.transport.kind = TransportOptions::Kind::kLoopback;
-    auto plane = DataPlane::Create(d, &jobs_, &metrics_);
-    ASSERT_TRUE(plane.ok()) << plane.status();
-    data_ = std::move(*plane);
-    service_ = std::make_unique<AggregatorService>("agg-a", "", &jobs_, data_.get(), &metrics_);
-  }
-  void TearDown() override { data_->Stop(); }
-
   absl::Status Join(uint32_t rank, const std::string& client) {
-    v1::JoinRequest req;
-    req.set_job_name("owned");
-    req.set_world_size(2);
-    req.set_rank(rank);
-    req.set_chunk_bytes(1024);
-    req.set_data_port(5000 + rank);
-    req.set_worker_keys(true);
     v1::JoinResponse resp;
-    return service_->HandleJoin(absl::StrCat("ipv4:127.0.0.", rank + 1, ":4000"), req, &resp, client);
+    return service_->HandleJoin(absl::StrCat("ipv4:127.0.0.", rank + 1, ":4000"), JoinRequestFor("owned", 2, rank),
+                                &resp, client);
   }
   absl::Status Heartbeat(const std::string& client) {
     v1::HeartbeatRequest req;
@@ -70,11 +51,6 @@ class JobOwnerTest : public ::testing::Test {
     req.set_rank(0);
     return service_->HandleLeave(req, client);
   }
-
-  MetricsRegistry metrics_;
-  JobRegistry jobs_{JobLimits{}};
-  std::unique_ptr<DataPlane> data_;
-  std::unique_ptr<AggregatorService> service_;
 };
 
 TEST_F(JobOwnerTest, AnotherIdentitysWorkerCallsAreRefusedNamingBoth) {
