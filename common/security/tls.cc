@@ -79,10 +79,10 @@ std::string HandshakeHint(const std::string& m, bool plaintext) {
            "for mutual TLS, tls_cert and tls_key; or it is over its connection limits, "
            "dlcpd --max-connections-per-peer)";
   }
-  return " (the aggregator refused the TLS handshake: it likely requires a client certificate signed by the CA it "
-         "trusts (dlcpd --tls-ca), and this client gave none (tls_cert, tls_key), one from another CA, or an "
-         "expired one; or it is over its connection limits, dlcpd --max-connections-per-peer. dlcpd's log names "
-         "the reason)";
+  return " (the aggregator refused the TLS handshake: it is likely over its connection limits, dlcpd "
+         "--max-connections-per-peer and --max-connections; or it is an older dlcpd that checks client "
+         "certificates in the handshake, and this client gave none (tls_cert, tls_key), one from another CA, or an "
+         "expired one)";
 }
 
 absl::Status ValidateTlsOptions(const TlsOptions& o, bool server) {
@@ -102,9 +102,9 @@ absl::Status ValidateTlsOptions(const TlsOptions& o, bool server) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsOptions& o) {
+absl::StatusOr<ServerSecurity> MakeServerSecurity(const TlsOptions& o) {
   if (absl::Status s = ValidateTlsOptions(o, /*server=*/true); !s.ok()) return s;
-  if (o.plaintext) return grpc::InsecureServerCredentials();
+  if (o.plaintext) return ServerSecurity{grpc::InsecureServerCredentials(), nullptr};
   absl::StatusOr<std::string> cert = ReadPem(o.cert_file, "--tls-cert");
   if (!cert.ok()) return cert.status();
   absl::StatusOr<std::string> key = ReadPem(o.key_file, "--tls-key");
@@ -112,13 +112,22 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(c
   if (absl::Status s = CheckKeyPair(*cert, *key, o); !s.ok()) return s;
   grpc::SslServerCredentialsOptions ssl(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  ServerSecurity out;
   if (!o.ca_file.empty()) {
     absl::StatusOr<std::string> ca = ReadPem(o.ca_file, "--tls-ca");
     if (!ca.ok()) return ca.status();
+    absl::StatusOr<std::unique_ptr<ClientCertificateVerifier>> verifier =
+        ClientCertificateVerifier::FromPem(*ca, absl::StrCat("--tls-ca file '", o.ca_file, "'"));
+    if (!verifier.ok()) return verifier.status();
+    out.client_certificates = std::move(*verifier);
+    // The CA's name goes into the handshake's certificate request, so that a client holding
+    // several certificates offers the right one; the chain is checked per call, where a refusal
+    // can be explained to the client and logged with its address.
     ssl.pem_root_certs = *ca;
-    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY;
   }
-  return grpc::SslServerCredentials(ssl);
+  out.credentials = grpc::SslServerCredentials(ssl);
+  return out;
 }
 
 absl::StatusOr<ChannelSecurity> MakeChannelSecurity(const TlsOptions& o) {

@@ -1,7 +1,9 @@
 // gRPC transport security for the control plane, shared by dlcpd, the client library, dlcpctl and
 // dlcp-bench. TLS is the default; plaintext happens only when explicitly chosen. A server given a
-// CA requires and verifies client certificates (mutual TLS). Files are read when credentials are
-// made, so a Kubernetes Secret mounted as files works, and errors name the setting at fault.
+// CA requires client certificates (mutual TLS): its handshake asks for one and proves the client
+// holds its key, and the server checks the certificate before each call it serves
+// (ClientCertificateVerifier). Files are read when credentials are made, so a Kubernetes Secret
+// mounted as files works, and errors name the setting at fault.
 #pragma once
 
 #include <memory>
@@ -12,6 +14,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/status/statusor.h"
+#include "common/security/client_certificates.h"
 
 namespace dlcp {
 
@@ -27,7 +30,13 @@ struct TlsOptions {
 // come together. Says which settings to set.
 absl::Status ValidateTlsOptions(const TlsOptions& o, bool server);
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const TlsOptions& o);
+// A server's credentials and, under mutual TLS, the check its every call must pass first: the
+// handshake leaves the client certificate's chain to it. `client_certificates` is null otherwise.
+struct ServerSecurity {
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::shared_ptr<const ClientCertificateVerifier> client_certificates;
+};
+absl::StatusOr<ServerSecurity> MakeServerSecurity(const TlsOptions& o);
 
 // Credentials and channel arguments for dialling `target` (host:port).
 struct ChannelSecurity {
@@ -37,9 +46,10 @@ struct ChannelSecurity {
 absl::StatusOr<ChannelSecurity> MakeChannelSecurity(const TlsOptions& o);
 
 // The likely cause of a failed first call, read from gRPC's message, for the caller to append:
-// a TLS handshake the peer refused ("Socket closed": no client certificate, one from another
-// CA, an expired one; or TLS against a plaintext port and the reverse), or empty when it is
-// none of those. `plaintext`: how this side dialled.
+// a TLS handshake the peer refused ("Socket closed": over its connection limits; or TLS
+// against a plaintext port and the reverse), or empty when it is none of those. (dlcpd refuses
+// a client certificate after the handshake, in words of its own.) `plaintext`: how this side
+// dialled.
 std::string HandshakeHint(const std::string& grpc_message, bool plaintext);
 
 }  // namespace dlcp

@@ -61,14 +61,16 @@ absl::StatusOr<Joiner> JoinerOf(const v1::JoinRequest& req, const std::string& p
 }  // namespace
 
 AggregatorService::AggregatorService(std::string aggregator_id, std::string advertise_host, JobRegistry* jobs,
-                                     DataPlane* data, MetricsRegistry* metrics)
+                                     DataPlane* data, MetricsRegistry* metrics,
+                                     std::shared_ptr<const ClientCertificateVerifier> client_certificates)
     : id_(std::move(aggregator_id)),
       advertise_host_(std::move(advertise_host)),
       jobs_(jobs),
       data_(data),
       metrics_(metrics),
       started_(MonotonicNow()),
-      bad_requests_(metrics->GetCounter("dlcp_control_rejected_requests_total", {}, "Control RPCs refused")) {
+      bad_requests_(metrics->GetCounter("dlcp_control_rejected_requests_total", {}, "Control RPCs refused")),
+      gate_(std::move(client_certificates), metrics) {
   // The usual build_info gauge: dashboards join it on the instance to see a fleet's releases.
   metrics->AddComputed("dlcp_build_info",
                        {{"version", DLCP_VERSION}, {"wire_version", absl::StrCat(static_cast<uint32_t>(wire::kVersion))}},
@@ -223,11 +225,14 @@ void AggregatorService::FillKeys(const KeyRing::Keys& keys, uint32_t rank, std::
   }
 }
 
-#define DLCP_UNARY(ctx, expr)                     \
-  auto* reactor = (ctx)->DefaultReactor();        \
-  absl::Status status = (expr);                   \
-  if (!status.ok()) bad_requests_->Add();         \
-  reactor->Finish(ToGrpcStatus(status));          \
+// Every call passes the gate first: under mutual TLS the identity the handlers read
+// (ClientIdentity) is one the CA vouches for.
+#define DLCP_UNARY(ctx, expr)                            \
+  auto* reactor = (ctx)->DefaultReactor();               \
+  absl::Status status = gate_.Admit(*(ctx), __func__);   \
+  if (status.ok()) status = (expr);                      \
+  if (!status.ok()) bad_requests_->Add();                \
+  reactor->Finish(ToGrpcStatus(status));                 \
   return reactor
 
 grpc::ServerUnaryReactor* AggregatorService::Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
@@ -376,10 +381,13 @@ absl::Status AggregatorService::HandleHeartbeat(const v1::HeartbeatRequest& req,
 grpc::ServerUnaryReactor* AggregatorService::Regroup(grpc::CallbackServerContext* ctx, const v1::RegroupRequest* req,
                                                      v1::RegroupResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  absl::Status status = HandleRegroup(*req, resp, [this, reactor](absl::Status s) {
-    if (!s.ok()) bad_requests_->Add();
-    reactor->Finish(ToGrpcStatus(s));
-  }, ClientIdentity(*ctx));
+  absl::Status status = gate_.Admit(*ctx, __func__);
+  if (status.ok()) {
+    status = HandleRegroup(*req, resp, [this, reactor](absl::Status s) {
+      if (!s.ok()) bad_requests_->Add();
+      reactor->Finish(ToGrpcStatus(s));
+    }, ClientIdentity(*ctx));
+  }
   if (!status.ok()) {
     bad_requests_->Add();
     reactor->Finish(ToGrpcStatus(status));

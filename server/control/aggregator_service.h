@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/registry.h"
 #include "dlcp/v1/control.grpc.pb.h"
+#include "server/control/client_gate.h"
 #include "server/control/drain_tracker.h"
 #include "server/data/data_plane.h"
 #include "server/jobs/job_registry.h"
@@ -21,8 +22,9 @@ grpc::Status ToGrpcStatus(const absl::Status& s);
 
 class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
  public:
+  // `client_certificates`: under mutual TLS, the check every call passes first (ClientGate).
   AggregatorService(std::string aggregator_id, std::string advertise_host, JobRegistry* jobs, DataPlane* data,
-                    MetricsRegistry* metrics);
+                    MetricsRegistry* metrics, std::shared_ptr<const ClientCertificateVerifier> client_certificates = nullptr);
   // For ids that depend on the port gRPC picked, known only once the server runs.
   void set_aggregator_id(std::string id) {
     std::lock_guard<std::mutex> lock(id_mu_);
@@ -95,6 +97,7 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   MetricsRegistry* metrics_;
   const absl::Time started_;
   Counter* bad_requests_;
+  ClientGate gate_;
   DrainTracker drain_;
 };
 
@@ -102,7 +105,8 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
 // not IP.
 std::string PeerHost(const std::string& peer);
 // Who a caller is: the identity its client certificate proves under mutual TLS
-// ("certificate 'worker-7'"), else its address ("address 10.0.0.7").
+// ("certificate 'worker-7'"), else its address ("address 10.0.0.7"). Only for a call the
+// ClientGate admitted: the handshake alone does not check the certificate's chain.
 std::string ClientIdentity(const grpc::ServerContextBase& ctx);
 
 }  // namespace dlcp::server

@@ -365,9 +365,9 @@ int Main(int argc, char** argv) {
   metrics.AddComputed("dlcp_transport_info", transport, MetricsRegistry::Kind::kGauge,
                       "Always 1: the data plane's transport, and over RDMA its device, port and GID index",
                       [] { return 1.0; });
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeServerCredentials(o.tls);
-  if (!credentials.ok()) {
-    std::cerr << "dlcpd: refusing to start: " << credentials.status().message() << "\n";
+  absl::StatusOr<ServerSecurity> security = MakeServerSecurity(o.tls);
+  if (!security.ok()) {
+    std::cerr << "dlcpd: refusing to start: " << security.status().message() << "\n";
     return 2;
   }
   absl::StatusOr<std::unique_ptr<HostBroker>> broker = StartHostBroker(o, &metrics);
@@ -375,10 +375,11 @@ int Main(int argc, char** argv) {
     std::cerr << "dlcpd: refusing to start: " << broker.status().message() << "\n";
     return 2;
   }
-  AggregatorService service(o.aggregator_id, o.advertise_host, &jobs, data->get(), &metrics);
+  AggregatorService service(o.aggregator_id, o.advertise_host, &jobs, data->get(), &metrics,
+                            security->client_certificates);
   HealthService health;
   GrpcPorts grpc_ports(o, &metrics);
-  if (absl::Status s = grpc_ports.Start(*credentials, &service, &health); !s.ok()) {
+  if (absl::Status s = grpc_ports.Start(security->credentials, &service, &health); !s.ok()) {
     std::cerr << "dlcpd: " << s.message() << "\n";
     return 1;
   }

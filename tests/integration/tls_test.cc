@@ -12,10 +12,15 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
+#include "dlcp/v1/control.grpc.pb.h"
 #include "tests/integration/process_harness.h"
 
 namespace dlcp::testing {
@@ -58,9 +63,11 @@ class TlsTest : public ::testing::Test {
   }
   static std::string F(const std::string& name) { return *dir_ + "/" + name; }
 
-  std::unique_ptr<Daemon> StartMutualTls() {
-    return Daemon::Start(DLCPD_PATH, {"--tls-cert=" + F("server.crt"), "--tls-key=" + F("server.key"),
-                                      "--tls-ca=" + F("ca.crt"), "--health-port=0"});
+  std::unique_ptr<Daemon> StartMutualTls(std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {"--tls-cert=" + F("server.crt"), "--tls-key=" + F("server.key"),
+                                     "--tls-ca=" + F("ca.crt"), "--health-port=0"};
+    args.insert(args.end(), more.begin(), more.end());
+    return Daemon::Start(DLCPD_PATH, args);
   }
   std::vector<std::string> Bench(const Daemon& d, std::vector<std::string> security) {
     std::vector<std::string> argv = {DLCP_BENCH_PATH, "--aggregators=" + d.control(), "--workers=2",
@@ -85,22 +92,24 @@ TEST_F(TlsTest, MutualTlsJobIsExact) {
 }
 
 // Each refusal names the failing step and says what is likely wrong, on the client's side, not
-// only in dlcpd's log: a handshake refused for want of a trusted certificate, plaintext against
-// TLS and the reverse, an expired certificate, a key that is not the certificate's.
+// only in dlcpd's log: a certificate that is missing or from another CA (dlcpd's own check, so
+// the client is told which), plaintext against TLS and the reverse, an expired certificate or a
+// key that is not the certificate's (the client's check of its own files, before dialling).
 TEST_F(TlsTest, ClientsWithoutATrustedCertificateAreRefusedSayingWhy) {
   auto d = StartMutualTls();
   ASSERT_NE(d, nullptr);
   auto plain = Daemon::Start(DLCPD_PATH, {});
   ASSERT_NE(plain, nullptr);
-  const std::string refused = "(the aggregator refused the TLS handshake: it likely requires a client certificate";
   struct Case {
     const Daemon* daemon;
     std::vector<std::string> security;
     std::string says;
   };
   for (const Case& c : std::vector<Case>{
-           {d.get(), {"--tls-ca=" + F("ca.crt")}, refused},  // no client certificate
-           {d.get(), {"--tls-ca=" + F("ca.crt"), "--tls-cert=" + F("rogue.crt"), "--tls-key=" + F("rogue.key")}, refused},
+           {d.get(), {"--tls-ca=" + F("ca.crt")}, "client certificate refused: the client gave no certificate"},
+           {d.get(), {"--tls-ca=" + F("ca.crt"), "--tls-cert=" + F("rogue.crt"), "--tls-key=" + F("rogue.key")},
+            "client certificate refused: the client certificate (CN=rogue) is not signed by the CA this aggregator "
+            "trusts (dlcpd --tls-ca)"},
            {d.get(), {"--plaintext"}, "(the aggregator closed the connection unanswered: it likely requires TLS"},
            {plain.get(), {"--tls-ca=" + F("ca.crt")}, "the aggregator does not speak TLS on this port"},
            {d.get(), {"--tls-ca=" + F("ca.crt"), "--tls-cert=" + F("old.crt"), "--tls-key=" + F("old.key")},
@@ -111,6 +120,66 @@ TEST_F(TlsTest, ClientsWithoutATrustedCertificateAreRefusedSayingWhy) {
     EXPECT_NE(r.exit_code, 0) << c.security.back() << "\n" << r.out;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.security.back() << "\n" << r.out;
   }
+}
+
+// GetStats straight through gRPC with the given client certificate (empty: none), as a client
+// that does not check its own files would call.
+grpc::Status RawGetStats(const std::string& target, const std::string& ca, const std::string& cert,
+                         const std::string& key) {
+  auto read = [](const std::string& path) {
+    std::ifstream f(path);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  };
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = read(ca);
+  if (!cert.empty()) {
+    ssl.pem_cert_chain = read(cert);
+    ssl.pem_private_key = read(key);
+  }
+  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(target, grpc::SslCredentials(ssl)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::GetStatsRequest req;
+  v1::Stats resp;
+  return stub->GetStats(&ctx, req, &resp);
+}
+
+// dlcpd names each client it refused, with its address and the reason, in its log, and counts
+// refusals by reason; an expired certificate (which dlcp's clients would not present) and one
+// made for servers among them.
+TEST_F(TlsTest, DlcpdLogsAndCountsTheClientsItRefusesByReason) {
+  auto d = StartMutualTls({"--metrics-port=0"});
+  ASSERT_NE(d, nullptr);
+  struct Case {
+    std::string cert;
+    std::string reason;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{{"", "none", "the client gave no certificate"},
+                                         {"rogue", "untrusted", "(CN=rogue) is not signed by the CA"},
+                                         {"old", "expired", "(CN=old) expired on "},
+                                         // The CA's, but for servers only (extendedKeyUsage).
+                                         {"server", "unusable", "(CN=server) cannot be used by a TLS client"}}) {
+    const grpc::Status s = RawGetStats(d->control(), F("ca.crt"), c.cert.empty() ? "" : F(c.cert + ".crt"),
+                                       c.cert.empty() ? "" : F(c.cert + ".key"));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << c.reason << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(c.says), std::string::npos) << s.error_message();
+  }
+  EXPECT_TRUE(RawGetStats(d->control(), F("ca.crt"), F("client.crt"), F("client.key")).ok());
+  const std::string log = d->Log();
+  for (const std::string& line : {std::string("refused a GetStats call from ipv4:127.0.0.1:"),
+                                  std::string("(expired): the client certificate (CN=old) expired on "),
+                                  std::string("(untrusted): the client certificate (CN=rogue)"),
+                                  std::string("(none): the client gave no certificate")}) {
+    EXPECT_NE(log.find(line), std::string::npos) << line << "\n" << log;
+  }
+  const std::string metrics = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
+  for (const char* reason : {"none", "untrusted", "expired", "unusable"}) {
+    EXPECT_NE(metrics.find(absl::StrCat("dlcp_tls_clients_refused_total{reason=\"", reason, "\"} 1")),
+              std::string::npos)
+        << reason << "\n" << metrics;
+  }
+  EXPECT_NE(metrics.find("dlcp_tls_clients_refused_total{reason=\"not_yet_valid\"} 0"), std::string::npos);
 }
 
 // A job belongs to the identity whose certificate created it: a worker with another certificate

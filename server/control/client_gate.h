@@ -1,0 +1,51 @@
+// The first step of every call to dlcpd's Aggregator service under mutual TLS: the client
+// certificate the connection's handshake received must be one the CA vouches for
+// (ClientCertificateVerifier). A refused call is answered UNAUTHENTICATED saying why, counted by
+// reason (dlcp_tls_clients_refused_total) and logged with the caller's address, at most
+// kLinesPerSecond lines a second. Without mutual TLS every call passes. Thread-safe.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string_view>
+
+#include <grpcpp/server_context.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/metrics/registry.h"
+#include "common/security/client_certificates.h"
+
+namespace dlcp::server {
+
+class ClientGate {
+ public:
+  static constexpr int kLinesPerSecond = 10;
+
+  // `verifier` null: no mutual TLS. Registers the refusal counters with `metrics`.
+  ClientGate(std::shared_ptr<const ClientCertificateVerifier> verifier, MetricsRegistry* metrics);
+
+  // OK, or UNAUTHENTICATED naming the reason, for call `method` on `ctx`.
+  absl::Status Admit(const grpc::ServerContextBase& ctx, std::string_view method);
+
+  uint64_t refused(CertificateRefusal reason) const {
+    return refused_[static_cast<size_t>(reason)].load(std::memory_order_relaxed);
+  }
+
+ private:
+  // Logs the refusal unless this second's lines are spent; the next line logged says how many
+  // were not.
+  void Log(std::string_view peer, std::string_view method, const CertificateVerdict& verdict);
+
+  const std::shared_ptr<const ClientCertificateVerifier> verifier_;
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(CertificateRefusal::kCount)> refused_{};
+  std::mutex log_mu_;
+  absl::Time log_second_ = absl::InfinitePast();
+  int lines_this_second_ = 0;
+  uint64_t not_logged_ = 0;
+};
+
+}  // namespace dlcp::server
