@@ -82,13 +82,21 @@ absl::Status CheckPartialSums(absl::Span<const float> got, const wire::ChunkGeom
 namespace {
 // One worker's run: its client, its tensors and what it measured. Each round fills the tensors,
 // waits at a barrier, all-reduces them (timed), waits again, and checks every element.
+// `count` zeroed tensors of `elems` floats, each made in place: a copied prototype would hold
+// a second tensor's memory while they are made.
+std::vector<std::vector<float>> Tensors(uint32_t count, uint64_t elems) {
+  std::vector<std::vector<float>> out(count);
+  for (std::vector<float>& t : out) t.resize(elems);
+  return out;
+}
+
 class WorkerRun {
  public:
   WorkerRun(const WorkerConfig& config, std::unique_ptr<Client> client)
       : config_(config),
         client_(std::move(client)),
         elems_(config.tensor_bytes / sizeof(float)),
-        data_(config.tensors, std::vector<float>(elems_)),
+        data_(Tensors(config.tensors, elems_)),
         classes_(config.tensors),
         geometry_{static_cast<uint32_t>(elems_), client_->chunk_bytes() / 4} {
     result_.min_contributors = UINT32_MAX;

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 
 #include "absl/strings/numbers.h"
@@ -40,7 +42,8 @@ void DeclareFlags(ConfigRegistry* c) {
   DeclareClientFlags(c, BenchClientFlags());  // every other client option, as in README.md
   c->AddInt("workers", 1, 1, 4096, "workers in the job");
   c->AddInt("rank", -1, -1, 4095, "this worker's rank; -1 spawns all --workers ranks as child processes");
-  c->AddInt("tensor-bytes", 4 << 20, 4, int64_t{4} << 30, "bytes of float32 per tensor");
+  // An op holds at most 2^32 - 1 elements (the wire format counts them in 32 bits).
+  c->AddInt("tensor-bytes", 4 << 20, 4, int64_t{4} * 0xffffffff, "bytes of float32 per tensor");
   c->AddInt("tensors", 1, 1, 4096, "tensors all-reduced concurrently each round");
   c->AddInt("rounds", 10, 1, 10000000, "timed rounds");
   c->AddInt("warmup", 1, 0, 1000, "untimed rounds first");
@@ -329,6 +332,33 @@ int Spawn(int argc, char** argv, const ConfigRegistry& c) {
   return summary.exact ? 0 : 1;
 }
 
+// The memory this host has for new work (MemAvailable in /proc/meminfo), or 0 if unknown.
+uint64_t AvailableMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string name;
+  uint64_t kib = 0;
+  while (meminfo >> name >> kib) {
+    if (name == "MemAvailable:") return kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+// Each worker on this host holds its tensors whole: refuse, naming the settings, a run that
+// would not fit in the host's memory rather than let the kernel kill it midway.
+absl::Status CheckMemory(const ConfigRegistry& c) {
+  const uint64_t processes = c.GetInt("rank") < 0 ? static_cast<uint64_t>(c.GetInt("workers")) : 1;
+  const uint64_t need = processes * static_cast<uint64_t>(c.GetInt("tensors")) *
+                        static_cast<uint64_t>(c.GetInt("tensor-bytes"));
+  const uint64_t available = AvailableMemoryBytes();
+  if (available == 0 || need <= available) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "%u worker(s) here x --tensors=%d x --tensor-bytes=%d need %.2f GiB, and this host has %.2f GiB available: "
+      "lower --tensor-bytes, --tensors or --workers",
+      processes, c.GetInt("tensors"), c.GetInt("tensor-bytes"), static_cast<double>(need) / (1 << 30),
+      static_cast<double>(available) / (1 << 30)));
+}
+
 int Main(int argc, char** argv) {
   ConfigRegistry config("dlcp-bench", "all-reduce benchmark; checks every result exactly.");
   DeclareFlags(&config);
@@ -337,6 +367,10 @@ int Main(int argc, char** argv) {
   ParseLogLevel(config.GetString("log-level"), &log.min_level).IgnoreError();
   log.component = "dlcp-bench";
   ConfigureLogging(log);
+  if (absl::Status s = CheckMemory(config); !s.ok()) {
+    std::cerr << "dlcp-bench: " << s.message() << "\n";
+    return 2;
+  }
   if (config.GetInt("rank") < 0) return Spawn(argc, argv, config);
   WorkerConfig w = ConfigFrom(config);
   if (w.client.rank >= w.client.world_size) {

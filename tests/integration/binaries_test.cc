@@ -432,6 +432,60 @@ TEST(Binaries, DlcpdReturnsToItsIdleSizeAfterTheLastJobEnds) {
   EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
 }
 
+// MemAvailable of /proc/meminfo in GiB; 0 if unreadable.
+double AvailableGiB() {
+  ProcessResult r = RunProcess({"/bin/cat", "/proc/meminfo"}, absl::Seconds(5));
+  for (absl::string_view line : absl::StrSplit(r.out, '\n')) {
+    if (!absl::ConsumePrefix(&line, "MemAvailable:")) continue;
+    double kb = 0;
+    return absl::SimpleAtod(absl::StripSuffix(absl::StripAsciiWhitespace(line), " kB"), &kb) ? kb / (1 << 20) : 0;
+  }
+  return 0;
+}
+
+// A tensor over 4 GiB (4.5 GiB: a 32-bit byte count would wrap) goes to dlcpd, and a worker
+// killed in the middle of it leaves nothing behind: dlcpd names the rank it lost, closes the
+// job, and gives the accumulators' memory back.
+TEST(Binaries, DlcpdGivesBackATensorOver4GiBItsWorkerAbandoned) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "a sanitizer's allocator keeps freed memory (ASan's quarantine), so dlcpd's size says nothing here";
+#endif
+  constexpr int64_t kTensorBytes = int64_t{4608} << 20;  // 4.5 GiB
+  if (AvailableGiB() < 12) GTEST_SKIP() << "needs 12 GiB available: 4.5 for the worker, up to 5 for dlcpd";
+  const std::string budget = absl::StrCat(int64_t{5} << 30);
+  auto d = Daemon::Start(DLCPD_PATH, {"--max-job-bytes=" + budget, "--max-memory-bytes=" + budget});
+  ASSERT_NE(d, nullptr);
+  const double idle_kb = StatusKb(d->pid(), "VmRSS");
+  ASSERT_GT(idle_kb, 0);
+  auto worker = BackgroundProcess::Start({DLCP_BENCH_PATH, "--aggregators=" + d->control(), "--plaintext",
+                                          "--workers=1", "--rank=0", "--job=huge", "--rounds=1", "--warmup=0",
+                                          absl::StrCat("--tensor-bytes=", kTensorBytes)});
+  // Mid-op: dlcpd holds over 1 GiB of the tensor's sums (the worker first fills 4.5 GiB).
+  double rss_kb = idle_kb;
+  for (const absl::Time end = MonotonicNow() + absl::Seconds(240);
+       rss_kb < idle_kb + (1 << 20) && MonotonicNow() < end;) {
+    absl::SleepFor(absl::Milliseconds(100));  // polled against the deadline
+    rss_kb = StatusKb(d->pid(), "VmRSS");
+  }
+  ASSERT_GE(rss_kb, idle_kb + (1 << 20)) << worker->Output() << d->Log();
+  worker->Signal(SIGKILL);
+  worker->Wait(absl::Seconds(10));
+  const absl::Time killed = MonotonicNow();
+  const std::string lost = "job huge: worker rank 0 sent no heartbeat for ";
+  for (const absl::Time end = killed + absl::Seconds(30); MonotonicNow() < end;) {
+    if (d->Log().find(lost) != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(100));  // polled against the deadline: the heartbeat timeout is 3 s
+  }
+  EXPECT_NE(d->Log().find(lost), std::string::npos) << d->Log();
+  const double bound_kb = idle_kb + 64 * 1024;
+  for (const absl::Time end = killed + absl::Seconds(60); rss_kb > bound_kb && MonotonicNow() < end;) {
+    absl::SleepFor(absl::Milliseconds(200));  // polled against the deadline: the job is reaped, then trimmed
+    rss_kb = StatusKb(d->pid(), "VmRSS");
+  }
+  EXPECT_LE(rss_kb, bound_kb) << "idle " << idle_kb << " kB\n" << d->Log();
+  EXPECT_EQ(d->Stop(absl::Seconds(5)), 0);
+}
+
 // Descriptors process `pid` has open.
 int OpenFds(int pid) {
   int n = 0;
