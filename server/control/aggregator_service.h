@@ -4,7 +4,9 @@
 
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,6 +35,8 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
 
   // Graceful shutdown: from Begin() on, joins are refused and heartbeats answered `draining`.
   DrainTracker& drain() { return drain_; }
+  // What every call passes first; set its hooks before serving.
+  ClientGate& gate() { return gate_; }
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                  v1::JoinResponse* resp) override;
@@ -101,8 +105,10 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   DrainTracker drain_;
 };
 
-// The IP in a gRPC peer string ("ipv4:10.0.0.1:5000", "ipv6:%5B::1%5D:5000"); empty if it is
-// not IP.
+// The IP and port in a gRPC peer string ("ipv4:10.0.0.1:5000", "ipv6:%5B::1%5D:5000"); nullopt if
+// it is not IP.
+std::optional<std::pair<std::string, uint16_t>> PeerHostPort(const std::string& peer);
+// Its IP alone; empty if it is not IP.
 std::string PeerHost(const std::string& peer);
 // Who a caller is: the identity its client certificate proves under mutual TLS
 // ("certificate 'worker-7'"), else its address ("address 10.0.0.7"). Only for a call the

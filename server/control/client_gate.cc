@@ -31,7 +31,9 @@ absl::Status ClientGate::Admit(const grpc::ServerContextBase& ctx, std::string_v
   }
   if (verdict.trusted) return absl::OkStatus();
   refused_[static_cast<size_t>(verdict.refusal)].fetch_add(1, std::memory_order_relaxed);
-  Log(ctx.peer(), method, verdict);
+  const std::string peer = ctx.peer();
+  Log(peer, method, verdict);
+  if (on_refusal_) on_refusal_(peer);
   return absl::UnauthenticatedError(absl::StrCat("client certificate refused: ", verdict.why));
 }
 

@@ -2,14 +2,18 @@
 // certificate the connection's handshake received must be one the CA vouches for
 // (ClientCertificateVerifier). A refused call is answered UNAUTHENTICATED saying why, counted by
 // reason (dlcp_tls_clients_refused_total) and logged with the caller's address, at most
-// kLinesPerSecond lines a second. Without mutual TLS every call passes. Thread-safe.
+// kLinesPerSecond lines a second; then its connection is handed to `on_refusal` to be closed (its
+// certificate is the connection's, so every call on it would be refused). Without mutual TLS
+// every call passes. Thread-safe once serving.
 #pragma once
 
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 
 #include <grpcpp/server_context.h>
@@ -28,6 +32,10 @@ class ClientGate {
   // `verifier` null: no mutual TLS. Registers the refusal counters with `metrics`.
   ClientGate(std::shared_ptr<const ClientCertificateVerifier> verifier, MetricsRegistry* metrics);
 
+  // Called with the gRPC peer string ("ipv4:10.0.0.7:51234") of each refused call. Set before
+  // serving.
+  void set_on_refusal(std::function<void(const std::string& peer)> on_refusal) { on_refusal_ = std::move(on_refusal); }
+
   // OK, or UNAUTHENTICATED naming the reason, for call `method` on `ctx`.
   absl::Status Admit(const grpc::ServerContextBase& ctx, std::string_view method);
 
@@ -41,6 +49,7 @@ class ClientGate {
   void Log(std::string_view peer, std::string_view method, const CertificateVerdict& verdict);
 
   const std::shared_ptr<const ClientCertificateVerifier> verifier_;
+  std::function<void(const std::string& peer)> on_refusal_;
   std::array<std::atomic<uint64_t>, static_cast<size_t>(CertificateRefusal::kCount)> refused_{};
   std::mutex log_mu_;
   absl::Time log_second_ = absl::InfinitePast();

@@ -3,6 +3,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <optional>
+
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
 #include "common/transport/address.h"
@@ -10,13 +12,13 @@
 namespace dlcp {
 namespace {
 
-// The peer's address without its port; empty for what is not a connected IP socket.
-std::string PeerAddress(int fd) {
+// The peer's address; nullopt for what is not a connected IP socket.
+std::optional<Address> PeerAddress(int fd) {
   sockaddr_storage ss{};
   socklen_t len = sizeof(ss);
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
-  if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return "";
-  return Address::FromSockaddr(reinterpret_cast<const sockaddr*>(&ss)).HostString();
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return std::nullopt;
+  if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return std::nullopt;
+  return Address::FromSockaddr(reinterpret_cast<const sockaddr*>(&ss));
 }
 
 }  // namespace
@@ -24,8 +26,9 @@ std::string PeerAddress(int fd) {
 ConnectionLimiter::Verdict ConnectionLimiter::Admit(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return Verdict::kAdmitted;
-  const std::string peer = PeerAddress(fd);
-  if (peer.empty()) return Verdict::kAdmitted;
+  const std::optional<Address> from = PeerAddress(fd);
+  if (!from) return Verdict::kAdmitted;
+  const std::string peer = from->HostString();
   std::lock_guard<std::mutex> lock(mu_);
   if (auto stale = by_fd_.find(fd); stale != by_fd_.end()) Forget(stale);  // the fd was closed and reused
   auto over = [&] {
@@ -45,7 +48,7 @@ ConnectionLimiter::Verdict ConnectionLimiter::Admit(int fd) {
     (v == Verdict::kOverall ? refused_overall_ : refused_per_peer_).fetch_add(1, std::memory_order_relaxed);
     return v;
   }
-  by_fd_[fd] = Held{st.st_ino, peer};
+  by_fd_[fd] = Held{st.st_ino, peer, from->port};
   ++per_peer_[peer];
   held_.store(by_fd_.size(), std::memory_order_relaxed);
   return v;
@@ -54,6 +57,32 @@ ConnectionLimiter::Verdict ConnectionLimiter::Admit(int fd) {
 void ConnectionLimiter::Refresh() {
   std::lock_guard<std::mutex> lock(mu_);
   Sweep();
+}
+
+void ConnectionLimiter::CloseLater(const std::string& host, uint16_t port, absl::Time at) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Bounded by the connections held: a caller refused again and again on one connection is
+  // marked once per refusal, but CloseDue clears the marks as they fall due.
+  if (closing_.size() >= limits_.max_connections) return;
+  for (const auto& [fd, held] : by_fd_) {
+    if (held.port == port && held.peer == host) {
+      closing_.push_back(Closing{fd, held.inode, at});
+      return;
+    }
+  }
+}
+
+void ConnectionLimiter::CloseDue(absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::erase_if(closing_, [&](const Closing& c) {
+    if (c.at > now) return false;
+    struct stat st {};
+    // Still the socket accepted (not closed, its number not reused): gRPC sees it end and closes it.
+    if (::fstat(c.fd, &st) == 0 && st.st_ino == c.inode && ::shutdown(c.fd, SHUT_RDWR) == 0) {
+      closed_later_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return true;
+  });
 }
 
 void ConnectionLimiter::Sweep() {

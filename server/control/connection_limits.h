@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -33,16 +34,28 @@ class ConnectionLimiter {
   Verdict Admit(int fd);
   // Forgets connections gRPC has closed since, so held() is current; for a periodic caller.
   void Refresh();
+  // Marks the connection from host:port (as accepted, if it still is) to be shut down at `at`:
+  // for a caller refused for good, once its answer has had time to reach it. gRPC then closes it.
+  void CloseLater(const std::string& host, uint16_t port, absl::Time at);
+  // Shuts down the marked connections that are due; for a periodic caller.
+  void CloseDue(absl::Time now);
 
   uint64_t held() const { return held_.load(std::memory_order_relaxed); }
   uint64_t refused_overall() const { return refused_overall_.load(std::memory_order_relaxed); }
   uint64_t refused_per_peer() const { return refused_per_peer_.load(std::memory_order_relaxed); }
+  uint64_t closed_later() const { return closed_later_.load(std::memory_order_relaxed); }
   const ConnectionLimits& limits() const { return limits_; }
 
  private:
   struct Held {
     ino_t inode;
     std::string peer;
+    uint16_t port;
+  };
+  struct Closing {
+    int fd;
+    ino_t inode;  // the socket's: the fd may be closed and reused before `at`
+    absl::Time at;
   };
   // Forgets connections gRPC has closed since: their fd is gone, or now names another socket.
   void Sweep();  // with mu_ held
@@ -52,10 +65,12 @@ class ConnectionLimiter {
   std::mutex mu_;
   std::map<int, Held> by_fd_;
   std::map<std::string, uint32_t> per_peer_;
+  std::vector<Closing> closing_;
   absl::Time last_sweep_ = absl::InfinitePast();
   std::atomic<uint64_t> held_{0};
   std::atomic<uint64_t> refused_overall_{0};
   std::atomic<uint64_t> refused_per_peer_{0};
+  std::atomic<uint64_t> closed_later_{0};
 };
 
 }  // namespace dlcp

@@ -148,6 +148,10 @@ void ExportConnectionMetrics(ConnectionLimiter* limiter, MetricsRegistry* metric
                        [limiter] { return static_cast<double>(limiter->refused_overall()); });
   metrics->AddComputed("dlcp_control_connections_refused_total", {{"limit", "per_peer"}}, K::kCounter, refused,
                        [limiter] { return static_cast<double>(limiter->refused_per_peer()); });
+  metrics->AddComputed("dlcp_control_connections_closed_total", {{"reason", "client_certificate"}}, K::kCounter,
+                       "gRPC connections dlcpd closed itself: those whose client certificate it refused, a second "
+                       "after the refusal",
+                       [limiter] { return static_cast<double>(limiter->closed_later()); });
 }
 
 // What every gRPC port of dlcpd bounds (ControlLimits) beyond its connections, which its
@@ -202,6 +206,7 @@ class GrpcPorts {
   int control_port() const { return control_listener_->port(); }
   int health_port() const { return health_listener_ ? health_listener_->port() : -1; }
   grpc::Server& control() { return *control_; }
+  ConnectionLimiter& limiter() { return limiter_; }
 
  private:
   const DlcpdOptions& o_;
@@ -379,6 +384,14 @@ int Main(int argc, char** argv) {
                             security->client_certificates);
   HealthService health;
   GrpcPorts grpc_ports(o, &metrics);
+  // A client refused for its certificate would be refused on every call of its connection (the
+  // certificate is the connection's): it is closed a second after its answer went out, rather
+  // than held until --connection-idle-timeout-ms.
+  service.gate().set_on_refusal([&grpc_ports](const std::string& peer) {
+    if (std::optional<std::pair<std::string, uint16_t>> hp = PeerHostPort(peer)) {
+      grpc_ports.limiter().CloseLater(hp->first, hp->second, MonotonicNow() + absl::Seconds(1));
+    }
+  });
   if (absl::Status s = grpc_ports.Start(security->credentials, &service, &health); !s.ok()) {
     std::cerr << "dlcpd: " << s.message() << "\n";
     return 1;
@@ -402,7 +415,10 @@ int Main(int argc, char** argv) {
   absl::Cleanup stop_exporter = [&] { exporter->reset(); };
   if (o.aggregator_id.empty()) service.set_aggregator_id(JoinHostPort(o.host, grpc_ports.control_port()));
   AnnounceServing(o, **data, grpc_ports.control_port(), *exporter ? (*exporter)->port() : -1, grpc_ports.health_port());
-  const auto tend = [&] { Tend(jobs, o); };
+  const auto tend = [&] {
+    Tend(jobs, o);
+    grpc_ports.limiter().CloseDue(MonotonicNow());
+  };
   const int sig = ServeUntilSignal(signals, tend);
   StopServing(o, service, jobs, grpc_ports.control(), health, signals, sig, tend);
   return 0;

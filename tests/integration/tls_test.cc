@@ -122,10 +122,10 @@ TEST_F(TlsTest, ClientsWithoutATrustedCertificateAreRefusedSayingWhy) {
   }
 }
 
-// GetStats straight through gRPC with the given client certificate (empty: none), as a client
-// that does not check its own files would call.
-grpc::Status RawGetStats(const std::string& target, const std::string& ca, const std::string& cert,
-                         const std::string& key) {
+// A channel straight through gRPC with the given client certificate (empty: none), as a client
+// that does not check its own files would dial.
+std::shared_ptr<grpc::Channel> RawChannel(const std::string& target, const std::string& ca, const std::string& cert,
+                                          const std::string& key) {
   auto read = [](const std::string& path) {
     std::ifstream f(path);
     return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
@@ -136,12 +136,21 @@ grpc::Status RawGetStats(const std::string& target, const std::string& ca, const
     ssl.pem_cert_chain = read(cert);
     ssl.pem_private_key = read(key);
   }
-  auto stub = v1::Aggregator::NewStub(grpc::CreateChannel(target, grpc::SslCredentials(ssl)));
+  return grpc::CreateChannel(target, grpc::SslCredentials(ssl));
+}
+
+grpc::Status GetStatsOn(const std::shared_ptr<grpc::Channel>& channel) {
+  auto stub = v1::Aggregator::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::GetStatsRequest req;
   v1::Stats resp;
   return stub->GetStats(&ctx, req, &resp);
+}
+
+grpc::Status RawGetStats(const std::string& target, const std::string& ca, const std::string& cert,
+                         const std::string& key) {
+  return GetStatsOn(RawChannel(target, ca, cert, key));
 }
 
 // dlcpd names each client it refused, with its address and the reason, in its log, and counts
@@ -180,6 +189,32 @@ TEST_F(TlsTest, DlcpdLogsAndCountsTheClientsItRefusesByReason) {
         << reason << "\n" << metrics;
   }
   EXPECT_NE(metrics.find("dlcp_tls_clients_refused_total{reason=\"not_yet_valid\"} 0"), std::string::npos);
+}
+
+// A refused client's connection is closed by dlcpd a second after the refusal, though the
+// client keeps it: every call on it would be refused, and it would otherwise hold a connection
+// until --connection-idle-timeout-ms (5 minutes).
+TEST_F(TlsTest, DlcpdClosesTheConnectionOfARefusedClient) {
+  auto d = StartMutualTls({"--metrics-port=0"});
+  ASSERT_NE(d, nullptr);
+  std::shared_ptr<grpc::Channel> kept = RawChannel(d->control(), F("ca.crt"), "", "");
+  ASSERT_EQ(GetStatsOn(kept).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  const absl::Time refused = MonotonicNow();
+  std::string metrics;
+  for (const absl::Time end = refused + absl::Seconds(10); MonotonicNow() < end;) {
+    metrics = HttpGet(d->metrics_port(), "/metrics", absl::Seconds(5));
+    if (Scraped(metrics, "dlcp_control_connections_closed_total") >= 1 &&
+        Scraped(metrics, "dlcp_control_connections ") == 0) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(100));  // polled against the deadline
+  }
+  EXPECT_EQ(Scraped(metrics, "dlcp_control_connections_closed_total{reason=\"client_certificate\"}"), 1) << metrics;
+  EXPECT_EQ(Scraped(metrics, "dlcp_control_connections "), 0) << metrics;
+  EXPECT_GE(MonotonicNow() - refused, absl::Milliseconds(900));  // the answer went out first
+  // The client sees its connection end (a channel with no call in flight learns it only when polled).
+  EXPECT_TRUE(kept->GetState(false) != GRPC_CHANNEL_READY ||
+              kept->WaitForStateChange(GRPC_CHANNEL_READY, std::chrono::system_clock::now() + std::chrono::seconds(5)));
 }
 
 // A job belongs to the identity whose certificate created it: a worker with another certificate
