@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/security/client_certificates.h"
 
 namespace dlcp {
 namespace {

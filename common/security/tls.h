@@ -14,9 +14,10 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/status/statusor.h"
-#include "common/security/client_certificates.h"
 
 namespace dlcp {
+
+class ClientCertificateVerifier;  // common/security/client_certificates.h (servers only)
 
 struct TlsOptions {
   bool plaintext = false;
