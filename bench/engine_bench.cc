@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/wire/mac.h"
-#include "server/engine/reduce.h"
+#include "common/reduce/sum.h"
 
 namespace {
 
@@ -23,7 +23,7 @@ void BM_EngineSumInto(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0)) / sizeof(float);
   std::vector<float> dst(n, 1.0f), src(n, 2.0f);
   for (auto _ : state) {
-    dlcp::engine::SumInto(dst.data(), src.data(), n);
+    dlcp::reduce::SumInto(dst.data(), src.data(), n);
     benchmark::DoNotOptimize(dst.data());
     benchmark::ClobberMemory();
   }

@@ -9,7 +9,7 @@
 #include "common/base/clock.h"
 #include "common/shm/futex_bell.h"
 #include "common/wire/bounded.h"
-#include "server/engine/reduce.h"
+#include "common/reduce/sum.h"
 
 namespace dlcp {
 namespace {
@@ -245,8 +245,8 @@ void StageSteps::Share(const StepSpec& s, uint64_t step) {
     if (root == ranks().end()) return (void)std::memset(sum, 0, n * sizeof(float));
     return (void)std::memcpy(sum, slot(static_cast<uint32_t>(root - ranks().begin())) + begin, n * sizeof(float));
   }
-  engine::SumOf(sum, slot(0) + begin, slot(1) + begin, n);  // a stage has two members at least
-  for (uint32_t i = 2; i < members(); ++i) engine::SumInto(sum, slot(i) + begin, n);
+  reduce::SumOf(sum, slot(0) + begin, slot(1) + begin, n);  // a stage has two members at least
+  for (uint32_t i = 2; i < members(); ++i) reduce::SumInto(sum, slot(i) + begin, n);
 }
 
 void StageSteps::PostLoss(uint64_t step, const StageLoss& loss, const std::vector<uint8_t>& classes) {

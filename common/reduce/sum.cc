@@ -1,4 +1,4 @@
-#include "server/engine/reduce.h"
+#include "common/reduce/sum.h"
 
 // target_clones makes GCC emit an AVX-512, an AVX2 and a baseline SSE2 body and pick one through
 // an ifunc when the library loads, so one binary runs everywhere at the best width. Sanitizer
@@ -11,7 +11,7 @@
 #define DLCP_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 
-namespace dlcp::engine {
+namespace dlcp::reduce {
 
 DLCP_ISA_CLONES void SumInto(float* __restrict dst,
                                                                           const float* __restrict src, size_t n) {
@@ -31,4 +31,4 @@ __attribute__((optimize("no-tree-vectorize"))) void SumIntoScalar(float* dst, co
   }
 }
 
-}  // namespace dlcp::engine
+}  // namespace dlcp::reduce

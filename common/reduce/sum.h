@@ -1,11 +1,12 @@
-// The reduction engine: sums a received chunk straight from the receive buffer into the
-// accumulator. Vectorized for the best instruction set the CPU offers (chosen once at load time).
-// Pure functions; safe from any thread on disjoint destinations.
+// The reduction engine: element-wise float sums, shared by dlcpd (a received chunk summed straight
+// from the receive buffer into its accumulator) and the client's host stage (members' slots summed
+// in shared memory). Vectorized for the best instruction set the CPU offers (chosen once at load
+// time). Pure functions; safe from any thread on disjoint destinations.
 #pragma once
 
 #include <cstddef>
 
-namespace dlcp::engine {
+namespace dlcp::reduce {
 
 // dst[i] += src[i] for i < n. dst and src must not overlap.
 void SumInto(float* __restrict dst, const float* __restrict src, size_t n);
@@ -16,4 +17,4 @@ void SumOf(float* __restrict dst, const float* __restrict a, const float* __rest
 // The same sum as SumInto, one element at a time, with no vectorization: the reference for tests.
 void SumIntoScalar(float* dst, const float* src, size_t n);
 
-}  // namespace dlcp::engine
+}  // namespace dlcp::reduce

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "common/topology/topology.h"
-#include "server/engine/reduce.h"
+#include "common/reduce/sum.h"
 
 namespace dlcp::server {
 
@@ -80,7 +80,7 @@ Round::AddResult Round::Add(uint32_t rank, uint32_t chunk, const float* payload,
     std::memcpy(dst, payload, n * sizeof(float));
     ++open_chunks_;
   } else {
-    engine::SumInto(dst, payload, n);
+    reduce::SumInto(dst, payload, n);
   }
   word |= bit;
   last_progress_ = now;

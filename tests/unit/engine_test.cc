@@ -3,9 +3,9 @@
 #include <random>
 #include <vector>
 
-#include "server/engine/reduce.h"
+#include "common/reduce/sum.h"
 
-namespace dlcp::engine {
+namespace dlcp::reduce {
 namespace {
 
 // The vectorized sum must equal the scalar reference bit for bit, for every length and alignment:
@@ -34,4 +34,4 @@ TEST(Engine, TouchesNothingPastTheEnd) {
 }
 
 }  // namespace
-}  // namespace dlcp::engine
+}  // namespace dlcp::reduce
