@@ -44,7 +44,7 @@ run_job() {  # run_job SCENARIO: the workers' JSON lines, tagged, into $work/row
   local scenario=$1 wpids=() t0 t_gone=0 t_exit=0 t_back=0
   t0=$(date +%s.%N)
   for r in $(seq 0 $((WORKERS - 1))); do
-    "$BUILD/client/dlcp-bench" --plaintext --aggregators="$aggs" --workers="$WORKERS" --rank="$r" \
+    "$BUILD/bench/dlcp_bench/dlcp-bench" --plaintext --aggregators="$aggs" --workers="$WORKERS" --rank="$r" \
       --job="failover-$scenario" --tensor-bytes="$TENSOR" --rounds="$ROUNDS" --warmup=0 --loss-bound=0 \
       --on-aggregator-loss=remap --progress >"$work/$scenario.$r.out" 2>"$work/$scenario.$r.err" &
     wpids+=($!)

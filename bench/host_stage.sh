@@ -59,7 +59,7 @@ for n in map(int, workers_list.split()):
         for algorithm, system in (("ring", "gloo_ring_tcp"), ("halving_doubling", "gloo_hd_tcp")):
             rows.append(run(system, [f"{build}/bench/gloo_allreduce", "--workers", str(n), "--tensor-bytes", str(b),
                                      "--rounds", str(r), "--algorithm", algorithm], b, r))
-        bench = [f"{build}/client/dlcp-bench", "--plaintext", f"--aggregators={agg}", f"--workers={n}",
+        bench = [f"{build}/bench/dlcp_bench/dlcp-bench", "--plaintext", f"--aggregators={agg}", f"--workers={n}",
                  f"--tensor-bytes={b}", f"--rounds={r}", "--warmup=2", f"--host-socket={sock}", "--json"]
         rows.append(run("dlcp_host_stage", bench, b, r))
         if n <= per_worker_max:

@@ -23,7 +23,7 @@ for rep in $(seq 1 "$REPS"); do
     read -r n size <<<"$spec"
     for mode in rotating fixed; do
       before=$(settled)
-      j=$("$BUILD/client/dlcp-bench" --plaintext --aggregators="${AGG[$mode]}" --workers="$n" --tensor-bytes="$size" \
+      j=$("$BUILD/bench/dlcp_bench/dlcp-bench" --plaintext --aggregators="${AGG[$mode]}" --workers="$n" --tensor-bytes="$size" \
           --rounds=3 --min-seconds="$JOB_SECONDS" --warmup=2 --json | tail -1)
       rotations=$([ $mode = rotating ] && python3 -c "print(int(float('$(settled)') - float('$before')))" || echo 0)
       echo "{\"keys\":\"$mode\",\"rotations_settled\":$rotations,${j#\{}" | tee -a "$BENCH_OUT"

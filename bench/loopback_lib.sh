@@ -48,7 +48,7 @@ run_job() {
   local names=$1 tags=$2 j aggs="" n
   shift 2
   for n in ${names//,/ }; do aggs+="${aggs:+,}${AGG[$n]}"; done
-  j=$("$BUILD/client/dlcp-bench" --plaintext --aggregators="$aggs" --json "$@" | tail -1)
+  j=$("$BUILD/bench/dlcp_bench/dlcp-bench" --plaintext --aggregators="$aggs" --json "$@" | tail -1)
   echo "{$tags,${j#\{}" | tee -a "$BENCH_OUT"
 }
 

@@ -39,7 +39,7 @@ export PREFIX=${RMP_PREFIX:-rmp} NWORKERS=1 NAGGS=1 PATHS=2 NET=10.73 RATES=$RAT
 command -v qemu-system-x86_64 >/dev/null || { echo "rdma_multipath: needs qemu-system-x86_64 (scripts/install-deps.sh)" >&2; exit 1; }
 [[ $RATE =~ ^([0-9]+)mbit$ ]] || { echo "rdma_multipath: RATE must be in mbit, e.g. 10mbit" >&2; exit 1; }
 HALF="$(( BASH_REMATCH[1] / 2 ))mbit"
-for b in server/dlcpd client/dlcp-bench; do [[ -x $BUILD/$b ]] || { echo "rdma_multipath: $BUILD/$b is missing" >&2; exit 1; }; done
+for b in server/dlcpd bench/dlcp_bench/dlcp-bench; do [[ -x $BUILD/$b ]] || { echo "rdma_multipath: $BUILD/$b is missing" >&2; exit 1; }; done
 
 work=$(mktemp -d /tmp/rdma-multipath.XXXXXX)
 WIP=$("$MP" ip w1) AIP=$("$MP" ip a1)
@@ -95,7 +95,7 @@ run() {  # name ports flags...
   n=\$1 ports=\$2; shift 2
   echo "[run] begin \$n"; sleep 3
   for try in 1 2; do
-    \$B/client/dlcp-bench --rpc-timeout-ms=20000 --aggregators=$AIP:\${ports%,*},$AIP:\${ports#*,} --plaintext --transport=rdma --workers=2 \\
+    \$B/bench/dlcp_bench/dlcp-bench --rpc-timeout-ms=20000 --aggregators=$AIP:\${ports%,*},$AIP:\${ports#*,} --plaintext --transport=rdma --workers=2 \\
       --loss-bound=0 --tensor-bytes=$TENSOR --rounds=$ROUNDS --warmup=1 --timeout-s=300 --json ${BENCH_FLAGS:-} "\$@" > /rxevm/out/\$n.json 2>&1 || true
     grep -q '"exact":true' /rxevm/out/\$n.json && break
   done
@@ -120,7 +120,7 @@ snapshot() {  # FILE: each spine's bytes and drops, both directions, and the agg
 }
 scenario=
 : > "$work/workers.log"  # before tail follows it: the VM's shell may open it later
-TMPDIR=$work ip netns exec "$PREFIX-w1" bash "$RXEVM" --nic "vmtap,$WIP/24,$NET.1.1" --copy "$BUILD/client/dlcp-bench" --timeout 1200 \
+TMPDIR=$work ip netns exec "$PREFIX-w1" bash "$RXEVM" --nic "vmtap,$WIP/24,$NET.1.1" --copy "$BUILD/bench/dlcp_bench/dlcp-bench" --timeout 1200 \
   -f "$work/workers.sh" --out "$work/out" > "$work/workers.log" 2>&1 &
 vm=$!
 while IFS= read -r line; do

@@ -24,9 +24,9 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/packer/packer.h"
-#include "common/policy/class_policy.h"
-#include "common/policy/drop_injector.h"
-#include "common/policy/phase_aware.h"
+#include "common/classes/class_policy.h"
+#include "common/faults/drop_injector.h"
+#include "common/classes/phase_aware.h"
 #include "common/rpc/heartbeat.h"
 #include "common/security/tls.h"
 #include "common/transport/transport.h"
@@ -105,7 +105,7 @@ struct ClientOptions {
   // Contributions of this worker left out of a round are added into its next round of the key.
   bool error_feedback = true;
   // Optional: ε rises outside critical phases, detected from each tensor's gradient norm
-  // (common/policy/phase_aware.h). RoundStats::loss_bound says what each round ran under.
+  // (common/classes/phase_aware.h). RoundStats::loss_bound says what each round ran under.
   PhaseAwareOptions phase_aware;
   // How results come back. kConsistent: every worker receives the complete aggregate, so
   // replicas never diverge. kBounded (bounded-loss rounds only): once the round is sealed, a

@@ -6,7 +6,7 @@
 
 #include "client/transfer_engine.h"
 #include "common/base/log.h"
-#include "common/policy/quiet_spell.h"
+#include "common/datapath/quiet_spell.h"
 #include "common/wire/bounded.h"
 #include "common/wire/ranges.h"
 

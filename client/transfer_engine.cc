@@ -9,7 +9,7 @@
 #include "common/base/clock.h"
 #include "common/base/json_text.h"
 #include "common/base/log.h"
-#include "common/policy/quiet_spell.h"
+#include "common/datapath/quiet_spell.h"
 #include "common/wire/bounded.h"
 #include "common/wire/ranges.h"
 

@@ -12,7 +12,7 @@
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/leg_gate.h"
-#include "common/policy/class_policy.h"
+#include "common/classes/class_policy.h"
 #include "common/wire/geometry.h"
 #include "common/wire/payload_encoding.h"
 

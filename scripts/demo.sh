@@ -12,7 +12,7 @@ EPOCHS=${EPOCHS:-10}
 PYTHON=${PYTHON:-/usr/bin/python3}
 PLOT=${PLOT:-$BUILD/dlcp-demo.png}
 DLCPD="$BUILD/server/dlcpd"
-BENCH="$BUILD/client/dlcp-bench"
+BENCH="$BUILD/bench/dlcp_bench/dlcp-bench"
 DLCPCTL="$BUILD/client/dlcpctl"
 for b in "$DLCPD" "$BENCH" "$DLCPCTL"; do
   [ -x "$b" ] || { echo "demo: $b is missing; run 'make build' first" >&2; exit 1; }

@@ -4,8 +4,6 @@
 #   wire_fuzz     the data-plane packet parser, range lists and MAC check
 #   control_fuzz  the control-plane request handlers (Join, Leave, Heartbeat, GetTopology, GetStats,
 #                 Regroup)
-#   ring_fuzz     a shared-memory ring's header, indices and record lengths, as another process
-#                 left them
 #   host_fuzz     the messages of dlcpd's host socket (a worker's hello, dlcpd's welcome)
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [OUT_DIR] [BUILD_DIR]
 # BUILD_DIR is a configured and built tree (for the generated protobuf code). Exits non-zero on any
@@ -21,7 +19,7 @@ mkdir -p "$OUT"
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. -I"$BUILD/generated"
        -I"$BUILD/proto/gen")
 LIBS=$(pkg-config --libs grpc++ protobuf absl_status absl_statusor absl_strings absl_str_format absl_time \
-       absl_synchronization)
+       absl_synchronization libcrypto)
 WIRE=(common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc common/wire/bounded.cc common/wire/payload_encoding.cc
       common/wire/version_check.cc)
 # The RDMA transport when the build has it (build_config.h); libibverbs itself is dlopen()ed.
@@ -40,19 +38,17 @@ CONTROL=(tests/fuzz/control_fuzz.cc "${WIRE[@]}"
   common/topology/topology.cc common/transport/address.cc common/transport/factory.cc common/transport/waker.cc
   common/transport/udp/udp_transport.cc common/transport/loopback/loopback_transport.cc
   common/transport/rdma/port_counters.cc "${RDMA[@]}"
-  common/datapath/outbox.cc common/datapath/path_shares.cc server/engine/reduce.cc server/rounds/round.cc
+  common/datapath/outbox.cc common/datapath/path_shares.cc common/reduce/sum.cc server/rounds/round.cc
   server/rounds/block_pool.cc server/jobs/job_registry.cc server/jobs/key_ring.cc server/jobs/regroup_barrier.cc
   server/jobs/roster.cc common/metrics/straggler_board.cc
   server/data/data_plane.cc server/data/data_thread.cc server/data/data_metrics.cc server/data/bounded_rounds.cc
-  server/policy/loss_tracker.cc
-  common/policy/drop_injector.cc server/control/aggregator_service.cc server/control/drain_tracker.cc)
+  server/rounds/loss_tracker.cc
+  common/faults/drop_injector.cc server/control/aggregator_service.cc server/control/drain_tracker.cc
+  server/control/client_gate.cc common/security/client_certificates.cc)
 printf '#include "%s"\n' "${CONTROL[@]}" > "$OUT/control_unity.cc"
 
 clang++ "${FLAGS[@]}" tests/fuzz/wire_fuzz.cc "${WIRE[@]}" "${RDMA[@]:0:1}" $LIBS -lhighwayhash -o "$OUT/wire_fuzz" &
 wire=$!
-clang++ "${FLAGS[@]}" tests/fuzz/ring_fuzz.cc common/shm/spsc_ring.cc common/base/syscall.cc common/transport/waker.cc \
-  $LIBS -o "$OUT/ring_fuzz" &
-ring=$!
 clang++ "${FLAGS[@]}" tests/fuzz/host_fuzz.cc common/shm/host_hello.cc $LIBS -o "$OUT/host_fuzz" &
 host=$!
 clang++ "${FLAGS[@]}" -c "$OUT/control_unity.cc" -o "$OUT/control_unity.o" &
@@ -62,14 +58,13 @@ pb=$!
 clang++ "${FLAGS[@]}" -c "$BUILD/proto/gen/dlcp/v1/control.grpc.pb.cc" -o "$OUT/control.grpc.pb.o" &
 grpcpb=$!
 wait $wire || { echo "fuzz: building wire_fuzz failed"; exit 1; }
-wait $ring || { echo "fuzz: building ring_fuzz failed"; exit 1; }
 wait $host || { echo "fuzz: building host_fuzz failed"; exit 1; }
 wait $unity && wait $pb && wait $grpcpb || { echo "fuzz: compiling control_fuzz failed"; exit 1; }
 clang++ "${FLAGS[@]}" "$OUT/control_unity.o" "$OUT/control.pb.o" "$OUT/control.grpc.pb.o" $LIBS -lhighwayhash \
   -lpthread -ldl -o "$OUT/control_fuzz" || { echo "fuzz: linking control_fuzz failed"; exit 1; }
 
 status=0
-for target in wire control ring host; do
+for target in wire control host; do
   work="$OUT/${target}_corpus"
   mkdir -p "$work"
   "$OUT/${target}_fuzz" -max_total_time="$SECONDS_PER_TARGET" -max_len=4096 -print_final_stats=1 \

@@ -36,7 +36,7 @@ for n in $WORKERS_LIST; do
   for size in $SIZES; do
     r=$(rounds_for "$size")
     g=$("$BUILD/bench/gloo_allreduce" --workers "$n" --tensor-bytes "$size" --rounds "$r" | tail -1)
-    d=$("$BUILD/client/dlcp-bench" --plaintext --aggregators="$list" --workers="$n" --tensor-bytes="$size" --rounds="$r" \
+    d=$("$BUILD/bench/dlcp_bench/dlcp-bench" --plaintext --aggregators="$list" --workers="$n" --tensor-bytes="$size" --rounds="$r" \
         --warmup=2 --chunk-bytes="$CHUNK" --json | tail -1)
     echo "$g" | tee -a "$out"
     echo "{\"system\":\"dlcp_udp\",${d#\{}" | tee -a "$out"

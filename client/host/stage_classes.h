@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "client/client.h"
 #include "client/packer/packer.h"
-#include "common/policy/class_policy.h"
+#include "common/classes/class_policy.h"
 
 namespace dlcp {
 

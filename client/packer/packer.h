@@ -1,5 +1,5 @@
 // The packer turns gradients into the datagrams a worker pushes. In one pass over each tensor it
-// computes every chunk's magnitude and class (common/policy/chunk_magnitude.h) and writes each
+// computes every chunk's magnitude and class (common/classes/chunk_magnitude.h) and writes each
 // chunk's packet: the wire header, then the payload in the chosen encoding. The CPU packer is the
 // reference; the CUDA packer reads tensors straight from device memory and produces the same
 // bytes. The client's data path classifies and encodes every push through a packer.
@@ -15,8 +15,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/hd.h"
-#include "common/policy/chunk_magnitude.h"
-#include "common/policy/class_policy.h"
+#include "common/classes/chunk_magnitude.h"
+#include "common/classes/class_policy.h"
 #include "common/wire/header.h"
 #include "common/wire/payload_encoding.h"
 

@@ -1,7 +1,7 @@
 // Descriptors handed between processes of one host over a Unix SOCK_SEQPACKET socket (SCM_RIGHTS;
 // each message arrives whole, with its descriptors), and
 // who is at the socket's other end (SO_PEERCRED): how a host's processes give each other shared
-// regions and doorbells (shared_region.h, spsc_ring.h), and how the side that hands them over
+// regions (shared_region.h), and how the side that hands them over
 // checks whom it hands them to.
 //
 // Threading: free functions; one sender and one receiver per socket at a time.

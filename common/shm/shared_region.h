@@ -8,7 +8,7 @@
 // a descriptor without those seals, so a peer cannot hand the owner such a file either.
 //
 // Threading: the object is not synchronized; what lives in the memory brings its own rules
-// (spsc_ring.h).
+// (stage_layout.h).
 #pragma once
 
 #include <cstddef>

@@ -101,7 +101,7 @@ netbed_workers() {
   shift 3
   for spec in "${specs[@]}"; do
     i=$((i + 1))
-    ip netns exec "$PREFIX-${spec%%:*}" "$build/client/dlcp-bench" --plaintext --aggregators="$agg_list" \
+    ip netns exec "$PREFIX-${spec%%:*}" "$build/bench/dlcp_bench/dlcp-bench" --plaintext --aggregators="$agg_list" \
       --workers="${#specs[@]}" --rank=$((i - 1)) --data-host="${spec#*:}" --json "$@" >"$out.$i" 2>&1 &
     pids+=($!)
   done
@@ -120,7 +120,7 @@ netbed_host_workers() {
   worker_pids=()
   for spec in "${specs[@]}"; do
     for ((j = 0; j < per; j++)); do
-      ip netns exec "$PREFIX-${spec%%:*}" "$build/client/dlcp-bench" --plaintext --aggregators="$agg_list" \
+      ip netns exec "$PREFIX-${spec%%:*}" "$build/bench/dlcp_bench/dlcp-bench" --plaintext --aggregators="$agg_list" \
         --workers=$((${#specs[@]} * per)) --rank=$rank --local-size="$per" --host-socket="$work/${spec%%:*}.sock" \
         --data-host="${spec#*:}" --json "$@" >"$out.$rank" 2>&1 &
       worker_pids+=($!)

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/check.h"
 #include "common/base/log.h"
-#include "common/policy/quiet_spell.h"
+#include "common/datapath/quiet_spell.h"
 #include "common/wire/bounded.h"
 #include "server/data/data_thread.h"
 

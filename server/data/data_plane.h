@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/metrics/registry.h"
-#include "common/policy/drop_injector.h"
+#include "common/faults/drop_injector.h"
 #include "common/transport/transport.h"
 #include "common/transport/transport_options.h"
 #include "server/jobs/job_registry.h"

@@ -13,7 +13,7 @@
 #include "common/base/clock.h"
 #include "common/base/log.h"
 #include "common/base/sanitizers.h"
-#include "common/policy/quiet_spell.h"
+#include "common/datapath/quiet_spell.h"
 #include "common/wire/geometry.h"
 #include "common/wire/ranges.h"
 

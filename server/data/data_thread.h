@@ -12,7 +12,7 @@
 #include "common/datapath/outbox.h"
 #include "common/datapath/path_shares.h"
 #include "common/metrics/registry.h"
-#include "common/policy/drop_injector.h"
+#include "common/faults/drop_injector.h"
 #include "common/transport/transport.h"
 #include "common/wire/header.h"
 #include "server/data/data_metrics.h"
@@ -77,7 +77,7 @@ class DataThread {
   // When an armed round's tail ends: a quiet spell after its latest contribution.
   absl::Time TailEnd(const Round& r) const;
   // The quiet spell after a round's latest contribution that makes a repair due: 16 of its own
-  // mean gaps, within [1 ms, repair_timeout] (common/policy/quiet_spell.h).
+  // mean gaps, within [1 ms, repair_timeout] (common/datapath/quiet_spell.h).
   absl::Duration RepairInterval(const Round& r) const;
   // How long a result copy counts as on its way (Round::ResultMayBeOnItsWay): the repair
   // interval, and at least kMinResultResend (or repair_timeout, if less). Results asked for

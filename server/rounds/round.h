@@ -12,7 +12,7 @@
 #include "common/wire/geometry.h"
 #include "common/wire/payload_encoding.h"
 #include "server/jobs/job_registry.h"
-#include "server/policy/loss_tracker.h"
+#include "server/rounds/loss_tracker.h"
 #include "server/rounds/block_pool.h"
 
 namespace dlcp::server {

@@ -612,7 +612,9 @@ TEST(Binaries, DlcpdGivesBackTheMemoryOfAConnectionFlood) {
     after_kb.push_back(StatusKb(d->pid(), "VmRSS"));
     std::cout << "flood " << flood << ": idle " << idle_kb << " kB, peak " << peak_kb << " kB, after " << after_kb.back()
               << " kB\n";
-    EXPECT_GT(peak_kb, idle_kb + 48 * 1024) << "the flood never took dlcpd far past its idle size";
+    // Past the bound (by 4 MiB: at its peak a flood takes dlcpd 48 to 55 MiB past idle, less with
+    // both cores busy), so that coming back under it is the trim's doing.
+    EXPECT_GT(peak_kb, bound_kb + 4 * 1024) << "the flood never took dlcpd past the bound";
     EXPECT_LE(after_kb.back(), bound_kb) << "flood " << flood << ", idle " << idle_kb << " kB";
   }
   EXPECT_LE(after_kb.back(), after_kb.front() + 16 * 1024) << "dlcpd grows with each flood";

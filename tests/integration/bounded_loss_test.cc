@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
-#include "common/policy/class_policy.h"
+#include "common/classes/class_policy.h"
 #include "tests/integration/test_aggregator.h"
 #include "common/transport/transport_options.h"
 

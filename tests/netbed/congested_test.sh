@@ -34,7 +34,7 @@ netbed_wait_ready "$work/a1.ready" || { echo "netbed: dlcpd did not start"; cat 
 
 pids=()
 for i in 1 2 3 4; do
-  ip netns exec "$PREFIX-w$i" "$BUILD/client/dlcp-bench" --plaintext --aggregators=$AGG:7400 --workers=4 \
+  ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp_bench/dlcp-bench" --plaintext --aggregators=$AGG:7400 --workers=4 \
     --rank=$((i - 1)) --job=netbed --data-host=198.18.0.$((10 + i)) --tensor-bytes=$TENSOR --chunk-bytes=1400 \
     --rounds="$ROUNDS" --warmup=1 --loss-bound="$EPS" --window-bytes=$((1 << 20)) --json \
     >"$work/w$i.json" 2>"$work/w$i.err" &

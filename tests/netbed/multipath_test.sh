@@ -47,7 +47,7 @@ job() {
   local name=$1 workers=$2 spray=$3 i pids=() ok=1
   shift 3
   for ((i = 1; i <= workers; i++)); do
-    ip netns exec "$PREFIX-w$i" "$BUILD/client/dlcp-bench" --plaintext --aggregators="$agg_list" --workers="$workers" \
+    ip netns exec "$PREFIX-w$i" "$BUILD/bench/dlcp_bench/dlcp-bench" --plaintext --aggregators="$agg_list" --workers="$workers" \
       --rank=$((i - 1)) --job="$name" --data-host="$(ip_of w$i)" --transport=udp --spray-ports="$spray" \
       --chunk-bytes=1400 --window-bytes=$((1 << 20)) --timeout-s=120 --json "$@" \
       >"$work/$name-w$i.json" 2>"$work/$name-w$i.err" &

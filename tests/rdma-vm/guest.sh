@@ -55,7 +55,7 @@ if [ -z "$p1" ] || [ -z "$p2" ]; then
   fail exact "dlcpd did not start: $(tail -3 $OUT/agg1.log $OUT/agg2.log | tr '\n' ' ')"
 else
   if ! grep -q 'data RDMA queue pairs' $OUT/agg2.log; then fail auto "--transport=auto did not choose RDMA"; else pass "auto chose RDMA"; fi
-  $B/client/dlcp-bench --aggregators=127.0.0.1:$p1,127.0.0.1:$p2 --plaintext --transport=rdma --workers=2 \
+  $B/bench/dlcp_bench/dlcp-bench --aggregators=127.0.0.1:$p1,127.0.0.1:$p2 --plaintext --transport=rdma --workers=2 \
     --loss-bound=0 --tensor-bytes=400000 --tensors=2 --rounds=5 --timeout-s=120 > $OUT/exact.txt 2>&1 || true
   if grep -q '"exact":true' $OUT/exact.txt && grep -q 'results exact: yes' $OUT/exact.txt; then
     pass "exact job over RDMA (p50 $(field p50_ms $OUT/exact.txt) ms)"
@@ -63,7 +63,7 @@ else
     fail exact "$(tail -5 $OUT/exact.txt | tr '\n' ' ')"
   fi
   # A worker on the other data plane is refused at join, by name.
-  $B/client/dlcp-bench --aggregators=127.0.0.1:$p1 --plaintext --transport=udp --workers=1 --rounds=1 \
+  $B/bench/dlcp_bench/dlcp-bench --aggregators=127.0.0.1:$p1 --plaintext --transport=udp --workers=1 --rounds=1 \
     --timeout-s=30 > $OUT/mismatch.txt 2>&1 && rc=0 || rc=$?
   if [ $rc -ne 0 ] && grep -q 'serves data over RDMA but the worker joined with UDP' $OUT/mismatch.txt; then
     pass "a UDP worker is refused by an RDMA aggregator"
@@ -71,7 +71,7 @@ else
     fail mismatch "exit $rc: $(tail -3 $OUT/mismatch.txt | tr '\n' ' ')"
   fi
   # So is an RDMA worker with another Q_Key.
-  $B/client/dlcp-bench --aggregators=127.0.0.1:$p1 --plaintext --transport=rdma --rdma-qkey=5 --workers=1 --rounds=1 \
+  $B/bench/dlcp_bench/dlcp-bench --aggregators=127.0.0.1:$p1 --plaintext --transport=rdma --rdma-qkey=5 --workers=1 --rounds=1 \
     --timeout-s=30 > $OUT/qkey.txt 2>&1 && rc=0 || rc=$?
   if [ $rc -ne 0 ] && grep -q "RDMA Q_Key 0x5 is not this aggregator's 0xd1c0001" $OUT/qkey.txt; then
     pass "an RDMA worker with another Q_Key is refused"
@@ -112,7 +112,7 @@ p=$(start_dlcpd agg5 --transport=rdma --data-key-rotation-s=1)
 if [ -z "$p" ]; then
   fail rotation "dlcpd did not start: $(tail -3 $OUT/agg5.log | tr '\n' ' ')"
 else
-  $B/client/dlcp-bench --aggregators=127.0.0.1:$p --plaintext --transport=rdma --workers=2 --loss-bound=0 \
+  $B/bench/dlcp_bench/dlcp-bench --aggregators=127.0.0.1:$p --plaintext --transport=rdma --workers=2 --loss-bound=0 \
     --tensor-bytes=100000 --rounds=3 --min-seconds=5 --timeout-s=120 > $OUT/rotation.txt 2>&1 || true
   settled=$(grep -c 'settled, the key before it dropped' $OUT/agg5.log || true)
   if grep -q '"exact":true' $OUT/rotation.txt && [ "$settled" -ge 1 ]; then
@@ -129,7 +129,7 @@ p=$(start_dlcpd agg3 --transport=rdma --inject-drop-class=1:0.1,2:0.1,3:0.2 --in
 if [ -z "$p" ]; then
   fail bounded "dlcpd did not start: $(tail -3 $OUT/agg3.log | tr '\n' ' ')"
 else
-  $B/client/dlcp-bench --aggregators=127.0.0.1:$p --plaintext --transport=rdma --workers=2 --loss-bound=0.05 \
+  $B/bench/dlcp_bench/dlcp-bench --aggregators=127.0.0.1:$p --plaintext --transport=rdma --workers=2 --loss-bound=0.05 \
     --inject-drop-class=1:0.05,2:0.1,3:0.2 --tensor-bytes=400000 --rounds=8 --timeout-s=120 > $OUT/bounded.txt 2>&1 || true
   v=$(field bound_violations $OUT/bounded.txt)
   loss=$(field max_round_loss $OUT/bounded.txt)
@@ -156,7 +156,7 @@ if [ -z "$p" ] || [ -z "$p7" ]; then
 else
   m=$(sed -n 's/.*"metrics_port":\([0-9]*\).*/\1/p' /tmp/agg6.ready)
   timeout 10 wget -qO- "http://127.0.0.1:$m/metrics" > $OUT/agg6.before.metrics || true
-  $B/client/dlcp-bench --aggregators=127.0.0.1:$p,127.0.0.1:$p7 --plaintext --transport=rdma --workers=2 --loss-bound=0 \
+  $B/bench/dlcp_bench/dlcp-bench --aggregators=127.0.0.1:$p,127.0.0.1:$p7 --plaintext --transport=rdma --workers=2 --loss-bound=0 \
     --tensor-bytes=4000000 --rounds=8 --timeout-s=120 --rdma-recv-slots=64 > $OUT/starved.txt 2>&1 || true
   timeout 10 wget -qO- "http://127.0.0.1:$m/metrics" > $OUT/agg6.metrics || true
   dry=$(sed -n 's/^dlcp_transport_rx_queue_empty_total \([0-9]*\).*/\1/p' $OUT/agg6.metrics)
@@ -213,7 +213,7 @@ stage_job() {  # NAME FLAGS...: 4 workers, 2 per host; passes where all are exac
   pids=""
   for r in 0 1 2 3; do
     if [ $r -lt 2 ]; then sock=/tmp/hs1.sock; else sock=/tmp/hs2.sock; fi
-    $B/client/dlcp-bench --aggregators=127.0.0.1:$h1,127.0.0.1:$h2 --plaintext --transport=rdma --workers=4 \
+    $B/bench/dlcp_bench/dlcp-bench --aggregators=127.0.0.1:$h1,127.0.0.1:$h2 --plaintext --transport=rdma --workers=4 \
       --rank=$r --local-size=2 --host-socket=$sock --job=$name --rounds=5 --json --timeout-s=120 "$@" \
       > $OUT/$name.$r.txt 2>&1 &
     pids="$pids $!"

@@ -10,7 +10,7 @@ if ! qemu-system-x86_64 -version >/dev/null 2>&1; then
   echo "rdma-vm: SKIP: qemu-system-x86_64 cannot run here (scripts/install-deps.sh installs qemu-system-x86)"
   exit 77
 fi
-for b in tests/rdma_test tests/transport_test tests/allreduce_test server/dlcpd client/dlcp-bench client/dlcpctl; do
+for b in tests/rdma_test tests/transport_test tests/allreduce_test server/dlcpd bench/dlcp_bench/dlcp-bench client/dlcpctl; do
   [ -x "$BUILD/$b" ] || { echo "rdma-vm: $BUILD/$b is missing (built with DLCP_WITH_RDMA=ON?)"; exit 1; }
 done
 OUT=$BUILD/rdma-vm/out
@@ -19,6 +19,6 @@ GUEST=$BUILD/rdma-vm/guest-run.sh
 { echo "DLCP_BUILD=$BUILD"; cat "$HERE/guest.sh"; } > "$GUEST"
 rc=0
 bash "$HERE/rxevm.sh" --out "$OUT" --timeout 540 -f "$GUEST" \
-  --copy "$BUILD/tests/rdma_test" --copy "$BUILD/tests/transport_test" --copy "$BUILD/tests/allreduce_test" --copy "$BUILD/server/dlcpd" --copy "$BUILD/client/dlcp-bench" --copy "$BUILD/client/dlcpctl" || rc=$?
+  --copy "$BUILD/tests/rdma_test" --copy "$BUILD/tests/transport_test" --copy "$BUILD/tests/allreduce_test" --copy "$BUILD/server/dlcpd" --copy "$BUILD/bench/dlcp_bench/dlcp-bench" --copy "$BUILD/client/dlcpctl" || rc=$?
 echo "rdma-vm: guest exit status $rc; logs in $OUT"
 exit $rc

@@ -14,7 +14,7 @@
 
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
-#include "common/policy/drop_injector.h"
+#include "common/faults/drop_injector.h"
 #include "common/wire/bounded.h"
 #include "server/rounds/round.h"
 

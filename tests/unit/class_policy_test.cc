@@ -4,9 +4,9 @@
 #include <array>
 #include <cmath>
 
-#include "common/policy/class_policy.h"
-#include "common/policy/drop_injector.h"
-#include "common/policy/phase_aware.h"
+#include "common/classes/class_policy.h"
+#include "common/faults/drop_injector.h"
+#include "common/classes/phase_aware.h"
 
 namespace dlcp {
 namespace {

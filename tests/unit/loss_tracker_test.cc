@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "common/wire/bounded.h"
-#include "server/policy/loss_tracker.h"
+#include "server/rounds/loss_tracker.h"
 
 namespace dlcp::server {
 namespace {

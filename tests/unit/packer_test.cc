@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "client/packer/cpu/cpu_packer.h"
-#include "common/policy/class_policy.h"
+#include "common/classes/class_policy.h"
 #include "common/wire/header.h"
 
 namespace dlcp {

@@ -2,7 +2,7 @@
 
 #include "absl/time/clock.h"
 #include "common/base/clock.h"
-#include "common/policy/quiet_spell.h"
+#include "common/datapath/quiet_spell.h"
 
 namespace dlcp {
 namespace {

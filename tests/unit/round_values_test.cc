@@ -1,6 +1,6 @@
 // The bench's values and its exactness check: the check is what every end-to-end test relies on
 // to catch a wrong sum, so it must flag one.
-#include "client/bench/round_values.h"
+#include "bench/dlcp_bench/round_values.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
-// The shared-memory building blocks of the host stage: sealed regions, the SPSC ring and its
-// doorbell, within a process, between threads (also under TSan) and between processes; and the
-// hand-over of their descriptors over a Unix socket, with the peer's credentials.
+// The shared-memory building blocks of the host stage: sealed regions, within a process and
+// between processes, and the hand-over of their descriptors over a Unix socket, with the peer's
+// credentials.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -17,17 +18,14 @@
 #include "common/base/clock.h"
 #include "common/shm/descriptor_passing.h"
 #include "common/shm/shared_region.h"
-#include "common/shm/spsc_ring.h"
 #include "gtest/gtest.h"
 
 namespace dlcp {
 namespace {
 
-absl::Span<const uint8_t> Bytes(const uint64_t& v) { return {reinterpret_cast<const uint8_t*>(&v), sizeof(v)}; }
-
-uint64_t Value(absl::Span<const uint8_t> record) {
+uint64_t Value(const void* at) {
   uint64_t v = 0;
-  std::memcpy(&v, record.data(), std::min(record.size(), sizeof(v)));
+  std::memcpy(&v, at, sizeof(v));
   return v;
 }
 
@@ -62,158 +60,27 @@ TEST(SharedRegion, RefusesADescriptorThatIsNotASealedMemfd) {
   EXPECT_EQ(SharedRegion::Create("empty", 0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(SpscRing, RecordsComeOutInOrderAcrossWrapAroundAndAFullRingSaysSo) {
-  alignas(64) static uint8_t memory[SpscRing::BytesFor(8, 64)];
-  auto ring = SpscRing::Format(memory, sizeof(memory), 8, 64);
-  ASSERT_TRUE(ring.ok()) << ring.status();
-  EXPECT_EQ(ring->max_record_bytes(), 56u);
-  uint64_t next_in = 0, next_out = 0;
-  for (int round = 0; round < 300; ++round) {
-    const int burst = 1 + round % 8;
-    for (int i = 0; i < burst; ++i) {
-      std::vector<uint8_t> record(8 + next_in % 49, static_cast<uint8_t>(next_in));
-      std::memcpy(record.data(), &next_in, sizeof(next_in));
-      auto pushed = ring->TryPush(record);
-      ASSERT_TRUE(pushed.ok() && *pushed) << round;
-      ++next_in;
-    }
-    if (burst == 8) {
-      auto full = ring->TryPush(Bytes(next_in));
-      ASSERT_TRUE(full.ok());
-      EXPECT_FALSE(*full) << "a ring of 8 took a 9th record";
-    }
-    for (int i = 0; i < burst; ++i) {
-      auto record = ring->Peek();
-      ASSERT_TRUE(record.ok() && record->has_value()) << round;
-      EXPECT_EQ(Value(**record), next_out);
-      EXPECT_EQ((*record)->size(), 8 + next_out % 49);
-      if ((*record)->size() > 8) {
-        EXPECT_EQ((*record)->back(), static_cast<uint8_t>(next_out));
-      }
-      ring->Pop();
-      ++next_out;
-    }
-    auto empty = ring->Peek();
-    ASSERT_TRUE(empty.ok());
-    EXPECT_FALSE(empty->has_value());
-  }
-  std::vector<uint8_t> too_big(57);
-  EXPECT_EQ(ring->TryPush(too_big).status().code(), absl::StatusCode::kInvalidArgument);
-}
-
-TEST(SpscRing, BadGeometryIsRefusedAndACorruptPeerIsDataLossNotACrash) {
-  alignas(64) static uint8_t memory[SpscRing::BytesFor(4, 32)];
-  EXPECT_EQ(SpscRing::Format(memory, sizeof(memory), 3, 32).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SpscRing::Format(memory, sizeof(memory), 4, 36).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SpscRing::Format(memory, sizeof(memory), 8, 32).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(SpscRing::Format(memory + 8, sizeof(memory) - 8, 4, 16).status().code(),
-            absl::StatusCode::kInvalidArgument);  // not on a 64-byte boundary
-  auto producer = SpscRing::Format(memory, sizeof(memory), 4, 32);
-  ASSERT_TRUE(producer.ok());
-  auto consumer = SpscRing::Attach(memory, sizeof(memory));
-  ASSERT_TRUE(consumer.ok()) << consumer.status();
-  uint64_t v = 42;
-  ASSERT_TRUE(*producer->TryPush(Bytes(v)));
-  RingHeader& header = producer->header();
-  // A record length past its slot.
-  uint64_t huge = 1 << 20;
-  std::memcpy(memory + sizeof(RingHeader), &huge, sizeof(huge));
-  EXPECT_EQ(consumer->Peek().status().code(), absl::StatusCode::kDataLoss);
-  // A head index far past the tail, and a tail past the head.
-  header.head.store(1000);
-  EXPECT_EQ(consumer->Peek().status().code(), absl::StatusCode::kDataLoss);
-  header.head.store(1);
-  header.tail.store(5);
-  EXPECT_EQ(producer->TryPush(Bytes(v)).status().code(), absl::StatusCode::kDataLoss);
-  // A header that is not a ring, or whose geometry overruns its memory.
-  header.slots = 1 << 20;
-  EXPECT_EQ(SpscRing::Attach(memory, sizeof(memory)).status().code(), absl::StatusCode::kDataLoss);
-  header.magic = 0;
-  EXPECT_EQ(SpscRing::Attach(memory, sizeof(memory)).status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_EQ(SpscRing::Attach(memory, 100).status().code(), absl::StatusCode::kDataLoss);
-}
-
-TEST(Doorbell, WaitEndsAtItsDeadlineOnAnEmptyRing) {
-  alignas(64) static uint8_t memory[SpscRing::BytesFor(4, 32)];
-  auto ring = SpscRing::Format(memory, sizeof(memory), 4, 32);
-  auto bell = Doorbell::Create();
-  ASSERT_TRUE(ring.ok() && bell.ok());
-  const absl::Time start = MonotonicNow();
-  auto woke = bell->Wait(*ring, start + absl::Milliseconds(60));
-  ASSERT_TRUE(woke.ok()) << woke.status();
-  EXPECT_FALSE(*woke);
-  EXPECT_GE(MonotonicNow() - start, absl::Milliseconds(60));
-  EXPECT_LT(MonotonicNow() - start, absl::Seconds(2));
-  EXPECT_EQ(ring->header().consumer_asleep.load(), 0u);
-}
-
-// Streams `count` numbered records from a producer to a consumer that sleeps on the doorbell
-// whenever the ring is empty; a lost wake-up shows as a Wait that reaches its deadline.
-void Produce(SpscRing ring, const Doorbell& bell, uint64_t count) {
-  const absl::Time deadline = MonotonicNow() + absl::Seconds(30);  // a consumer that stopped
-  for (uint64_t i = 0; i < count; ++i) {
-    for (;;) {
-      auto pushed = ring.TryPush(Bytes(i));
-      ASSERT_TRUE(pushed.ok()) << pushed.status();
-      if (*pushed) break;
-      ASSERT_LT(MonotonicNow(), deadline) << "record " << i << " found the ring full for 30 s";
-      std::this_thread::yield();  // full: the consumer is behind
-    }
-    bell.Ring(ring);
-  }
-}
-
-void Consume(SpscRing ring, const Doorbell& bell, uint64_t count) {
-  for (uint64_t i = 0; i < count;) {
-    auto record = ring.Peek();
-    ASSERT_TRUE(record.ok()) << record.status();
-    if (!record->has_value()) {
-      auto woke = bell.Wait(ring, MonotonicNow() + absl::Seconds(10));
-      ASSERT_TRUE(woke.ok() && *woke) << "record " << i << " never came: a lost wake-up";
-      continue;
-    }
-    ASSERT_EQ(Value(**record), i);
-    ring.Pop();
-    ++i;
-  }
-}
-
-TEST(Doorbell, TwoThreadsStreamInOrderWithoutLosingAWakeup) {
-  auto region = SharedRegion::Create("threads", SpscRing::BytesFor(16, 16));
-  ASSERT_TRUE(region.ok());
-  auto producer = SpscRing::Format(region->data(), region->size(), 16, 16);
-  auto consumer = SpscRing::Attach(region->data(), region->size());
-  auto bell = Doorbell::Create();
-  ASSERT_TRUE(producer.ok() && consumer.ok() && bell.ok());
-  constexpr uint64_t kCount = 100000;
-  std::thread t([&] { Produce(*producer, *bell, kCount); });
-  Consume(*consumer, *bell, kCount);
-  t.join();
-}
-
-TEST(Doorbell, TwoProcessesStreamThroughAPassedRegionAndDoorbell) {
-  auto region = SharedRegion::Create("processes", SpscRing::BytesFor(64, 64));
-  auto bell = Doorbell::Create();
-  ASSERT_TRUE(region.ok() && bell.ok());
-  auto consumer = SpscRing::Format(region->data(), region->size(), 64, 64);
-  ASSERT_TRUE(consumer.ok());
-  constexpr uint64_t kCount = 20000;
+// A region a child process maps from the descriptor (as a peer that received it would) shares
+// the parent's bytes both ways.
+TEST(SharedRegion, TwoProcessesShareItsBytes) {
+  auto region = SharedRegion::Create("processes", 4096);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto* words = reinterpret_cast<std::atomic<uint64_t>*>(region->data());
+  words[0].store(41);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    // The child maps the region and adopts the doorbell as a peer that received them would.
     auto mapped = SharedRegion::Map(::dup(region->fd()), region->size());
-    absl::StatusOr<SpscRing> producer =
-        mapped.ok() ? SpscRing::Attach(mapped->data(), mapped->size()) : absl::StatusOr<SpscRing>(mapped.status());
-    if (!producer.ok()) ::_exit(2);
-    Doorbell peer_bell = Doorbell::Adopt(::dup(bell->fd()));
-    Produce(*producer, peer_bell, kCount);
-    ::_exit(::testing::Test::HasFailure() ? 1 : 0);
+    if (!mapped.ok()) ::_exit(2);
+    auto* theirs = reinterpret_cast<std::atomic<uint64_t>*>(mapped->data());
+    if (theirs[0].load() != 41) ::_exit(3);
+    theirs[1].store(42);
+    ::_exit(0);
   }
-  Consume(*consumer, *bell, kCount);
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_EQ(words[1].load(), 42u);
 }
 
 size_t OpenDescriptors() {
@@ -234,15 +101,13 @@ struct SocketPair {
   OwnedFd a, b;
 };
 
-TEST(DescriptorPassing, ARegionAndDoorbellPassedOverASocketWorkOnTheOtherSide) {
+TEST(DescriptorPassing, ARegionPassedOverASocketIsTheSameMemoryOnTheOtherSide) {
   SocketPair s;
-  auto region = SharedRegion::Create("passed", SpscRing::BytesFor(8, 64));
-  auto bell = Doorbell::Create();
-  ASSERT_TRUE(region.ok() && bell.ok());
-  auto producer = SpscRing::Format(region->data(), region->size(), 8, 64);
-  ASSERT_TRUE(producer.ok());
-  const uint8_t hello[] = {'r', 'i', 'n', 'g'};
-  const int fds[] = {region->fd(), bell->fd()};
+  auto region = SharedRegion::Create("passed", 4096);
+  auto second = SharedRegion::Create("second", 8192);
+  ASSERT_TRUE(region.ok() && second.ok());
+  const uint8_t hello[] = {'s', 't', 'a', 'g'};
+  const int fds[] = {region->fd(), second->fd()};
   ASSERT_TRUE(SendWithDescriptors(s.a.get(), hello, fds).ok());
   auto got = ReceiveWithDescriptors(s.b.get(), 64, MonotonicNow() + absl::Seconds(5));
   ASSERT_TRUE(got.ok()) << got.status();
@@ -252,17 +117,13 @@ TEST(DescriptorPassing, ARegionAndDoorbellPassedOverASocketWorkOnTheOtherSide) {
   EXPECT_EQ(::fcntl(got->fds[0].get(), F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
   auto mapped = SharedRegion::Map(got->fds[0].Release(), region->size());
   ASSERT_TRUE(mapped.ok()) << mapped.status();
-  auto consumer = SpscRing::Attach(mapped->data(), mapped->size());
-  ASSERT_TRUE(consumer.ok()) << consumer.status();
-  Doorbell passed_bell = Doorbell::Adopt(got->fds[1].Release());
-  uint64_t v = 77;
-  ASSERT_TRUE(*producer->TryPush(Bytes(v)));
-  bell->Ring(*producer);
-  auto woke = passed_bell.Wait(*consumer, MonotonicNow() + absl::Seconds(5));
-  ASSERT_TRUE(woke.ok() && *woke);
-  auto record = consumer->Peek();
-  ASSERT_TRUE(record.ok() && record->has_value());
-  EXPECT_EQ(Value(**record), 77u);
+  auto mapped_second = SharedRegion::Map(got->fds[1].Release(), second->size());
+  ASSERT_TRUE(mapped_second.ok()) << mapped_second.status();
+  const uint64_t v = 77;
+  std::memcpy(region->data(), &v, sizeof(v));
+  EXPECT_EQ(Value(mapped->data()), 77u);
+  std::memcpy(static_cast<uint8_t*>(mapped_second->data()) + 4096, &v, sizeof(v));
+  EXPECT_EQ(Value(static_cast<uint8_t*>(second->data()) + 4096), 77u);
 }
 
 TEST(DescriptorPassing, ThePeerIsKnownAndFailuresAreNamedWithoutLeakingDescriptors) {

@@ -7,7 +7,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "absl/strings/str_cat.h"
-#include "common/policy/chunk_magnitude.h"
+#include "common/classes/chunk_magnitude.h"
 #include "common/wire/header_layout.h"
 #include "common/wire/payload_encoding.h"
 

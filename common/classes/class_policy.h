@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/policy/chunk_magnitude.h"
+#include "common/classes/chunk_magnitude.h"
 #include "common/wire/geometry.h"
 
 namespace dlcp {

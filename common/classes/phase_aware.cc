@@ -1,4 +1,4 @@
-#include "common/policy/phase_aware.h"
+#include "common/classes/phase_aware.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "client/bench/bench_worker.h"
+#include "bench/dlcp_bench/bench_worker.h"
 
 #include <unistd.h>
 

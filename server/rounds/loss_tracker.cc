@@ -1,4 +1,4 @@
-#include "server/policy/loss_tracker.h"
+#include "server/rounds/loss_tracker.h"
 
 #include <algorithm>
 #include <tuple>

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/bench/round_values.h"
+#include "bench/dlcp_bench/round_values.h"
 #include "client/client.h"
 
 namespace dlcp::bench {

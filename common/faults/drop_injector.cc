@@ -1,4 +1,4 @@
-#include "common/policy/drop_injector.h"
+#include "common/faults/drop_injector.h"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "common/policy/class_policy.h"
+#include "common/classes/class_policy.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/policy/chunk_magnitude.h"
+#include "common/classes/chunk_magnitude.h"
 #include "common/base/simd.h"
 
 namespace dlcp {

@@ -1,4 +1,4 @@
-#include "client/bench/round_values.h"
+#include "bench/dlcp_bench/round_values.h"
 
 namespace dlcp::bench {
 

@@ -19,7 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "client/bench/bench_worker.h"
+#include "bench/dlcp_bench/bench_worker.h"
 #include "client/options/client_flags.h"
 #include "common/base/log.h"
 #include "common/config/registry.h"
