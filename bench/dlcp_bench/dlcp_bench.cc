@@ -39,7 +39,7 @@ const ClientFlagsOptions& BenchClientFlags() {
 }
 
 void DeclareFlags(ConfigRegistry* c) {
-  DeclareClientFlags(c, BenchClientFlags());  // every other client option, as in README.md
+  DeclareClientFlags(c, BenchClientFlags());  // every other client option, as in docs/configuration.md
   c->AddInt("workers", 1, 1, 4096, "workers in the job");
   c->AddInt("rank", -1, -1, 4095, "this worker's rank; -1 spawns all --workers ranks as child processes");
   // An op holds at most 2^32 - 1 elements (the wire format counts them in 32 bits).

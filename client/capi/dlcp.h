@@ -56,7 +56,7 @@ const char* dlcp_version(void);
 int dlcp_connect(const dlcp_options* options, dlcp_client** out, char* err, size_t err_len);
 /* The same, with settings beyond dlcp_options as "name=value,name=value" (NULL or "": none), e.g.
  * "payload_encoding=bf16,on_aggregator_loss=remap". Every client option is a setting, by the
- * names of README.md's "Client options" table, but for those whose values are lists (aggregators,
+ * names of docs/configuration.md's "Client options" table, but for those whose values are lists (aggregators,
  * dscp), which a comma-separated string cannot carry: they come from the struct or the
  * environment. A setting given here wins over the struct's field.
  * Options neither gives come from DLCP_* environment variables (DLCP_WINDOW_BYTES=...), then the

@@ -355,7 +355,7 @@ absl::Status ApplyClientOptions(const std::map<std::string, std::string>& explic
   for (const auto& [name, unused] : explicit_values) {
     if (FindClientOption(name) == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("unknown option '", name, "' (", origin,
-                                                     "); the options are listed in README.md, \"Configuration\""));
+                                                     "); the options are listed in docs/configuration.md"));
     }
   }
   for (const ClientOption& o : ClientOptionTable()) {

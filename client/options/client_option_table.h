@@ -1,7 +1,7 @@
 // The client's options, declared once. Each row names one field of ClientOptions, with its type,
 // unit, range, help and how to read and write it as text. Every surface comes from this table:
 // the Python keyword arguments and their docstring, the C settings string, the dlcp-bench flags
-// and the settings table in README.md (tests/unit/settings_tables_test.cc checks each). Defaults
+// and the settings table in docs/configuration.md (tests/unit/settings_tables_test.cc checks each). Defaults
 // are ClientOptions' own, read through the table.
 //
 // Names are snake_case (Python keywords, C settings); flags are the same in kebab-case
@@ -67,7 +67,7 @@ absl::StatusOr<std::string> ResolveJobName(const std::string& given, const EnvLo
 // INVALID_ARGUMENT naming it.
 absl::StatusOr<std::map<std::string, std::string>> ParseSettingsString(const std::string& settings);
 
-// The settings table of README.md: one Markdown row per option.
+// The settings table of docs/configuration.md: one Markdown row per option.
 std::string ClientOptionsMarkdown();
 
 }  // namespace dlcp

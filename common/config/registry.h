@@ -54,7 +54,7 @@ class ConfigRegistry {
   // One `name=value  # source` line per setting, sorted by name.
   std::string Dump() const;
   std::string Help() const;
-  // The settings as a Markdown table (README.md's, checked by tests/unit/settings_tables_test.cc).
+  // The settings as a Markdown table (docs/deploy.md's, checked by tests/unit/settings_tables_test.cc).
   std::string Markdown() const;
   // "<program> <release> (rdma: on|off, cuda: on|off)": what --version prints.
   std::string VersionLine() const;

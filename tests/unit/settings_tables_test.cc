@@ -1,4 +1,4 @@
-// The settings tables in README.md and docs/deploy.md come from the declarations (the client option table, dlcpd's
+// The settings tables in docs/configuration.md and docs/deploy.md come from the declarations (the client option table, dlcpd's
 // registry), and every client option is reachable from every surface: the C settings string, the
 // dlcp-bench flags (the Python keywords: tests/python/test_binding.py).
 //
@@ -44,8 +44,8 @@ void ExpectBlock(const std::string& doc, const std::string& name, const std::str
                 << want;
 }
 
-TEST(SettingsTables, ReadmeClientOptionsAreGenerated) {
-  ExpectBlock("README.md", "client-options", ClientOptionsMarkdown());
+TEST(SettingsTables, ClientOptionsTableIsGenerated) {
+  ExpectBlock("docs/configuration.md", "client-options", ClientOptionsMarkdown());
 }
 
 TEST(SettingsTables, DeployDlcpdSettingsAreGenerated) {

@@ -484,7 +484,7 @@ class Client:
 
 
 def _options_doc():
-    """The option list of Client's docstring, from the one option table (README.md's too)."""
+    """The option list of Client's docstring, from the one option table (docs/configuration.md's too)."""
     lines = []
     for row in _dlcp.client_options():
         choices = f" ({row['choices'].replace('|', ' | ')})" if row["choices"] else ""
