@@ -10,7 +10,10 @@
 
 namespace dlcp::server {
 
-void DeclareDlcpdFlags(ConfigRegistry* c) {
+namespace {
+
+// Where dlcpd serves: its ports and what it announces.
+void DeclareServingFlags(ConfigRegistry* c) {
   c->AddString("host", "0.0.0.0", "address to bind the control (gRPC) and data ports to");
   c->AddInt("port", 7400, 0, 65535, "gRPC control port (0 picks a free one)");
   c->AddInt("data-port", 7401, 0, 65535, "first UDP data port; data thread i uses data-port + i (0 picks free ones)");
@@ -25,6 +28,10 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("metrics-slowest-ranks", 3, 0, 64,
             "per job, how many of its latest ranks dlcp_rank_lateness_seconds and dlcp_rank_last_ratio name");
   c->AddString("ready-file", "", "write {\"control_port\":..,\"data_ports\":[..]} here once serving");
+}
+
+// The data threads' timing, and the drops they inject for tests.
+void DeclareRoundFlags(ConfigRegistry* c) {
   c->AddInt("tick-ms", 5, 1, 1000, "data thread timer tick, also the longest receive wait");
   c->AddInt("repair-timeout-ms", 5, 1, 60000, "silence on a round before missing chunks are NACKed");
   c->AddInt("round-timeout-ms", 120000, 100, 3600000, "an unfinished round is dropped after this long");
@@ -36,6 +43,10 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
                  return ParseClassDrops(v, &unused);
                });
   c->AddInt("inject-burst", 1, 1, 1000, "packets per --inject-drop-class drop event (microbursts)");
+}
+
+// How long a job and its workers may be silent, and how many jobs there are.
+void DeclareJobFlags(ConfigRegistry* c) {
   c->AddInt("heartbeat-timeout-ms", 3000, 100, 600000,
             "a worker silent this long is removed and its job fails, telling the other workers why");
   c->AddInt("drain-timeout-ms", 5000, 0, 600000,
@@ -47,6 +58,10 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("max-jobs-per-client", 16, 1, 100000,
             "jobs one client may have created and running here at once: by its certificate under mutual TLS, "
             "else by its address");
+}
+
+// What the gRPC ports hold (ControlLimits).
+void DeclareControlFlags(ConfigRegistry* c) {
   c->AddInt("max-connections", 4096, 1, 1000000,
             "TCP connections the gRPC ports hold at once; more are closed as they arrive");
   c->AddInt("max-connections-per-peer", 256, 1, 1000000,
@@ -58,6 +73,10 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("max-streams-per-connection", 64, 1, 100000, "concurrent gRPC calls on one connection");
   c->AddInt("control-memory-bytes", int64_t{256} << 20, int64_t{16} << 20, int64_t{1} << 40,
             "memory gRPC may take for its connections and calls, over all of them");
+}
+
+// Each job's size and memory.
+void DeclareLimitFlags(ConfigRegistry* c) {
   c->AddInt("max-workers", 1024, 1, 65535, "workers per job");
   c->AddInt("max-rounds-in-flight", 256, 1, 1000000, "open rounds per job; more is refused with an error");
   c->AddInt("max-job-bytes", int64_t{4} << 30, int64_t{1} << 20, int64_t{1} << 40,
@@ -65,6 +84,10 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddInt("max-memory-bytes", int64_t{4} << 30, int64_t{1} << 20, int64_t{1} << 40,
             "accumulator memory over all jobs, at least --max-job-bytes; more is refused with an error. The "
             "process needs this, 256 MiB per data thread of freed blocks kept for reuse, and about 1 GiB more");
+}
+
+// The data packets: socket buffers, classes' DSCP, and their MAC keys.
+void DeclarePacketFlags(ConfigRegistry* c) {
   c->AddInt("socket-buffer-bytes", 32 << 20, 1 << 16, 1 << 30, "UDP socket send and receive buffer size");
   c->AddString("dscp", "46,34,18,0", "DSCP code point for classes 0,1,2,3",
                [](const std::string& v) {
@@ -78,6 +101,10 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   c->AddBool("per-worker-data-keys", true,
              "hand each worker keys derived for its rank, so no member can sign as another (docs/security.md); "
              "false: every member gets the job's key, for clients from before");
+}
+
+// Host stages (docs/host-stage.md).
+void DeclareHostStageFlags(ConfigRegistry* c) {
   c->AddString("host-socket", kDefaultHostSocket,
                "Unix socket where this host's workers find their job's host stage (docs/host-stage.md); empty: "
                "none. The default is skipped with a warning where it cannot be served; another path must be");
@@ -88,6 +115,18 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
             "each worker's slot in its host stage, a multiple of 4096: tensors larger than it go through in parts");
   c->AddInt("host-gather-timeout-ms", 30000, 100, 3600000,
             "how long a host stage waits for all its job's workers on this host; then they take the network path");
+}
+
+}  // namespace
+
+void DeclareDlcpdFlags(ConfigRegistry* c) {
+  DeclareServingFlags(c);
+  DeclareRoundFlags(c);
+  DeclareJobFlags(c);
+  DeclareControlFlags(c);
+  DeclareLimitFlags(c);
+  DeclarePacketFlags(c);
+  DeclareHostStageFlags(c);
   c->AddBool("busy-poll", false, "spin on the data socket instead of sleeping (dedicated cores only)");
   c->AddBool("result-steering", true,
              "share results to each worker over the spray paths by each path's loss rate (docs/path-spraying.md); "
@@ -101,8 +140,11 @@ void DeclareDlcpdFlags(ConfigRegistry* c) {
   DeclareTransportFlags(c);
 }
 
-absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
-  DlcpdOptions o;
+namespace {
+
+// Ports, addresses and what dlcpd announces.
+absl::Status ServingFromConfig(const ConfigRegistry& c, DlcpdOptions* out) {
+  DlcpdOptions& o = *out;
   o.host = c.GetString("host");
   o.control_port = static_cast<uint16_t>(c.GetInt("port"));
   o.advertise_host = c.GetString("advertise-host");
@@ -119,6 +161,12 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   }
   o.health_port = static_cast<int>(c.GetInt("health-port"));
   o.aggregator_id = c.GetString("id");
+  return absl::OkStatus();
+}
+
+// The data plane: transport, data threads, timing and injected drops.
+absl::Status DataFromConfig(const ConfigRegistry& c, DlcpdOptions* out) {
+  DlcpdOptions& o = *out;
   TransportOptionsFromConfig(c, &o.data.transport);
   o.data.transport.bind_host = o.host;
   o.data.transport.port = static_cast<uint16_t>(c.GetInt("data-port"));
@@ -142,6 +190,12 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
   if (absl::Status s = ParseClassDrops(c.GetString("inject-drop-class"), &o.data.inject_class.rate); !s.ok()) return s;
   o.data.inject_class.burst = static_cast<uint32_t>(c.GetInt("inject-burst"));
   o.data.inject_class.seed = o.data.inject_seed;
+  return absl::OkStatus();
+}
+
+// Jobs: deadlines, data keys and limits.
+absl::Status JobsFromConfig(const ConfigRegistry& c, DlcpdOptions* out) {
+  DlcpdOptions& o = *out;
   o.job_idle_timeout = absl::Milliseconds(c.GetInt("job-idle-timeout-ms"));
   o.limits.heartbeat_timeout = absl::Milliseconds(c.GetInt("heartbeat-timeout-ms"));
   o.drain_timeout = absl::Milliseconds(c.GetInt("drain-timeout-ms"));
@@ -166,15 +220,22 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
         ", the accumulator memory of all jobs together: no job could use its budget; raise --max-memory-bytes or "
         "lower --max-job-bytes"));
   }
-  o.control.connections.max_connections = static_cast<uint32_t>(c.GetInt("max-connections"));
-  o.control.connections.max_per_peer = static_cast<uint32_t>(c.GetInt("max-connections-per-peer"));
-  o.control.handshake_timeout = absl::Milliseconds(c.GetInt("handshake-timeout-ms"));
-  o.control.idle_timeout = absl::Milliseconds(c.GetInt("connection-idle-timeout-ms"));
-  o.control.max_streams = static_cast<uint32_t>(c.GetInt("max-streams-per-connection"));
-  o.control.memory_bytes = c.GetInt("control-memory-bytes");
-  if (absl::Status s = ParseLogLevel(c.GetString("log-level"), &o.log.min_level); !s.ok()) return s;
-  o.log.json = c.GetBool("log-json");
-  o.log.component = "dlcpd";
+  return absl::OkStatus();
+}
+
+// What the gRPC ports hold.
+void ControlFromConfig(const ConfigRegistry& c, ControlLimits* control) {
+  control->connections.max_connections = static_cast<uint32_t>(c.GetInt("max-connections"));
+  control->connections.max_per_peer = static_cast<uint32_t>(c.GetInt("max-connections-per-peer"));
+  control->handshake_timeout = absl::Milliseconds(c.GetInt("handshake-timeout-ms"));
+  control->idle_timeout = absl::Milliseconds(c.GetInt("connection-idle-timeout-ms"));
+  control->max_streams = static_cast<uint32_t>(c.GetInt("max-streams-per-connection"));
+  control->memory_bytes = c.GetInt("control-memory-bytes");
+}
+
+// Host stages: their socket and shared memory.
+absl::Status HostStagesFromConfig(const ConfigRegistry& c, DlcpdOptions* out) {
+  DlcpdOptions& o = *out;
   o.host_stage.socket_path = c.GetString("host-socket");
   o.host_socket_defaulted = o.host_stage.socket_path == kDefaultHostSocket;
   o.host_stage.shm_bytes = static_cast<uint64_t>(c.GetInt("host-shm-bytes"));
@@ -189,6 +250,20 @@ absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
         "--host-shm-bytes ", o.host_stage.shm_bytes, " cannot hold the host stage of two workers: ", smallest,
         " bytes even with slots of ", min_slot, " bytes (a slot per worker and ", kStageBanks, " for the sums)"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DlcpdOptions> DlcpdOptionsFromConfig(const ConfigRegistry& c) {
+  DlcpdOptions o;
+  for (auto* part : {&ServingFromConfig, &DataFromConfig, &JobsFromConfig, &HostStagesFromConfig}) {
+    if (absl::Status s = part(c, &o); !s.ok()) return s;
+  }
+  ControlFromConfig(c, &o.control);
+  if (absl::Status s = ParseLogLevel(c.GetString("log-level"), &o.log.min_level); !s.ok()) return s;
+  o.log.json = c.GetBool("log-json");
+  o.log.component = "dlcpd";
   o.tls = TlsOptionsFromConfig(c, /*server=*/true);
   if (absl::Status s = ValidateTlsOptions(o.tls, /*server=*/true); !s.ok()) return s;
   return o;
