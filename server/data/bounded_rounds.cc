@@ -46,9 +46,9 @@ void DataThread::CheckBound(Round* round, absl::Time now) {
   const LossTracker& t = *round->bounded;
   if (round->sealed()) return;
   if (t.AllIn()) return Seal(round, now);
-  if (round->armed || !t.BoundMet()) return;
-  round->armed = true;
-  round->armed_at = now;
+  if (round->tail.armed || !t.BoundMet()) return;
+  round->tail.armed = true;
+  round->tail.armed_at = now;
   armed_.push_back(RoundKey{round->job()->id, round->epoch(), round->key(), round->round()});
   next_tail_ = std::min(next_tail_, TailEnd(*round));
 }
@@ -76,16 +76,16 @@ void DataThread::Seal(Round* round, absl::Time now) {
   DLCP_CHECK_EQ(t.class0_missing(), 0u);
   DLCP_CHECK_LE(t.droppable_missing(), t.allowed_missing());
   round->Seal();
-  if (round->armed) round->tail_wait = now - round->armed_at;
+  if (round->tail.armed) round->tail.wait = now - round->tail.armed_at;
   const uint32_t world = round->job()->world;
   for (uint32_t c = 0; c < t.chunk_count(); ++c) {
     if (!t.owned(c) || round->IsComplete(c)) continue;  // complete chunks went out as they completed
     for (uint32_t w = 0; w < world; ++w) {
       const uint8_t cls = t.class_of(w, c);
-      round->NoteClass(c, std::min<uint8_t>(cls, wire::kNumClasses - 1));
+      round->results().NoteClass(c, std::min<uint8_t>(cls, wire::kNumClasses - 1));
       // Left out for good, in the class its worker declared (unknown: class 0, the most
       // cautious answer for the others' windows).
-      if (!round->Has(w, c)) round->NoteLost(c, cls < wire::kNumClasses ? cls : 0);
+      if (!round->Has(w, c)) round->results().NoteLost(c, cls < wire::kNumClasses ? cls : 0);
     }
     SendResultToAll(*round, c, now);
   }
@@ -98,9 +98,9 @@ void DataThread::Seal(Round* round, absl::Time now) {
   }
   metrics_.loss_ratio->Observe(t.droppable_total() ? static_cast<double>(t.droppable_missing()) / t.droppable_total() : 0);
   metrics_.stop_seconds->Observe(absl::ToDoubleSeconds(now - round->created()));
-  metrics_.tail_wait_seconds->Observe(absl::ToDoubleSeconds(round->tail_wait));
+  metrics_.tail_wait_seconds->Observe(absl::ToDoubleSeconds(round->tail.wait));
   if (now > round->created()) {
-    metrics_.tail_wait_ratio->Observe(absl::FDivDuration(round->tail_wait, now - round->created()));
+    metrics_.tail_wait_ratio->Observe(absl::FDivDuration(round->tail.wait, now - round->created()));
   }
 }
 
@@ -116,7 +116,7 @@ void DataThread::SendStop(const Round& r, uint32_t rank) {
   std::vector<wire::ChunkRange> ranges = wire::ToRanges(left_out);
   for (std::vector<uint8_t>& p : wire::EncodeStop(t.droppable_total(), t.droppable_missing(), ranges, max_payload)) {
     wire::Header h = RoundHeader(r, wire::MsgType::kStop, rank);  // class 0
-    h.chunk = wire::EncodeTailWait(r.tail_wait);
+    h.chunk = wire::EncodeTailWait(r.tail.wait);
     h.payload_len = static_cast<uint32_t>(p.size());
     SendOwned(*r.job(), m.address(), h, std::move(p));
   }

@@ -189,7 +189,7 @@ Round* DataThread::RoundFor(const wire::Header& h, const std::shared_ptr<Job>& j
   }
   auto round = std::make_unique<Round>(job, h.key, h.round, wire::ChunkGeometry{h.tensor_elems, job->chunk_bytes / 4},
                                        &pool_, now, h.epoch);
-  round->next_repair = now;  // the quiet spell (ScanTimers) decides when a repair is due
+  round->repair.next = now;  // the quiet spell (ScanTimers) decides when a repair is due
   Round* raw = round.get();
   rounds_.emplace(RoundKey{h.job, h.epoch, h.key, h.round}, std::move(round));
   return raw;
@@ -222,10 +222,10 @@ void DataThread::HandlePush(const wire::Header& h, const uint8_t* payload, Round
   }
   const Round::AddResult added = round->Add(h.rank, h.chunk, values, now, std::move(host_group));
   if (added == Round::AddResult::kAdded || added == Round::AddResult::kCompleted) {
-    round->NoteClass(h.chunk, h.priority);
+    round->results().NoteClass(h.chunk, h.priority);
     // Only a repair that was needed: one whose first push arrives after all is a duplicate.
     if (h.flags & wire::kFlagRepaired) {
-      round->NoteLost(h.chunk, h.lost_class);
+      round->results().NoteLost(h.chunk, h.lost_class);
       round->job()->stragglers.NoteRepaired(h.rank);
     }
   }
@@ -286,17 +286,17 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
       if (round->HasFinalResult(c)) {
         // A copy sent within a repair interval (longer after each copy) may still be on its
         // way; the next request asks again if it was lost.
-        if (round->ResultMayBeOnItsWay(h.rank, c, now, interval)) {
+        if (round->results().ResultMayBeOnItsWay(h.rank, c, now, interval)) {
           metrics_.results_in_flight->Add();
           continue;
         }
         metrics_.results_resent->Add();
         // Asked for again after a quiet spell: the copy sent last was lost on its path.
-        if (const int path = round->ResultPath(h.rank, c); path >= 0 && rank_shares != nullptr) {
+        if (const int path = round->results().ResultPath(h.rank, c); path >= 0 && rank_shares != nullptr) {
           rank_shares->OnLost(static_cast<uint32_t>(path));
         }
         SendResult(*round, c, h.rank, rank_shares, {}, nullptr, /*again=*/true);
-        round->NoteResultSentAgain(h.rank, c, now);
+        round->results().NoteResultSentAgain(h.rank, c, now);
       } else if (!round->bounded && !round->Has(h.rank, c)) {
         nack.push_back(c);
       }
@@ -318,8 +318,8 @@ void DataThread::HandleResultReq(const wire::Header& h, const uint8_t* payload, 
       }
     }
     // Planning walks the whole round: once per half repair interval, however many ask.
-    if (now - round->last_plan < options_.repair_timeout / 2) return;
-    round->last_plan = now;
+    if (now - round->repair.last_plan < options_.repair_timeout / 2) return;
+    round->repair.last_plan = now;
     return RepairBounded(*round, h.rank);
   }
   if (!nack.empty()) SendRanges(wire::MsgType::kPushNack, *round, h.rank, nack);
@@ -375,7 +375,7 @@ void DataThread::SendResultToAll(Round& r, uint32_t chunk, absl::Time now) {
   const KeyRing::Keys* keys = r.job()->keys();  // one snapshot: a rotation may switch keys meanwhile
   ResultDigest digest{nullptr, 0};
   std::vector<PathShares>* shares = JobResultShares(r);
-  r.NoteResultsSent(chunk, now);
+  r.results().NoteResultsSent(chunk, now);
   for (uint32_t w = 0; w < r.job()->world; ++w) {
     if (r.Carried(w)) continue;  // its host stage's first rank hands it the result
     const wire::MacKey* key = keys != nullptr ? keys->send(w) : nullptr;
@@ -389,7 +389,7 @@ void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares*
   const Member& m = r.job()->members[rank];
   if (!m.joined()) return;
   if (options_.inject_drop > 0 && uniform_(rng_) < options_.inject_drop) return metrics_.inject_dropped->Add();
-  const uint8_t priority = r.result_class(chunk);
+  const uint8_t priority = r.results().result_class(chunk);
   if (injector_.Drop(priority)) return metrics_.inject_dropped->Add();
   wire::Header h = RoundHeader(r, wire::MsgType::kResult, rank);
   h.priority = priority;
@@ -400,7 +400,7 @@ void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares*
   if (payload.empty()) payload = ResultPayload(r, chunk, &storage);
   h.payload_len = static_cast<uint32_t>(payload.size());
   if (r.sealed() && !r.Has(rank, chunk)) h.flags |= wire::kFlagLeftOut;
-  const uint8_t lost = std::min(again ? priority : wire::kNumClasses, r.lost_class(chunk));
+  const uint8_t lost = std::min(again ? priority : wire::kNumClasses, r.results().lost_class(chunk));
   if (lost < wire::kNumClasses) {
     h.flags |= wire::kFlagRepaired;
     h.lost_class = lost;
@@ -409,7 +409,7 @@ void DataThread::SendResult(Round& r, uint32_t chunk, uint32_t rank, PathShares*
   if (shares != nullptr) {
     const uint32_t p = shares->Pick();
     shares->OnSent(p);
-    r.NoteResultPath(rank, chunk, p);
+    r.results().NoteResultPath(rank, chunk, p);
     path = static_cast<int16_t>(p);
   }
   CountTx(h);
@@ -675,15 +675,15 @@ void DataThread::ScheduleRepairs(Round& r, absl::Time now) {
   // A bounded round knows which pushes are lost while others still arrive (a later chunk of
   // the same class came in), so it repairs as soon as the bound needs it, not only once the
   // round goes quiet: class-0 repairs overlap the transfer instead of adding to its tail.
-  if (r.bounded && !r.sealed() && now - r.last_plan >= options_.repair_timeout / 2 &&
+  if (r.bounded && !r.sealed() && now - r.repair.last_plan >= options_.repair_timeout / 2 &&
       now - r.last_progress() < options_.repair_timeout) {
-    r.last_plan = now;
+    r.repair.last_plan = now;
     RepairBounded(r, -1, /*ask_manifests=*/false);
   }
   const absl::Time quiet_end = r.last_progress() + RepairInterval(r);
-  if (now >= r.next_repair && now >= quiet_end) {
+  if (now >= r.repair.next && now >= quiet_end) {
     if (r.bounded && !r.sealed()) {
-      r.last_plan = now;
+      r.repair.last_plan = now;
       RepairBounded(r);
     } else {
       for (uint32_t w = 0; w < r.job()->world; ++w) {
@@ -696,12 +696,12 @@ void DataThread::ScheduleRepairs(Round& r, absl::Time now) {
         }
       }
     }
-    r.repair_attempts = std::min(r.repair_attempts + 1, kMaxRepairBackoff);
-    r.next_repair = now + (quiet_end - r.last_progress()) * r.repair_attempts;
+    r.repair.attempts = std::min(r.repair.attempts + 1, kMaxRepairBackoff);
+    r.repair.next = now + (quiet_end - r.last_progress()) * r.repair.attempts;
   } else if (now < quiet_end) {
-    r.repair_attempts = 0;
+    r.repair.attempts = 0;
   }
-  next_repair_ = std::min(next_repair_, std::max(r.next_repair, quiet_end));
+  next_repair_ = std::min(next_repair_, std::max(r.repair.next, quiet_end));
 }
 
 }  // namespace dlcp::server

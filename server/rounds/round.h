@@ -14,6 +14,7 @@
 #include "server/jobs/job_registry.h"
 #include "server/rounds/loss_tracker.h"
 #include "server/rounds/block_pool.h"
+#include "server/rounds/result_ledger.h"
 
 namespace dlcp::server {
 
@@ -57,14 +58,9 @@ class Round {
     return IsComplete(chunk) || (sealed_ && bounded != nullptr && bounded->owned(chunk));
   }
   uint16_t contributors(uint32_t chunk) const { return contributors_[chunk]; }
-  // The class results of `chunk` ride: the most important class any contribution to it had.
-  uint8_t result_class(uint32_t chunk) const { return result_class_[chunk]; }
-  void NoteClass(uint32_t chunk, uint8_t cls) { result_class_[chunk] = std::min(result_class_[chunk], cls); }
-  // A contribution to `chunk` was lost in class `cls`: it came in a repair (wire::kFlagRepaired),
-  // or the round sealed without it. Its results say so, naming the most important such class.
-  void NoteLost(uint32_t chunk, uint8_t cls) { lost_class_[chunk] = std::min(lost_class_[chunk], cls); }
-  // That class, or wire::kNumClasses if no contribution to the chunk was lost.
-  uint8_t lost_class(uint32_t chunk) const { return lost_class_[chunk]; }
+  // What the round has sent of its results: their classes, paths and copies (ResultLedger).
+  ResultLedger& results() { return results_; }
+  const ResultLedger& results() const { return results_; }
 
   // How the round's values travel, set by its first push; a push in another encoding does not
   // belong to it (false).
@@ -88,56 +84,21 @@ class Round {
   LossTracker& EnableBounded();
   bool sealed() const { return sealed_; }
   void Seal() { sealed_ = true; }
-  bool armed = false;  // the bound is met; waiting out the tail
-  absl::Time armed_at;  // when it was met
-  // From the bound being met to the seal: what the round waited for stragglers it could do
-  // without. Zero when everything came in as the bound was met. Set by the seal.
-  absl::Duration tail_wait;
-  absl::Time last_plan;  // when a worker's result request last drew a repair plan
+  // A bounded round's tail, kept by BoundedRounds.
+  struct Tail {
+    bool armed = false;   // the bound is met; waiting out the tail
+    absl::Time armed_at;  // when it was met
+    // From the bound being met to the seal: what the round waited for stragglers it could do
+    // without. Zero when everything came in as the bound was met. Set by the seal.
+    absl::Duration wait;
+  };
+  Tail tail;
   // Delivered: every chunk complete (reliable), or sealed (bounded).
   bool Finished() const { return sealed_ || (open_chunks_ == 0 && bounded == nullptr); }
 
   // Chunks that some but not all workers have sent, and that `rank` has not.
   std::vector<uint32_t> MissingFrom(uint32_t rank) const;
   uint32_t open_chunks() const { return open_chunks_; }
-
-  // Result steering (common/datapath/path_shares.h): the send path the latest result of `chunk`
-  // to `rank` left on, -1 if none has. A worker that asks for the result again blames that path.
-  int ResultPath(uint32_t rank, uint32_t chunk) const {
-    return result_paths_.empty() ? -1 : result_paths_[size_t{rank} * geometry_.chunk_count() + chunk] - 1;
-  }
-  void NoteResultPath(uint32_t rank, uint32_t chunk, uint32_t path) {
-    if (result_paths_.empty()) result_paths_.assign(size_t{job_->world} * geometry_.chunk_count(), 0);
-    result_paths_[size_t{rank} * geometry_.chunk_count() + chunk] = static_cast<uint8_t>(path + 1);
-  }
-
-  // Whether a copy of `chunk`'s result may still be on its way to `rank`, so that sending it
-  // again would only add to the congestion that delays it. A worker asks for every result it
-  // lacks, including copies queued behind that congestion; answering each request in full
-  // multiplied the results in flight until they crowded out the pushes the round waited for
-  // (docs/congestion.md, "Results asked for again"). A copy counts as on its way for `interval`
-  // after it left, and each copy sent again doubles that for the next (up to 4 times), as a
-  // retransmission timeout backs off.
-  void NoteResultsSent(uint32_t chunk, absl::Time now) { result_out_us_[chunk] = MicrosSinceCreated(now); }
-  void NoteResultSentAgain(uint32_t rank, uint32_t chunk, absl::Time now) {
-    // Kept from the first copy sent again on: world x chunk_count, so only rounds that repair
-    // results pay for it.
-    if (result_again_.empty()) result_again_.assign(size_t{job_->world} * geometry_.chunk_count(), Again{});
-    Again& a = result_again_[size_t{rank} * geometry_.chunk_count() + chunk];
-    a.us = MicrosSinceCreated(now);
-    a.copies = static_cast<uint8_t>(std::min(a.copies + 1, 2));
-  }
-  bool ResultMayBeOnItsWay(uint32_t rank, uint32_t chunk, absl::Time now, absl::Duration interval) const {
-    uint32_t last = result_out_us_[chunk];
-    if (!result_again_.empty()) {
-      const Again& a = result_again_[size_t{rank} * geometry_.chunk_count() + chunk];
-      if (a.us > last) {
-        last = a.us;
-        interval *= 1 << a.copies;
-      }
-    }
-    return last != 0 && now - (created_ + absl::Microseconds(last - 1)) < interval;
-  }
 
   // Returns true if `rank` was not done before. Marks the ranks it carries done with it.
   bool MarkDone(uint32_t rank);
@@ -162,8 +123,12 @@ class Round {
   const std::vector<uint32_t>& delivered_us() const { return delivered_us_; }
 
   // Repair pacing, owned by the data thread's timer scan.
-  absl::Time next_repair;
-  int repair_attempts = 0;
+  struct Repair {
+    absl::Time next;        // the next NACK or probe, at the earliest
+    int attempts = 0;       // in a row without progress: each backs the next off further
+    absl::Time last_plan;   // when a worker's result request last drew a repair plan
+  };
+  Repair repair;
 
  private:
   float* ChunkPtr(uint32_t chunk) const;
@@ -179,20 +144,10 @@ class Round {
   std::vector<float*> blocks_;
   std::vector<uint64_t> got_;  // chunk_count x words_ bits: who contributed
   std::vector<uint16_t> contributors_;
-  std::vector<uint8_t> result_class_;
-  std::vector<uint8_t> lost_class_;
-  std::vector<uint8_t> result_paths_;  // world x chunk_count: 1 + path; 0: none (allocated on use)
-  // When results last went out, as 1 + microseconds after created_ (0: never): per chunk to
-  // everyone, and per worker x chunk again, with how many copies went again.
-  struct Again {
-    uint32_t us = 0;
-    uint8_t copies = 0;
-  };
-  std::vector<uint32_t> result_out_us_;
-  std::vector<Again> result_again_;
   uint32_t MicrosSinceCreated(absl::Time now) const {
     return static_cast<uint32_t>(std::clamp<int64_t>(absl::ToInt64Microseconds(now - created_) + 1, 1, UINT32_MAX));
   }
+  ResultLedger results_;
   uint32_t open_chunks_ = 0;   // touched but not complete
   wire::Encoding encoding_ = wire::Encoding::kF32;
   bool encoding_set_ = false;

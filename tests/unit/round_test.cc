@@ -59,32 +59,32 @@ TEST(Round, KnowsWhichResultCopiesMayStillBeOnTheirWay) {
   Round r(job, 1, 0, wire::ChunkGeometry{48, 16}, &pool, t0);
   const absl::Duration interval = absl::Seconds(1);
   // Chunk 0 went to every worker, chunk 1 again to rank 1, chunk 2 never.
-  r.NoteResultsSent(0, t0);
-  r.NoteResultSentAgain(1, 1, t0);
-  EXPECT_TRUE(r.ResultMayBeOnItsWay(0, 0, t0, interval));
-  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 0, t0, interval));
-  EXPECT_FALSE(r.ResultMayBeOnItsWay(0, 1, t0, interval));
-  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 1, t0, interval));
-  EXPECT_FALSE(r.ResultMayBeOnItsWay(0, 2, t0, interval));
-  EXPECT_FALSE(r.ResultMayBeOnItsWay(1, 2, t0, interval));
+  r.results().NoteResultsSent(0, t0);
+  r.results().NoteResultSentAgain(1, 1, t0);
+  EXPECT_TRUE(r.results().ResultMayBeOnItsWay(0, 0, t0, interval));
+  EXPECT_TRUE(r.results().ResultMayBeOnItsWay(1, 0, t0, interval));
+  EXPECT_FALSE(r.results().ResultMayBeOnItsWay(0, 1, t0, interval));
+  EXPECT_TRUE(r.results().ResultMayBeOnItsWay(1, 1, t0, interval));
+  EXPECT_FALSE(r.results().ResultMayBeOnItsWay(0, 2, t0, interval));
+  EXPECT_FALSE(r.results().ResultMayBeOnItsWay(1, 2, t0, interval));
   // A copy sent to everyone is given one interval; one sent again, two.
-  EXPECT_FALSE(r.ResultMayBeOnItsWay(0, 0, t0 + interval, interval));
-  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 1, t0 + interval, interval));
-  EXPECT_FALSE(r.ResultMayBeOnItsWay(1, 1, t0 + 2 * interval, interval));
+  EXPECT_FALSE(r.results().ResultMayBeOnItsWay(0, 0, t0 + interval, interval));
+  EXPECT_TRUE(r.results().ResultMayBeOnItsWay(1, 1, t0 + interval, interval));
+  EXPECT_FALSE(r.results().ResultMayBeOnItsWay(1, 1, t0 + 2 * interval, interval));
   // Each further copy doubles the wait, up to 4 intervals.
   const absl::Time t1 = t0 + absl::Seconds(10);
-  r.NoteResultSentAgain(1, 1, t1);
-  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 1, t1 + 3 * interval, interval));
-  EXPECT_FALSE(r.ResultMayBeOnItsWay(1, 1, t1 + 4 * interval, interval));
+  r.results().NoteResultSentAgain(1, 1, t1);
+  EXPECT_TRUE(r.results().ResultMayBeOnItsWay(1, 1, t1 + 3 * interval, interval));
+  EXPECT_FALSE(r.results().ResultMayBeOnItsWay(1, 1, t1 + 4 * interval, interval));
   const absl::Time t2 = t1 + absl::Seconds(10);
-  for (int i = 0; i < 10; ++i) r.NoteResultSentAgain(1, 1, t2);
-  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 1, t2 + 3 * interval, interval));
-  EXPECT_FALSE(r.ResultMayBeOnItsWay(1, 1, t2 + 4 * interval, interval));
+  for (int i = 0; i < 10; ++i) r.results().NoteResultSentAgain(1, 1, t2);
+  EXPECT_TRUE(r.results().ResultMayBeOnItsWay(1, 1, t2 + 3 * interval, interval));
+  EXPECT_FALSE(r.results().ResultMayBeOnItsWay(1, 1, t2 + 4 * interval, interval));
   // The latest copy counts: one to everyone after those gets one interval.
   const absl::Time t3 = t2 + absl::Seconds(10);
-  r.NoteResultsSent(1, t3);
-  EXPECT_TRUE(r.ResultMayBeOnItsWay(1, 1, t3, interval));
-  EXPECT_FALSE(r.ResultMayBeOnItsWay(1, 1, t3 + interval, interval));
+  r.results().NoteResultsSent(1, t3);
+  EXPECT_TRUE(r.results().ResultMayBeOnItsWay(1, 1, t3, interval));
+  EXPECT_FALSE(r.results().ResultMayBeOnItsWay(1, 1, t3 + interval, interval));
 }
 
 TEST(Round, RefusesPastTheJobBudget) {
