@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 FLAGS=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I. -I"$BUILD/generated"
        -I"$BUILD/proto/gen")
 LIBS=$(pkg-config --libs grpc++ protobuf absl_status absl_statusor absl_strings absl_str_format absl_time \
-       absl_synchronization libcrypto)
+       absl_synchronization libcrypto re2)
 WIRE=(common/wire/header.cc common/wire/ranges.cc common/wire/mac.cc common/wire/bounded.cc common/wire/payload_encoding.cc
       common/wire/version_check.cc)
 # The RDMA transport when the build has it (build_config.h); libibverbs itself is dlopen()ed.
@@ -44,7 +44,7 @@ CONTROL=(tests/fuzz/control_fuzz.cc "${WIRE[@]}"
   server/data/data_plane.cc server/data/data_thread.cc server/data/data_metrics.cc server/data/bounded_rounds.cc
   server/rounds/loss_tracker.cc
   common/faults/drop_injector.cc server/control/aggregator_service.cc server/control/drain_tracker.cc
-  server/control/client_gate.cc common/security/client_certificates.cc)
+  server/control/client_gate.cc common/security/client_certificates.cc common/rpc/grpc_peer.cc)
 printf '#include "%s"\n' "${CONTROL[@]}" > "$OUT/control_unity.cc"
 
 clang++ "${FLAGS[@]}" tests/fuzz/wire_fuzz.cc "${WIRE[@]}" "${RDMA[@]:0:1}" $LIBS -lhighwayhash -o "$OUT/wire_fuzz" &

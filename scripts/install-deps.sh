@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   protobuf-compiler protobuf-compiler-grpc libprotobuf-dev libgrpc++-dev libabsl-dev
+  libre2-dev  # dlcpd --job-owner-pattern (gRPC depends on it too)
   libssl-dev  # certificate and key checks (common/security/tls.cc); gRPC uses the same OpenSSL
   prometheus-cpp-dev libhighwayhash-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev

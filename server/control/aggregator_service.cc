@@ -22,21 +22,6 @@ grpc::Status ToGrpcStatus(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-std::optional<std::pair<std::string, uint16_t>> PeerHostPort(const std::string& peer) {
-  const bool v6 = peer.rfind("ipv6:", 0) == 0;
-  if (!v6 && peer.rfind("ipv4:", 0) != 0) return std::nullopt;
-  // gRPC writes an IPv6 peer as a URI: "ipv6:%5B::1%5D:5000", or bracketed on older releases.
-  std::string rest = absl::StrReplaceAll(peer.substr(5), {{"%5B", "["}, {"%5D", "]"}, {"%25", "%"}});
-  absl::StatusOr<std::pair<std::string, uint16_t>> hp = SplitHostPort(rest);
-  if (!hp.ok()) return std::nullopt;
-  return *hp;
-}
-
-std::string PeerHost(const std::string& peer) {
-  std::optional<std::pair<std::string, uint16_t>> hp = PeerHostPort(peer);
-  return hp ? hp->first : "";
-}
-
 namespace {
 // The joining worker as it describes itself (Roster), its fields bounded: they go into errors
 // and are kept for the job's life.
@@ -137,16 +122,6 @@ absl::Status AggregatorService::CheckCaller(uint32_t job_id, const std::string& 
   return job ? CheckJobOwner(*job, client) : absl::OkStatus();  // an unknown job is the handler's to answer
 }
 
-std::string ClientIdentity(const grpc::ServerContextBase& ctx) {
-  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-  if (auth && auth->IsPeerAuthenticated()) {
-    std::vector<std::string> names;
-    for (const grpc::string_ref& n : auth->GetPeerIdentity()) names.emplace_back(n.data(), n.size());
-    if (!names.empty()) return absl::StrCat("certificate '", absl::StrJoin(names, ","), "'");
-  }
-  return absl::StrCat("address ", PeerHost(ctx.peer()));
-}
-
 absl::Status AggregatorService::HandleJoin(const std::string& peer, const v1::JoinRequest& req,
                                            v1::JoinResponse* resp, const std::string& client) {
   if (drain_.active()) {
@@ -232,7 +207,7 @@ void AggregatorService::FillKeys(const KeyRing::Keys& keys, uint32_t rank, std::
 }
 
 // Every call passes the gate first: under mutual TLS the identity the handlers read
-// (ClientIdentity) is one the CA vouches for.
+// (ClientGate::Identity) is one the CA vouches for.
 #define DLCP_UNARY(ctx, expr)                            \
   auto* reactor = (ctx)->DefaultReactor();               \
   absl::Status status = gate_.Admit(*(ctx), __func__);   \
@@ -243,7 +218,7 @@ void AggregatorService::FillKeys(const KeyRing::Keys& keys, uint32_t rank, std::
 
 grpc::ServerUnaryReactor* AggregatorService::Join(grpc::CallbackServerContext* ctx, const v1::JoinRequest* req,
                                                   v1::JoinResponse* resp) {
-  DLCP_UNARY(ctx, HandleJoin(ctx->peer(), *req, resp, ClientIdentity(*ctx)));
+  DLCP_UNARY(ctx, HandleJoin(ctx->peer(), *req, resp, gate_.Identity(*ctx)));
 }
 
 grpc::ServerUnaryReactor* AggregatorService::RotateDataKey(grpc::CallbackServerContext* ctx,
@@ -271,18 +246,18 @@ absl::Status AggregatorService::HandleRotateDataKey(const v1::RotateDataKeyReque
 
 grpc::ServerUnaryReactor* AggregatorService::Leave(grpc::CallbackServerContext* ctx, const v1::LeaveRequest* req,
                                                    v1::LeaveResponse* resp) {
-  DLCP_UNARY(ctx, HandleLeave(*req, ClientIdentity(*ctx)));
+  DLCP_UNARY(ctx, HandleLeave(*req, gate_.Identity(*ctx)));
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const v1::HeartbeatRequest* req,
                                                        v1::HeartbeatResponse* resp) {
-  DLCP_UNARY(ctx, HandleHeartbeat(*req, resp, ClientIdentity(*ctx)));
+  DLCP_UNARY(ctx, HandleHeartbeat(*req, resp, gate_.Identity(*ctx)));
 }
 
 grpc::ServerUnaryReactor* AggregatorService::GetTopology(grpc::CallbackServerContext* ctx,
                                                          const v1::GetTopologyRequest* req, v1::Topology* resp) {
-  DLCP_UNARY(ctx, HandleGetTopology(*req, resp, ClientIdentity(*ctx)));
+  DLCP_UNARY(ctx, HandleGetTopology(*req, resp, gate_.Identity(*ctx)));
 }
 
 absl::Status AggregatorService::HandleGetTopology(const v1::GetTopologyRequest& req, v1::Topology* resp,
@@ -392,7 +367,7 @@ grpc::ServerUnaryReactor* AggregatorService::Regroup(grpc::CallbackServerContext
     status = HandleRegroup(*req, resp, [this, reactor](absl::Status s) {
       if (!s.ok()) bad_requests_->Add();
       reactor->Finish(ToGrpcStatus(s));
-    }, ClientIdentity(*ctx));
+    }, gate_.Identity(*ctx));
   }
   if (!status.ok()) {
     bad_requests_->Add();

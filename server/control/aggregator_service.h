@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/registry.h"
 #include "dlcp/v1/control.grpc.pb.h"
+#include "common/rpc/grpc_peer.h"
 #include "server/control/client_gate.h"
 #include "server/control/drain_tracker.h"
 #include "server/data/data_plane.h"
@@ -57,12 +58,12 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
 
   // The handlers proper, behind the gRPC reactors above (and driven directly by the control-plane
   // fuzz target). `peer` is gRPC's peer string ("ipv4:10.0.0.7:51234").
-  // `client`: who the caller is, for --max-jobs-per-client (ClientIdentity); empty: its address.
+  // `client`: who the caller is, for --max-jobs-per-client (ClientGate::Identity); empty: its address.
   absl::Status HandleJoin(const std::string& peer, const v1::JoinRequest& req, v1::JoinResponse* resp,
                           const std::string& client = "");
   // The worker's data plane must be this aggregator's: both UDP, or both RDMA with the same Q_Key.
   absl::Status CheckDataTransport(const v1::JoinRequest& req) const;
-  // `client` (ClientIdentity) for the job-scoped calls: under mutual TLS only the job's owner's
+  // `client` (ClientGate::Identity) for the job-scoped calls: under mutual TLS only the job's owner's
   // identity is served (CheckJobOwner); empty: a caller with no identity.
   absl::Status HandleLeave(const v1::LeaveRequest& req, const std::string& client = "");
   // The job's rounds waiting here, and on whom (WaitingBoard), into a heartbeat answer.
@@ -104,15 +105,5 @@ class AggregatorService final : public dlcp::v1::Aggregator::CallbackService {
   ClientGate gate_;
   DrainTracker drain_;
 };
-
-// The IP and port in a gRPC peer string ("ipv4:10.0.0.1:5000", "ipv6:%5B::1%5D:5000"); nullopt if
-// it is not IP.
-std::optional<std::pair<std::string, uint16_t>> PeerHostPort(const std::string& peer);
-// Its IP alone; empty if it is not IP.
-std::string PeerHost(const std::string& peer);
-// Who a caller is: the identity its client certificate proves under mutual TLS
-// ("certificate 'worker-7'"), else its address ("address 10.0.0.7"). Only for a call the
-// ClientGate admitted: the handshake alone does not check the certificate's chain.
-std::string ClientIdentity(const grpc::ServerContextBase& ctx);
 
 }  // namespace dlcp::server

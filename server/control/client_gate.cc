@@ -1,8 +1,11 @@
 #include "server/control/client_gate.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/rpc/grpc_peer.h"
 #include "common/base/clock.h"
 #include "common/base/log.h"
 
@@ -35,6 +38,22 @@ absl::Status ClientGate::Admit(const grpc::ServerContextBase& ctx, std::string_v
   Log(peer, method, verdict);
   if (on_refusal_) on_refusal_(peer);
   return absl::UnauthenticatedError(absl::StrCat("client certificate refused: ", verdict.why));
+}
+
+std::string ClientGate::Identity(const grpc::ServerContextBase& ctx) const {
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth && auth->IsPeerAuthenticated()) {
+    std::vector<std::string> names;
+    for (const grpc::string_ref& n : auth->GetPeerIdentity()) names.emplace_back(n.data(), n.size());
+    for (const std::string& name : names) {
+      std::string group;
+      if (owner_pattern_ != nullptr && RE2::PartialMatch(name, *owner_pattern_, &group) && !group.empty()) {
+        return absl::StrCat("certificate group '", group, "'");
+      }
+    }
+    if (!names.empty()) return absl::StrCat("certificate '", absl::StrJoin(names, ","), "'");
+  }
+  return absl::StrCat("address ", PeerHost(ctx.peer()));
 }
 
 void ClientGate::Log(std::string_view peer, std::string_view method, const CertificateVerdict& verdict) {

@@ -3,6 +3,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "re2/re2.h"
 #include "common/security/tls_flags.h"
 #include "common/shm/stage_layout.h"
 #include "common/transport/transport_flags.h"
@@ -58,6 +59,21 @@ void DeclareJobFlags(ConfigRegistry* c) {
   c->AddInt("max-jobs-per-client", 16, 1, 100000,
             "jobs one client may have created and running here at once: by its certificate under mutual TLS, "
             "else by its address");
+  c->AddString("job-owner-pattern", "",
+               "under mutual TLS, a regular expression (RE2) with one capture group: where it matches a name in a "
+               "client certificate, the group it captures owns the caller's jobs instead of the certificate, e.g. "
+               "'^spiffe://[^/]+/ns/([^/]+)/' lets every workload of a namespace share its jobs (docs/security.md); "
+               "empty: each certificate identity owns its own",
+               [](const std::string& v) {
+                 if (v.empty()) return absl::OkStatus();
+                 RE2 re(v, RE2::Quiet);
+                 if (!re.ok()) return absl::InvalidArgumentError(absl::StrCat("not a regular expression: ", re.error()));
+                 if (re.NumberOfCapturingGroups() != 1) {
+                   return absl::InvalidArgumentError(absl::StrCat(
+                       "has ", re.NumberOfCapturingGroups(), " capture groups, not one: the group names the owner"));
+                 }
+                 return absl::OkStatus();
+               });
 }
 
 // What the gRPC ports hold (ControlLimits).
@@ -210,6 +226,7 @@ absl::Status JobsFromConfig(const ConfigRegistry& c, DlcpdOptions* out) {
   }
   o.limits.max_jobs = static_cast<uint32_t>(c.GetInt("max-jobs"));
   o.limits.max_jobs_per_client = static_cast<uint32_t>(c.GetInt("max-jobs-per-client"));
+  o.job_owner_pattern = c.GetString("job-owner-pattern");
   o.limits.max_workers = static_cast<uint32_t>(c.GetInt("max-workers"));
   o.limits.max_rounds_in_flight = static_cast<uint32_t>(c.GetInt("max-rounds-in-flight"));
   o.limits.max_job_bytes = static_cast<uint64_t>(c.GetInt("max-job-bytes"));

@@ -42,6 +42,9 @@ struct DlcpdOptions {
   ControlLimits control;
   LogOptions log;
   TlsOptions tls;
+  // --job-owner-pattern: a regular expression (RE2) with one capture group, or empty
+  // (ClientGate::set_owner_pattern).
+  std::string job_owner_pattern;
   HostBrokerOptions host_stage;
   // --host-socket was the default: a host where it cannot be served (not root, another dlcpd
   // there) runs without host stages, with a warning, rather than refusing to start.

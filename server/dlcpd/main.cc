@@ -32,6 +32,7 @@
 #include "common/base/log.h"
 #include "server/control/aggregator_service.h"
 #include "server/control/health_service.h"
+#include "re2/re2.h"
 #include "server/dlcpd/dlcpd_config.h"
 #include "server/dlcpd/ipc_lock.h"
 #include "server/dlcpd/systemd_notify.h"
@@ -392,6 +393,7 @@ int Main(int argc, char** argv) {
       grpc_ports.limiter().CloseLater(hp->first, hp->second, MonotonicNow() + absl::Seconds(1));
     }
   });
+  if (!o.job_owner_pattern.empty()) service.gate().set_owner_pattern(std::make_unique<const RE2>(o.job_owner_pattern));
   if (absl::Status s = grpc_ports.Start(security->credentials, &service, &health); !s.ok()) {
     std::cerr << "dlcpd: " << s.message() << "\n";
     return 1;

@@ -47,6 +47,12 @@ class TlsTest : public ::testing::Test {
         "openssl req $K -keyout rogue.key -out rogue.csr -subj /CN=rogue 2>/dev/null;",
         "openssl x509 -req -in rogue.csr -CA other.crt -CAkey other.key -CAcreateserial -days 2",
         " -extfile client.ext -out rogue.crt 2>/dev/null;",
+        // Workloads named by SPIFFE IDs: two of namespace team-a, one of team-b.
+        "for n in a1:team-a/sa/w1 a2:team-a/sa/w2 b1:team-b/sa/w1; do c=${n%%:*};",
+        " printf 'subjectAltName=URI:spiffe://test/ns/%s\\nextendedKeyUsage=clientAuth\\n' ${n#*:} > $c.ext;",
+        " openssl req $K -keyout $c.key -out $c.csr -subj /CN=$c 2>/dev/null;",
+        " openssl x509 -req -in $c.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile $c.ext",
+        " -out $c.crt 2>/dev/null; done;",
         // A client certificate from the right CA that expired yesterday.
         "openssl req $K -keyout old.key -out old.csr -subj /CN=old 2>/dev/null;",
         "openssl x509 -req -in old.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days -1 -extfile client.ext",
@@ -242,6 +248,30 @@ TEST_F(TlsTest, AJobServesOnlyTheIdentityThatCreatedIt) {
                               "came from certificate 'client2'"),
             std::string::npos)
       << stranger.out;
+}
+
+// With --job-owner-pattern the group it captures owns a job: every certificate of namespace
+// team-a (the /ns/ part of its SPIFFE ID) may join team-a's job, one of team-b may not.
+TEST_F(TlsTest, AnOwnerPatternLetsAGroupOfCertificatesShareAJob) {
+  auto d = StartMutualTls({"--job-owner-pattern=^spiffe://[^/]+/ns/([^/]+)/"});
+  ASSERT_NE(d, nullptr);
+  auto rank = [&](const std::string& cert, int r) {
+    std::vector<std::string> argv = Bench(*d, ClientCert(cert));
+    argv.insert(argv.end(), {"--job=shared", absl::StrCat("--rank=", r), "--host-stage=false"});
+    return argv;
+  };
+  auto first = BackgroundProcess::Start(rank("a1", 0));
+  ProcessResult stranger = RunProcess(rank("b1", 1), absl::Seconds(40));
+  EXPECT_NE(stranger.exit_code, 0) << stranger.out;
+  EXPECT_NE(stranger.out.find("job 'shared' belongs to certificate group 'team-a', which created it here, and this "
+                              "call came from certificate group 'team-b'"),
+            std::string::npos)
+      << stranger.out;
+  ProcessResult colleague = RunProcess(rank("a2", 1), absl::Seconds(40));
+  EXPECT_EQ(colleague.exit_code, 0) << colleague.out;
+  ProcessResult creator = first->Wait(absl::Seconds(40));
+  EXPECT_EQ(creator.exit_code, 0) << creator.out;
+  EXPECT_NE(creator.out.find("\"exact\":true"), std::string::npos) << creator.out;
 }
 
 TEST_F(TlsTest, ServerNameIsVerified) {

@@ -13,7 +13,7 @@
 #include "common/base/host_port.h"
 #include "common/transport/address.h"
 #include "common/transport/atomic_address.h"
-#include "server/control/aggregator_service.h"
+#include "common/rpc/grpc_peer.h"
 
 namespace dlcp {
 namespace {
@@ -115,11 +115,13 @@ TEST(Address, ResolvesInTheFamilyAskedForAndSaysWhenTheHostHasNone) {
 }
 
 TEST(PeerHost, ReadsGrpcPeersOfBothFamilies) {
-  EXPECT_EQ(server::PeerHost("ipv4:10.0.0.1:5000"), "10.0.0.1");
-  EXPECT_EQ(server::PeerHost("ipv6:%5B::1%5D:5000"), "::1");
-  EXPECT_EQ(server::PeerHost("ipv6:[fd00::2]:5000"), "fd00::2");
-  EXPECT_EQ(server::PeerHost("unix:/tmp/s"), "");
-  EXPECT_EQ(server::PeerHost("ipv6:::1:5000"), "");  // unbracketed: no telling host from port
+  EXPECT_EQ(PeerHost("ipv4:10.0.0.1:5000"), "10.0.0.1");
+  EXPECT_EQ(PeerHost("ipv6:%5B::1%5D:5000"), "::1");
+  EXPECT_EQ(PeerHost("ipv6:[fd00::2]:5000"), "fd00::2");
+  EXPECT_EQ(PeerHost("unix:/tmp/s"), "");
+  EXPECT_EQ(PeerHost("ipv6:::1:5000"), "");  // unbracketed: no telling host from port
+  EXPECT_EQ(PeerHostPort("ipv4:10.0.0.1:5000"), std::make_pair(std::string("10.0.0.1"), uint16_t{5000}));
+  EXPECT_EQ(PeerHostPort("unix:/tmp/s"), std::nullopt);
 }
 
 TEST(AtomicAddress, ExchangesAndClears) {
