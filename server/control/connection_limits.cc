@@ -61,14 +61,15 @@ void ConnectionLimiter::Refresh() {
 
 void ConnectionLimiter::CloseLater(const std::string& host, uint16_t port, absl::Time at) {
   std::lock_guard<std::mutex> lock(mu_);
-  // Bounded by the connections held: a caller refused again and again on one connection is
-  // marked once per refusal, but CloseDue clears the marks as they fall due.
-  if (closing_.size() >= limits_.max_connections) return;
   for (const auto& [fd, held] : by_fd_) {
-    if (held.port == port && held.peer == host) {
-      closing_.push_back(Closing{fd, held.inode, at});
-      return;
+    if (held.port != port || held.peer != host) continue;
+    // Marked once, however often it is refused before the mark falls due: the marks are bounded
+    // by the connections held.
+    for (const Closing& c : closing_) {
+      if (c.fd == fd && c.inode == held.inode) return;
     }
+    closing_.push_back(Closing{fd, held.inode, at});
+    return;
   }
 }
 

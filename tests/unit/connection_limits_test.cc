@@ -83,6 +83,7 @@ TEST(ConnectionLimiter, ClosesAConnectionWhenDueAndOnlyThatOne) {
   ASSERT_EQ(limiter.Admit(server_b), ConnectionLimiter::Verdict::kAdmitted);
   const absl::Time now = absl::Now();
   limiter.CloseLater("127.0.0.1", port_a, now + absl::Seconds(1));
+  limiter.CloseLater("127.0.0.1", port_a, now + absl::Seconds(1));  // refused twice: marked once
   limiter.CloseDue(now);  // not yet due
   EXPECT_FALSE(SeesEnd(client_a));
   limiter.CloseDue(now + absl::Seconds(1));
