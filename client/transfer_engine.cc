@@ -965,7 +965,7 @@ uint64_t TransferEngine::receive_overflows() const {
 }
 
 uint64_t TransferEngine::receive_queue_ran_dry() const {
-  return transport_->counters().rx_queue_empty.load(std::memory_order_relaxed);
+  return transport_->OwnCounter("rx_queue_empty");
 }
 
 }  // namespace dlcp

@@ -178,7 +178,7 @@ class TransferEngine {
   // Any thread: datagrams the kernel dropped before the I/O thread saw them, because the
   // transport's receive buffer was full (TransportCounters::rx_overflows).
   uint64_t receive_overflows() const;
-  // Any thread: how often the RDMA receive queue ran dry (TransportCounters::rx_queue_empty).
+  // Any thread: how often the RDMA receive queue ran dry (Transport::OwnCounters, "rx_queue_empty").
   uint64_t receive_queue_ran_dry() const;
   // The transport's port counters (Transport::port_counters); nullptr where it has no port of its
   // own. Reading them reads files; any thread.

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -68,12 +70,6 @@ struct TransportCounters {
   // socket's SO_RXQ_OVFL count). The kernel reports them on the next datagram it delivers, so
   // drops in a burst that nothing follows show up only once traffic resumes.
   std::atomic<uint64_t> rx_overflows{0};
-  // Times the receive queue ran dry (RDMA: the shared receive queue's limit event, armed at one
-  // posted buffer). The NIC drops what arrives while no buffer is posted, counted by no verbs
-  // call (only the port's counters do, port_counters()), so this says only that it may have: the
-  // I/O thread fell a whole queue behind.
-  std::atomic<uint64_t> rx_queue_empty{0};
-  std::atomic<uint64_t> gso_sends{0};         // super-datagrams sent through UDP GSO
   std::atomic<uint64_t> spray_bursts{0};      // runs of datagrams sent from one source port
   // Datagrams sent on each send path (UDP: source port, RDMA: queue pair), by the path's index
   // (Transport::send_paths); the first only where datagrams cannot choose. How spraying and
@@ -120,6 +116,18 @@ class Transport {
   virtual void Wake() = 0;
 
   const TransportCounters& counters() const { return counters_; }
+  // Counters of what only this transport has, by name: UDP's "gso_sends" (super-datagrams sent
+  // through segmentation offload), RDMA's "rx_queue_empty" (times its shared receive queue ran
+  // dry, its limit event armed at one posted buffer: the NIC drops what arrives while no buffer
+  // is posted, counted only in the port's counters, port_counters()). Any thread.
+  virtual std::vector<std::pair<std::string_view, uint64_t>> OwnCounters() const { return {}; }
+  // One of them; 0 where this transport has no such counter.
+  uint64_t OwnCounter(std::string_view name) const {
+    for (const auto& [n, v] : OwnCounters()) {
+      if (n == name) return v;
+    }
+    return 0;
+  }
 
  protected:
   TransportCounters counters_;

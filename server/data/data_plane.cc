@@ -87,7 +87,13 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Create(const DataPlaneOpti
   metrics->AddComputed("dlcp_transport_rx_queue_empty_total", {}, K::kCounter,
                        "Times an RDMA receive queue ran dry; the NIC drops what arrives then, uncounted "
                        "(raise --rdma-recv-slots, or add data threads)",
-                       transport_sum(&TransportCounters::rx_queue_empty));
+                       [raw_plane] {
+                         double total = 0;
+                         for (const auto& t : raw_plane->threads_) {
+                           total += static_cast<double>(t->transport()->OwnCounter("rx_queue_empty"));
+                         }
+                         return total;
+                       });
   // How datagrams are sprayed over paths: the source ports per endpoint, labelled with the burst
   // (datagrams per port choice, `auto` where it follows the datagram size; 1 would be per
   // packet), and how many bursts went out.

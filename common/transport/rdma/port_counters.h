@@ -1,8 +1,9 @@
 // An RDMA port's own counters, as its driver exports them in sysfs
 // (<sysfs_root>/class/infiniband/<device>/ports/<port>/hw_counters/<name>). They count what no
 // verbs call reports. Above all, mlx5's out_of_buffer counts the datagrams a NIC dropped because
-// the receive queue had no buffer posted, where TransportCounters::rx_queue_empty counts only how
-// often a queue ran dry. Soft-RoCE exports its own set (sent_pkts, rcvd_pkts, ...).
+// the receive queue had no buffer posted, where the transport's own "rx_queue_empty"
+// (Transport::OwnCounters) counts only how often a queue ran dry. Soft-RoCE exports its own set
+// (sent_pkts, rcvd_pkts, ...).
 //
 // Plain file reads, no verbs, so it builds and is tested without RDMA. Blocks for a few system
 // calls: call it from a metrics or logging thread, not an I/O thread. Thread-safe (no state).

@@ -319,6 +319,9 @@ class RdmaTransport final : public Transport, public PortCounterSource {
   }
 
   void Wake() override { waker_.Wake(); }
+  std::vector<std::pair<std::string_view, uint64_t>> OwnCounters() const override {
+    return {{"rx_queue_empty", rx_queue_empty_.load(std::memory_order_relaxed)}};
+  }
 
  private:
   absl::Status RegisterPools() {
@@ -499,7 +502,7 @@ class RdmaTransport final : public Transport, public PortCounterSource {
       v_.ack_async_event(&e);
       if (ours) {
         rearm_limit_ = true;
-        const uint64_t n = counters_.rx_queue_empty.fetch_add(1, std::memory_order_relaxed) + 1;
+        const uint64_t n = rx_queue_empty_.fetch_add(1, std::memory_order_relaxed) + 1;
         if (empty_report_.Due(n)) {
           DLCP_LOG(Warning) << "the RDMA receive queue on " << dev_.name << " (" << recv_.slots
                             << " buffers) ran dry, " << n << " time(s) in all: the NIC drops what arrives until "
@@ -572,6 +575,7 @@ class RdmaTransport final : public Transport, public PortCounterSource {
   static constexpr absl::Duration kEventCheckInterval = absl::Milliseconds(1);
   absl::Time next_event_check_ = absl::InfinitePast();
   bool rearm_limit_ = false;
+  std::atomic<uint64_t> rx_queue_empty_{0};  // times the shared receive queue ran dry (OwnCounters)
   bool limit_unsupported_ = false;
   DoublingReport empty_report_;
 

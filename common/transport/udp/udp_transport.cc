@@ -148,6 +148,9 @@ class UdpTransport final : public Transport {
   }
 
   void Wake() override { waker_.Wake(); }
+  std::vector<std::pair<std::string_view, uint64_t>> OwnCounters() const override {
+    return {{"gso_sends", gso_sends_.load(std::memory_order_relaxed)}};
+  }
 
  private:
   absl::StatusOr<int> OpenSocket() {
@@ -324,7 +327,7 @@ class UdpTransport final : public Transport {
           counters_.sent_bytes.fetch_add(b.hdrs[sent + k].msg_len, std::memory_order_relaxed);
           counters_.sent_packets.fetch_add(b.segments[sent + k], std::memory_order_relaxed);
           counters_.path_packets[b.path[sent + k]].fetch_add(b.segments[sent + k], std::memory_order_relaxed);
-          if (b.segments[sent + k] > 1) counters_.gso_sends.fetch_add(1, std::memory_order_relaxed);
+          if (b.segments[sent + k] > 1) gso_sends_.fetch_add(1, std::memory_order_relaxed);
         }
         sent += rc;
         continue;
@@ -449,6 +452,7 @@ class UdpTransport final : public Transport {
   std::atomic<size_t> next_port_{0};  // where the next Send call starts its bursts
   Waker waker_;
   std::atomic<bool> gso_off_{false};
+  std::atomic<uint64_t> gso_sends_{0};  // super-datagrams sent through GSO
   bool gro_ = false;
   bool overflow_count_ = false;
   uint32_t overflows_seen_ = 0;  // SO_RXQ_OVFL's total at the last receive that carried it
