@@ -1,11 +1,13 @@
 #include "common/security/client_certificates.h"
 
 #include <openssl/bio.h>
+#include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
 #include <grpc/grpc_security_constants.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 
 namespace dlcp {
@@ -90,6 +92,7 @@ absl::StatusOr<std::unique_ptr<ClientCertificateVerifier>> ClientCertificateVeri
   X509_STORE* store = X509_STORE_new();
   if (store == nullptr) return absl::ResourceExhaustedError("no memory for a certificate store");
   std::unique_ptr<ClientCertificateVerifier> verifier(new ClientCertificateVerifier(store));
+  absl::Cleanup clear_errors = [] { ERR_clear_error(); };  // the read ends in "no start line"
   Bio bio = MemoryBio(ca_pem);
   int added = 0;
   for (Cert ca(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), X509_free); ca;
@@ -109,6 +112,9 @@ CertificateVerdict ClientCertificateVerifier::Verify(const grpc::AuthContext& au
 
 CertificateVerdict ClientCertificateVerifier::VerifyPem(const std::string& leaf_pem,
                                                         const std::string& chain_pem) const {
+  // This runs on gRPC's threads, whose TLS reads OpenSSL's per-thread error queue: reading PEM
+  // until it runs out, or a failed verification, must leave nothing there.
+  absl::Cleanup clear_errors = [] { ERR_clear_error(); };
   if (leaf_pem.empty()) {
     return Refused(CertificateRefusal::kNone, "",
                    "the client gave no certificate, and this aggregator requires one signed by the CA it trusts "
