@@ -118,6 +118,20 @@ TEST(Binaries, CApiFromC) {
   EXPECT_NE(r.out.find("c api: ok"), std::string::npos) << r.out;
 }
 
+// dlcp-bench refuses, before it allocates anything, a run whose workers on this host would hold
+// more tensor memory than the host has, naming the settings to lower.
+TEST(Binaries, DlcpBenchRefusesARunLargerThanTheHostsMemory) {
+  ProcessResult r = RunProcess({DLCP_BENCH_PATH, "--plaintext", "--aggregators=127.0.0.1:1", "--workers=4096",
+                                "--tensor-bytes=17179869180", "--timeout-s=10"},
+                               absl::Seconds(20));
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("4096 worker(s) here x --tensors=1 x --tensor-bytes=17179869180 need 65536.00 GiB, and this "
+                       "host has "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("lower --tensor-bytes, --tensors or --workers"), std::string::npos) << r.out;
+}
+
 TEST(Binaries, DlcpdRefusesBadConfigurationNamingTheSetting) {
   ProcessResult r = RunProcess({DLCPD_PATH, "--inject-drop=2"}, absl::Seconds(10));
   EXPECT_EQ(r.exit_code, 2);
