@@ -85,6 +85,20 @@ class TlsTest : public ::testing::Test {
     return {"--tls-ca=" + F("ca.crt"), "--tls-cert=" + F(name + ".crt"), "--tls-key=" + F(name + ".key")};
   }
 
+  // `dlcpctl jobs` (with `cert`) once it lists `job`, polled for up to 20 s: a job's first
+  // worker creates it as it starts.
+  std::string ListedOnceItIsThere(const Daemon& d, const std::string& job, const std::string& cert) {
+    std::vector<std::string> jobs = {DLCPCTL_PATH, "jobs", "--aggregators=" + d.control(), "--timeout-ms=3000"};
+    for (const auto& a : ClientCert(cert)) jobs.push_back(a);
+    ProcessResult listed;
+    for (const absl::Time end = MonotonicNow() + absl::Seconds(20); MonotonicNow() < end;) {
+      listed = RunProcess(jobs, absl::Seconds(10));
+      if (listed.out.find(job) != std::string::npos) break;
+      absl::SleepFor(absl::Milliseconds(100));  // polled against the deadline
+    }
+    return listed.out;
+  }
+
   static std::string* dir_;
 };
 std::string* TlsTest::dir_ = nullptr;
@@ -231,15 +245,8 @@ TEST_F(TlsTest, AJobServesOnlyTheIdentityThatCreatedIt) {
   std::vector<std::string> rank0 = Bench(*d, ClientCert("client"));
   rank0.insert(rank0.end(), {"--job=owned", "--rank=0", "--host-stage=false"});
   auto owner = BackgroundProcess::Start(rank0);
-  std::vector<std::string> jobs = {DLCPCTL_PATH, "jobs", "--aggregators=" + d->control(), "--timeout-ms=3000"};
-  for (const auto& a : ClientCert("client2")) jobs.push_back(a);
-  ProcessResult listed;
-  for (const absl::Time end = MonotonicNow() + absl::Seconds(20); MonotonicNow() < end;) {
-    listed = RunProcess(jobs, absl::Seconds(10));
-    if (listed.out.find("owned") != std::string::npos) break;
-    absl::SleepFor(absl::Milliseconds(100));  // polled against the deadline: rank 0 joins as it starts
-  }
-  EXPECT_NE(listed.out.find("certificate 'client'"), std::string::npos) << listed.out;
+  const std::string listed = ListedOnceItIsThere(*d, "owned", "client2");
+  EXPECT_NE(listed.find("certificate 'client'"), std::string::npos) << listed;
   std::vector<std::string> rank1 = Bench(*d, ClientCert("client2"));
   rank1.insert(rank1.end(), {"--job=owned", "--rank=1", "--host-stage=false"});
   ProcessResult stranger = RunProcess(rank1, absl::Seconds(40));
@@ -261,6 +268,8 @@ TEST_F(TlsTest, AnOwnerPatternLetsAGroupOfCertificatesShareAJob) {
     return argv;
   };
   auto first = BackgroundProcess::Start(rank("a1", 0));
+  // team-a's first worker creates the job before anyone else comes.
+  EXPECT_NE(ListedOnceItIsThere(*d, "shared", "a1").find("certificate group 'team-a'"), std::string::npos);
   ProcessResult stranger = RunProcess(rank("b1", 1), absl::Seconds(40));
   EXPECT_NE(stranger.exit_code, 0) << stranger.out;
   EXPECT_NE(stranger.out.find("job 'shared' belongs to certificate group 'team-a', which created it here, and this "
